@@ -1,0 +1,381 @@
+"""THE bundle format: one file (a gzipped tar) whose first member is `manifest.json`.
+
+The manifest is defined here, once, as pydantic models with a schema version. The host imports this
+module to write bundles; the agent uses it to verify and unpack them. Every artifact is listed with
+its sha256 and size, and unpacking checks each byte against them before anything is used.
+
+Layout of a bundle file:
+    manifest.json      canonical JSON (sorted keys, no spaces): the exact bytes a signature covers
+    manifest.sig       optional; reserved for signed bundles (ed25519 over manifest.json)
+    <artifacts...>     flat file names listed in manifest.artifacts
+"""
+
+import datetime as _dt
+import gzip
+import hashlib
+import io
+import json
+import os
+import platform
+import re
+import tarfile
+from pathlib import Path
+from typing import IO, Dict, List, Literal, Mapping, Optional, Tuple
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from .errors import BundleError, IncompatibleBundle
+
+SCHEMA_VERSION = 1
+MANIFEST_NAME = "manifest.json"
+SIGNATURE_NAME = "manifest.sig"
+BUNDLE_SUFFIX = ".edb"
+MAX_MANIFEST_BYTES = 1 << 20
+_SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+_CHUNK = 1 << 20
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class TensorSpec(_Model):
+    """One model input or output as the compiled library sees it."""
+
+    name: str
+    shape: List[int] = Field(description="static shape; the batch dimension is fixed at build time")
+    dtype: str = "float32"
+    layout: Optional[str] = Field(default=None, description="e.g. NCHW, NHWC; None for non-image tensors")
+
+
+class Preprocess(_Model):
+    """How a BGR camera frame becomes the model input. One implementation: preprocess.py."""
+
+    color: Literal["rgb", "bgr", "gray"] = "rgb"
+    resize: Literal["stretch", "center_crop"] = "stretch"
+    crop_fraction: float = Field(default=1.0, gt=0, le=1, description="center_crop: kept part of the short side")
+    interpolation: Literal["area", "linear", "nearest"] = "linear"
+    scale: float = Field(default=1.0, description="pixels (0..255) are multiplied by this first")
+    mean: List[float] = Field(default_factory=lambda: [0.0], description="then (x - mean) / std, per channel")
+    std: List[float] = Field(default_factory=lambda: [1.0])
+
+
+class Postprocess(_Model):
+    """How raw outputs become predictions."""
+
+    kind: Literal["classifier", "raw"] = "classifier"
+    top_k: int = Field(default=5, ge=1)
+    softmax: bool = Field(default=False, description="apply softmax to the first output (logit models)")
+    label_offset: int = Field(default=0, description="output index minus this is the label index")
+
+
+class Target(_Model):
+    """What a device must provide to run the bundle."""
+
+    arch: Literal["x86_64", "aarch64"]
+    device: Literal["cpu", "cuda"]
+    cuda_sm: Optional[int] = None
+    min_cuda_driver: Optional[str] = Field(default=None, description="minimum CUDA driver API version, e.g. 13.0")
+    runtime: Literal["tvm"] = "tvm"
+    runtime_abi: str = Field(description="runtime ABI the library was built against, e.g. tvm-ffi-0.1")
+
+
+class Artifact(_Model):
+    path: str
+    role: Literal["tvm-library", "onnx-model", "labels", "other"]
+    sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+    size: int = Field(ge=0)
+
+
+class ModelInfo(_Model):
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+    version: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9.+_-]{0,31}$")
+    description: str = ""
+    source_sha256: str = Field(pattern=r"^[0-9a-f]{64}$", description="sha256 of the source model file")
+
+
+class Quantization(_Model):
+    precision: Literal["fp32", "fp16", "int8"] = "fp32"
+    method: Optional[str] = None
+    calibration_samples: Optional[int] = None
+    float_layers: List[str] = Field(default_factory=list)
+    accuracy: Dict[str, float] = Field(default_factory=dict, description="measured metrics, e.g. top1")
+
+
+class Provenance(_Model):
+    tools: Dict[str, str] = Field(description="versions of the tools that built the bundle")
+    build_host: str
+    options: Dict[str, str] = Field(default_factory=dict)
+
+
+class Manifest(_Model):
+    """Everything a device and a human need to know about a bundle."""
+
+    schema_version: int = SCHEMA_VERSION
+    model: ModelInfo
+    created: _dt.datetime
+    profile: str
+    target: Target
+    inputs: List[TensorSpec]
+    outputs: List[TensorSpec]
+    preprocess: Preprocess
+    postprocess: Postprocess
+    labels: Optional[str] = Field(default=None, description="artifact path of the labels file, one per line")
+    quantization: Quantization = Field(default_factory=Quantization)
+    provenance: Provenance
+    artifacts: List[Artifact]
+    # Reserved for signed bundles: a monotonically increasing serial and an expiry.
+    serial: Optional[int] = None
+    expires: Optional[_dt.datetime] = None
+
+    def artifact(self, role: str) -> Artifact:
+        for a in self.artifacts:
+            if a.role == role:
+                return a
+        raise BundleError(f"bundle {self.model.name} has no {role} artifact")
+
+    def canonical_bytes(self) -> bytes:
+        return canonical_json(self.model_dump(mode="json"))
+
+    @property
+    def bundle_id(self) -> str:
+        """Content id: the first 16 hex digits of the sha256 of the canonical manifest."""
+        return hashlib.sha256(self.canonical_bytes()).hexdigest()[:16]
+
+    @property
+    def release_name(self) -> str:
+        return f"{self.model.name}-{self.model.version}-{self.bundle_id}"
+
+
+def canonical_json(data: object) -> bytes:
+    return json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode()
+
+
+def manifest_json_schema() -> dict:
+    """JSON Schema of the manifest (generated into docs/, never written by hand)."""
+    schema = Manifest.model_json_schema()
+    schema["$comment"] = f"edgedeploy bundle manifest, schema_version {SCHEMA_VERSION}"
+    return schema
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(_CHUNK), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def describe_artifact(path: Path, role: str, name: Optional[str] = None) -> Artifact:
+    return Artifact(path=name or path.name, role=role, sha256=sha256_file(path), size=path.stat().st_size)  # type: ignore[arg-type]
+
+
+def write_bundle(out: Path, manifest: Manifest, files: Mapping[str, Path]) -> Path:
+    """Write `manifest` and the files it lists into one bundle file, atomically and reproducibly."""
+    listed = {a.path: a for a in manifest.artifacts}
+    if set(listed) != set(files):
+        raise BundleError(f"artifacts {sorted(listed)} do not match files {sorted(files)}")
+    for name, art in listed.items():
+        _check_name(name)
+        if sha256_file(files[name]) != art.sha256:
+            raise BundleError(f"{files[name]} changed while the bundle was being written")
+    body = manifest.canonical_bytes()
+    tmp = out.with_name(out.name + ".tmp")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with open(tmp, "wb") as raw, gzip.GzipFile(fileobj=raw, mode="wb", mtime=0, compresslevel=6) as gz:
+        with tarfile.open(fileobj=gz, mode="w", format=tarfile.PAX_FORMAT) as tar:
+            tar.addfile(_tarinfo(MANIFEST_NAME, len(body)), io.BytesIO(body))
+            for name in sorted(listed):
+                with open(files[name], "rb") as f:
+                    tar.addfile(_tarinfo(name, listed[name].size), f)
+    os.replace(tmp, out)
+    return out
+
+
+def read_manifest(path: Path) -> Manifest:
+    """Read and validate only the manifest (the first member); cheap even for large bundles."""
+    with _open_tar(path) as tar:
+        member = _next_member(tar, path)
+        if member is None or member.name != MANIFEST_NAME:
+            raise BundleError(f"{path}: not an edgedeploy bundle (first member must be {MANIFEST_NAME})")
+        return _parse_manifest(_read_small(tar, member, path), path)
+
+
+def verify_bundle(path: Path) -> Manifest:
+    """Check every artifact's size and sha256 without writing anything."""
+    return _walk(path, dest=None)
+
+
+def extract_bundle(path: Path, dest: Path) -> Manifest:
+    """Verify and unpack into `dest` (which must not exist). Only listed regular files are written."""
+    dest.mkdir(parents=True, exist_ok=False)
+    return _walk(path, dest=dest)
+
+
+def check_schema(manifest: Manifest) -> None:
+    if manifest.schema_version > SCHEMA_VERSION:
+        raise IncompatibleBundle(
+            f"bundle schema {manifest.schema_version} is newer than this agent understands ({SCHEMA_VERSION})",
+            hint="upgrade edgedeploy-agent on the device",
+        )
+
+
+def check_compatible(manifest: Manifest, machine: Optional[str] = None) -> None:
+    """Refuse a bundle this device cannot run, before any byte of it is unpacked or loaded."""
+    check_schema(manifest)
+    arch = machine or platform.machine()
+    if manifest.target.arch != arch:
+        raise IncompatibleBundle(
+            f"bundle {manifest.model.name} is built for profile {manifest.profile} ({manifest.target.arch}), "
+            f"this device is {arch}"
+        )
+    if manifest.target.device != "cpu":
+        raise IncompatibleBundle(
+            f"bundle for profile {manifest.profile} needs {manifest.target.device} sm_{manifest.target.cuda_sm}; "
+            "this agent release runs CPU bundles only"
+        )
+
+
+# --- internals --------------------------------------------------------------------------------
+
+
+def _tarinfo(name: str, size: int) -> tarfile.TarInfo:
+    ti = tarfile.TarInfo(name)
+    ti.size, ti.mtime, ti.mode, ti.uid, ti.gid, ti.uname, ti.gname = size, 0, 0o644, 0, 0, "", ""
+    return ti
+
+
+def _check_name(name: str) -> None:
+    if not _SAFE_NAME.match(name) or name in (MANIFEST_NAME, SIGNATURE_NAME):
+        raise BundleError(f"unsafe or reserved artifact name {name!r}")
+
+
+def _open_tar(path: Path) -> tarfile.TarFile:
+    try:
+        # Stream mode: members are read in order, nothing is seeked or cached.
+        return tarfile.open(path, mode="r|gz")
+    except FileNotFoundError:
+        raise BundleError(f"{path}: no such bundle file") from None
+    except (tarfile.TarError, OSError, EOFError) as e:
+        raise BundleError(f"{path}: not a readable bundle ({e})") from None
+
+
+def _next_member(tar: tarfile.TarFile, path: Path) -> Optional[tarfile.TarInfo]:
+    try:
+        return tar.next()
+    except (tarfile.TarError, OSError, EOFError, gzip.BadGzipFile) as e:
+        raise BundleError(f"{path}: corrupt bundle archive ({e})") from None
+
+
+def _read_small(tar: tarfile.TarFile, member: tarfile.TarInfo, path: Path) -> bytes:
+    if not member.isfile() or member.size > MAX_MANIFEST_BYTES:
+        raise BundleError(f"{path}: {member.name} is not a regular file of sane size")
+    f = tar.extractfile(member)
+    assert f is not None
+    try:
+        return f.read()
+    except (tarfile.TarError, OSError, EOFError) as e:
+        raise BundleError(f"{path}: corrupt bundle archive ({e})") from None
+
+
+def _parse_manifest(body: bytes, path: Path) -> Manifest:
+    try:
+        m = Manifest.model_validate(json.loads(body))
+    except (ValueError, ValidationError) as e:
+        first = str(e).splitlines()
+        detail = first[1] if len(first) > 1 else first[0] if first else "invalid"
+        raise BundleError(f"{path}: invalid manifest ({detail.strip()})") from None
+    check_schema(m)
+    return m
+
+
+def _walk(path: Path, dest: Optional[Path]) -> Manifest:
+    with _open_tar(path) as tar:
+        first = _next_member(tar, path)
+        if first is None or first.name != MANIFEST_NAME:
+            raise BundleError(f"{path}: not an edgedeploy bundle (first member must be {MANIFEST_NAME})")
+        manifest = _parse_manifest(_read_small(tar, first, path), path)
+        expected = {a.path: a for a in manifest.artifacts}
+        for name in expected:
+            _check_name(name)
+        seen: Dict[str, bool] = {}
+        while True:
+            member = _next_member(tar, path)
+            if member is None:
+                break
+            if member.name == SIGNATURE_NAME:
+                sig = _read_small(tar, member, path)
+                if dest is not None:
+                    _write_exclusive(dest / SIGNATURE_NAME, io.BytesIO(sig), len(sig), None, path)
+                continue
+            art = expected.get(member.name)
+            if art is None or member.name in seen:
+                raise BundleError(f"{path}: unexpected member {member.name!r} (not listed once in the manifest)")
+            if not member.isfile():
+                raise BundleError(f"{path}: member {member.name!r} is not a regular file")
+            if member.size != art.size:
+                raise BundleError(f"{path}: {member.name} is {member.size} bytes, manifest says {art.size}")
+            f = tar.extractfile(member)
+            assert f is not None
+            if dest is None:
+                digest = _hash_stream(f, path)
+            else:
+                digest = _write_exclusive(dest / member.name, f, art.size, art.sha256, path)
+            if digest != art.sha256:
+                raise BundleError(f"{path}: sha256 mismatch for {member.name} (tampered or corrupt bundle)")
+            seen[member.name] = True
+        missing = sorted(set(expected) - set(seen))
+        if missing:
+            raise BundleError(f"{path}: bundle is truncated, missing {', '.join(missing)}")
+    if dest is not None:
+        (dest / MANIFEST_NAME).write_bytes(manifest.canonical_bytes())
+        _fsync_tree(dest)
+    return manifest
+
+
+def _hash_stream(f: IO[bytes], path: Path) -> str:
+    h = hashlib.sha256()
+    try:
+        for chunk in iter(lambda: f.read(_CHUNK), b""):
+            h.update(chunk)
+    except (tarfile.TarError, OSError, EOFError) as e:
+        raise BundleError(f"{path}: corrupt bundle archive ({e})") from None
+    return h.hexdigest()
+
+
+def _write_exclusive(
+    target: Path, f: IO[bytes], size: int, sha256: Optional[str], path: Path
+) -> str:
+    h = hashlib.sha256()
+    fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+    written = 0
+    try:
+        with os.fdopen(fd, "wb") as out:
+            for chunk in iter(lambda: f.read(_CHUNK), b""):
+                written += len(chunk)
+                if written > size:
+                    raise BundleError(f"{path}: {target.name} is longer than declared")
+                h.update(chunk)
+                out.write(chunk)
+            out.flush()
+            os.fsync(out.fileno())
+    except (tarfile.TarError, EOFError) as e:
+        raise BundleError(f"{path}: corrupt bundle archive ({e})") from None
+    return h.hexdigest()
+
+
+def _fsync_tree(d: Path) -> None:
+    fd = os.open(d, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def load_labels(release_dir: Path, manifest: Manifest) -> Tuple[str, ...]:
+    if manifest.labels is None:
+        return ()
+    lines = (release_dir / manifest.labels).read_text(encoding="utf-8").splitlines()
+    while lines and not lines[-1].strip():
+        lines.pop()
+    return tuple(lines)

@@ -1,0 +1,167 @@
+"""`edgedeploy-agent`: the device-side commands. The host calls them over SSH with --json.
+
+Every command prints one JSON object with --json ({"ok": true, ...} or {"ok": false, "error": {...}})
+and exits non-zero on failure; without --json it prints a short human line.
+"""
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import sys
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Optional
+
+from . import __version__
+from .bundle import SCHEMA_VERSION, verify_bundle
+from .config import AgentConfig
+from .errors import AgentError
+from .lifecycle import Deployment, describe_release, recover, rollback
+from .loop import ack_reports, pending_reports, run_agent
+from .service import make_service, read_health
+from .store import DeviceStore
+
+DEFAULT_ROOT = "/var/lib/edgedeploy"
+
+
+def _facts(store: DeviceStore, args: argparse.Namespace) -> Dict[str, Any]:
+    facts: Dict[str, Any] = {
+        "agent_version": __version__, "bundle_schema": SCHEMA_VERSION,
+        "python": platform.python_version(), "arch": platform.machine(), "root": str(store.root),
+        "initialised": store.initialised, "uid": os.getuid(),
+    }
+    probe = store.root if store.root.exists() else store.root.parent
+    facts["free_bytes"] = shutil.disk_usage(probe).free if probe.exists() else None
+    if store.initialised:
+        service = make_service(store)
+        recover(store, service)
+        state = store.state()
+        cfg = store.config()
+        facts.update(
+            service=cfg.service, source=cfg.source, running=service.is_running(), health=read_health(store),
+            current=describe_release(store, state["current"]), previous=state["previous"],
+            history=state["history"][-5:],
+        )
+    return facts
+
+
+def _init(store: DeviceStore, args: argparse.Namespace) -> Dict[str, Any]:
+    base = store.config() if store.initialised else AgentConfig()
+    changes = {k: v for k, v in {
+        "device_name": args.device_name, "service": args.service, "source": args.source,
+        "tvm_runtime_lib": args.tvm_runtime_lib, "report_interval_s": args.report_interval,
+    }.items() if v is not None}
+    cfg = AgentConfig.model_validate({**base.model_dump(), **changes})
+    store.init(cfg)
+    return {"root": str(store.root), "config": cfg.model_dump(mode="json")}
+
+
+def _deploy(store: DeviceStore, args: argparse.Namespace) -> Dict[str, Any]:
+    store.require_initialised()
+    if args.source is not None:
+        store.update_config(source=args.source or None)
+    cfg = store.config()
+    timeout = args.timeout or cfg.health_timeout_s
+    return Deployment(store, make_service(store)).deploy(Path(args.bundle), timeout=timeout, force=args.force)
+
+
+def _rollback(store: DeviceStore, args: argparse.Namespace) -> Dict[str, Any]:
+    store.require_initialised()
+    return rollback(store, make_service(store), args.timeout or store.config().health_timeout_s)
+
+
+def _verify(store: DeviceStore, args: argparse.Namespace) -> Dict[str, Any]:
+    m = verify_bundle(Path(args.bundle))
+    return {"bundle_id": m.bundle_id, "release": m.release_name, "artifacts": len(m.artifacts)}
+
+
+def _reports(store: DeviceStore, args: argparse.Namespace) -> Dict[str, Any]:
+    store.require_initialised()
+    if args.ack:
+        return {"acked": ack_reports(store, args.ack)}
+    return {"reports": [{"file": f, "report": r} for f, r in pending_reports(store)[: args.limit]]}
+
+
+def _stop(store: DeviceStore, args: argparse.Namespace) -> Dict[str, Any]:
+    store.require_initialised()
+    make_service(store).stop()
+    return {"stopped": True}
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="edgedeploy-agent", description=__doc__.splitlines()[0])
+    p.add_argument("--version", action="version", version=__version__)
+    p.add_argument("--root", default=os.environ.get("EDGEDEPLOY_AGENT_ROOT", DEFAULT_ROOT),
+                   help=f"agent state folder (default {DEFAULT_ROOT})")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    s = sub.add_parser("init", help="create the agent folders and config (idempotent)")
+    s.add_argument("--device-name")
+    s.add_argument("--service", choices=["process", "systemd"])
+    s.add_argument("--source", help="frame source URI, e.g. file:/data/clip.mp4")
+    s.add_argument("--tvm-runtime-lib", help="path of libtvm_runtime.so")
+    s.add_argument("--report-interval", type=float)
+    s.set_defaults(fn=_init)
+
+    sub.add_parser("facts", help="what the host needs to plan a deploy").set_defaults(fn=_facts)
+
+    s = sub.add_parser("deploy", help="verify, unpack, activate, restart, health-check; roll back on failure")
+    s.add_argument("bundle")
+    s.add_argument("--timeout", type=float, help="health-check timeout in seconds")
+    s.add_argument("--source", help="set the frame source URI before restarting ('' clears it)")
+    s.add_argument("--force", action="store_true", help="redeploy even if this bundle is already running")
+    s.set_defaults(fn=_deploy)
+
+    s = sub.add_parser("rollback", help="go back to the previous release")
+    s.add_argument("--timeout", type=float)
+    s.set_defaults(fn=_rollback)
+
+    s = sub.add_parser("verify", help="check a bundle file's manifest and every artifact hash")
+    s.add_argument("bundle")
+    s.set_defaults(fn=_verify)
+
+    s = sub.add_parser("reports", help="print pending reports, or acknowledge pulled ones")
+    s.add_argument("--ack", nargs="*", help="spool file names the host has stored safely")
+    s.add_argument("--limit", type=int, default=1000)
+    s.set_defaults(fn=_reports)
+
+    sub.add_parser("stop", help="stop the running agent").set_defaults(fn=_stop)
+
+    s = sub.add_parser("run", help="the service itself: load the current bundle and run the source")
+    s.add_argument("--max-frames", type=int)
+    s.set_defaults(fn=None)
+    return p
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    args = _parser().parse_args(argv)
+    store = DeviceStore(Path(args.root).expanduser().absolute())
+    if args.command == "run":
+        try:
+            store.require_initialised()
+        except AgentError as e:
+            print(f"edgedeploy-agent: {e.message}", file=sys.stderr)
+            return e.exit_code
+        return run_agent(store, max_frames=args.max_frames)
+    fn: Callable[[DeviceStore, argparse.Namespace], Dict[str, Any]] = args.fn
+    try:
+        result = fn(store, args)
+    except AgentError as e:
+        _emit(args.json, {"ok": False, "error": e.to_dict()}, f"error: {e.message}" + (
+            f"\nhint: {e.hint}" if e.hint else ""))
+        return e.exit_code
+    except OSError as e:
+        _emit(args.json, {"ok": False, "error": {"code": "os-error", "message": str(e), "hint": None}},
+              f"error: {e}")
+        return 1
+    _emit(args.json, {"ok": True, **result}, json.dumps(result, indent=1, default=str))
+    return 0
+
+
+def _emit(as_json: bool, data: Dict[str, Any], text: str) -> None:
+    if as_json:
+        print(json.dumps(data, default=str))
+    else:
+        print(text, file=sys.stderr if not data.get("ok") else sys.stdout)

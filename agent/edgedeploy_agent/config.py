@@ -1,0 +1,20 @@
+"""The device's agent configuration (ROOT/agent.json), written by `edgedeploy-agent init`."""
+
+import socket
+from typing import Literal, Optional
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class AgentConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    device_name: str = Field(default_factory=socket.gethostname)
+    service: Literal["process", "systemd"] = "process"
+    unit: str = "edgedeploy-agent.service"
+    source: Optional[str] = Field(default=None, description="frame source URI, e.g. file:/data/clip.mp4")
+    tvm_runtime_lib: Optional[str] = Field(default=None, description="path of libtvm_runtime.so")
+    report_interval_s: float = Field(default=10.0, gt=0)
+    record_predictions: bool = True
+    keep_releases: int = Field(default=3, ge=2)
+    health_timeout_s: float = Field(default=60.0, gt=0)

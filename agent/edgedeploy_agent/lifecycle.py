@@ -1,0 +1,179 @@
+"""The deployment state machine, persisted in state.json so a crash or reboot resumes it.
+
+    staged -> verified -> activating -> health-check -> committed
+                                 \\-----------------\\-> rolled-back
+
+`pending` in state.json holds the transition in flight. If the agent dies mid-way, `recover()`
+(run before every deploy and at `facts`) puts the device back on the last committed release.
+"""
+
+import time
+from pathlib import Path
+from typing import Any, Dict, Optional
+
+from .bundle import Manifest, check_compatible, read_manifest
+from .errors import HealthCheckFailed, StateError
+from .service import Service, read_health, wait_healthy
+from .store import DeviceStore, utcnow
+
+TRANSITIONS = {
+    None: {"staged"},
+    "staged": {"verified", "failed"},
+    "verified": {"activating", "failed"},
+    "activating": {"health-check", "rolled-back"},
+    "health-check": {"committed", "rolled-back"},
+}
+
+
+class Deployment:
+    """One deploy of one bundle file onto one device store."""
+
+    def __init__(self, store: DeviceStore, service: Service) -> None:
+        self.store, self.service = store, service
+        self.timings: Dict[str, float] = {}
+
+    def _move(self, state: Dict[str, Any], to: str) -> None:
+        pending = state["pending"]
+        frm = pending["state"] if pending else None
+        if to not in TRANSITIONS.get(frm, set()):
+            raise StateError(f"invalid transition {frm} -> {to}")
+        pending["state"] = to
+        pending["updated"] = utcnow()
+        self.store.save_state(state)
+
+    def deploy(self, bundle_file: Path, timeout: float, force: bool = False) -> Dict[str, Any]:
+        recover(self.store, self.service)
+        state = self.store.state()
+        manifest = read_manifest(bundle_file)
+        check_compatible(manifest)
+        name = manifest.release_name
+        old = state["current"]
+        health = read_health(self.store)
+        if (
+            not force and old == name and self.service.is_running()
+            and health and health.get("release") == name and health.get("state") in ("ready", "finished")
+        ):
+            bundle_file.unlink(missing_ok=True)
+            return {"outcome": "unchanged", "release": name, "previous": state["previous"][:1] or [None]}
+
+        state["pending"] = {"release": name, "from": old, "state": None, "started": utcnow()}
+        self._move(state, "staged")
+        t = time.monotonic()
+        try:
+            self.store.stage(bundle_file)
+        except Exception as e:
+            self._move(state, "failed")
+            self.store.record(state, "stage-failed", name, str(e))
+            state["pending"] = None
+            self.store.save_state(state)
+            raise
+        self.timings["verify_unpack_s"] = round(time.monotonic() - t, 3)
+        self._move(state, "verified")
+
+        self._move(state, "activating")
+        self.store.activate(name)
+        t = time.monotonic()
+        self.service.restart()
+        self._move(state, "health-check")
+        try:
+            health = wait_healthy(self.store, self.service, name, timeout)
+        except (RuntimeError, TimeoutError) as e:
+            self.timings["health_wait_s"] = round(time.monotonic() - t, 3)
+            reason = str(e)
+            back = self._roll_back(state, old, reason, timeout)
+            raise HealthCheckFailed(
+                f"bundle {name} failed its health check: {reason}; device is back on {back or 'no bundle'}",
+                hint="see the agent log on the device (ROOT/logs/agent.log)",
+            ) from None
+        self.timings["health_wait_s"] = round(time.monotonic() - t, 3)
+
+        state["pending"]["state"] = "committed"
+        state["current"] = name
+        if old and old != name:
+            state["previous"] = [old] + [p for p in state["previous"] if p not in (old, name)]
+        state["previous"] = [p for p in state["previous"] if p != name]
+        self.store.record(state, "committed", name, f"from {old}")
+        state["pending"] = None
+        self.store.save_state(state)
+        cfg = self.store.config()
+        removed = self.store.prune([name, *state["previous"]], cfg.keep_releases)
+        state["previous"] = [p for p in state["previous"] if p not in removed]
+        self.store.save_state(state)
+        bundle_file.unlink(missing_ok=True)
+        return {"outcome": "committed", "release": name, "previous": old, "health": health, "timings": self.timings}
+
+    def _roll_back(self, state: Dict[str, Any], old: Optional[str], reason: str, timeout: float) -> Optional[str]:
+        self.store.activate(old)
+        if old:
+            self.service.restart()
+            try:
+                wait_healthy(self.store, self.service, old, timeout)
+            except (RuntimeError, TimeoutError) as e:
+                reason += f"; the previous bundle {old} did not come back healthy either: {e}"
+        else:
+            self.service.stop()
+        self._move(state, "rolled-back")
+        self.store.record(state, "rolled-back", state["pending"]["release"], reason)
+        state["current"] = old
+        state["pending"] = None
+        self.store.save_state(state)
+        return old
+
+
+def recover(store: DeviceStore, service: Service) -> Optional[str]:
+    """Finish an interrupted transition: anything not committed goes back to the last committed release."""
+    state = store.state()
+    pending = state.get("pending")
+    if not pending:
+        return None
+    old = state["current"]
+    if store.current() != old:
+        store.activate(old)
+        if old:
+            service.restart()
+        else:
+            service.stop()
+    store.record(state, "recovered", pending.get("release"), f"interrupted in state {pending.get('state')}")
+    state["pending"] = None
+    store.save_state(state)
+    return old
+
+
+def rollback(store: DeviceStore, service: Service, timeout: float) -> Dict[str, Any]:
+    """Go back to the newest previous release by hand."""
+    recover(store, service)
+    state = store.state()
+    if not state["previous"]:
+        raise StateError("no previous release to roll back to")
+    target, current = state["previous"][0], state["current"]
+    store.activate(target)
+    service.restart()
+    try:
+        wait_healthy(store, service, target, timeout)
+    except (RuntimeError, TimeoutError) as e:
+        store.activate(current)
+        service.restart()
+        raise HealthCheckFailed(f"previous release {target} is not healthy ({e}); stayed on {current}") from None
+    state["current"] = target
+    state["previous"] = [p for p in [current, *state["previous"][1:]] if p]
+    store.record(state, "manual-rollback", target, f"from {current}")
+    store.save_state(state)
+    return {"outcome": "rolled-back", "release": target, "previous": current}
+
+
+def describe_release(store: DeviceStore, name: Optional[str]) -> Optional[Dict[str, Any]]:
+    if not name:
+        return None
+    try:
+        m = read_manifest_from_release(store, name)
+    except Exception:
+        return {"release": name, "readable": False}
+    return {"release": name, "model": m.model.name, "version": m.model.version, "profile": m.profile,
+            "bundle_id": m.bundle_id}
+
+
+def read_manifest_from_release(store: DeviceStore, name: str) -> Manifest:
+    return Manifest.model_validate_json((store.release_dir(name) / "manifest.json").read_bytes())
+
+
+

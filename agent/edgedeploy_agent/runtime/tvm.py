@@ -1,0 +1,92 @@
+"""The TVM runtime, without the compiler: tvm_ffi + libtvm_runtime.so load the bundle's library.
+
+The `tvm` Python package (and its 260 MB libtvm_compiler.so) is never imported. The runtime library
+comes from the agent config (`tvm_runtime_lib`), or from the installed apache-tvm wheel's `tvm/lib`
+folder, found without importing the package.
+"""
+
+import ctypes
+import importlib.util
+from pathlib import Path
+from typing import Dict, List, Optional
+
+import numpy as np
+
+from ..bundle import Manifest, check_compatible
+from ..errors import RuntimeLoadError
+
+_DEVICE_TYPE = {"cpu": 1, "cuda": 2}  # DLPack device types
+_POOLED_ALLOCATOR = 2
+_loaded_runtime: Optional[str] = None
+
+
+def find_runtime_lib(configured: Optional[str] = None) -> Path:
+    """Locate libtvm_runtime.so: the configured path, else the apache-tvm wheel's copy."""
+    if configured:
+        p = Path(configured)
+        if not p.is_file():
+            raise RuntimeLoadError(f"configured TVM runtime {p} does not exist")
+        return p
+    spec = importlib.util.find_spec("tvm")  # locates the package; does not import it
+    if spec is not None and spec.submodule_search_locations:
+        for loc in spec.submodule_search_locations:
+            p = Path(loc) / "lib" / "libtvm_runtime.so"
+            if p.is_file():
+                return p
+    raise RuntimeLoadError(
+        "libtvm_runtime.so not found",
+        hint="set tvm_runtime_lib in the agent config, or install the TVM runtime kit on the device",
+    )
+
+
+def _ensure_runtime(lib: Path) -> None:
+    global _loaded_runtime
+    if _loaded_runtime is None:
+        try:
+            ctypes.CDLL(str(lib), ctypes.RTLD_GLOBAL)
+        except OSError as e:
+            raise RuntimeLoadError(
+                f"cannot load {lib}: {e}",
+                hint="likely causes: wrong CPU architecture, glibc older than 2.28, missing libstdc++",
+            ) from None
+        _loaded_runtime = str(lib)
+
+
+class TvmRuntime:
+    """Runs a Relax VM executable exported by `tvm.compile(...).export_library`."""
+
+    name = "tvm"
+
+    def __init__(self, release_dir: Path, manifest: Manifest, runtime_lib: Optional[str] = None) -> None:
+        check_compatible(manifest)
+        target = manifest.target
+        try:
+            import tvm_ffi  # loads libtvm_ffi.so, which libtvm_runtime.so links against
+        except ImportError as e:
+            raise RuntimeLoadError(f"apache-tvm-ffi is not installed: {e}") from None
+        self._lib_path = find_runtime_lib(runtime_lib)
+        _ensure_runtime(self._lib_path)
+        self._ffi = tvm_ffi
+        library = release_dir / manifest.artifact("tvm-library").path
+        try:
+            module = tvm_ffi.load_module(str(library.resolve()))
+            self._vm = module["vm_load_executable"]()
+            dev = _DEVICE_TYPE[target.device]
+            self._vm["vm_initialization"](dev, 0, _POOLED_ALLOCATOR)
+            self._main = self._vm["main"]
+        except Exception as e:  # the FFI raises its own error types
+            raise RuntimeLoadError(
+                f"TVM could not load {library.name}: {e}",
+                hint="likely causes: runtime ABI mismatch (rebuild the bundle with the device's TVM version), "
+                "a library for another architecture, or a truncated file",
+            ) from None
+        self._manifest = manifest
+
+    def run(self, inputs: List[np.ndarray]) -> List[np.ndarray]:
+        args = [self._ffi.from_dlpack(np.ascontiguousarray(x)) for x in inputs]
+        out = self._main(*args)
+        outs = list(out) if isinstance(out, (list, tuple)) or type(out).__name__ == "Array" else [out]
+        return [np.from_dlpack(o).copy() for o in outs]
+
+    def describe(self) -> Dict[str, str]:
+        return {"runtime": "tvm", "library": str(self._lib_path), "device": self._manifest.target.device}

@@ -1,0 +1,157 @@
+"""How the agent's inference process is (re)started, and how it says it is healthy.
+
+`process` mode runs a detached `edgedeploy-agent run` (containers, tests, devices without systemd);
+`systemd` mode restarts the unit. Either way the running agent writes run/health.json, and
+readiness means: bundle loaded and one warm-up inference passed.
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Dict, Optional, Protocol
+
+from .store import DeviceStore, utcnow, write_json_atomic
+
+HEALTHY_STATES = ("ready", "finished")
+
+
+class Service(Protocol):
+    def restart(self) -> None: ...
+
+    def stop(self) -> None: ...
+
+    def is_running(self) -> bool: ...
+
+
+def write_health(store: DeviceStore, release: Optional[str], state: str, **extra: Any) -> None:
+    data = {"release": release, "state": state, "pid": os.getpid(), "time": utcnow(), **extra}
+    write_json_atomic(store.run_dir / "health.json", data)
+
+
+def read_health(store: DeviceStore) -> Optional[Dict[str, Any]]:
+    try:
+        data: Dict[str, Any] = json.loads((store.run_dir / "health.json").read_text(encoding="utf-8"))
+        return data
+    except (FileNotFoundError, ValueError):
+        return None
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # a zombie child of ours counts as dead
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii") as f:
+            return f.read().split(") ", 1)[1][0] != "Z"
+    except OSError:
+        return True
+
+
+class ProcessService:
+    """A detached `python -m edgedeploy_agent run` with a pid file."""
+
+    def __init__(self, store: DeviceStore) -> None:
+        self.store = store
+        self.pidfile = store.run_dir / "agent.pid"
+
+    def _pid(self) -> Optional[int]:
+        try:
+            return int(self.pidfile.read_text().strip())
+        except (FileNotFoundError, ValueError):
+            return None
+
+    def is_running(self) -> bool:
+        pid = self._pid()
+        return pid is not None and _pid_alive(pid)
+
+    def stop(self, timeout: float = 10.0) -> None:
+        pid = self._pid()
+        if pid is None or not _pid_alive(pid):
+            self.pidfile.unlink(missing_ok=True)
+            return
+        os.kill(pid, signal.SIGTERM)
+        deadline = time.monotonic() + timeout
+        while _pid_alive(pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if _pid_alive(pid):
+            os.kill(pid, signal.SIGKILL)
+        self.pidfile.unlink(missing_ok=True)
+
+    def restart(self) -> None:
+        self.stop()
+        (self.store.run_dir / "health.json").unlink(missing_ok=True)
+        log = open(self.store.logs / "agent.log", "ab")
+        try:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "edgedeploy_agent", "--root", str(self.store.root), "run"],
+                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                start_new_session=True, close_fds=True, cwd=str(self.store.root),
+            )
+        finally:
+            log.close()
+        self.pidfile.write_text(f"{proc.pid}\n")
+
+
+class SystemdService:
+    """The systemd unit; with Type=notify, `systemctl restart` returns once READY=1 was sent."""
+
+    def __init__(self, store: DeviceStore, unit: str) -> None:
+        self.store, self.unit = store, unit
+
+    def _systemctl(self, *args: str) -> "subprocess.CompletedProcess[str]":
+        return subprocess.run(["systemctl", *args, self.unit], capture_output=True, text=True, timeout=300)
+
+    def restart(self) -> None:
+        (self.store.run_dir / "health.json").unlink(missing_ok=True)
+        self._systemctl("restart")  # failure shows up in health.json / is_running
+
+    def stop(self) -> None:
+        self._systemctl("stop")
+
+    def is_running(self) -> bool:
+        return self._systemctl("is-active").stdout.strip() in ("active", "activating", "reloading")
+
+
+def make_service(store: DeviceStore) -> Service:
+    cfg = store.config()
+    if cfg.service == "systemd":
+        return SystemdService(store, cfg.unit)
+    return ProcessService(store)
+
+
+def wait_healthy(store: DeviceStore, service: Service, release: str, timeout: float) -> Dict[str, Any]:
+    """Wait until the agent reports `release` loaded and warmed up; raise TimeoutError or RuntimeError."""
+    deadline = time.monotonic() + timeout
+    grace_until = time.monotonic() + 2.0  # a starting process may not have a pid yet
+    while time.monotonic() < deadline:
+        health = read_health(store)
+        if health and health.get("release") == release:
+            if health.get("state") in HEALTHY_STATES:
+                return health
+            if health.get("state") == "failed":
+                err = health.get("error") or {}
+                raise RuntimeError(err.get("message", "agent reported failure"))
+        if time.monotonic() > grace_until and not service.is_running():
+            health = read_health(store)
+            if health and health.get("release") == release and health.get("state") in HEALTHY_STATES:
+                return health
+            log_tail = _tail(store.logs / "agent.log")
+            raise RuntimeError(f"agent exited before reporting ready{': ' + log_tail if log_tail else ''}")
+        time.sleep(0.1)
+    raise TimeoutError(f"agent did not report ready within {timeout:.0f} s")
+
+
+def _tail(path: Path, lines: int = 1) -> str:
+    try:
+        text = path.read_text(encoding="utf-8", errors="replace").strip().splitlines()
+    except FileNotFoundError:
+        return ""
+    return " | ".join(text[-lines:])

@@ -1,0 +1,1 @@
+"""Hardware behind small interfaces: frame sources and power sensors."""

@@ -1,0 +1,54 @@
+"""`edgedeploy`: the one error boundary and the wiring of the sub-apps."""
+
+from __future__ import annotations
+
+import datetime as dt
+import sys
+import traceback
+
+import typer
+
+from ..errors import EdgeDeployError
+from ..paths import state_dir
+from . import build, demo, devices, profiles, push, render, status
+
+app = typer.Typer(
+    name="edgedeploy",
+    help="Build, ship and watch models on NVIDIA edge devices.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,  # never print locals: SSH secrets can be locals
+    add_completion=False,
+)
+app.add_typer(profiles.app, name="profiles")
+app.add_typer(devices.app, name="devices")
+build.register(app)
+push.register(app)
+status.register(app)
+demo.register(app)
+
+EXIT_INTERNAL = 70
+
+
+def main() -> None:
+    try:
+        app()
+    except EdgeDeployError as e:
+        render.error(e.message, e.hint)
+        sys.exit(e.exit_code)
+    except KeyboardInterrupt:
+        render.error("interrupted")
+        sys.exit(130)
+    except Exception as e:  # the last resort: one line, the details in a log file
+        log = state_dir() / "logs" / "last-error.log"
+        try:
+            log.parent.mkdir(parents=True, exist_ok=True)
+            log.write_text(f"{dt.datetime.now().isoformat()} {' '.join(sys.argv)}\n{traceback.format_exc()}")
+            where = f"details in {log}"
+        except OSError:
+            where = "could not write a debug log"
+        render.error(f"internal error: {type(e).__name__}: {e}", f"{where}; please report it")
+        sys.exit(EXIT_INTERNAL)
+
+
+if __name__ == "__main__":
+    main()

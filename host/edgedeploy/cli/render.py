@@ -1,0 +1,69 @@
+"""The only module that draws: tables, progress, errors. Plain lines when not on a terminal."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
+from rich.table import Table
+
+out = Console(highlight=False, soft_wrap=True)
+err = Console(stderr=True, highlight=False, soft_wrap=True)
+
+
+def print_json(data: Any) -> None:
+    sys.stdout.write(json.dumps(data, indent=2, default=str) + "\n")
+
+
+def error(message: str, hint: str | None = None) -> None:
+    err.print(f"[bold red]error:[/] {message}", markup=True)
+    if hint:
+        err.print(f"[dim]hint:[/] {hint}", markup=True)
+
+
+def info(message: str) -> None:
+    err.print(message, markup=False)
+
+
+def table(title: str | None, columns: list[str], rows: list[list[Any]]) -> None:
+    t = Table(title=title, show_lines=False, title_justify="left")
+    for c in columns:
+        t.add_column(c)
+    for r in rows:
+        t.add_row(*[("-" if v is None else str(v)) for v in r])
+    out.print(t)
+
+
+@contextmanager
+def steps(prefix: str) -> Iterator[Callable[[str], None]]:
+    """Progress as named steps: a status line on a terminal, plain lines otherwise."""
+    if err.is_terminal:
+        with err.status(prefix) as status:
+            yield lambda s: status.update(f"{prefix}: {s}")
+    else:
+        yield lambda s: err.print(f"{prefix}: {s}", markup=False)
+
+
+@contextmanager
+def transfer(label: str) -> Iterator[Callable[[int, int], None]]:
+    """Upload progress bar on a terminal; a line per 25% otherwise."""
+    if err.is_terminal:
+        with Progress(TextColumn(label), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
+                      console=err, transient=True) as p:
+            task = p.add_task(label, total=None)
+            yield lambda done, total: p.update(task, completed=done, total=total)
+    else:
+        marks: set[int] = set()
+
+        def plain(done: int, total: int) -> None:
+            q = 100 * done // max(total, 1) // 25 * 25
+            if q not in marks:
+                marks.add(q)
+                err.print(f"{label}: {q}% of {total / 1e6:.1f} MB", markup=False)
+
+        yield plain

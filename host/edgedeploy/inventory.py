@@ -1,0 +1,124 @@
+"""The fleet inventory: devices.toml -> Device. Default in the user config folder.
+
+    [devices.xavier-01]
+    host = "10.0.0.5"
+    user = "edgedeploy"
+    key_file = "~/.ssh/edgedeploy_ed25519"
+    profile = "xavier-agx"
+    tags = ["lab"]
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import tomllib
+from pathlib import Path
+from typing import Literal
+
+import tomli_w
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from .errors import InventoryError
+from .paths import config_dir
+
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
+
+
+class Device(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(pattern=_NAME.pattern)
+    host: str
+    port: int = Field(default=22, ge=1, le=65535)
+    user: str = "edgedeploy"
+    key_file: str | None = None
+    profile: str
+    tags: list[str] = Field(default_factory=list)
+    root: str = Field(default="/var/lib/edgedeploy", description="the agent's state folder on the device")
+    service: Literal["systemd", "process"] = "systemd"
+    transport: Literal["ssh", "local"] = "ssh"
+    agent_command: str = Field(default="edgedeploy-agent", description="path of edgedeploy-agent on the device")
+    source: str | None = Field(default=None, description="frame source URI on the device")
+
+    @property
+    def address(self) -> str:
+        return f"{self.user}@{self.host}:{self.port}"
+
+
+def inventory_path(override: Path | str | None = None) -> Path:
+    if override:
+        return Path(override).expanduser()
+    env = os.environ.get("EDGEDEPLOY_INVENTORY")
+    return Path(env).expanduser() if env else config_dir() / "devices.toml"
+
+
+class Inventory:
+    def __init__(self, path: Path, devices: dict[str, Device]) -> None:
+        self.path, self.devices = path, devices
+
+    @property
+    def known_hosts(self) -> Path:
+        """The fleet's own pinned host keys, kept next to the inventory."""
+        return self.path.with_name("known_hosts")
+
+    @classmethod
+    def load(cls, override: Path | str | None = None) -> Inventory:
+        path = inventory_path(override)
+        if not path.exists():
+            return cls(path, {})
+        try:
+            data = tomllib.loads(path.read_text(encoding="utf-8"))
+        except tomllib.TOMLDecodeError as e:
+            raise InventoryError(f"inventory {path} is not valid TOML: {e}") from None
+        except OSError as e:
+            raise InventoryError(f"cannot read inventory {path}: {e.strerror}") from None
+        devices: dict[str, Device] = {}
+        table = data.get("devices", {})
+        if not isinstance(table, dict) or set(data) - {"devices"}:
+            raise InventoryError(f"inventory {path}: expected only [devices.NAME] tables")
+        for name, entry in table.items():
+            if not isinstance(entry, dict):
+                raise InventoryError(f"inventory {path}: devices.{name} must be a table")
+            try:
+                devices[name] = Device.model_validate({**entry, "name": name})
+            except ValidationError as e:
+                err = e.errors()[0]
+                loc = ".".join(str(x) for x in err["loc"])
+                raise InventoryError(f"inventory {path}: devices.{name}.{loc}: {err['msg']}") from None
+        return cls(path, devices)
+
+    def get(self, name: str) -> Device:
+        if name not in self.devices:
+            known = ", ".join(sorted(self.devices)) or "none"
+            raise InventoryError(
+                f"unknown device {name!r} in {self.path}",
+                hint=f"known devices: {known}; add one with `edgedeploy devices add`",
+            )
+        return self.devices[name]
+
+    def select(self, names: list[str] | None = None, tag: str | None = None) -> list[Device]:
+        if names:
+            return [self.get(n) for n in names]
+        return [d for d in self.devices.values() if tag is None or tag in d.tags]
+
+    def add(self, device: Device, replace: bool = False) -> None:
+        if device.name in self.devices and not replace:
+            raise InventoryError(f"device {device.name!r} already exists", hint="use --replace to overwrite it")
+        self.devices[device.name] = device
+        self.save()
+
+    def remove(self, name: str) -> Device:
+        dev = self.get(name)
+        del self.devices[name]
+        self.save()
+        return dev
+
+    def save(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        data = {"devices": {
+            n: d.model_dump(exclude={"name"}, exclude_none=True) for n, d in sorted(self.devices.items())
+        }}
+        tmp = self.path.with_name(self.path.name + ".tmp")
+        tmp.write_text(tomli_w.dumps(data), encoding="utf-8")
+        os.replace(tmp, self.path)

@@ -1,0 +1,94 @@
+"""Device profiles as data: profiles/*.toml validated by DeviceProfile.
+
+Built-in profiles ship inside the package (edgedeploy.builtin_profiles, from the repo's profiles/);
+users add their own TOML files in the user config folder's `profiles/` or in EDGEDEPLOY_PROFILES.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from importlib import resources
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from .errors import ProfileError
+from .paths import config_dir
+
+
+class CompilerSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    target: dict[str, Any] = Field(description="TVM target as a dict, e.g. {kind = 'llvm'}")
+    host_triple: str = Field(description="triple of the device's CPU, e.g. x86_64-linux-gnu")
+    cross_compiler: str | None = Field(default=None, description="C compiler used to link the library")
+    cuda_codegen: Literal["nvcc", "nvrtc-12"] | None = None
+
+
+class PlatformSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    os: str = "linux"
+    python: str = Field(description="Python the agent runs on")
+    cuda: str | None = None
+    min_cuda_driver: str | None = None
+    tensorrt: str | None = None
+    jetpack: str | None = None
+
+
+class DeviceProfile(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: str
+    description: str
+    arch: Literal["x86_64", "aarch64"]
+    device: Literal["cpu", "cuda"]
+    cuda_sm: int | None = None
+    compiler: CompilerSpec
+    platform: PlatformSpec
+    source: str = Field(default="", exclude=True)
+
+
+def _builtin_files() -> list[Path]:
+    root = resources.files("edgedeploy.builtin_profiles")
+    return sorted(Path(str(p)) for p in root.iterdir() if p.name.endswith(".toml"))
+
+
+def profile_dirs() -> list[Path]:
+    dirs = [config_dir() / "profiles"]
+    extra = os.environ.get("EDGEDEPLOY_PROFILES")
+    if extra:
+        dirs += [Path(p) for p in extra.split(os.pathsep) if p]
+    return dirs
+
+
+def load_profile_file(path: Path) -> DeviceProfile:
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except (OSError, tomllib.TOMLDecodeError) as e:
+        raise ProfileError(f"profile {path}: {e}") from None
+    try:
+        return DeviceProfile.model_validate({**data, "source": str(path)})
+    except ValidationError as e:
+        err = e.errors()[0]
+        loc = ".".join(str(x) for x in err["loc"])
+        raise ProfileError(f"profile {path}: {loc}: {err['msg']}") from None
+
+
+def all_profiles() -> dict[str, DeviceProfile]:
+    """Built-in profiles, overridden by user profiles of the same name."""
+    out: dict[str, DeviceProfile] = {}
+    files = _builtin_files() + [p for d in profile_dirs() if d.is_dir() for p in sorted(d.glob("*.toml"))]
+    for f in files:
+        prof = load_profile_file(f)
+        out[prof.name] = prof
+    return out
+
+
+def get_profile(name: str) -> DeviceProfile:
+    profiles = all_profiles()
+    if name not in profiles:
+        raise ProfileError(f"unknown profile {name!r}", hint=f"known profiles: {', '.join(sorted(profiles))}")
+    return profiles[name]

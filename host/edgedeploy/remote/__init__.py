@@ -1,0 +1,1 @@
+"""Talking to devices: one transport protocol (ssh or local), agent calls, plans and their execution."""

@@ -1,0 +1,16 @@
+"""Open the right transport for a device."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..inventory import Device
+from .transport import LocalTransport, Transport
+
+
+def open_transport(device: Device, known_hosts: Path, connect_timeout: float = 10.0) -> Transport:
+    if device.transport == "local":
+        return LocalTransport()
+    from .ssh import SshTransport
+
+    return SshTransport(device, known_hosts, connect_timeout=connect_timeout)

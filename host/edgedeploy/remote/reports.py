@@ -1,0 +1,48 @@
+"""Pull spooled reports from a device: at-least-once, deduplicated on (device, seq)."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from ..inventory import Device
+from ..paths import state_dir
+from .agent_client import AgentClient
+from .transport import Transport
+
+
+def reports_dir(device: str) -> Path:
+    """Default place for a device's pulled reports."""
+    return state_dir() / "reports" / device
+
+
+def load_local_reports(d: Path) -> list[dict[str, Any]]:
+    out = []
+    for p in sorted(d.glob("*.jsonl")) if d.is_dir() else []:
+        out += [json.loads(line) for line in p.read_text(encoding="utf-8").splitlines() if line.strip()]
+    return sorted(out, key=lambda r: r.get("seq", 0))
+
+
+def pull_reports(transport: Transport, device: Device, d: Path) -> list[dict[str, Any]]:
+    """Fetch new reports into folder `d` (fsync'd), then acknowledge them on the device."""
+    client = AgentClient(transport, device)
+    pending = client.call("reports", timeout=120)["reports"]
+    d.mkdir(parents=True, exist_ok=True)
+    stored, names = [], []
+    for item in pending:
+        report = item["report"]
+        path = d / f"{int(report['seq']):08d}-{report['bundle_id']}.jsonl"
+        if not path.exists():
+            tmp = path.with_name(path.name + ".tmp")
+            with open(tmp, "w", encoding="utf-8") as f:
+                f.write(json.dumps(report) + "\n")
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+            stored.append(report)
+        names.append(item["file"])
+    if names:
+        client.call("reports", "--ack", *names, timeout=120)
+    return stored

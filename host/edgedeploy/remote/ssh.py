@@ -1,0 +1,186 @@
+"""SshTransport: the only module that imports paramiko. Host keys are always verified.
+
+Connections load the fleet's own known_hosts (next to the inventory) and use RejectPolicy: an unknown
+or changed key is refused. The only place a key is learned is `enroll_host_key`, behind the explicit
+`edgedeploy devices enroll` command, which shows the fingerprint and can check it against one the
+technician read off the device.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import logging
+import os
+import shlex
+import socket
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import paramiko
+
+from ..errors import ConnectionFailed, HostKeyError
+from ..inventory import Device
+from .transport import CommandResult, Progress
+
+# paramiko logs full tracebacks for dead hosts ("Error reading SSH protocol banner"); we report them ourselves.
+logging.getLogger("paramiko").setLevel(logging.CRITICAL)
+
+_CHUNK = 1 << 20
+
+
+def known_hosts_entry(host: str, port: int) -> str:
+    return host if port == 22 else f"[{host}]:{port}"
+
+
+def fingerprint(key: paramiko.PKey) -> str:
+    digest = hashlib.sha256(key.asbytes()).digest()
+    return "SHA256:" + base64.b64encode(digest).decode().rstrip("=")
+
+
+def fetch_host_key(host: str, port: int, timeout: float = 10.0) -> paramiko.PKey:
+    """Read the server's host key without authenticating (for enrolment only)."""
+    try:
+        sock = socket.create_connection((host, port), timeout=timeout)
+    except OSError as e:
+        raise ConnectionFailed(f"cannot reach {host}:{port}: {e.strerror or e}") from None
+    t = paramiko.Transport(sock)
+    try:
+        t.banner_timeout = timeout
+        t.start_client(timeout=timeout)
+        return t.get_remote_server_key()
+    except (paramiko.SSHException, EOFError, OSError) as e:
+        raise ConnectionFailed(f"{host}:{port} did not complete an SSH handshake: {e}") from None
+    finally:
+        t.close()
+
+
+def pin_host_key(known_hosts: Path, host: str, port: int, key: paramiko.PKey) -> None:
+    """Replace any pinned keys for host:port with `key` in the fleet's known_hosts."""
+    entry = known_hosts_entry(host, port)
+    keys = paramiko.HostKeys()
+    if known_hosts.exists():
+        keys.load(str(known_hosts))
+    if entry in keys:
+        del keys[entry]
+    keys.add(entry, key.get_name(), key)
+    known_hosts.parent.mkdir(parents=True, exist_ok=True)
+    tmp = known_hosts.with_name(known_hosts.name + ".tmp")
+    keys.save(str(tmp))
+    os.replace(tmp, known_hosts)
+
+
+def pinned_fingerprint(known_hosts: Path, host: str, port: int) -> str | None:
+    if not known_hosts.exists():
+        return None
+    keys = paramiko.HostKeys(str(known_hosts))
+    found = keys.lookup(known_hosts_entry(host, port))
+    if not found:
+        return None
+    return fingerprint(next(iter(found.values())))
+
+
+class SshTransport:
+    name = "ssh"
+
+    def __init__(self, device: Device, known_hosts: Path, connect_timeout: float = 10.0) -> None:
+        self.device = device
+        client = paramiko.SSHClient()
+        if known_hosts.exists():
+            client.load_host_keys(str(known_hosts))
+        client.set_missing_host_key_policy(paramiko.RejectPolicy())
+        key_file = os.path.expanduser(device.key_file) if device.key_file else None
+        if key_file and not Path(key_file).is_file():
+            raise ConnectionFailed(f"{device.name}: key file {key_file} does not exist")
+        where = f"{device.name} ({device.address})"
+        try:
+            client.connect(
+                device.host, port=device.port, username=device.user, key_filename=key_file,
+                timeout=connect_timeout, banner_timeout=connect_timeout, auth_timeout=connect_timeout,
+                allow_agent=False, look_for_keys=key_file is None,
+            )
+        except paramiko.BadHostKeyException as e:
+            raise HostKeyError(
+                f"{where}: HOST KEY CHANGED: pinned {fingerprint(e.expected_key)}, "
+                f"device offers {fingerprint(e.key)}; refusing to connect",
+                hint="if the device was reinstalled, check the new fingerprint on its console, then run "
+                f"`edgedeploy devices enroll {device.name} --replace`",
+            ) from None
+        except paramiko.AuthenticationException:
+            raise ConnectionFailed(f"{where}: authentication failed (key {key_file or 'default keys'})") from None
+        except paramiko.SSHException as e:
+            if "not found in known_hosts" in str(e):
+                raise HostKeyError(
+                    f"{where}: host key is not pinned; refusing to connect",
+                    hint=f"run `edgedeploy devices enroll {device.name}` and compare the fingerprint",
+                ) from None
+            raise ConnectionFailed(f"{where}: SSH failed: {e}") from None
+        except (TimeoutError, socket.timeout):
+            raise ConnectionFailed(f"{where}: timed out after {connect_timeout:.0f} s") from None
+        except OSError as e:
+            raise ConnectionFailed(f"{where}: unreachable ({e.strerror or e})") from None
+        transport = client.get_transport()
+        assert transport is not None
+        transport.set_keepalive(15)
+        self._client = client
+
+    def run(self, argv: Sequence[str], timeout: float | None = None) -> CommandResult:
+        command = shlex.join(argv)
+        try:
+            chan = self._client.get_transport().open_session()  # type: ignore[union-attr]
+            chan.settimeout(timeout)
+            chan.exec_command(command)
+            out, err = bytearray(), bytearray()
+            deadline = None if timeout is None else time.monotonic() + timeout
+            while True:
+                if chan.recv_ready():
+                    out += chan.recv(_CHUNK)
+                elif chan.recv_stderr_ready():
+                    err += chan.recv_stderr(_CHUNK)
+                elif chan.exit_status_ready() and not chan.recv_ready() and not chan.recv_stderr_ready():
+                    break
+                else:
+                    if deadline is not None and time.monotonic() > deadline:
+                        raise TimeoutError
+                    time.sleep(0.005)
+            code = chan.recv_exit_status()
+            chan.close()
+        except (TimeoutError, socket.timeout):
+            raise ConnectionFailed(f"{self.device.name}: `{argv[0]} {argv[1] if len(argv) > 1 else ''}` "
+                                   f"timed out after {timeout} s") from None
+        except (paramiko.SSHException, OSError, EOFError) as e:
+            raise ConnectionFailed(f"{self.device.name}: connection lost while running a command ({e})") from None
+        return CommandResult(tuple(argv), code, out.decode(errors="replace"), err.decode(errors="replace"))
+
+    def put(self, local: Path, remote: str, progress: Progress | None = None) -> None:
+        """SFTP upload to REMOTE.part, resuming a partial upload, then an atomic rename."""
+        part = remote + ".part"
+        total = local.stat().st_size
+        try:
+            sftp = self._client.open_sftp()
+            try:
+                try:
+                    offset = sftp.stat(part).st_size or 0
+                except FileNotFoundError:
+                    offset = 0
+                if offset > total:
+                    offset = 0
+                with open(local, "rb") as src, sftp.open(part, "ab" if offset else "wb") as dst:
+                    dst.set_pipelined(True)
+                    src.seek(offset)
+                    done = offset
+                    while chunk := src.read(_CHUNK):
+                        dst.write(chunk)
+                        done += len(chunk)
+                        if progress:
+                            progress(done, total)
+                sftp.posix_rename(part, remote)
+            finally:
+                sftp.close()
+        except (paramiko.SSHException, OSError, EOFError) as e:
+            raise ConnectionFailed(f"{self.device.name}: upload of {local.name} failed ({e})",
+                                   hint="run the push again: the upload resumes where it stopped") from None
+
+    def close(self) -> None:
+        self._client.close()

@@ -1,0 +1,1 @@
+"""Built-in device profiles (TOML data), installed as package data of edgedeploy."""
