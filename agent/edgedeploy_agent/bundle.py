@@ -19,8 +19,9 @@ import os
 import platform
 import re
 import tarfile
+from collections.abc import Mapping
 from pathlib import Path
-from typing import IO, Dict, List, Literal, Mapping, Optional, Tuple
+from typing import IO, Any, Literal, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -43,7 +44,7 @@ class TensorSpec(_Model):
     """One model input or output as the compiled library sees it."""
 
     name: str
-    shape: List[int] = Field(description="static shape; the batch dimension is fixed at build time")
+    shape: list[int] = Field(description="static shape; the batch dimension is fixed at build time")
     dtype: str = "float32"
     layout: Optional[str] = Field(default=None, description="e.g. NCHW, NHWC; None for non-image tensors")
 
@@ -56,8 +57,8 @@ class Preprocess(_Model):
     crop_fraction: float = Field(default=1.0, gt=0, le=1, description="center_crop: kept part of the short side")
     interpolation: Literal["area", "linear", "nearest"] = "linear"
     scale: float = Field(default=1.0, description="pixels (0..255) are multiplied by this first")
-    mean: List[float] = Field(default_factory=lambda: [0.0], description="then (x - mean) / std, per channel")
-    std: List[float] = Field(default_factory=lambda: [1.0])
+    mean: list[float] = Field(default_factory=lambda: [0.0], description="then (x - mean) / std, per channel")
+    std: list[float] = Field(default_factory=lambda: [1.0])
 
 
 class Postprocess(_Model):
@@ -98,14 +99,14 @@ class Quantization(_Model):
     precision: Literal["fp32", "fp16", "int8"] = "fp32"
     method: Optional[str] = None
     calibration_samples: Optional[int] = None
-    float_layers: List[str] = Field(default_factory=list)
-    accuracy: Dict[str, float] = Field(default_factory=dict, description="measured metrics, e.g. top1")
+    float_layers: list[str] = Field(default_factory=list)
+    accuracy: dict[str, float] = Field(default_factory=dict, description="measured metrics, e.g. top1")
 
 
 class Provenance(_Model):
-    tools: Dict[str, str] = Field(description="versions of the tools that built the bundle")
+    tools: dict[str, str] = Field(description="versions of the tools that built the bundle")
     build_host: str
-    options: Dict[str, str] = Field(default_factory=dict)
+    options: dict[str, str] = Field(default_factory=dict)
 
 
 class Manifest(_Model):
@@ -116,14 +117,14 @@ class Manifest(_Model):
     created: _dt.datetime
     profile: str
     target: Target
-    inputs: List[TensorSpec]
-    outputs: List[TensorSpec]
+    inputs: list[TensorSpec]
+    outputs: list[TensorSpec]
     preprocess: Preprocess
     postprocess: Postprocess
     labels: Optional[str] = Field(default=None, description="artifact path of the labels file, one per line")
     quantization: Quantization = Field(default_factory=Quantization)
     provenance: Provenance
-    artifacts: List[Artifact]
+    artifacts: list[Artifact]
     # Reserved for signed bundles: a monotonically increasing serial and an expiry.
     serial: Optional[int] = None
     expires: Optional[_dt.datetime] = None
@@ -151,7 +152,7 @@ def canonical_json(data: object) -> bytes:
     return json.dumps(data, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode()
 
 
-def manifest_json_schema() -> dict:
+def manifest_json_schema() -> dict[str, Any]:
     """JSON Schema of the manifest (generated into docs/, never written by hand)."""
     schema = Manifest.model_json_schema()
     schema["$comment"] = f"edgedeploy bundle manifest, schema_version {SCHEMA_VERSION}"
@@ -298,7 +299,7 @@ def _walk(path: Path, dest: Optional[Path]) -> Manifest:
         expected = {a.path: a for a in manifest.artifacts}
         for name in expected:
             _check_name(name)
-        seen: Dict[str, bool] = {}
+        seen: dict[str, bool] = {}
         while True:
             member = _next_member(tar, path)
             if member is None:
@@ -343,9 +344,7 @@ def _hash_stream(f: IO[bytes], path: Path) -> str:
     return h.hexdigest()
 
 
-def _write_exclusive(
-    target: Path, f: IO[bytes], size: int, sha256: Optional[str], path: Path
-) -> str:
+def _write_exclusive(target: Path, f: IO[bytes], size: int, sha256: Optional[str], path: Path) -> str:
     h = hashlib.sha256()
     fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
     written = 0
@@ -372,7 +371,7 @@ def _fsync_tree(d: Path) -> None:
         os.close(fd)
 
 
-def load_labels(release_dir: Path, manifest: Manifest) -> Tuple[str, ...]:
+def load_labels(release_dir: Path, manifest: Manifest) -> tuple[str, ...]:
     if manifest.labels is None:
         return ()
     lines = (release_dir / manifest.labels).read_text(encoding="utf-8").splitlines()

@@ -11,7 +11,7 @@ import platform
 import shutil
 import sys
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Optional
 
 from . import __version__
 from .bundle import SCHEMA_VERSION, verify_bundle
@@ -25,11 +25,15 @@ from .store import DeviceStore
 DEFAULT_ROOT = "/var/lib/edgedeploy"
 
 
-def _facts(store: DeviceStore, args: argparse.Namespace) -> Dict[str, Any]:
-    facts: Dict[str, Any] = {
-        "agent_version": __version__, "bundle_schema": SCHEMA_VERSION,
-        "python": platform.python_version(), "arch": platform.machine(), "root": str(store.root),
-        "initialised": store.initialised, "uid": os.getuid(),
+def _facts(store: DeviceStore, args: argparse.Namespace) -> dict[str, Any]:
+    facts: dict[str, Any] = {
+        "agent_version": __version__,
+        "bundle_schema": SCHEMA_VERSION,
+        "python": platform.python_version(),
+        "arch": platform.machine(),
+        "root": str(store.root),
+        "initialised": store.initialised,
+        "uid": os.getuid(),
     }
     probe = store.root if store.root.exists() else store.root.parent
     facts["free_bytes"] = shutil.disk_usage(probe).free if probe.exists() else None
@@ -39,25 +43,36 @@ def _facts(store: DeviceStore, args: argparse.Namespace) -> Dict[str, Any]:
         state = store.state()
         cfg = store.config()
         facts.update(
-            service=cfg.service, source=cfg.source, running=service.is_running(), health=read_health(store),
-            current=describe_release(store, state["current"]), previous=state["previous"],
+            service=cfg.service,
+            source=cfg.source,
+            running=service.is_running(),
+            health=read_health(store),
+            current=describe_release(store, state["current"]),
+            previous=state["previous"],
             history=state["history"][-5:],
         )
     return facts
 
 
-def _init(store: DeviceStore, args: argparse.Namespace) -> Dict[str, Any]:
+def _init(store: DeviceStore, args: argparse.Namespace) -> dict[str, Any]:
     base = store.config() if store.initialised else AgentConfig()
-    changes = {k: v for k, v in {
-        "device_name": args.device_name, "service": args.service, "source": args.source,
-        "tvm_runtime_lib": args.tvm_runtime_lib, "report_interval_s": args.report_interval,
-    }.items() if v is not None}
+    changes = {
+        k: v
+        for k, v in {
+            "device_name": args.device_name,
+            "service": args.service,
+            "source": args.source,
+            "tvm_runtime_lib": args.tvm_runtime_lib,
+            "report_interval_s": args.report_interval,
+        }.items()
+        if v is not None
+    }
     cfg = AgentConfig.model_validate({**base.model_dump(), **changes})
     store.init(cfg)
     return {"root": str(store.root), "config": cfg.model_dump(mode="json")}
 
 
-def _deploy(store: DeviceStore, args: argparse.Namespace) -> Dict[str, Any]:
+def _deploy(store: DeviceStore, args: argparse.Namespace) -> dict[str, Any]:
     store.require_initialised()
     if args.source is not None:
         store.update_config(source=args.source or None)
@@ -66,24 +81,24 @@ def _deploy(store: DeviceStore, args: argparse.Namespace) -> Dict[str, Any]:
     return Deployment(store, make_service(store)).deploy(Path(args.bundle), timeout=timeout, force=args.force)
 
 
-def _rollback(store: DeviceStore, args: argparse.Namespace) -> Dict[str, Any]:
+def _rollback(store: DeviceStore, args: argparse.Namespace) -> dict[str, Any]:
     store.require_initialised()
     return rollback(store, make_service(store), args.timeout or store.config().health_timeout_s)
 
 
-def _verify(store: DeviceStore, args: argparse.Namespace) -> Dict[str, Any]:
+def _verify(store: DeviceStore, args: argparse.Namespace) -> dict[str, Any]:
     m = verify_bundle(Path(args.bundle))
     return {"bundle_id": m.bundle_id, "release": m.release_name, "artifacts": len(m.artifacts)}
 
 
-def _reports(store: DeviceStore, args: argparse.Namespace) -> Dict[str, Any]:
+def _reports(store: DeviceStore, args: argparse.Namespace) -> dict[str, Any]:
     store.require_initialised()
     if args.ack:
         return {"acked": ack_reports(store, args.ack)}
     return {"reports": [{"file": f, "report": r} for f, r in pending_reports(store)[: args.limit]]}
 
 
-def _stop(store: DeviceStore, args: argparse.Namespace) -> Dict[str, Any]:
+def _stop(store: DeviceStore, args: argparse.Namespace) -> dict[str, Any]:
     store.require_initialised()
     make_service(store).stop()
     return {"stopped": True}
@@ -92,8 +107,11 @@ def _stop(store: DeviceStore, args: argparse.Namespace) -> Dict[str, Any]:
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="edgedeploy-agent", description=__doc__.splitlines()[0])
     p.add_argument("--version", action="version", version=__version__)
-    p.add_argument("--root", default=os.environ.get("EDGEDEPLOY_AGENT_ROOT", DEFAULT_ROOT),
-                   help=f"agent state folder (default {DEFAULT_ROOT})")
+    p.add_argument(
+        "--root",
+        default=os.environ.get("EDGEDEPLOY_AGENT_ROOT", DEFAULT_ROOT),
+        help=f"agent state folder (default {DEFAULT_ROOT})",
+    )
     p.add_argument("--json", action="store_true", help="print one JSON object")
     sub = p.add_subparsers(dest="command", required=True)
 
@@ -135,7 +153,7 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def main(argv: Optional[List[str]] = None) -> int:
+def main(argv: Optional[list[str]] = None) -> int:
     args = _parser().parse_args(argv)
     store = DeviceStore(Path(args.root).expanduser().absolute())
     if args.command == "run":
@@ -145,22 +163,24 @@ def main(argv: Optional[List[str]] = None) -> int:
             print(f"edgedeploy-agent: {e.message}", file=sys.stderr)
             return e.exit_code
         return run_agent(store, max_frames=args.max_frames)
-    fn: Callable[[DeviceStore, argparse.Namespace], Dict[str, Any]] = args.fn
+    fn: Callable[[DeviceStore, argparse.Namespace], dict[str, Any]] = args.fn
     try:
         result = fn(store, args)
     except AgentError as e:
-        _emit(args.json, {"ok": False, "error": e.to_dict()}, f"error: {e.message}" + (
-            f"\nhint: {e.hint}" if e.hint else ""))
+        _emit(
+            args.json,
+            {"ok": False, "error": e.to_dict()},
+            f"error: {e.message}" + (f"\nhint: {e.hint}" if e.hint else ""),
+        )
         return e.exit_code
     except OSError as e:
-        _emit(args.json, {"ok": False, "error": {"code": "os-error", "message": str(e), "hint": None}},
-              f"error: {e}")
+        _emit(args.json, {"ok": False, "error": {"code": "os-error", "message": str(e), "hint": None}}, f"error: {e}")
         return 1
     _emit(args.json, {"ok": True, **result}, json.dumps(result, indent=1, default=str))
     return 0
 
 
-def _emit(as_json: bool, data: Dict[str, Any], text: str) -> None:
+def _emit(as_json: bool, data: dict[str, Any], text: str) -> None:
     if as_json:
         print(json.dumps(data, default=str))
     else:

@@ -14,7 +14,7 @@ class AgentError(Exception):
         self.message = message
         self.hint = hint
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Optional[str]]:
         return {"code": self.code, "message": self.message, "hint": self.hint}
 
 

@@ -9,7 +9,7 @@
 
 import time
 from pathlib import Path
-from typing import Any, Dict, Optional
+from typing import Any, Optional
 
 from .bundle import Manifest, check_compatible, read_manifest
 from .errors import HealthCheckFailed, StateError
@@ -30,9 +30,9 @@ class Deployment:
 
     def __init__(self, store: DeviceStore, service: Service) -> None:
         self.store, self.service = store, service
-        self.timings: Dict[str, float] = {}
+        self.timings: dict[str, float] = {}
 
-    def _move(self, state: Dict[str, Any], to: str) -> None:
+    def _move(self, state: dict[str, Any], to: str) -> None:
         pending = state["pending"]
         frm = pending["state"] if pending else None
         if to not in TRANSITIONS.get(frm, set()):
@@ -41,7 +41,7 @@ class Deployment:
         pending["updated"] = utcnow()
         self.store.save_state(state)
 
-    def deploy(self, bundle_file: Path, timeout: float, force: bool = False) -> Dict[str, Any]:
+    def deploy(self, bundle_file: Path, timeout: float, force: bool = False) -> dict[str, Any]:
         recover(self.store, self.service)
         state = self.store.state()
         manifest = read_manifest(bundle_file)
@@ -50,8 +50,12 @@ class Deployment:
         old = state["current"]
         health = read_health(self.store)
         if (
-            not force and old == name and self.service.is_running()
-            and health and health.get("release") == name and health.get("state") in ("ready", "finished")
+            not force
+            and old == name
+            and self.service.is_running()
+            and health
+            and health.get("release") == name
+            and health.get("state") in ("ready", "finished")
         ):
             bundle_file.unlink(missing_ok=True)
             return {"outcome": "unchanged", "release": name, "previous": state["previous"][:1] or [None]}
@@ -102,7 +106,7 @@ class Deployment:
         bundle_file.unlink(missing_ok=True)
         return {"outcome": "committed", "release": name, "previous": old, "health": health, "timings": self.timings}
 
-    def _roll_back(self, state: Dict[str, Any], old: Optional[str], reason: str, timeout: float) -> Optional[str]:
+    def _roll_back(self, state: dict[str, Any], old: Optional[str], reason: str, timeout: float) -> Optional[str]:
         self.store.activate(old)
         if old:
             self.service.restart()
@@ -126,7 +130,7 @@ def recover(store: DeviceStore, service: Service) -> Optional[str]:
     pending = state.get("pending")
     if not pending:
         return None
-    old = state["current"]
+    old: Optional[str] = state["current"]
     if store.current() != old:
         store.activate(old)
         if old:
@@ -139,7 +143,7 @@ def recover(store: DeviceStore, service: Service) -> Optional[str]:
     return old
 
 
-def rollback(store: DeviceStore, service: Service, timeout: float) -> Dict[str, Any]:
+def rollback(store: DeviceStore, service: Service, timeout: float) -> dict[str, Any]:
     """Go back to the newest previous release by hand."""
     recover(store, service)
     state = store.state()
@@ -161,19 +165,21 @@ def rollback(store: DeviceStore, service: Service, timeout: float) -> Dict[str, 
     return {"outcome": "rolled-back", "release": target, "previous": current}
 
 
-def describe_release(store: DeviceStore, name: Optional[str]) -> Optional[Dict[str, Any]]:
+def describe_release(store: DeviceStore, name: Optional[str]) -> Optional[dict[str, Any]]:
     if not name:
         return None
     try:
         m = read_manifest_from_release(store, name)
     except Exception:
         return {"release": name, "readable": False}
-    return {"release": name, "model": m.model.name, "version": m.model.version, "profile": m.profile,
-            "bundle_id": m.bundle_id}
+    return {
+        "release": name,
+        "model": m.model.name,
+        "version": m.model.version,
+        "profile": m.profile,
+        "bundle_id": m.bundle_id,
+    }
 
 
 def read_manifest_from_release(store: DeviceStore, name: str) -> Manifest:
     return Manifest.model_validate_json((store.release_dir(name) / "manifest.json").read_bytes())
-
-
-

@@ -6,8 +6,9 @@ import os
 import signal
 import socket
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Optional
 
 import numpy as np
 
@@ -23,7 +24,7 @@ from .sources.power import PowerSensor, discover_power_sensor
 from .store import DeviceStore, write_json_atomic
 
 
-def top_k(output: np.ndarray, manifest: Manifest, labels: Sequence[str]) -> List[List[Any]]:
+def top_k(output: np.ndarray, manifest: Manifest, labels: Sequence[str]) -> list[list[Any]]:
     """Classifier post-processing: [[class_index, label, score], ...] best first."""
     pp = manifest.postprocess
     scores = output.reshape(-1).astype(np.float64)
@@ -87,8 +88,14 @@ def warm_up(runtime: Runtime, manifest: Manifest) -> float:
 
 class InferenceLoop:
     def __init__(
-        self, runtime: Runtime, manifest: Manifest, labels: Sequence[str], cfg: AgentConfig,
-        spool: Spool, power: PowerSensor, bundle_id: str,
+        self,
+        runtime: Runtime,
+        manifest: Manifest,
+        labels: Sequence[str],
+        cfg: AgentConfig,
+        spool: Spool,
+        power: PowerSensor,
+        bundle_id: str,
     ) -> None:
         self.runtime, self.manifest, self.labels, self.cfg = runtime, manifest, labels, cfg
         self.spool, self.power, self.bundle_id = spool, power, bundle_id
@@ -132,12 +139,21 @@ class InferenceLoop:
         end = _dt.datetime.now(_dt.timezone.utc)
         busy_s = sum(sum(w.stages[s]) for s in STAGES) / 1e3
         return Report(
-            device=self.cfg.device_name or socket.gethostname(), seq=self.spool.next_seq(),
-            bundle_id=self.bundle_id, model=self.manifest.model.name, model_version=self.manifest.model.version,
-            runtime=self.runtime.name, source=uri, window_start=w.start, window_end=end, frames=w.frames,
+            device=self.cfg.device_name or socket.gethostname(),
+            seq=self.spool.next_seq(),
+            bundle_id=self.bundle_id,
+            model=self.manifest.model.name,
+            model_version=self.manifest.model.version,
+            runtime=self.runtime.name,
+            source=uri,
+            window_start=w.start,
+            window_end=end,
+            frames=w.frames,
             fps=round(w.frames / busy_s, 3) if busy_s > 0 else 0.0,
             latency_ms={s: stage_latency(w.stages[s]) for s in STAGES},
-            predictions=w.predictions, power=self.power.end_window(w.frames), final=final,
+            predictions=w.predictions,
+            power=self.power.end_window(w.frames),
+            final=final,
         )
 
 
@@ -145,8 +161,8 @@ class _Window:
     def __init__(self) -> None:
         self.start = _dt.datetime.now(_dt.timezone.utc)
         self._t0 = time.monotonic()
-        self.stages: Dict[str, List[float]] = {s: [] for s in STAGES}
-        self.predictions: List[Prediction] = []
+        self.stages: dict[str, list[float]] = {s: [] for s in STAGES}
+        self.predictions: list[Prediction] = []
         self.frames = 0
 
     def elapsed(self) -> float:
@@ -186,8 +202,7 @@ def run_agent(store: DeviceStore, max_frames: Optional[int] = None) -> int:
 
     signal.signal(signal.SIGTERM, _stop)
     signal.signal(signal.SIGINT, _stop)
-    write_health(store, release, "ready", warmup_ms=round(warm_ms, 3), runtime=runtime.describe(),
-                 source=cfg.source)
+    write_health(store, release, "ready", warmup_ms=round(warm_ms, 3), runtime=runtime.describe(), source=cfg.source)
     if source is None:
         while not loop.stop_requested:  # nothing to watch: stay loaded and healthy until stopped
             time.sleep(0.2)
@@ -200,7 +215,7 @@ def run_agent(store: DeviceStore, max_frames: Optional[int] = None) -> int:
     return 0
 
 
-def pending_reports(store: DeviceStore) -> List[Tuple[str, Dict[str, Any]]]:
+def pending_reports(store: DeviceStore) -> list[tuple[str, dict[str, Any]]]:
     out = []
     for p in sorted(store.spool.glob("*.jsonl")):
         for line in p.read_text(encoding="utf-8").splitlines():

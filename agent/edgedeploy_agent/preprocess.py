@@ -4,8 +4,6 @@ The host's calibration, evaluation and tests import this same function, so what 
 device is exactly what it was measured with.
 """
 
-from typing import Tuple
-
 import cv2
 import numpy as np
 
@@ -14,7 +12,7 @@ from .bundle import Preprocess, TensorSpec
 _INTERP = {"area": cv2.INTER_AREA, "linear": cv2.INTER_LINEAR, "nearest": cv2.INTER_NEAREST}
 
 
-def input_hw(spec: TensorSpec) -> Tuple[int, int, int]:
+def input_hw(spec: TensorSpec) -> tuple[int, int, int]:
     """(height, width, channels) of an image input from its shape and layout."""
     if len(spec.shape) != 4 or spec.layout not in ("NCHW", "NHWC"):
         raise ValueError(f"input {spec.name} is not an NCHW/NHWC image tensor: {spec.shape} {spec.layout}")

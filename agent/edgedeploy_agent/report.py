@@ -1,7 +1,7 @@
 """THE report format: what a device spools and the host pulls (one JSON object per line)."""
 
 import datetime as _dt
-from typing import Dict, List, Literal, Optional
+from typing import Any, Literal, Optional
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
@@ -24,7 +24,7 @@ class Prediction(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     frame: int = Field(description="frame index in the source since the agent started")
-    top: List[List] = Field(description="[[class_index, label, score], ...] best first")
+    top: list[list[Any]] = Field(description="[[class_index, label, score], ...] best first")
 
 
 class PowerReport(BaseModel):
@@ -54,16 +54,19 @@ class Report(BaseModel):
     window_end: _dt.datetime
     frames: int
     fps: float
-    latency_ms: Dict[str, StageLatency]
-    predictions: List[Prediction] = Field(default_factory=list)
+    latency_ms: dict[str, StageLatency]
+    predictions: list[Prediction] = Field(default_factory=list)
     power: PowerReport
     final: bool = Field(default=False, description="the source ended after this window")
 
 
-def stage_latency(samples_ms: List[float]) -> StageLatency:
+def stage_latency(samples_ms: list[float]) -> StageLatency:
     a = np.asarray(samples_ms, dtype=np.float64)
     p50, p95, p99 = np.percentile(a, [50, 95, 99])
     return StageLatency(
-        p50=round(float(p50), 4), p95=round(float(p95), 4), p99=round(float(p99), 4),
-        mean=round(float(a.mean()), 4), max=round(float(a.max()), 4),
+        p50=round(float(p50), 4),
+        p95=round(float(p95), 4),
+        p99=round(float(p99), 4),
+        mean=round(float(a.mean()), 4),
+        max=round(float(a.max()), 4),
     )

@@ -12,7 +12,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any, Dict, Optional, Protocol
+from typing import Any, Optional, Protocol
 
 from .store import DeviceStore, utcnow, write_json_atomic
 
@@ -32,9 +32,9 @@ def write_health(store: DeviceStore, release: Optional[str], state: str, **extra
     write_json_atomic(store.run_dir / "health.json", data)
 
 
-def read_health(store: DeviceStore) -> Optional[Dict[str, Any]]:
+def read_health(store: DeviceStore) -> Optional[dict[str, Any]]:
     try:
-        data: Dict[str, Any] = json.loads((store.run_dir / "health.json").read_text(encoding="utf-8"))
+        data: dict[str, Any] = json.loads((store.run_dir / "health.json").read_text(encoding="utf-8"))
         return data
     except (FileNotFoundError, ValueError):
         return None
@@ -92,8 +92,12 @@ class ProcessService:
         try:
             proc = subprocess.Popen(
                 [sys.executable, "-m", "edgedeploy_agent", "--root", str(self.store.root), "run"],
-                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                start_new_session=True, close_fds=True, cwd=str(self.store.root),
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                close_fds=True,
+                cwd=str(self.store.root),
             )
         finally:
             log.close()
@@ -127,7 +131,7 @@ def make_service(store: DeviceStore) -> Service:
     return ProcessService(store)
 
 
-def wait_healthy(store: DeviceStore, service: Service, release: str, timeout: float) -> Dict[str, Any]:
+def wait_healthy(store: DeviceStore, service: Service, release: str, timeout: float) -> dict[str, Any]:
     """Wait until the agent reports `release` loaded and warmed up; raise TimeoutError or RuntimeError."""
     deadline = time.monotonic() + timeout
     grace_until = time.monotonic() + 2.0  # a starting process may not have a pid yet

@@ -1,12 +1,12 @@
 """The device's on-disk store: releases, the atomic `current` link, persisted state, spool.
 
-    ROOT/agent.json           configuration
-    ROOT/state.json           current / previous releases, the pending transition, history
-    ROOT/incoming/            uploads land here (*.part while in flight)
-    ROOT/releases/<name>/     unpacked, verified bundles (never modified after the rename)
-    ROOT/current -> releases/<name>   swapped by rename(2): readers see old or new, never neither
-    ROOT/spool/               reports waiting for the host (spool/sent/ once acknowledged)
-    ROOT/run/                 pid file and health.json of the running agent
+ROOT/agent.json           configuration
+ROOT/state.json           current / previous releases, the pending transition, history
+ROOT/incoming/            uploads land here (*.part while in flight)
+ROOT/releases/<name>/     unpacked, verified bundles (never modified after the rename)
+ROOT/current -> releases/<name>   swapped by rename(2): readers see old or new, never neither
+ROOT/spool/               reports waiting for the host (spool/sent/ once acknowledged)
+ROOT/run/                 pid file and health.json of the running agent
 """
 
 import datetime as _dt
@@ -14,9 +14,9 @@ import json
 import os
 import shutil
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Optional
 
-from .bundle import MANIFEST_NAME, Manifest, extract_bundle, read_manifest, sha256_file
+from .bundle import MANIFEST_NAME, Manifest, extract_bundle, read_manifest, sha256_file, verify_bundle
 from .config import AgentConfig
 from .errors import BundleError, InsufficientSpace, StateError
 
@@ -89,25 +89,23 @@ class DeviceStore:
 
     # --- state ------------------------------------------------------------------------------
     @staticmethod
-    def _empty_state() -> Dict[str, Any]:
+    def _empty_state() -> dict[str, Any]:
         return {"current": None, "previous": [], "pending": None, "history": []}
 
-    def state(self) -> Dict[str, Any]:
+    def state(self) -> dict[str, Any]:
         self.require_initialised()
         try:
-            data: Dict[str, Any] = json.loads(self.state_path.read_text(encoding="utf-8"))
+            data: dict[str, Any] = json.loads(self.state_path.read_text(encoding="utf-8"))
         except ValueError as e:
             raise StateError(f"{self.state_path} is corrupt: {e}") from None
         return data
 
-    def save_state(self, state: Dict[str, Any]) -> None:
+    def save_state(self, state: dict[str, Any]) -> None:
         state["history"] = state.get("history", [])[-HISTORY_LENGTH:]
         write_json_atomic(self.state_path, state)
 
-    def record(self, state: Dict[str, Any], event: str, release: Optional[str], detail: str = "") -> None:
-        state.setdefault("history", []).append(
-            {"time": utcnow(), "event": event, "release": release, "detail": detail}
-        )
+    def record(self, state: dict[str, Any], event: str, release: Optional[str], detail: str = "") -> None:
+        state.setdefault("history", []).append({"time": utcnow(), "event": event, "release": release, "detail": detail})
 
     # --- releases ---------------------------------------------------------------------------
     def current(self) -> Optional[str]:
@@ -129,10 +127,15 @@ class DeviceStore:
             )
 
     def stage(self, bundle_file: Path) -> Manifest:
-        """Verify and unpack a bundle into releases/<name>; reuse an identical earlier unpack."""
+        """Verify and unpack a bundle into releases/<name>; reuse an identical earlier unpack.
+
+        The uploaded file is always verified in full, even when its release is already unpacked:
+        a tampered or truncated upload is refused either way.
+        """
         manifest = read_manifest(bundle_file)
         final = self.release_dir(manifest.release_name)
         if final.is_dir():
+            verify_bundle(bundle_file)
             try:
                 self.load_release(manifest.release_name)
                 return manifest
@@ -175,7 +178,7 @@ class DeviceStore:
             os.replace(tmp, self.current_link)
         _fsync_dir(self.root)
 
-    def prune(self, keep: List[str], count: int) -> List[str]:
+    def prune(self, keep: list[str], count: int) -> list[str]:
         """Remove releases beyond the newest `count` of `keep` (current first, then previous)."""
         wanted = set(keep[:count])
         removed = []

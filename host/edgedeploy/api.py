@@ -27,8 +27,14 @@ from .remote.reports import load_local_reports, pull_reports, reports_dir
 from .remote.transport import Progress
 
 
-def build(model: Path, profile_name: str, out: Path, card: ModelCard,
-          progress: Callable[[str], None] = lambda s: None, use_cache: bool = True) -> BuildResult:
+def build(
+    model: Path,
+    profile_name: str,
+    out: Path,
+    card: ModelCard,
+    progress: Callable[[str], None] = lambda s: None,
+    use_cache: bool = True,
+) -> BuildResult:
     profile = get_profile(profile_name)
     return build_bundle(model, profile, out, card, progress=progress, use_cache=use_cache)
 
@@ -40,8 +46,13 @@ def inspect_bundle(path: Path) -> Manifest:
         raise InputError(e.message, hint=e.hint) from None
 
 
-def enroll(inv: Inventory, name: str, expect_fingerprint: str | None = None, replace: bool = False,
-           confirm: Callable[[str], bool] = lambda fp: True) -> dict[str, Any]:
+def enroll(
+    inv: Inventory,
+    name: str,
+    expect_fingerprint: str | None = None,
+    replace: bool = False,
+    confirm: Callable[[str], bool] = lambda fp: True,
+) -> dict[str, Any]:
     """Pin the device's host key (shown to the technician), then initialise the agent root."""
     dev = inv.get(name)
     fp: str | None = None
@@ -56,7 +67,7 @@ def enroll(inv: Inventory, name: str, expect_fingerprint: str | None = None, rep
         if pinned and pinned != fp and not replace:
             raise ConnectionFailed(
                 f"{name}: device now offers {fp} but {pinned} is pinned",
-                hint=f"if the device was reinstalled, check the fingerprint and run with --replace",
+                hint="if the device was reinstalled, check the fingerprint and run with --replace",
             )
         if pinned != fp:
             if not confirm(fp):
@@ -68,8 +79,14 @@ def enroll(inv: Inventory, name: str, expect_fingerprint: str | None = None, rep
         facts = get_facts(AgentClient(t, dev))
     finally:
         t.close()
-    return {"device": name, "fingerprint": fp, "root": info["root"], "arch": facts.arch,
-            "python": facts.python, "agent_version": facts.agent_version}
+    return {
+        "device": name,
+        "fingerprint": fp,
+        "root": info["root"],
+        "arch": facts.arch,
+        "python": facts.python,
+        "agent_version": facts.agent_version,
+    }
 
 
 def facts(inv: Inventory, name: str) -> DeviceFacts:
@@ -81,9 +98,17 @@ def facts(inv: Inventory, name: str) -> DeviceFacts:
         t.close()
 
 
-def push_bundle(inv: Inventory, name: str, bundle: Path, *, dry_run: bool = False, force: bool = False,
-                timeout: float = 60.0, progress: Progress | None = None,
-                step: Callable[[str], None] = lambda s: None) -> PushResult:
+def push_bundle(
+    inv: Inventory,
+    name: str,
+    bundle: Path,
+    *,
+    dry_run: bool = False,
+    force: bool = False,
+    timeout: float = 60.0,
+    progress: Progress | None = None,
+    step: Callable[[str], None] = lambda s: None,
+) -> PushResult:
     dev = inv.get(name)
     if not bundle.is_file():
         raise InputError(f"bundle file {bundle} does not exist")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import cv2
 import numpy as np
@@ -20,9 +21,7 @@ from edgedeploy_agent.bundle import Postprocess, Preprocess
 
 from .compile.package import ModelCard
 
-MODEL_DESCRIPTION = (
-    "MLP 64-64-10 (ReLU) trained here on scikit-learn's 8x8 handwritten digits; input: 8x8 grey, 0..1"
-)
+MODEL_DESCRIPTION = "MLP 64-64-10 (ReLU) trained here on scikit-learn's 8x8 handwritten digits; input: 8x8 grey, 0..1"
 FRAME_SIZE = 64
 
 
@@ -52,14 +51,22 @@ def train_digits_model(work: Path, seed: int = 0) -> DigitsDemo:
     video = work / "digits-test.avi"
     write_digit_video(x[test], video)
     card = ModelCard(
-        name="digits-mlp", version="1", description=MODEL_DESCRIPTION,
+        name="digits-mlp",
+        version="1",
+        description=MODEL_DESCRIPTION,
         labels=[str(d) for d in range(10)],
         # the video's pixels are digit values 0..16 scaled to 0..255; the model was trained on 0..1
         preprocess=Preprocess(color="gray", resize="stretch", interpolation="area", scale=1 / 255.0),
         postprocess=Postprocess(kind="classifier", top_k=3, softmax=True),
     )
-    return DigitsDemo(model, card, video, y[test], float(clf.score(x[train] / 16.0, y[train])),
-                      float(clf.score(x[test] / 16.0, y[test])))
+    return DigitsDemo(
+        model,
+        card,
+        video,
+        y[test],
+        float(clf.score(x[train] / 16.0, y[train])),
+        float(clf.score(x[test] / 16.0, y[test])),
+    )
 
 
 def _to_onnx(clf: object) -> onnx.ModelProto:
@@ -85,7 +92,8 @@ def _to_onnx(clf: object) -> onnx.ModelProto:
 
 def write_digit_video(images: np.ndarray, path: Path, fps: float = 25.0) -> int:
     """One frame per 8x8 image (values 0..16), upscaled with nearest neighbour; MJPG at top quality."""
-    writer = cv2.VideoWriter(str(path), cv2.VideoWriter_fourcc(*"MJPG"), fps, (FRAME_SIZE, FRAME_SIZE))
+    fourcc = cv2.VideoWriter.fourcc(*"MJPG")
+    writer = cv2.VideoWriter(str(path), fourcc, fps, (FRAME_SIZE, FRAME_SIZE))
     writer.set(cv2.VIDEOWRITER_PROP_QUALITY, 100)
     if not writer.isOpened():
         raise RuntimeError(f"OpenCV cannot write {path}")
@@ -97,7 +105,7 @@ def write_digit_video(images: np.ndarray, path: Path, fps: float = 25.0) -> int:
     return len(images)
 
 
-def accuracy(reports: list[dict], labels: np.ndarray) -> tuple[float, int]:
+def accuracy(reports: list[dict[str, Any]], labels: np.ndarray) -> tuple[float, int]:
     """Top-1 accuracy of the agent's reported predictions against the frame labels."""
     preds = {p["frame"]: p["top"][0][0] for r in reports for p in r.get("predictions", [])}
     if not preds:

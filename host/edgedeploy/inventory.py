@@ -1,22 +1,22 @@
 """The fleet inventory: devices.toml -> Device. Default in the user config folder.
 
-    [devices.xavier-01]
-    host = "10.0.0.5"
-    user = "edgedeploy"
-    key_file = "~/.ssh/edgedeploy_ed25519"
-    profile = "xavier-agx"
-    tags = ["lab"]
+[devices.xavier-01]
+host = "10.0.0.5"
+user = "edgedeploy"
+key_file = "~/.ssh/edgedeploy_ed25519"
+profile = "xavier-agx"
+tags = ["lab"]
 """
 
 from __future__ import annotations
 
 import os
 import re
-import tomllib
 from pathlib import Path
 from typing import Literal
 
 import tomli_w
+import tomllib
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from .errors import InventoryError
@@ -116,9 +116,9 @@ class Inventory:
 
     def save(self) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        data = {"devices": {
-            n: d.model_dump(exclude={"name"}, exclude_none=True) for n, d in sorted(self.devices.items())
-        }}
+        data = {
+            "devices": {n: d.model_dump(exclude={"name"}, exclude_none=True) for n, d in sorted(self.devices.items())}
+        }
         tmp = self.path.with_name(self.path.name + ".tmp")
         tmp.write_text(tomli_w.dumps(data), encoding="utf-8")
         os.replace(tmp, self.path)

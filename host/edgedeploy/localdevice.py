@@ -59,19 +59,34 @@ class LoopbackSshd:
         auth.write_text(self.client_key.with_suffix(".pub").read_text())
         os.chmod(auth, 0o600)
         self.config.write_text(
-            "\n".join([
-                f"ListenAddress {self.host}", f"Port {self.port}", f"HostKey {self.host_key}",
-                f"PidFile {self.pidfile}", f"AuthorizedKeysFile {auth}", "PasswordAuthentication no",
-                "KbdInteractiveAuthentication no", "UsePAM no", "StrictModes no",
-                "PermitRootLogin prohibit-password", "AllowAgentForwarding no", "AllowTcpForwarding no",
-                "X11Forwarding no", "Subsystem sftp internal-sftp", "MaxStartups 50", "LogLevel ERROR", "",
-            ])
+            "\n".join(
+                [
+                    f"ListenAddress {self.host}",
+                    f"Port {self.port}",
+                    f"HostKey {self.host_key}",
+                    f"PidFile {self.pidfile}",
+                    f"AuthorizedKeysFile {auth}",
+                    "PasswordAuthentication no",
+                    "KbdInteractiveAuthentication no",
+                    "UsePAM no",
+                    "StrictModes no",
+                    "PermitRootLogin prohibit-password",
+                    "AllowAgentForwarding no",
+                    "AllowTcpForwarding no",
+                    "X11Forwarding no",
+                    "Subsystem sftp internal-sftp",
+                    "MaxStartups 50",
+                    "LogLevel ERROR",
+                    "",
+                ]
+            )
         )
         subprocess.run([SSHD, "-t", "-f", str(self.config)], check=True, capture_output=True)
         # -D: stay in the foreground so we own the process; -e: log to stderr (our log file)
         log = open(self.log, "ab")
-        self._proc = subprocess.Popen([SSHD, "-D", "-e", "-f", str(self.config)], stdout=log, stderr=log,
-                                      stdin=subprocess.DEVNULL)
+        self._proc = subprocess.Popen(
+            [SSHD, "-D", "-e", "-f", str(self.config)], stdout=log, stderr=log, stdin=subprocess.DEVNULL
+        )
         log.close()
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:

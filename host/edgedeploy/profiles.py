@@ -7,11 +7,11 @@ users add their own TOML files in the user config folder's `profiles/` or in EDG
 from __future__ import annotations
 
 import os
-import tomllib
 from importlib import resources
 from pathlib import Path
 from typing import Any, Literal
 
+import tomllib
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from .errors import ProfileError

@@ -1,7 +1,7 @@
 """Inference runtimes behind one small interface. Heavy backends are imported lazily."""
 
 from pathlib import Path
-from typing import Dict, List, Optional, Protocol
+from typing import Any, Optional, Protocol
 
 import numpy as np
 
@@ -14,9 +14,9 @@ class Runtime(Protocol):
 
     name: str
 
-    def run(self, inputs: List[np.ndarray]) -> List[np.ndarray]: ...
+    def run(self, inputs: list[np.ndarray]) -> list[np.ndarray]: ...
 
-    def describe(self) -> Dict[str, str]: ...
+    def describe(self) -> dict[str, Any]: ...
 
 
 def load_runtime(release_dir: Path, manifest: Manifest, tvm_runtime_lib: Optional[str] = None) -> Runtime:

@@ -8,7 +8,7 @@ folder, found without importing the package.
 import ctypes
 import importlib.util
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Any, Optional
 
 import numpy as np
 
@@ -82,11 +82,26 @@ class TvmRuntime:
             ) from None
         self._manifest = manifest
 
-    def run(self, inputs: List[np.ndarray]) -> List[np.ndarray]:
+    def run(self, inputs: list[np.ndarray]) -> list[np.ndarray]:
         args = [self._ffi.from_dlpack(np.ascontiguousarray(x)) for x in inputs]
         out = self._main(*args)
         outs = list(out) if isinstance(out, (list, tuple)) or type(out).__name__ == "Array" else [out]
         return [np.from_dlpack(o).copy() for o in outs]
 
-    def describe(self) -> Dict[str, str]:
-        return {"runtime": "tvm", "library": str(self._lib_path), "device": self._manifest.target.device}
+    def describe(self) -> dict[str, Any]:
+        return {
+            "runtime": "tvm",
+            "runtime_lib": str(self._lib_path),
+            "device": self._manifest.target.device,
+            "loaded_tvm_libraries": loaded_tvm_libraries(),
+        }
+
+
+def loaded_tvm_libraries() -> list[str]:
+    """The TVM shared libraries mapped into this process (proof that no compiler is loaded)."""
+    try:
+        with open("/proc/self/maps", encoding="utf-8") as f:
+            paths = {line.split()[-1] for line in f if "libtvm" in line}
+    except OSError:
+        return []
+    return sorted(Path(p).name for p in paths)

@@ -5,7 +5,7 @@
 
 import time
 from pathlib import Path
-from typing import Optional, Protocol, Tuple
+from typing import Optional, Protocol
 from urllib.parse import parse_qs
 
 import cv2
@@ -65,7 +65,7 @@ def open_source(uri: str) -> FrameSource:
     )
 
 
-def timed_read(source: FrameSource) -> Tuple[Optional[np.ndarray], float]:
+def timed_read(source: FrameSource) -> tuple[Optional[np.ndarray], float]:
     """Read one frame and return it with the wait in milliseconds."""
     t = time.perf_counter()
     frame = source.read()

@@ -51,18 +51,32 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Compile a model for a device profile and write a bundle."""
         base = load_card(card) if card else ModelCard()
-        pre = {k: v for k, v in {"color": color, "resize": resize, "crop_fraction": crop_fraction, "scale": scale,
-                                 "mean": _floats(mean, "mean"), "std": _floats(std, "std")}.items() if v is not None}
-        post = {k: v for k, v in {"top_k": top_k, "softmax": softmax, "label_offset": label_offset}.items()
-                if v is not None}
+        pre = {
+            k: v
+            for k, v in {
+                "color": color,
+                "resize": resize,
+                "crop_fraction": crop_fraction,
+                "scale": scale,
+                "mean": _floats(mean, "mean"),
+                "std": _floats(std, "std"),
+            }.items()
+            if v is not None
+        }
+        post = {
+            k: v for k, v in {"top_k": top_k, "softmax": softmax, "label_offset": label_offset}.items() if v is not None
+        }
         try:
-            merged = ModelCard.model_validate({
-                **base.model_dump(),
-                **({"name": name} if name else {}), **({"version": version} if version else {}),
-                **({"labels": read_labels(labels)} if labels else {}),
-                "preprocess": Preprocess.model_validate({**base.preprocess.model_dump(), **pre}),
-                "postprocess": Postprocess.model_validate({**base.postprocess.model_dump(), **post}),
-            })
+            merged = ModelCard.model_validate(
+                {
+                    **base.model_dump(),
+                    **({"name": name} if name else {}),
+                    **({"version": version} if version else {}),
+                    **({"labels": read_labels(labels)} if labels else {}),
+                    "preprocess": Preprocess.model_validate({**base.preprocess.model_dump(), **pre}),
+                    "postprocess": Postprocess.model_validate({**base.postprocess.model_dump(), **post}),
+                }
+            )
         except ValidationError as e:
             err = e.errors()[0]
             raise InputError(f"{'.'.join(map(str, err['loc']))}: {err['msg']}") from None
@@ -73,12 +87,21 @@ def register(app: typer.Typer) -> None:
         secs = time.perf_counter() - t
         m = result.manifest
         if json_:
-            render.print_json({"bundle": str(result.bundle), "bundle_id": m.bundle_id, "cached": result.cached,
-                               "seconds": round(secs, 3), "timings": result.timings})
+            render.print_json(
+                {
+                    "bundle": str(result.bundle),
+                    "bundle_id": m.bundle_id,
+                    "cached": result.cached,
+                    "seconds": round(secs, 3),
+                    "timings": result.timings,
+                }
+            )
             return
         how = "from cache" if result.cached else "compiled"
-        render.out.print(f"wrote {result.bundle} ({result.bundle.stat().st_size / 1e6:.2f} MB, {how} in "
-                         f"{secs:.2f} s): {m.model.name} {m.model.version} for {m.profile}, id {m.bundle_id}")
+        render.out.print(
+            f"wrote {result.bundle} ({result.bundle.stat().st_size / 1e6:.2f} MB, {how} in "
+            f"{secs:.2f} s): {m.model.name} {m.model.version} for {m.profile}, id {m.bundle_id}"
+        )
 
     @app.command()
     def inspect(bundle: Annotated[Path, typer.Argument(help="bundle file")], json_: JsonOpt = False) -> None:
@@ -90,12 +113,17 @@ def register(app: typer.Typer) -> None:
         t = m.target
         rows = [
             ["model", f"{m.model.name} {m.model.version}  {m.model.description}"],
-            ["bundle id", m.bundle_id], ["created", m.created.isoformat()], ["profile", m.profile],
-            ["target", f"{t.arch} {t.device}" + (f" sm_{t.cuda_sm}" if t.cuda_sm else "") + f", {t.runtime} "
-                       f"({t.runtime_abi})"],
+            ["bundle id", m.bundle_id],
+            ["created", m.created.isoformat()],
+            ["profile", m.profile],
+            [
+                "target",
+                f"{t.arch} {t.device}" + (f" sm_{t.cuda_sm}" if t.cuda_sm else "") + f", {t.runtime} ({t.runtime_abi})",
+            ],
             ["inputs", "; ".join(f"{s.name} {s.shape} {s.dtype} {s.layout or ''}" for s in m.inputs)],
             ["outputs", "; ".join(f"{s.name} {s.shape} {s.dtype}" for s in m.outputs)],
-            ["preprocess", m.preprocess.model_dump_json()], ["postprocess", m.postprocess.model_dump_json()],
+            ["preprocess", m.preprocess.model_dump_json()],
+            ["postprocess", m.postprocess.model_dump_json()],
             ["precision", m.quantization.precision],
             ["tools", ", ".join(f"{k} {v}" for k, v in m.provenance.tools.items())],
         ] + [[f"artifact {a.role}", f"{a.path} {a.size} B sha256 {a.sha256[:16]}…"] for a in m.artifacts]

@@ -47,41 +47,57 @@ def register(app: typer.Typer) -> None:
             t = step(1, f"train the demo model: {MODEL_DESCRIPTION}")
             d = train_digits_model(work / "model")
             timings["train"] = time.perf_counter() - t
-            render.out.print(f"      {len(d.labels)} held-out digits -> {d.video.name}; scikit-learn test accuracy "
-                             f"{d.test_accuracy_sklearn:.2%} ({timings['train']:.1f} s)")
+            render.out.print(
+                f"      {len(d.labels)} held-out digits -> {d.video.name}; scikit-learn test accuracy "
+                f"{d.test_accuracy_sklearn:.2%} ({timings['train']:.1f} s)"
+            )
 
             t = step(2, "compile it with TVM for profile cpu-x86_64 and write a bundle")
             bundle = work / "digits-mlp.cpu-x86_64.edb"
             with render.steps("      build") as s:
                 built = api.build(d.model, "cpu-x86_64", bundle, d.card, progress=s)
             timings["build"] = time.perf_counter() - t
-            render.out.print(f"      {bundle.name}: {bundle.stat().st_size / 1e3:.0f} kB, id {built.manifest.bundle_id}"
-                             f"{' (cached)' if built.cached else ''} ({timings['build']:.1f} s)")
+            render.out.print(
+                f"      {bundle.name}: {bundle.stat().st_size / 1e3:.0f} kB, id {built.manifest.bundle_id}"
+                f"{' (cached)' if built.cached else ''} ({timings['build']:.1f} s)"
+            )
 
-            t = step(3, "start a local device " + ("(OpenSSH server on 127.0.0.1)" if use_ssh
-                                                   else "(local transport: sshd is not installed)"))
+            t = step(
+                3,
+                "start a local device "
+                + ("(OpenSSH server on 127.0.0.1)" if use_ssh else "(local transport: sshd is not installed)"),
+            )
             inv = Inventory(work / "devices.toml", {})
-            common = dict(name="demo-01", profile="cpu-x86_64", root=str(work / "device"), service="process",
-                          agent_command=agent_command(), source=f"file:{d.video}")
+            common = {
+                "name": "demo-01",
+                "profile": "cpu-x86_64",
+                "root": str(work / "device"),
+                "service": "process",
+                "agent_command": agent_command(),
+                "source": f"file:{d.video}",
+            }
             if use_ssh:
                 sshd = LoopbackSshd(work / "sshd").start()
-                dev = Device(host=sshd.host, port=sshd.port, user=sshd.user, key_file=str(sshd.client_key),
-                             **common)  # type: ignore[arg-type]
+                dev = Device(host=sshd.host, port=sshd.port, user=sshd.user, key_file=str(sshd.client_key), **common)  # type: ignore[arg-type]
             else:
                 dev = Device(host="localhost", transport="local", **common)  # type: ignore[arg-type]
             inv.add(dev)
             info = api.enroll(inv, "demo-01")
             timings["device"] = time.perf_counter() - t
-            render.out.print(f"      demo-01 at {dev.address if use_ssh else 'localhost'}: host key "
-                             f"{info['fingerprint'] or '(local)'} pinned; agent {info['agent_version']}, "
-                             f"Python {info['python']} ({timings['device']:.1f} s)")
+            render.out.print(
+                f"      demo-01 at {dev.address if use_ssh else 'localhost'}: host key "
+                f"{info['fingerprint'] or '(local)'} pinned; agent {info['agent_version']}, "
+                f"Python {info['python']} ({timings['device']:.1f} s)"
+            )
 
             t = step(4, "push: upload, verify, activate atomically, restart the agent, health-check")
             with render.transfer("      upload") as progress:
                 pushed = api.push_bundle(inv, "demo-01", bundle, progress=progress, force=True)
             timings["push"] = time.perf_counter() - t
-            render.out.print(f"      {pushed.outcome} {pushed.release}; warm-up inference "
-                             f"{(pushed.health or {}).get('warmup_ms', float('nan')):.2f} ms ({timings['push']:.1f} s)")
+            render.out.print(
+                f"      {pushed.outcome} {pushed.release}; warm-up inference "
+                f"{(pushed.health or {}).get('warmup_ms', float('nan')):.2f} ms ({timings['push']:.1f} s)"
+            )
 
             t = step(5, f"the agent runs the bundle on the video ({len(d.labels)} frames)")
             _wait_finished(inv, dev, timeout=180)

@@ -37,9 +37,22 @@ def add(
     """Add a device to the inventory (then run `devices enroll`)."""
     get_profile(profile)
     try:
-        dev = Device(name=name, host=host, port=port, user=user, key_file=key_file, profile=profile,
-                     tags=[t for t in tags.split(",") if t], root=root, service=service,  # type: ignore[arg-type]
-                     transport=transport, agent_command=agent_command, source=source)  # type: ignore[arg-type]
+        dev = Device.model_validate(
+            {
+                "name": name,
+                "host": host,
+                "port": port,
+                "user": user,
+                "key_file": key_file,
+                "profile": profile,
+                "tags": [t for t in tags.split(",") if t],
+                "root": root,
+                "service": service,
+                "transport": transport,
+                "agent_command": agent_command,
+                "source": source,
+            }
+        )
     except ValidationError as e:
         err = e.errors()[0]
         raise InputError(f"{'.'.join(map(str, err['loc']))}: {err['msg']}") from None
@@ -55,9 +68,14 @@ def list_(inventory: InventoryOpt = None, json_: JsonOpt = False) -> None:
     if json_:
         render.print_json([d.model_dump() for d in inv.devices.values()])
         return
-    render.table(str(inv.path), ["name", "address", "profile", "service", "tags"],
-                 [[d.name, d.address if d.transport == "ssh" else "local", d.profile, d.service, ",".join(d.tags)]
-                  for d in inv.devices.values()])
+    render.table(
+        str(inv.path),
+        ["name", "address", "profile", "service", "tags"],
+        [
+            [d.name, d.address if d.transport == "ssh" else "local", d.profile, d.service, ",".join(d.tags)]
+            for d in inv.devices.values()
+        ],
+    )
 
 
 @app.command()
@@ -71,7 +89,7 @@ def remove(name: str, inventory: InventoryOpt = None) -> None:
 @app.command()
 def enroll(
     name: str,
-    fingerprint: Annotated[str | None, typer.Option(help="expected SHA256:... fingerprint (read on the device)")] = None,
+    fingerprint: Annotated[str | None, typer.Option(help="expected SHA256:... fingerprint")] = None,
     yes: Annotated[bool, typer.Option("--yes", "-y", help="accept the shown key without asking")] = False,
     replace: Annotated[bool, typer.Option(help="replace a pinned key that changed")] = False,
     inventory: InventoryOpt = None,
@@ -90,8 +108,10 @@ def enroll(
     if json_:
         render.print_json(info)
         return
-    render.info(f"enrolled {name}: key {info['fingerprint'] or '(local)'} pinned in {inv.known_hosts}; "
-                f"agent {info['agent_version']} on {info['arch']}, Python {info['python']}, root {info['root']}")
+    render.info(
+        f"enrolled {name}: key {info['fingerprint'] or '(local)'} pinned in {inv.known_hosts}; "
+        f"agent {info['agent_version']} on {info['arch']}, Python {info['python']}, root {info['root']}"
+    )
 
 
 @app.command()

@@ -9,7 +9,11 @@ import typer
 
 InventoryOpt = Annotated[
     Path | None,
-    typer.Option("--inventory", "-i", envvar="EDGEDEPLOY_INVENTORY",
-                 help="devices TOML (default: devices.toml in the user config folder)"),
+    typer.Option(
+        "--inventory",
+        "-i",
+        envvar="EDGEDEPLOY_INVENTORY",
+        help="devices TOML (default: devices.toml in the user config folder)",
+    ),
 ]
 JsonOpt = Annotated[bool, typer.Option("--json", help="print JSON for scripts")]

@@ -18,9 +18,14 @@ def list_(json_: JsonOpt = False) -> None:
     if json_:
         render.print_json([p.model_dump(mode="json") for p in profs.values()])
         return
-    render.table(None, ["name", "arch", "device", "description"],
-                 [[p.name, p.arch, p.device + (f" sm_{p.cuda_sm}" if p.cuda_sm else ""), p.description]
-                  for p in sorted(profs.values(), key=lambda p: p.name)])
+    render.table(
+        None,
+        ["name", "arch", "device", "description"],
+        [
+            [p.name, p.arch, p.device + (f" sm_{p.cuda_sm}" if p.cuda_sm else ""), p.description]
+            for p in sorted(profs.values(), key=lambda p: p.name)
+        ],
+    )
 
 
 @app.command()
@@ -30,5 +35,4 @@ def show(name: str, json_: JsonOpt = False) -> None:
     if json_:
         render.print_json(p.model_dump(mode="json"))
         return
-    render.table(f"{p.name} ({p.source})", ["field", "value"],
-                 [[k, v] for k, v in p.model_dump(mode="json").items()])
+    render.table(f"{p.name} ({p.source})", ["field", "value"], [[k, v] for k, v in p.model_dump(mode="json").items()])

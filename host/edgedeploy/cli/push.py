@@ -30,8 +30,9 @@ def register(app: typer.Typer) -> None:
         inv = Inventory.load(inventory)
         t = time.perf_counter()
         with render.transfer(f"upload {bundle.name}") as progress, render.steps(f"push {device}") as step:
-            result = api.push_bundle(inv, device, bundle, dry_run=dry_run, force=force, timeout=timeout,
-                                     progress=progress, step=step)
+            result = api.push_bundle(
+                inv, device, bundle, dry_run=dry_run, force=force, timeout=timeout, progress=progress, step=step
+            )
         secs = time.perf_counter() - t
         if json_:
             render.print_json({**dataclasses.asdict(result), "seconds": round(secs, 3)})
@@ -44,8 +45,10 @@ def register(app: typer.Typer) -> None:
             render.out.print(f"{device}: already running {result.release}, nothing to do ({secs:.1f} s)")
             return
         warm = (result.health or {}).get("warmup_ms")
-        render.out.print(f"{device}: {result.outcome} {result.release} (was {result.previous or 'none'}) in "
-                         f"{secs:.1f} s" + (f", warm-up inference {warm:.1f} ms" if warm is not None else ""))
+        render.out.print(
+            f"{device}: {result.outcome} {result.release} (was {result.previous or 'none'}) in "
+            f"{secs:.1f} s" + (f", warm-up inference {warm:.1f} ms" if warm is not None else "")
+        )
 
     @app.command()
     def rollback(

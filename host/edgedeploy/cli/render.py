@@ -53,8 +53,9 @@ def steps(prefix: str) -> Iterator[Callable[[str], None]]:
 def transfer(label: str) -> Iterator[Callable[[int, int], None]]:
     """Upload progress bar on a terminal; a line per 25% otherwise."""
     if err.is_terminal:
-        with Progress(TextColumn(label), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
-                      console=err, transient=True) as p:
+        with Progress(
+            TextColumn(label), BarColumn(), DownloadColumn(), TransferSpeedColumn(), console=err, transient=True
+        ) as p:
             task = p.add_task(label, total=None)
             yield lambda done, total: p.update(task, completed=done, total=total)
     else:

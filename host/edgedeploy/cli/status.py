@@ -16,15 +16,22 @@ STAGES = ("capture", "preprocess", "infer", "postprocess")
 
 def show_report(device: str, r: dict[str, Any]) -> None:
     lat = r["latency_ms"]
-    rows = [[s, f"{lat[s]['p50']:.3f}", f"{lat[s]['p95']:.3f}", f"{lat[s]['p99']:.3f}", f"{lat[s]['mean']:.3f}"]
-            for s in STAGES if s in lat]
+    rows = [
+        [s, f"{lat[s]['p50']:.3f}", f"{lat[s]['p95']:.3f}", f"{lat[s]['p99']:.3f}", f"{lat[s]['mean']:.3f}"]
+        for s in STAGES
+        if s in lat
+    ]
     power = r["power"]
-    pw = (f"{power.get('mean_watts')} W, {power.get('energy_per_inference_mj')} mJ/inference"
-          if power["status"] == "measured" else f"unavailable ({power.get('reason')})")
+    pw = (
+        f"{power.get('mean_watts')} W, {power.get('energy_per_inference_mj')} mJ/inference"
+        if power["status"] == "measured"
+        else f"unavailable ({power.get('reason')})"
+    )
     render.table(
         f"{device} report #{r['seq']}: {r['model']} {r['model_version']} ({r['bundle_id']}), {r['frames']} frames, "
         f"{r['fps']:.1f} FPS (busy time), runtime {r['runtime']}\n  source {r['source']}; power {pw}",
-        ["stage (ms)", "p50", "p95", "p99", "mean"], rows,
+        ["stage (ms)", "p50", "p95", "p99", "mean"],
+        rows,
     )
 
 
@@ -39,12 +46,15 @@ def register(app: typer.Typer) -> None:
         st = api.status(Inventory.load(inventory), device)
         f = st.facts
         if json_:
-            render.print_json({"device": device, "facts": f.__dict__, "new_reports": st.new_reports,
-                               "reports_total": len(st.reports)})
+            render.print_json(
+                {"device": device, "facts": f.__dict__, "new_reports": st.new_reports, "reports_total": len(st.reports)}
+            )
             return
-        render.out.print(f"{device}: agent {f.agent_version} ({f.arch}, Python {f.python}); "
-                         f"running {f.current_release or 'no bundle'}; "
-                         f"{'healthy' if f.healthy_release else 'not healthy'}; "
-                         f"{len(st.new_reports)} new report(s), {len(st.reports)} stored")
+        render.out.print(
+            f"{device}: agent {f.agent_version} ({f.arch}, Python {f.python}); "
+            f"running {f.current_release or 'no bundle'}; "
+            f"{'healthy' if f.healthy_release else 'not healthy'}; "
+            f"{len(st.new_reports)} new report(s), {len(st.reports)} stored"
+        )
         if st.reports:
             show_report(device, st.reports[-1])

@@ -8,12 +8,12 @@ import json
 import platform
 import shutil
 import tempfile
-import tomllib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import tomllib
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from edgedeploy_agent.bundle import (
@@ -128,8 +128,12 @@ def build_bundle(
             created=dt.datetime.now(dt.timezone.utc).replace(microsecond=0),
             profile=profile.name,
             target=Target(
-                arch=profile.arch, device=profile.device, cuda_sm=profile.cuda_sm,
-                min_cuda_driver=profile.platform.min_cuda_driver, runtime="tvm", runtime_abi=runtime_abi(),
+                arch=profile.arch,
+                device=profile.device,
+                cuda_sm=profile.cuda_sm,
+                min_cuda_driver=profile.platform.min_cuda_driver,
+                runtime="tvm",
+                runtime_abi=runtime_abi(),
             ),
             inputs=model.inputs,
             outputs=ctx.outputs,
@@ -158,8 +162,12 @@ def _cache_key(model_sha: str, profile: DeviceProfile, card: ModelCard, name: st
     from .tvm_backend import tool_versions
 
     parts: dict[str, Any] = {
-        "model": model_sha, "profile": profile.model_dump(mode="json"), "card": card.model_dump(mode="json"),
-        "name": name, "edgedeploy": __version__, "tools": tool_versions(),
+        "model": model_sha,
+        "profile": profile.model_dump(mode="json"),
+        "card": card.model_dump(mode="json"),
+        "name": name,
+        "edgedeploy": __version__,
+        "tools": tool_versions(),
     }
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:32]
 

@@ -31,8 +31,11 @@ def parse_agent_output(result: CommandResult, device: str) -> dict[str, Any]:
         raise DeviceError(f"{device}: agent gave no result (exit {result.exit_code}): {detail}")
     if not data.get("ok"):
         err = data.get("error") or {}
-        raise DeviceError(f"{device}: {err.get('message', 'agent failed')}", hint=err.get("hint"),
-                          code=err.get("code", "device-error"))
+        raise DeviceError(
+            f"{device}: {err.get('message', 'agent failed')}",
+            hint=err.get("hint"),
+            code=err.get("code", "device-error"),
+        )
     return data
 
 

@@ -43,8 +43,15 @@ def get_facts(client: AgentClient) -> DeviceFacts:
 
 
 def push(
-    transport: Transport, device: Device, bundle: Path, *, dry_run: bool = False, force: bool = False,
-    timeout: float = 60.0, progress: Progress | None = None, step: Callable[[str], None] = lambda s: None,
+    transport: Transport,
+    device: Device,
+    bundle: Path,
+    *,
+    dry_run: bool = False,
+    force: bool = False,
+    timeout: float = 60.0,
+    progress: Progress | None = None,
+    step: Callable[[str], None] = lambda s: None,
 ) -> PushResult:
     timings: dict[str, float] = {}
     t = time.monotonic()
@@ -80,7 +87,12 @@ def push(
     timings["deploy_s"] = round(time.monotonic() - t, 3)
     timings.update({f"device_{k}": v for k, v in (result.get("timings") or {}).items()})
     return PushResult(
-        device.name, result["outcome"], result["release"], result.get("previous"), actions, timings,
+        device.name,
+        result["outcome"],
+        result["release"],
+        result.get("previous"),
+        actions,
+        timings,
         health=result.get("health"),
     )
 

@@ -96,9 +96,15 @@ class SshTransport:
         where = f"{device.name} ({device.address})"
         try:
             client.connect(
-                device.host, port=device.port, username=device.user, key_filename=key_file,
-                timeout=connect_timeout, banner_timeout=connect_timeout, auth_timeout=connect_timeout,
-                allow_agent=False, look_for_keys=key_file is None,
+                device.host,
+                port=device.port,
+                username=device.user,
+                key_filename=key_file,
+                timeout=connect_timeout,
+                banner_timeout=connect_timeout,
+                auth_timeout=connect_timeout,
+                allow_agent=False,
+                look_for_keys=key_file is None,
             )
         except paramiko.BadHostKeyException as e:
             raise HostKeyError(
@@ -116,7 +122,7 @@ class SshTransport:
                     hint=f"run `edgedeploy devices enroll {device.name}` and compare the fingerprint",
                 ) from None
             raise ConnectionFailed(f"{where}: SSH failed: {e}") from None
-        except (TimeoutError, socket.timeout):
+        except TimeoutError:
             raise ConnectionFailed(f"{where}: timed out after {connect_timeout:.0f} s") from None
         except OSError as e:
             raise ConnectionFailed(f"{where}: unreachable ({e.strerror or e})") from None
@@ -128,7 +134,10 @@ class SshTransport:
     def run(self, argv: Sequence[str], timeout: float | None = None) -> CommandResult:
         command = shlex.join(argv)
         try:
-            chan = self._client.get_transport().open_session()  # type: ignore[union-attr]
+            transport = self._client.get_transport()
+            if transport is None:
+                raise paramiko.SSHException("not connected")
+            chan = transport.open_session()
             chan.settimeout(timeout)
             chan.exec_command(command)
             out, err = bytearray(), bytearray()
@@ -146,9 +155,10 @@ class SshTransport:
                     time.sleep(0.005)
             code = chan.recv_exit_status()
             chan.close()
-        except (TimeoutError, socket.timeout):
-            raise ConnectionFailed(f"{self.device.name}: `{argv[0]} {argv[1] if len(argv) > 1 else ''}` "
-                                   f"timed out after {timeout} s") from None
+        except TimeoutError:
+            raise ConnectionFailed(
+                f"{self.device.name}: `{argv[0]} {argv[1] if len(argv) > 1 else ''}` timed out after {timeout} s"
+            ) from None
         except (paramiko.SSHException, OSError, EOFError) as e:
             raise ConnectionFailed(f"{self.device.name}: connection lost while running a command ({e})") from None
         return CommandResult(tuple(argv), code, out.decode(errors="replace"), err.decode(errors="replace"))
@@ -179,8 +189,10 @@ class SshTransport:
             finally:
                 sftp.close()
         except (paramiko.SSHException, OSError, EOFError) as e:
-            raise ConnectionFailed(f"{self.device.name}: upload of {local.name} failed ({e})",
-                                   hint="run the push again: the upload resumes where it stopped") from None
+            raise ConnectionFailed(
+                f"{self.device.name}: upload of {local.name} failed ({e})",
+                hint="run the push again: the upload resumes where it stopped",
+            ) from None
 
     def close(self) -> None:
         self._client.close()

@@ -62,5 +62,3 @@ class LocalTransport:
 
     def close(self) -> None:
         return None
-
-

@@ -1,0 +1,47 @@
+"""Make small real bundles for agent tests (fake library bytes, real format)."""
+
+from __future__ import annotations
+
+import datetime as dt
+from pathlib import Path
+
+from edgedeploy_agent.bundle import (
+    Manifest,
+    ModelInfo,
+    Postprocess,
+    Preprocess,
+    Provenance,
+    Target,
+    TensorSpec,
+    describe_artifact,
+    write_bundle,
+)
+
+
+def make_manifest(files: dict[str, tuple[Path, str]], version: str = "1", arch: str = "x86_64",
+                  **overrides: object) -> Manifest:
+    data = dict(
+        model=ModelInfo(name="toy", version=version, source_sha256="0" * 64),
+        created=dt.datetime(2026, 11, 29, tzinfo=dt.timezone.utc),
+        profile="cpu-x86_64",
+        target=Target(arch=arch, device="cpu", runtime="tvm", runtime_abi="tvm-ffi-0.1"),  # type: ignore[arg-type]
+        inputs=[TensorSpec(name="x", shape=[1, 1, 8, 8], layout="NCHW")],
+        outputs=[TensorSpec(name="y", shape=[1, 10])],
+        preprocess=Preprocess(color="gray"),
+        postprocess=Postprocess(),
+        provenance=Provenance(tools={"test": "1"}, build_host="test"),
+        artifacts=[describe_artifact(p, role, name) for name, (p, role) in sorted(files.items())],
+    )
+    data.update(overrides)
+    return Manifest(**data)  # type: ignore[arg-type]
+
+
+def make_bundle(tmp: Path, version: str = "1", lib_bytes: bytes = b"\x7fELF fake library", **kw: object) -> Path:
+    tmp.mkdir(parents=True, exist_ok=True)
+    lib = tmp / f"model-{version}.so"
+    lib.write_bytes(lib_bytes)
+    labels = tmp / "labels.txt"
+    labels.write_text("\n".join(str(i) for i in range(10)) + "\n")
+    files = {"model.so": (lib, "tvm-library"), "labels.txt": (labels, "labels")}
+    m = make_manifest(files, version=version, labels="labels.txt", **kw)
+    return write_bundle(tmp / f"toy-{version}.edb", m, {k: v[0] for k, v in files.items()})

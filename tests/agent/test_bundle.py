@@ -1,0 +1,125 @@
+import gzip
+import io
+import json
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from edgedeploy_agent.bundle import (
+    MANIFEST_NAME,
+    Manifest,
+    check_compatible,
+    extract_bundle,
+    manifest_json_schema,
+    read_manifest,
+    verify_bundle,
+)
+from edgedeploy_agent.errors import BundleError, IncompatibleBundle
+from tests.agent.bundles import make_bundle
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _rewrite(src: Path, dst: Path, edit) -> Path:
+    """Copy a bundle member by member, letting `edit(name, data)` change or drop members."""
+    with tarfile.open(src, "r|gz") as tin, gzip.open(dst, "wb") as gz, tarfile.open(fileobj=gz, mode="w") as tout:
+        for m in tin:
+            data = tin.extractfile(m).read()
+            res = edit(m.name, data)
+            if res is None:
+                continue
+            name, data = res
+            ti = tarfile.TarInfo(name)
+            ti.size = len(data)
+            tout.addfile(ti, io.BytesIO(data))
+    return dst
+
+
+def test_roundtrip_manifest_first_and_reproducible(tmp_path: Path) -> None:
+    b = make_bundle(tmp_path / "a")
+    with tarfile.open(b, "r|gz") as t:
+        names = [m.name for m in t]
+    assert names[0] == MANIFEST_NAME
+    assert sorted(names[1:]) == ["labels.txt", "model.so"]
+    m = read_manifest(b)
+    assert verify_bundle(b) == m
+    out = tmp_path / "x"
+    extract_bundle(b, out)
+    assert (out / "model.so").read_bytes() == b"\x7fELF fake library"
+    assert Manifest.model_validate_json((out / MANIFEST_NAME).read_bytes()).bundle_id == m.bundle_id
+    # same inputs, same bytes: bundles are reproducible
+    assert make_bundle(tmp_path / "b").read_bytes() == b.read_bytes()
+
+
+def test_tampered_artifact_is_refused(tmp_path: Path) -> None:
+    b = make_bundle(tmp_path)
+    bad = _rewrite(b, tmp_path / "bad.edb",
+                   lambda n, d: (n, d.replace(b"fake", b"evil")) if n == "model.so" else (n, d))
+    with pytest.raises(BundleError, match="sha256 mismatch for model.so"):
+        verify_bundle(bad)
+    with pytest.raises(BundleError, match="sha256 mismatch"):
+        extract_bundle(bad, tmp_path / "out")
+
+
+def test_truncated_and_extra_members_are_refused(tmp_path: Path) -> None:
+    b = make_bundle(tmp_path)
+    missing = _rewrite(b, tmp_path / "m.edb", lambda n, d: None if n == "labels.txt" else (n, d))
+    with pytest.raises(BundleError, match="missing labels.txt"):
+        verify_bundle(missing)
+    traversal = _rewrite(b, tmp_path / "t.edb", lambda n, d: ("../labels.txt", d) if n == "labels.txt" else (n, d))
+    with pytest.raises(BundleError, match="unexpected member"):
+        extract_bundle(traversal, tmp_path / "out")
+    assert not (tmp_path / "labels.txt").exists() or (tmp_path / "labels.txt").read_text().startswith("0")
+
+
+def test_symlink_member_is_refused(tmp_path: Path) -> None:
+    b = make_bundle(tmp_path)
+    dst = tmp_path / "link.edb"
+    with tarfile.open(b, "r|gz") as tin, gzip.open(dst, "wb") as gz, tarfile.open(fileobj=gz, mode="w") as tout:
+        for m in tin:
+            if m.name == "model.so":
+                link = tarfile.TarInfo("model.so")
+                link.type, link.linkname = tarfile.SYMTYPE, "/etc/passwd"
+                tout.addfile(link)
+            else:
+                tout.addfile(m, tin.extractfile(m))
+    with pytest.raises(BundleError, match="not a regular file|is 0 bytes"):
+        extract_bundle(dst, tmp_path / "out")
+
+
+def test_garbage_and_bad_manifest(tmp_path: Path) -> None:
+    g = tmp_path / "garbage.edb"
+    g.write_bytes(b"this is not a bundle")
+    with pytest.raises(BundleError, match="not a readable bundle|corrupt"):
+        read_manifest(g)
+    b = make_bundle(tmp_path)
+    bad = _rewrite(b, tmp_path / "bm.edb", lambda n, d: (n, b'{"schema_version": 1}') if n == MANIFEST_NAME
+                   else (n, d))
+    with pytest.raises(BundleError, match="invalid manifest"):
+        read_manifest(bad)
+    with pytest.raises(BundleError, match="no such bundle"):
+        read_manifest(tmp_path / "absent.edb")
+
+
+def test_newer_schema_and_other_arch_are_incompatible(tmp_path: Path) -> None:
+    b = make_bundle(tmp_path)
+
+    def bump(n: str, d: bytes):
+        if n != MANIFEST_NAME:
+            return n, d
+        data = json.loads(d)
+        data["schema_version"] = 99
+        return n, json.dumps(data).encode()
+
+    with pytest.raises(IncompatibleBundle, match="schema 99"):
+        read_manifest(_rewrite(b, tmp_path / "s.edb", bump))
+    arm = read_manifest(make_bundle(tmp_path / "arm", arch="aarch64"))
+    with pytest.raises(IncompatibleBundle, match="aarch64"):
+        check_compatible(arm, machine="x86_64")
+    check_compatible(arm, machine="aarch64")
+
+
+def test_docs_schema_is_generated_from_the_models() -> None:
+    committed = json.loads((REPO / "docs" / "bundle-manifest.schema.json").read_text())
+    assert committed == manifest_json_schema(), "regenerate docs/ with `python -m edgedeploy.schema`"

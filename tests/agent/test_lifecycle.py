@@ -1,0 +1,132 @@
+"""The deploy state machine against a scripted service (a real class behind the Service protocol)."""
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from edgedeploy_agent.bundle import read_manifest
+from edgedeploy_agent.config import AgentConfig
+from edgedeploy_agent.errors import BundleError, HealthCheckFailed, InsufficientSpace
+from edgedeploy_agent.lifecycle import Deployment, recover, rollback
+from edgedeploy_agent.service import write_health
+from edgedeploy_agent.store import DeviceStore
+from tests.agent.bundles import make_bundle
+
+
+class ScriptedService:
+    """Acts like the agent process: on restart it 'loads' whatever `current` points at."""
+
+    def __init__(self, store: DeviceStore, bad: set[str] | None = None) -> None:
+        self.store, self.bad, self.running, self.restarts = store, bad or set(), False, 0
+
+    def restart(self) -> None:
+        self.restarts += 1
+        name = self.store.current()
+        self.running = name is not None and name not in self.bad
+        state = "failed" if name in self.bad else "ready"
+        write_health(self.store, name, state, error={"message": "library does not load"})
+
+    def stop(self) -> None:
+        self.running = False
+
+    def is_running(self) -> bool:
+        return self.running
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> DeviceStore:
+    s = DeviceStore(tmp_path / "device")
+    s.init(AgentConfig(device_name="t", keep_releases=2))
+    return s
+
+
+def copy(b: Path, d: Path) -> Path:
+    d.mkdir(parents=True, exist_ok=True)
+    out = d / b.name
+    out.write_bytes(b.read_bytes())
+    return out
+
+
+def test_commit_then_unchanged_then_upgrade(store: DeviceStore, tmp_path: Path) -> None:
+    svc = ScriptedService(store)
+    b1 = make_bundle(tmp_path / "v1", version="1")
+    r = Deployment(store, svc).deploy(copy(b1, store.incoming), timeout=2)
+    name1 = read_manifest(b1).release_name
+    assert r["outcome"] == "committed" and store.current() == name1
+    assert os.readlink(store.current_link) == f"releases/{name1}"  # relative link
+    assert not list(store.incoming.iterdir())  # the upload is removed once committed
+    assert Deployment(store, svc).deploy(copy(b1, store.incoming), timeout=2)["outcome"] == "unchanged"
+    b2 = make_bundle(tmp_path / "v2", version="2", lib_bytes=b"other")
+    r = Deployment(store, svc).deploy(copy(b2, store.incoming), timeout=2)
+    assert r["previous"] == name1
+    st = store.state()
+    assert st["current"] == read_manifest(b2).release_name and st["previous"] == [name1] and st["pending"] is None
+
+
+def test_failed_health_rolls_back_to_previous(store: DeviceStore, tmp_path: Path) -> None:
+    b1 = make_bundle(tmp_path / "v1", version="1")
+    b2 = make_bundle(tmp_path / "v2", version="2", lib_bytes=b"broken")
+    bad = read_manifest(b2).release_name
+    svc = ScriptedService(store, bad={bad})
+    Deployment(store, svc).deploy(copy(b1, store.incoming), timeout=2)
+    with pytest.raises(HealthCheckFailed, match="library does not load.*back on toy-1"):
+        Deployment(store, svc).deploy(copy(b2, store.incoming), timeout=2)
+    st = store.state()
+    assert store.current() == st["current"] == read_manifest(b1).release_name
+    assert st["pending"] is None and st["history"][-1]["event"] == "rolled-back"
+    assert svc.running  # the old bundle was restarted
+
+
+def test_tampered_bundle_leaves_device_untouched(store: DeviceStore, tmp_path: Path) -> None:
+    svc = ScriptedService(store)
+    b1 = make_bundle(tmp_path / "v1", version="1")
+    Deployment(store, svc).deploy(copy(b1, store.incoming), timeout=2)
+    b2 = make_bundle(tmp_path / "v2", version="2")
+    raw = bytearray(b2.read_bytes())
+    raw[len(raw) // 2] ^= 0xFF  # flip a byte inside the compressed stream
+    bad = store.incoming / "bad.edb"
+    bad.write_bytes(bytes(raw))
+    restarts = svc.restarts
+    with pytest.raises(BundleError):
+        Deployment(store, svc).deploy(bad, timeout=2)
+    assert store.current() == read_manifest(b1).release_name and svc.restarts == restarts
+    assert not [p for p in store.releases.iterdir() if p.name.startswith(".tmp")]
+
+
+def test_interrupted_deploy_is_recovered(store: DeviceStore, tmp_path: Path) -> None:
+    svc = ScriptedService(store)
+    b1 = make_bundle(tmp_path / "v1", version="1")
+    b2 = make_bundle(tmp_path / "v2", version="2", lib_bytes=b"two")
+    Deployment(store, svc).deploy(copy(b1, store.incoming), timeout=2)
+    # simulate a crash after the link swap, before the health check finished
+    store.stage(copy(b2, store.incoming))
+    st = store.state()
+    st["pending"] = {"release": read_manifest(b2).release_name, "from": st["current"], "state": "health-check"}
+    store.save_state(st)
+    store.activate(read_manifest(b2).release_name)
+    assert recover(store, svc) == read_manifest(b1).release_name
+    assert store.current() == read_manifest(b1).release_name and store.state()["pending"] is None
+
+
+def test_manual_rollback_and_pruning(store: DeviceStore, tmp_path: Path) -> None:
+    svc = ScriptedService(store)
+    names = []
+    for v in ("1", "2", "3"):
+        b = make_bundle(tmp_path / v, version=v, lib_bytes=v.encode())
+        names.append(read_manifest(b).release_name)
+        Deployment(store, svc).deploy(copy(b, store.incoming), timeout=2)
+    assert sorted(p.name for p in store.releases.iterdir()) == sorted(names[1:])  # keep_releases=2
+    r = rollback(store, svc, timeout=2)
+    assert r["release"] == names[1] and store.current() == names[1]
+
+
+def test_no_space_is_detected_before_unpacking(store: DeviceStore, tmp_path: Path, monkeypatch) -> None:
+    import edgedeploy_agent.store as st
+
+    b = make_bundle(tmp_path / "v1")
+    monkeypatch.setattr(st, "SPACE_MARGIN_BYTES", 1 << 60)  # more than any disk has
+    with pytest.raises(InsufficientSpace, match="MiB free"):
+        Deployment(store, ScriptedService(store)).deploy(copy(b, store.incoming), timeout=2)
+    assert store.current() is None and json.loads(store.state_path.read_text())["pending"] is None

@@ -1,0 +1,84 @@
+"""Shared fixtures. Tests are hermetic: every host folder (config, state, cache) is a temp dir."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import Cli
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _data_dir() -> Path:
+    return Path(os.environ.get("EDGEDEPLOY_TEST_DATA", REPO.parent / "shared" / "data")).resolve()
+
+
+@pytest.fixture(scope="session")
+def data_dir() -> Path:
+    d = _data_dir()
+    if not (d / "models").is_dir():
+        pytest.skip(f"test data not found at {d} (set EDGEDEPLOY_TEST_DATA)")
+    return d
+
+
+@pytest.fixture(scope="session")
+def build_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One build cache for the session: each model is compiled once."""
+    return tmp_path_factory.mktemp("build-cache")
+
+
+@pytest.fixture(autouse=True)
+def hermetic(tmp_path: Path, build_cache: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Keep the user's config, inventory, known_hosts, reports and caches out of every test."""
+    home = tmp_path / "host"
+    monkeypatch.setenv("EDGEDEPLOY_CONFIG_DIR", str(home / "config"))
+    monkeypatch.setenv("EDGEDEPLOY_STATE_DIR", str(home / "state"))
+    monkeypatch.setenv("EDGEDEPLOY_CACHE_DIR", str(build_cache))
+    monkeypatch.delenv("EDGEDEPLOY_INVENTORY", raising=False)
+    monkeypatch.delenv("EDGEDEPLOY_PROFILES", raising=False)
+    return home
+
+
+# --- hardware markers: declared in pyproject.toml, checked here at run time -------------------
+
+def _has_gpu() -> bool:
+    return shutil.which("nvidia-smi") is not None and subprocess.run(
+        ["nvidia-smi", "-L"], capture_output=True).returncode == 0
+
+
+def _has_tensorrt() -> bool:
+    try:
+        import tensorrt  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+HARDWARE = {
+    "gpu": (_has_gpu, "needs an NVIDIA GPU (nvidia-smi -L failed)"),
+    "tensorrt": (_has_tensorrt, "needs the tensorrt Python package"),
+    "jetson": (lambda: Path("/etc/nv_tegra_release").exists(), "needs a Jetson (/etc/nv_tegra_release)"),
+    "camera": (lambda: Path("/dev/video0").exists(), "needs a camera at /dev/video0"),
+}
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    cache: dict[str, bool] = {}
+    for item in items:
+        for name, (check, reason) in HARDWARE.items():
+            if name in item.keywords:
+                if name not in cache:
+                    cache[name] = check()
+                if not cache[name]:
+                    item.add_marker(pytest.mark.skip(reason=reason))
+
+
+@pytest.fixture
+def cli(hermetic: Path) -> Cli:
+    """Run the real `edgedeploy` console script in a subprocess (what a user types)."""
+    return Cli()

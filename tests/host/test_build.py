@@ -1,0 +1,68 @@
+"""Real TVM builds (CPU), the build cache, and the manifest they produce."""
+
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+
+from edgedeploy.api import build
+from edgedeploy.compile.package import ModelCard
+from edgedeploy.errors import BuildError, ModelError
+from edgedeploy_agent.bundle import Preprocess, extract_bundle
+from edgedeploy_agent.runtime import load_runtime
+from tests.helpers import Cli
+
+
+def test_mnist_bundle_runs_like_onnxruntime(data_dir: Path, tmp_path: Path) -> None:
+    model = data_dir / "models" / "mnist-8_opset13.onnx"
+    card = ModelCard(name="mnist", labels=[str(i) for i in range(10)], preprocess=Preprocess(color="gray"))
+    res = build(model, "cpu-x86_64", tmp_path / "m.edb", card)
+    m = res.manifest
+    assert (m.inputs[0].name, m.inputs[0].shape, m.inputs[0].layout) == ("Input3", [1, 1, 28, 28], "NCHW")
+    assert (m.outputs[0].name, m.outputs[0].shape) == ("Plus214_Output_0", [1, 10])
+    assert {a.role for a in m.artifacts} == {"tvm-library", "onnx-model", "labels"}
+    assert m.provenance.tools["tvm"].startswith("0.27") and m.target.runtime_abi == "tvm-ffi-0.1"
+    rel = tmp_path / "rel"
+    extract_bundle(res.bundle, rel)
+    rt = load_runtime(rel, m)
+    x = np.random.default_rng(0).uniform(0, 255, (1, 1, 28, 28)).astype(np.float32)
+    ref = ort.InferenceSession(str(model)).run(None, {"Input3": x})[0]
+    np.testing.assert_allclose(rt.run([x])[0], ref, rtol=1e-4, atol=1e-3)
+
+
+def test_rebuild_is_cached(data_dir: Path, tmp_path: Path) -> None:
+    model = data_dir / "models" / "mnist-8_opset13.onnx"
+    first = build(model, "cpu-x86_64", tmp_path / "a.edb", ModelCard(name="mnist-cache"))
+    t = time.perf_counter()
+    again = build(model, "cpu-x86_64", tmp_path / "b.edb", ModelCard(name="mnist-cache"))
+    assert again.cached and not first.cached and time.perf_counter() - t < 2.0
+    assert again.manifest.bundle_id == first.manifest.bundle_id
+    changed = build(model, "cpu-x86_64", tmp_path / "c.edb", ModelCard(name="mnist-cache", version="2"))
+    assert not changed.cached
+
+
+def test_gpu_profiles_are_refused_clearly_until_their_pipeline_exists(data_dir: Path, tmp_path: Path) -> None:
+    with pytest.raises(BuildError, match="profile t4 targets cuda, which has no compile pipeline"):
+        build(data_dir / "models" / "mnist-8_opset13.onnx", "t4", tmp_path / "t.edb", ModelCard())
+
+
+def test_corrupt_model(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.onnx"
+    bad.write_bytes(b"\x08\x07garbage")
+    with pytest.raises(ModelError, match="bad.onnx is not a valid ONNX model"):
+        build(bad, "cpu-x86_64", tmp_path / "x.edb", ModelCard())
+
+
+def test_cli_build_and_inspect_json(data_dir: Path, tmp_path: Path, cli: Cli) -> None:
+    out = tmp_path / "mnist.edb"
+    r = cli("build", str(data_dir / "models" / "mnist-8_opset13.onnx"), "--profile", "cpu-x86_64", "-o", str(out),
+            "--color", "gray", "--softmax", "--top-k", "3")
+    assert r.code == 0, r.err
+    r = cli("inspect", str(out), "--json")
+    assert r.code == 0, r.err
+    data = json.loads(r.out)
+    assert data["profile"] == "cpu-x86_64" and data["preprocess"]["color"] == "gray"
+    assert data["postprocess"]["top_k"] == 3 and len(data["bundle_id"]) == 16

@@ -1,0 +1,50 @@
+from pathlib import Path
+
+import pytest
+
+from edgedeploy.errors import InventoryError
+from edgedeploy.inventory import Device, Inventory
+
+
+def test_roundtrip_and_select(tmp_path: Path) -> None:
+    p = tmp_path / "devices.toml"
+    inv = Inventory.load(p)
+    inv.add(Device(name="x1", host="10.0.0.5", profile="xavier-agx", tags=["lab", "canary"]))
+    inv.add(Device(name="t1", host="t4.local", port=2222, profile="t4", tags=["lab"]))
+    again = Inventory.load(p)
+    assert again.get("t1").port == 2222 and again.get("x1").service == "systemd"
+    assert [d.name for d in again.select(tag="canary")] == ["x1"]
+    assert again.known_hosts == tmp_path / "known_hosts"
+    with pytest.raises(InventoryError, match="already exists"):
+        again.add(Device(name="x1", host="h", profile="t4"))
+    again.remove("x1")
+    assert list(Inventory.load(p).devices) == ["t1"]
+
+
+def test_env_override(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("EDGEDEPLOY_INVENTORY", str(tmp_path / "fleet.toml"))
+    assert Inventory.load().path == tmp_path / "fleet.toml"
+
+
+@pytest.mark.parametrize(
+    ("text", "match"),
+    [
+        ("[devices.x\nhost=1", "not valid TOML"),
+        ('[devices.x]\nhost = "h"\n', "devices.x.profile: Field required"),
+        ('[devices.x]\nhost = "h"\nprofile = "t4"\nport = 70000\n', "devices.x.port"),
+        ('[devices.x]\nhost = "h"\nprofile = "t4"\ncolour = "red"\n', "colour"),
+        ('title = "fleet"\n', "expected only"),
+    ],
+)
+def test_malformed_inventory(tmp_path: Path, text: str, match: str) -> None:
+    p = tmp_path / "devices.toml"
+    p.write_text(text)
+    with pytest.raises(InventoryError, match=match):
+        Inventory.load(p)
+
+
+def test_unknown_device_names_known(tmp_path: Path) -> None:
+    inv = Inventory(tmp_path / "d.toml", {"a": Device(name="a", host="h", profile="t4")})
+    with pytest.raises(InventoryError) as e:
+        inv.get("b")
+    assert "known devices: a" in (e.value.hint or "")

@@ -1,0 +1,74 @@
+"""The pure planner and the agent-output parser: no I/O, captured agent output as input."""
+
+from pathlib import Path
+
+import pytest
+
+from edgedeploy.errors import DeviceError, InputError
+from edgedeploy.inventory import Device
+from edgedeploy.remote.agent_client import parse_agent_output
+from edgedeploy.remote.facts import parse_facts
+from edgedeploy.remote.plan import plan_push
+from edgedeploy.remote.transport import CommandResult
+from edgedeploy_agent.bundle import read_manifest
+from tests.agent.bundles import make_bundle
+
+# captured from `edgedeploy-agent --json facts` on this machine
+FACTS = {
+    "ok": True, "agent_version": "0.1.0", "bundle_schema": 1, "python": "3.11.7", "arch": "x86_64",
+    "root": "/tmp/dev", "initialised": True, "uid": 0, "free_bytes": 85899345920, "service": "process",
+    "source": None, "running": True,
+    "health": {"release": "toy-1-abc", "state": "ready", "pid": 42, "time": "2026-11-29T19:40:00.000+00:00"},
+    "current": {"release": "toy-1-abc", "model": "toy", "version": "1", "profile": "cpu-x86_64",
+                "bundle_id": "abc"},
+    "previous": [], "history": [],
+}
+DEV = Device(name="d1", host="h", profile="cpu-x86_64")
+
+
+@pytest.fixture
+def manifest(tmp_path: Path):
+    return read_manifest(make_bundle(tmp_path))
+
+
+def test_parse_facts() -> None:
+    f = parse_facts(FACTS)
+    assert (f.arch, f.current_release, f.healthy_release, f.running) == ("x86_64", "toy-1-abc", "toy-1-abc", True)
+
+
+def test_plan_upload_and_deploy(manifest) -> None:
+    actions = plan_push(manifest, 1000, DEV, parse_facts(FACTS))
+    assert [a.kind for a in actions] == ["upload", "deploy"] and not any(a.noop for a in actions)
+
+
+def test_plan_noop_when_already_running(manifest) -> None:
+    facts = parse_facts({**FACTS, "current": {"release": manifest.release_name},
+                         "health": {"release": manifest.release_name, "state": "ready"}})
+    assert all(a.noop for a in plan_push(manifest, 1000, DEV, facts))
+    assert not any(a.noop for a in plan_push(manifest, 1000, DEV, facts, force=True))
+
+
+def test_plan_refusals(manifest) -> None:
+    with pytest.raises(InputError, match="bundle is for profile cpu-x86_64, device d1 is t4"):
+        plan_push(manifest, 1000, DEV.model_copy(update={"profile": "t4"}), parse_facts(FACTS))
+    with pytest.raises(DeviceError, match="not enough disk: 10 MiB free") as e:
+        plan_push(manifest, 1000, DEV, parse_facts({**FACTS, "free_bytes": 10 << 20}))
+    assert e.value.code == "no-space"
+    with pytest.raises(DeviceError, match="arch aarch64"):
+        plan_push(manifest, 1000, DEV, parse_facts({**FACTS, "arch": "aarch64"}))
+    with pytest.raises(DeviceError, match="not initialised"):
+        plan_push(manifest, 1000, DEV, parse_facts({**FACTS, "initialised": False}))
+
+
+def test_parse_agent_output() -> None:
+    ok = CommandResult(("a",), 0, 'noise\n{"ok": true, "x": 1}\n', "")
+    assert parse_agent_output(ok, "d")["x"] == 1
+    err = CommandResult(("a",), 3, '{"ok": false, "error": {"code": "bad-bundle", "message": "sha256 mismatch",'
+                                   ' "hint": null}}\n', "")
+    with pytest.raises(DeviceError, match="d: sha256 mismatch") as e:
+        parse_agent_output(err, "d")
+    assert e.value.code == "bad-bundle"
+    missing = CommandResult(("a",), 127, "", "bash: edgedeploy-agent: command not found\n")
+    with pytest.raises(DeviceError, match="not found on the device") as e:
+        parse_agent_output(missing, "d")
+    assert e.value.code == "agent-missing"

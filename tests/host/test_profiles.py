@@ -1,0 +1,39 @@
+from pathlib import Path
+
+import pytest
+
+from edgedeploy.errors import ProfileError
+from edgedeploy.profiles import all_profiles, get_profile
+
+EXPECTED = {"cpu-x86_64": ("x86_64", None), "t4": ("x86_64", 75), "xavier-agx": ("aarch64", 72),
+            "xavier-nx": ("aarch64", 72), "h200": ("x86_64", 90)}
+
+
+def test_builtin_profiles() -> None:
+    profs = all_profiles()
+    assert set(EXPECTED) <= set(profs)
+    for name, (arch, sm) in EXPECTED.items():
+        assert (profs[name].arch, profs[name].cuda_sm) == (arch, sm)
+    x = get_profile("xavier-agx")
+    assert x.platform.cuda == "11.4" and x.platform.tensorrt == "8.5.2" and x.platform.python == "3.9"
+    assert x.compiler.target["host"]["mtriple"] == "aarch64-linux-gnu"
+
+
+def test_user_profiles_are_added_and_validated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    d = tmp_path / "p"
+    d.mkdir()
+    (d / "orin.toml").write_text(
+        'name = "my-cpu"\ndescription = "x"\narch = "aarch64"\ndevice = "cpu"\n'
+        '[compiler]\ntarget = { kind = "llvm" }\nhost_triple = "aarch64-linux-gnu"\n[platform]\npython = "3.10"\n'
+    )
+    monkeypatch.setenv("EDGEDEPLOY_PROFILES", str(d))
+    assert get_profile("my-cpu").arch == "aarch64"
+    (d / "bad.toml").write_text('name = "bad"\narch = "sparc"\n')
+    with pytest.raises(ProfileError, match="bad.toml"):
+        all_profiles()
+
+
+def test_unknown_profile_lists_known() -> None:
+    with pytest.raises(ProfileError) as e:
+        get_profile("jetson-nano")
+    assert "xavier-agx" in (e.value.hint or "")

@@ -1,0 +1,106 @@
+"""Real services for end-to-end tests: an OpenSSH server on loopback, real bundles, a real video."""
+
+from __future__ import annotations
+
+import gzip
+import os
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import cv2
+import numpy as np
+import pytest
+
+from edgedeploy.api import build
+from edgedeploy.compile.package import ModelCard
+from edgedeploy.localdevice import LoopbackSshd, sshd_available
+from edgedeploy_agent.bundle import Postprocess, Preprocess
+from tests.helpers import Cli, agent
+
+AGENT = str(Path(sys.executable).parent / "edgedeploy-agent")
+
+
+@pytest.fixture
+def sshd(tmp_path: Path) -> Iterator[LoopbackSshd]:
+    if not sshd_available():
+        if os.environ.get("EDGEDEPLOY_REQUIRE_SSHD") == "1":
+            pytest.fail("sshd is required (EDGEDEPLOY_REQUIRE_SSHD=1) but /usr/sbin/sshd is missing")
+        pytest.skip("OpenSSH server not installed (apt-get install openssh-server)")
+    with LoopbackSshd(tmp_path / "sshd") as server:
+        yield server
+
+
+@dataclass
+class LabeledVideo:
+    path: Path
+    labels: np.ndarray
+
+
+def read_mnist(data_dir: Path, n: int) -> tuple[np.ndarray, np.ndarray]:
+    with gzip.open(data_dir / "mnist" / "t10k-images-idx3-ubyte.gz") as f:
+        images = np.frombuffer(f.read(), np.uint8, offset=16).reshape(-1, 28, 28)[:n]
+    with gzip.open(data_dir / "mnist" / "t10k-labels-idx1-ubyte.gz") as f:
+        labels = np.frombuffer(f.read(), np.uint8, offset=8)[:n]
+    return images, labels
+
+
+@pytest.fixture(scope="session")
+def mnist_video(data_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> LabeledVideo:
+    """The first 300 MNIST test digits, one per frame, 28x28 -> 112x112, MJPG at top quality."""
+    images, labels = read_mnist(data_dir, 300)
+    path = tmp_path_factory.mktemp("video") / "mnist-test.avi"
+    w = cv2.VideoWriter(str(path), cv2.VideoWriter.fourcc(*"MJPG"), 25.0, (112, 112))
+    w.set(cv2.VIDEOWRITER_PROP_QUALITY, 100)
+    for img in images:
+        w.write(cv2.cvtColor(cv2.resize(img, (112, 112), interpolation=cv2.INTER_NEAREST), cv2.COLOR_GRAY2BGR))
+    w.release()
+    return LabeledVideo(path, labels)
+
+
+MNIST_CARD = ModelCard(
+    name="mnist", version="8", description="ONNX model zoo mnist-8", labels=[str(i) for i in range(10)],
+    preprocess=Preprocess(color="gray", interpolation="area"),  # raw pixels 0..255
+    postprocess=Postprocess(top_k=3, softmax=True),
+)
+
+
+@pytest.fixture(scope="session")
+def mnist_bundle(data_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("bundles") / "mnist.cpu-x86_64.edb"
+    build(data_dir / "models" / "mnist-8_opset13.onnx", "cpu-x86_64", out, MNIST_CARD, use_cache=False)
+    return out
+
+
+@dataclass
+class Enrolled:
+    name: str
+    inventory: Path
+    root: Path
+    sshd: LoopbackSshd
+
+    def args(self) -> list[str]:
+        return ["--inventory", str(self.inventory)]
+
+
+def add_device(cli: Cli, sshd: LoopbackSshd, inventory: Path, root: Path, name: str = "dev1",
+               source: str | None = None) -> Enrolled:
+    args = ["devices", "add", name, "--host", sshd.host, "--port", str(sshd.port), "--user", sshd.user,
+            "--key-file", str(sshd.client_key), "--profile", "cpu-x86_64", "--root", str(root),
+            "--service", "process", "--agent-command", AGENT, "--inventory", str(inventory)]
+    if source:
+        args += ["--source", source]
+    r = cli(*args)
+    assert r.code == 0, r.err
+    return Enrolled(name, inventory, root, sshd)
+
+
+@pytest.fixture
+def device(cli: Cli, sshd: LoopbackSshd, tmp_path: Path, mnist_video: LabeledVideo) -> Iterator[Enrolled]:
+    dev = add_device(cli, sshd, tmp_path / "fleet" / "devices.toml", tmp_path / "device-root",
+                     source=f"file:{mnist_video.path}")
+    r = cli("devices", "enroll", dev.name, "--yes", *dev.args())
+    assert r.code == 0, r.err
+    yield dev
+    agent("--root", str(dev.root), "--json", "stop")  # leave no agent process behind

@@ -1,0 +1,108 @@
+"""What a technician meets on a bad day, against a real sshd: every failure is one clear line and the
+device keeps a working bundle."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import paramiko
+import pytest
+
+from edgedeploy_agent.bundle import read_manifest
+from tests.agent.bundles import make_bundle
+from tests.helpers import Cli, agent, assert_one_line_error
+from tests.integration.conftest import Enrolled, add_device
+
+pytestmark = pytest.mark.integration
+
+
+def current(dev: Enrolled) -> str | None:
+    link = dev.root / "current"
+    return os.readlink(link).split("/")[-1] if link.is_symlink() else None
+
+
+def push_ok(cli: Cli, dev: Enrolled, bundle: Path) -> None:
+    r = cli("push", dev.name, str(bundle), "--json", *dev.args())
+    assert r.code == 0, r.err
+    assert json.loads(r.out)["outcome"] == "committed"
+
+
+def test_changed_host_key_is_refused_until_reenrolled(cli: Cli, device: Enrolled, mnist_bundle: Path) -> None:
+    known = device.inventory.parent / "known_hosts"
+    keys = paramiko.HostKeys(str(known))
+    entry = f"[127.0.0.1]:{device.sshd.port}"
+    del keys[entry]
+    keys.add(entry, "ssh-ed25519", paramiko.Ed25519Key.from_private_key_file(str(device.sshd.client_key)))
+    keys.save(str(known))  # now a different key is pinned: as if the device were replaced
+    r = cli("push", device.name, str(mnist_bundle), *device.args())
+    assert_one_line_error(r, 3, "HOST KEY CHANGED")
+    assert "--replace" in r.err
+    assert_one_line_error(cli("devices", "enroll", device.name, "--yes", *device.args()), 3, "is pinned")
+    assert cli("devices", "enroll", device.name, "--yes", "--replace", *device.args()).code == 0
+    push_ok(cli, device, mnist_bundle)
+
+
+def test_unenrolled_device_is_refused(cli: Cli, sshd, tmp_path: Path, mnist_bundle: Path) -> None:
+    dev = add_device(cli, sshd, tmp_path / "other" / "devices.toml", tmp_path / "root2")
+    assert_one_line_error(cli("push", dev.name, str(mnist_bundle), *dev.args()), 3, "not pinned")
+
+
+def test_wrong_enroll_fingerprint_pins_nothing(cli: Cli, sshd, tmp_path: Path) -> None:
+    dev = add_device(cli, sshd, tmp_path / "f" / "devices.toml", tmp_path / "root3")
+    r = cli("devices", "enroll", dev.name, "--fingerprint", "SHA256:AAAA", *dev.args())
+    assert_one_line_error(r, 3, "you expected SHA256:AAAA")
+    assert not (tmp_path / "f" / "known_hosts").exists()
+
+
+def test_broken_bundle_rolls_back_to_the_previous_one(cli: Cli, device: Enrolled, mnist_bundle: Path,
+                                                      tmp_path: Path) -> None:
+    push_ok(cli, device, mnist_bundle)
+    good = read_manifest(mnist_bundle).release_name
+    broken = make_bundle(tmp_path / "broken", lib_bytes=b"\x7fELF but not a library")  # valid hashes
+    r = cli("push", device.name, str(broken), *device.args())
+    assert_one_line_error(r, 4, "failed its health check")
+    assert "rolled back" in r.err and good in r.err
+    assert current(device) == good
+    facts = json.loads(cli("devices", "facts", device.name, *device.args()).out)
+    assert facts["current_release"] == good and facts["healthy_release"] == good
+
+
+def test_tampered_bundle_is_refused_by_host_and_device(cli: Cli, device: Enrolled, mnist_bundle: Path,
+                                                       tmp_path: Path) -> None:
+    push_ok(cli, device, mnist_bundle)
+    raw = bytearray(mnist_bundle.read_bytes())
+    raw[len(raw) // 2] ^= 0x01
+    bad = tmp_path / "tampered.edb"
+    bad.write_bytes(bytes(raw))
+    assert_one_line_error(cli("push", device.name, str(bad), *device.args()), 2, "tampered.edb")
+    # the agent refuses it on its own too (a host that skipped the check, or a bad link)
+    r = agent("--root", str(device.root), "--json", "deploy", str(bad))
+    res = json.loads(r.out)
+    assert r.code != 0 and res["ok"] is False and res["error"]["code"] == "bad-bundle"
+    assert current(device) == read_manifest(mnist_bundle).release_name
+
+
+def test_bundle_for_another_profile(cli: Cli, device: Enrolled, tmp_path: Path) -> None:
+    arm = make_bundle(tmp_path / "arm", arch="aarch64", profile="xavier-agx")
+    assert_one_line_error(cli("push", device.name, str(arm), *device.args()), 2,
+                          "bundle is for profile xavier-agx, device dev1 is cpu-x86_64")
+
+
+def test_full_disk_is_detected_before_upload(cli: Cli, sshd, tmp_path: Path, mnist_bundle: Path) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("mounting a small tmpfs needs root")
+    root = tmp_path / "small"
+    root.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(root)]).returncode != 0:
+        pytest.skip("cannot mount tmpfs here")
+    try:
+        dev = add_device(cli, sshd, tmp_path / "s" / "devices.toml", root)
+        assert cli("devices", "enroll", dev.name, "--yes", *dev.args()).code == 0
+        r = cli("push", dev.name, str(mnist_bundle), *dev.args())
+        assert_one_line_error(r, 4, "not enough disk")
+        assert not list((root / "incoming").iterdir())
+    finally:
+        subprocess.run(["umount", "-l", str(root)])
