@@ -46,9 +46,12 @@ def hermetic(tmp_path: Path, build_cache: Path, monkeypatch: pytest.MonkeyPatch)
 
 # --- hardware markers: declared in pyproject.toml, checked here at run time -------------------
 
+
 def _has_gpu() -> bool:
-    return shutil.which("nvidia-smi") is not None and subprocess.run(
-        ["nvidia-smi", "-L"], capture_output=True).returncode == 0
+    return (
+        shutil.which("nvidia-smi") is not None
+        and subprocess.run(["nvidia-smi", "-L"], capture_output=True).returncode == 0
+    )
 
 
 def _has_tensorrt() -> bool:

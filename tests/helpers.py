@@ -20,14 +20,25 @@ class Ran:
 
 class Cli:
     def __call__(self, *args: str, timeout: float = 300, env: dict[str, str] | None = None) -> Ran:
-        p = subprocess.run([str(BIN / "edgedeploy"), *args], capture_output=True, text=True, timeout=timeout,
-                           env={**os.environ, "COLUMNS": "200", **(env or {})}, stdin=subprocess.DEVNULL)
+        p = subprocess.run(
+            [str(BIN / "edgedeploy"), *args],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            env={**os.environ, "COLUMNS": "200", **(env or {})},
+            stdin=subprocess.DEVNULL,
+        )
         return Ran(p.returncode, p.stdout, p.stderr)
 
 
 def agent(*args: str, timeout: float = 120) -> Ran:
-    p = subprocess.run([str(BIN / "edgedeploy-agent"), *args], capture_output=True, text=True, timeout=timeout,
-                       stdin=subprocess.DEVNULL)
+    p = subprocess.run(
+        [str(BIN / "edgedeploy-agent"), *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        stdin=subprocess.DEVNULL,
+    )
     return Ran(p.returncode, p.stdout, p.stderr)
 
 

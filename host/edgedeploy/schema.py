@@ -14,7 +14,10 @@ def schemas() -> dict[str, dict[str, object]]:
     return {"bundle-manifest.schema.json": manifest_json_schema(), "report.schema.json": Report.model_json_schema()}
 
 
-def main(out: Path = Path(__file__).resolve().parents[2] / "docs") -> int:
+DOCS = Path(__file__).resolve().parents[2] / "docs"
+
+
+def main(out: Path = DOCS) -> int:
     for name, schema in schemas().items():
         (out / name).write_text(json.dumps(schema, indent=2, sort_keys=True) + "\n")
         print(f"wrote {out / name}")

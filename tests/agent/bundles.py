@@ -18,20 +18,21 @@ from edgedeploy_agent.bundle import (
 )
 
 
-def make_manifest(files: dict[str, tuple[Path, str]], version: str = "1", arch: str = "x86_64",
-                  **overrides: object) -> Manifest:
-    data = dict(
-        model=ModelInfo(name="toy", version=version, source_sha256="0" * 64),
-        created=dt.datetime(2026, 11, 29, tzinfo=dt.timezone.utc),
-        profile="cpu-x86_64",
-        target=Target(arch=arch, device="cpu", runtime="tvm", runtime_abi="tvm-ffi-0.1"),  # type: ignore[arg-type]
-        inputs=[TensorSpec(name="x", shape=[1, 1, 8, 8], layout="NCHW")],
-        outputs=[TensorSpec(name="y", shape=[1, 10])],
-        preprocess=Preprocess(color="gray"),
-        postprocess=Postprocess(),
-        provenance=Provenance(tools={"test": "1"}, build_host="test"),
-        artifacts=[describe_artifact(p, role, name) for name, (p, role) in sorted(files.items())],
-    )
+def make_manifest(
+    files: dict[str, tuple[Path, str]], version: str = "1", arch: str = "x86_64", **overrides: object
+) -> Manifest:
+    data = {
+        "model": ModelInfo(name="toy", version=version, source_sha256="0" * 64),
+        "created": dt.datetime(2026, 11, 29, tzinfo=dt.timezone.utc),
+        "profile": "cpu-x86_64",
+        "target": Target(arch=arch, device="cpu", runtime="tvm", runtime_abi="tvm-ffi-0.1"),  # type: ignore[arg-type]
+        "inputs": [TensorSpec(name="x", shape=[1, 1, 8, 8], layout="NCHW")],
+        "outputs": [TensorSpec(name="y", shape=[1, 10])],
+        "preprocess": Preprocess(color="gray"),
+        "postprocess": Postprocess(),
+        "provenance": Provenance(tools={"test": "1"}, build_host="test"),
+        "artifacts": [describe_artifact(p, role, name) for name, (p, role) in sorted(files.items())],
+    }
     data.update(overrides)
     return Manifest(**data)  # type: ignore[arg-type]
 

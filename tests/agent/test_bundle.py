@@ -54,8 +54,9 @@ def test_roundtrip_manifest_first_and_reproducible(tmp_path: Path) -> None:
 
 def test_tampered_artifact_is_refused(tmp_path: Path) -> None:
     b = make_bundle(tmp_path)
-    bad = _rewrite(b, tmp_path / "bad.edb",
-                   lambda n, d: (n, d.replace(b"fake", b"evil")) if n == "model.so" else (n, d))
+    bad = _rewrite(
+        b, tmp_path / "bad.edb", lambda n, d: (n, d.replace(b"fake", b"evil")) if n == "model.so" else (n, d)
+    )
     with pytest.raises(BundleError, match="sha256 mismatch for model.so"):
         verify_bundle(bad)
     with pytest.raises(BundleError, match="sha256 mismatch"):
@@ -94,8 +95,7 @@ def test_garbage_and_bad_manifest(tmp_path: Path) -> None:
     with pytest.raises(BundleError, match="not a readable bundle|corrupt"):
         read_manifest(g)
     b = make_bundle(tmp_path)
-    bad = _rewrite(b, tmp_path / "bm.edb", lambda n, d: (n, b'{"schema_version": 1}') if n == MANIFEST_NAME
-                   else (n, d))
+    bad = _rewrite(b, tmp_path / "bm.edb", lambda n, d: (n, b'{"schema_version": 1}') if n == MANIFEST_NAME else (n, d))
     with pytest.raises(BundleError, match="invalid manifest"):
         read_manifest(bad)
     with pytest.raises(BundleError, match="no such bundle"):

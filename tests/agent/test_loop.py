@@ -3,19 +3,19 @@ from pathlib import Path
 
 import numpy as np
 
-from edgedeploy_agent.bundle import Postprocess
+from edgedeploy_agent.bundle import Postprocess, read_manifest
 from edgedeploy_agent.config import AgentConfig
 from edgedeploy_agent.loop import Spool, ack_reports, pending_reports, top_k
 from edgedeploy_agent.report import Report, stage_latency
 from edgedeploy_agent.sources.power import NoPowerSensor
 from edgedeploy_agent.store import DeviceStore
 from tests.agent.bundles import make_bundle
-from edgedeploy_agent.bundle import read_manifest
 
 
 def test_top_k_softmax_and_label_offset(tmp_path: Path) -> None:
     m = read_manifest(make_bundle(tmp_path)).model_copy(
-        update={"postprocess": Postprocess(top_k=2, softmax=True, label_offset=1)})
+        update={"postprocess": Postprocess(top_k=2, softmax=True, label_offset=1)}
+    )
     out = np.array([[0.0, 1.0, 3.0, 2.0]], dtype=np.float32)
     top = top_k(out, m, ["a", "b", "c"])
     assert [t[0] for t in top] == [1, 2]
@@ -35,10 +35,21 @@ def test_spool_is_atomic_ordered_and_acknowledged(tmp_path: Path) -> None:
     store.init(AgentConfig(device_name="d"))
     spool = Spool(store)
     for _ in range(3):
-        r = Report(device="d", seq=spool.next_seq(), bundle_id="b", model="m", model_version="1", runtime="tvm",
-                   source="file:x", window_start="2026-01-01T00:00:00Z", window_end="2026-01-01T00:00:01Z",
-                   frames=1, fps=1.0, latency_ms={"infer": stage_latency([1.0])},
-                   power=NoPowerSensor().end_window(1))
+        r = Report(
+            device="d",
+            seq=spool.next_seq(),
+            bundle_id="b",
+            model="m",
+            model_version="1",
+            runtime="tvm",
+            source="file:x",
+            window_start="2026-01-01T00:00:00Z",
+            window_end="2026-01-01T00:00:01Z",
+            frames=1,
+            fps=1.0,
+            latency_ms={"infer": stage_latency([1.0])},
+            power=NoPowerSensor().end_window(1),
+        )
         spool.write(r)
     assert not list(store.spool.glob(".*.tmp"))
     pending = pending_reports(store)

@@ -58,8 +58,19 @@ def test_corrupt_model(tmp_path: Path) -> None:
 
 def test_cli_build_and_inspect_json(data_dir: Path, tmp_path: Path, cli: Cli) -> None:
     out = tmp_path / "mnist.edb"
-    r = cli("build", str(data_dir / "models" / "mnist-8_opset13.onnx"), "--profile", "cpu-x86_64", "-o", str(out),
-            "--color", "gray", "--softmax", "--top-k", "3")
+    r = cli(
+        "build",
+        str(data_dir / "models" / "mnist-8_opset13.onnx"),
+        "--profile",
+        "cpu-x86_64",
+        "-o",
+        str(out),
+        "--color",
+        "gray",
+        "--softmax",
+        "--top-k",
+        "3",
+    )
     assert r.code == 0, r.err
     r = cli("inspect", str(out), "--json")
     assert r.code == 0, r.err

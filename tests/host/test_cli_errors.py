@@ -40,8 +40,19 @@ def test_unreachable_and_unenrolled_host(cli: Cli, tmp_path: Path) -> None:
     with socket.socket() as s:  # a port nobody listens on
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    r = cli("devices", "add", "dead", "--host", "127.0.0.1", "--port", str(port), "--profile", "cpu-x86_64",
-            "--inventory", str(inv))
+    r = cli(
+        "devices",
+        "add",
+        "dead",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--profile",
+        "cpu-x86_64",
+        "--inventory",
+        str(inv),
+    )
     assert r.code == 0, r.err
     bundle = make_bundle(tmp_path / "b")
     assert_one_line_error(cli("push", "dead", str(bundle), "--inventory", str(inv)), 3, "unreachable")

@@ -15,13 +15,22 @@ from tests.agent.bundles import make_bundle
 
 # captured from `edgedeploy-agent --json facts` on this machine
 FACTS = {
-    "ok": True, "agent_version": "0.1.0", "bundle_schema": 1, "python": "3.11.7", "arch": "x86_64",
-    "root": "/tmp/dev", "initialised": True, "uid": 0, "free_bytes": 85899345920, "service": "process",
-    "source": None, "running": True,
+    "ok": True,
+    "agent_version": "0.1.0",
+    "bundle_schema": 1,
+    "python": "3.11.7",
+    "arch": "x86_64",
+    "root": "/tmp/dev",
+    "initialised": True,
+    "uid": 0,
+    "free_bytes": 85899345920,
+    "service": "process",
+    "source": None,
+    "running": True,
     "health": {"release": "toy-1-abc", "state": "ready", "pid": 42, "time": "2026-11-29T19:40:00.000+00:00"},
-    "current": {"release": "toy-1-abc", "model": "toy", "version": "1", "profile": "cpu-x86_64",
-                "bundle_id": "abc"},
-    "previous": [], "history": [],
+    "current": {"release": "toy-1-abc", "model": "toy", "version": "1", "profile": "cpu-x86_64", "bundle_id": "abc"},
+    "previous": [],
+    "history": [],
 }
 DEV = Device(name="d1", host="h", profile="cpu-x86_64")
 
@@ -42,8 +51,13 @@ def test_plan_upload_and_deploy(manifest) -> None:
 
 
 def test_plan_noop_when_already_running(manifest) -> None:
-    facts = parse_facts({**FACTS, "current": {"release": manifest.release_name},
-                         "health": {"release": manifest.release_name, "state": "ready"}})
+    facts = parse_facts(
+        {
+            **FACTS,
+            "current": {"release": manifest.release_name},
+            "health": {"release": manifest.release_name, "state": "ready"},
+        }
+    )
     assert all(a.noop for a in plan_push(manifest, 1000, DEV, facts))
     assert not any(a.noop for a in plan_push(manifest, 1000, DEV, facts, force=True))
 
@@ -63,8 +77,9 @@ def test_plan_refusals(manifest) -> None:
 def test_parse_agent_output() -> None:
     ok = CommandResult(("a",), 0, 'noise\n{"ok": true, "x": 1}\n', "")
     assert parse_agent_output(ok, "d")["x"] == 1
-    err = CommandResult(("a",), 3, '{"ok": false, "error": {"code": "bad-bundle", "message": "sha256 mismatch",'
-                                   ' "hint": null}}\n', "")
+    err = CommandResult(
+        ("a",), 3, '{"ok": false, "error": {"code": "bad-bundle", "message": "sha256 mismatch", "hint": null}}\n', ""
+    )
     with pytest.raises(DeviceError, match="d: sha256 mismatch") as e:
         parse_agent_output(err, "d")
     assert e.value.code == "bad-bundle"

@@ -5,8 +5,13 @@ import pytest
 from edgedeploy.errors import ProfileError
 from edgedeploy.profiles import all_profiles, get_profile
 
-EXPECTED = {"cpu-x86_64": ("x86_64", None), "t4": ("x86_64", 75), "xavier-agx": ("aarch64", 72),
-            "xavier-nx": ("aarch64", 72), "h200": ("x86_64", 90)}
+EXPECTED = {
+    "cpu-x86_64": ("x86_64", None),
+    "t4": ("x86_64", 75),
+    "xavier-agx": ("aarch64", 72),
+    "xavier-nx": ("aarch64", 72),
+    "h200": ("x86_64", 90),
+}
 
 
 def test_builtin_profiles() -> None:

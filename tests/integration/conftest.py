@@ -60,7 +60,10 @@ def mnist_video(data_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Lab
 
 
 MNIST_CARD = ModelCard(
-    name="mnist", version="8", description="ONNX model zoo mnist-8", labels=[str(i) for i in range(10)],
+    name="mnist",
+    version="8",
+    description="ONNX model zoo mnist-8",
+    labels=[str(i) for i in range(10)],
     preprocess=Preprocess(color="gray", interpolation="area"),  # raw pixels 0..255
     postprocess=Postprocess(top_k=3, softmax=True),
 )
@@ -84,11 +87,32 @@ class Enrolled:
         return ["--inventory", str(self.inventory)]
 
 
-def add_device(cli: Cli, sshd: LoopbackSshd, inventory: Path, root: Path, name: str = "dev1",
-               source: str | None = None) -> Enrolled:
-    args = ["devices", "add", name, "--host", sshd.host, "--port", str(sshd.port), "--user", sshd.user,
-            "--key-file", str(sshd.client_key), "--profile", "cpu-x86_64", "--root", str(root),
-            "--service", "process", "--agent-command", AGENT, "--inventory", str(inventory)]
+def add_device(
+    cli: Cli, sshd: LoopbackSshd, inventory: Path, root: Path, name: str = "dev1", source: str | None = None
+) -> Enrolled:
+    args = [
+        "devices",
+        "add",
+        name,
+        "--host",
+        sshd.host,
+        "--port",
+        str(sshd.port),
+        "--user",
+        sshd.user,
+        "--key-file",
+        str(sshd.client_key),
+        "--profile",
+        "cpu-x86_64",
+        "--root",
+        str(root),
+        "--service",
+        "process",
+        "--agent-command",
+        AGENT,
+        "--inventory",
+        str(inventory),
+    ]
     if source:
         args += ["--source", source]
     r = cli(*args)
@@ -98,8 +122,9 @@ def add_device(cli: Cli, sshd: LoopbackSshd, inventory: Path, root: Path, name: 
 
 @pytest.fixture
 def device(cli: Cli, sshd: LoopbackSshd, tmp_path: Path, mnist_video: LabeledVideo) -> Iterator[Enrolled]:
-    dev = add_device(cli, sshd, tmp_path / "fleet" / "devices.toml", tmp_path / "device-root",
-                     source=f"file:{mnist_video.path}")
+    dev = add_device(
+        cli, sshd, tmp_path / "fleet" / "devices.toml", tmp_path / "device-root", source=f"file:{mnist_video.path}"
+    )
     r = cli("devices", "enroll", dev.name, "--yes", *dev.args())
     assert r.code == 0, r.err
     yield dev

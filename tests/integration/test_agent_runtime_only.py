@@ -18,7 +18,7 @@ from tests.helpers import BIN
 
 pytestmark = pytest.mark.integration
 
-BLOCKER = '''
+BLOCKER = """
 import sys
 class _NoCompiler:
     def find_spec(self, name, path=None, target=None):
@@ -26,7 +26,7 @@ class _NoCompiler:
             raise ImportError("blocked for this test: the agent must not import " + name)
         return None
 sys.meta_path.insert(0, _NoCompiler())
-'''
+"""
 
 
 def test_agent_loads_and_runs_without_the_compiler(tmp_path: Path, mnist_bundle: Path, mnist_video) -> None:
@@ -43,16 +43,28 @@ def test_agent_loads_and_runs_without_the_compiler(tmp_path: Path, mnist_bundle:
     root = tmp_path / "root"
 
     def agent(*args: str) -> dict:
-        p = subprocess.run([str(BIN / "edgedeploy-agent"), "--root", str(root), "--json", *args],
-                           capture_output=True, text=True, env=env, timeout=120)
+        p = subprocess.run(
+            [str(BIN / "edgedeploy-agent"), "--root", str(root), "--json", *args],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=120,
+        )
         return json.loads(p.stdout.splitlines()[-1])
 
     # the blocker really blocks: importing tvm in that environment fails
     probe = subprocess.run([sys.executable, "-c", "import tvm"], env=env, capture_output=True, text=True)
     assert probe.returncode != 0 and "blocked for this test" in probe.stderr
 
-    assert agent("init", "--service", "process", "--tvm-runtime-lib", str(kit / "libtvm_runtime.so"),
-                 "--source", f"file:{mnist_video.path}")["ok"]
+    assert agent(
+        "init",
+        "--service",
+        "process",
+        "--tvm-runtime-lib",
+        str(kit / "libtvm_runtime.so"),
+        "--source",
+        f"file:{mnist_video.path}",
+    )["ok"]
     staged = root / "incoming" / "b.edb"
     shutil.copy(mnist_bundle, staged)
     res = agent("deploy", str(staged), "--timeout", "60")

@@ -39,16 +39,18 @@ def wait_for_agent(cli: Cli, dev: Enrolled, timeout: float = 120) -> dict:
 
 
 def test_enroll_pins_the_real_host_key(cli: Cli, device: Enrolled) -> None:
-    expected = subprocess.run(["ssh-keygen", "-lf", str(device.sshd.host_key) + ".pub"], capture_output=True,
-                              text=True, check=True).stdout.split()[1]
+    expected = subprocess.run(
+        ["ssh-keygen", "-lf", str(device.sshd.host_key) + ".pub"], capture_output=True, text=True, check=True
+    ).stdout.split()[1]
     known = (device.inventory.parent / "known_hosts").read_text()
     assert f"[127.0.0.1]:{device.sshd.port} ssh-ed25519" in known
     r = cli("devices", "enroll", device.name, "--yes", "--json", *device.args())
     assert r.code == 0 and json.loads(r.out)["fingerprint"] == expected
 
 
-def test_push_run_status_matches_onnxruntime(cli: Cli, device: Enrolled, mnist_bundle: Path,
-                                             mnist_video: LabeledVideo, data_dir: Path) -> None:
+def test_push_run_status_matches_onnxruntime(
+    cli: Cli, device: Enrolled, mnist_bundle: Path, mnist_video: LabeledVideo, data_dir: Path
+) -> None:
     plan = cli("push", device.name, str(mnist_bundle), "--dry-run", *device.args())
     assert plan.code == 0 and "will  upload" in plan.out and "will  deploy" in plan.out, plan.out + plan.err
 

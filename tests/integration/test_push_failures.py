@@ -57,8 +57,9 @@ def test_wrong_enroll_fingerprint_pins_nothing(cli: Cli, sshd, tmp_path: Path) -
     assert not (tmp_path / "f" / "known_hosts").exists()
 
 
-def test_broken_bundle_rolls_back_to_the_previous_one(cli: Cli, device: Enrolled, mnist_bundle: Path,
-                                                      tmp_path: Path) -> None:
+def test_broken_bundle_rolls_back_to_the_previous_one(
+    cli: Cli, device: Enrolled, mnist_bundle: Path, tmp_path: Path
+) -> None:
     push_ok(cli, device, mnist_bundle)
     good = read_manifest(mnist_bundle).release_name
     broken = make_bundle(tmp_path / "broken", lib_bytes=b"\x7fELF but not a library")  # valid hashes
@@ -70,8 +71,9 @@ def test_broken_bundle_rolls_back_to_the_previous_one(cli: Cli, device: Enrolled
     assert facts["current_release"] == good and facts["healthy_release"] == good
 
 
-def test_tampered_bundle_is_refused_by_host_and_device(cli: Cli, device: Enrolled, mnist_bundle: Path,
-                                                       tmp_path: Path) -> None:
+def test_tampered_bundle_is_refused_by_host_and_device(
+    cli: Cli, device: Enrolled, mnist_bundle: Path, tmp_path: Path
+) -> None:
     push_ok(cli, device, mnist_bundle)
     raw = bytearray(mnist_bundle.read_bytes())
     raw[len(raw) // 2] ^= 0x01
@@ -87,8 +89,11 @@ def test_tampered_bundle_is_refused_by_host_and_device(cli: Cli, device: Enrolle
 
 def test_bundle_for_another_profile(cli: Cli, device: Enrolled, tmp_path: Path) -> None:
     arm = make_bundle(tmp_path / "arm", arch="aarch64", profile="xavier-agx")
-    assert_one_line_error(cli("push", device.name, str(arm), *device.args()), 2,
-                          "bundle is for profile xavier-agx, device dev1 is cpu-x86_64")
+    assert_one_line_error(
+        cli("push", device.name, str(arm), *device.args()),
+        2,
+        "bundle is for profile xavier-agx, device dev1 is cpu-x86_64",
+    )
 
 
 def test_full_disk_is_detected_before_upload(cli: Cli, sshd, tmp_path: Path, mnist_bundle: Path) -> None:

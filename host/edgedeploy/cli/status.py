@@ -52,8 +52,8 @@ def register(app: typer.Typer) -> None:
             return
         render.out.print(
             f"{device}: agent {f.agent_version} ({f.arch}, Python {f.python}); "
-            f"running {f.current_release or 'no bundle'}; "
-            f"{'healthy' if f.healthy_release else 'not healthy'}; "
+            f"current bundle {f.current_release or 'none'}; agent {f.health_state or 'not started'}"
+            f"{' (process running)' if f.running else ''}; "
             f"{len(st.new_reports)} new report(s), {len(st.reports)} stored"
         )
         if st.reports:

@@ -18,6 +18,7 @@ class DeviceFacts:
     current_bundle_id: str | None
     running: bool
     healthy_release: str | None
+    health_state: str | None
     previous: tuple[str, ...]
 
 
@@ -37,5 +38,6 @@ def parse_facts(data: dict[str, Any]) -> DeviceFacts:
         current_bundle_id=current.get("bundle_id"),
         running=bool(data.get("running")),
         healthy_release=healthy,
+        health_state=health.get("state"),
         previous=tuple(data.get("previous") or ()),
     )
