@@ -26,6 +26,7 @@ from typing import IO, Any, Literal, Optional
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from .errors import BundleError, IncompatibleBundle
+from .gpu import CudaDevice, version_tuple
 
 SCHEMA_VERSION = 1
 MANIFEST_NAME = "manifest.json"
@@ -79,6 +80,10 @@ class Target(_Model):
     min_cuda_driver: Optional[str] = Field(default=None, description="minimum CUDA driver API version, e.g. 13.0")
     runtime: Literal["tvm"] = "tvm"
     runtime_abi: str = Field(description="runtime ABI the library was built against, e.g. tvm-ffi-0.1")
+    host_machine: Optional[str] = Field(default=None, description="ELF machine of the library, read back")
+    device_code: list[str] = Field(default_factory=list, description="device images found in the library")
+    cuda_codegen: Optional[str] = Field(default=None, description="what produced the device code, e.g. nvcc 13.0.88")
+    cuda_graph: bool = False
 
 
 class Artifact(_Model):
@@ -221,19 +226,35 @@ def check_schema(manifest: Manifest) -> None:
         )
 
 
-def check_compatible(manifest: Manifest, machine: Optional[str] = None) -> None:
-    """Refuse a bundle this device cannot run, before any byte of it is unpacked or loaded."""
+def check_compatible(
+    manifest: Manifest, machine: Optional[str] = None, gpu: Optional[CudaDevice] = None, gpu_reason: str = ""
+) -> None:
+    """Refuse a bundle this device cannot run, before any byte of it is unpacked or loaded.
+
+    `gpu` is what the device's CUDA driver reports (gpu.probe_cuda); None means no usable GPU.
+    """
     check_schema(manifest)
     arch = machine or platform.machine()
-    if manifest.target.arch != arch:
+    t = manifest.target
+    if t.arch != arch:
         raise IncompatibleBundle(
-            f"bundle {manifest.model.name} is built for profile {manifest.profile} ({manifest.target.arch}), "
-            f"this device is {arch}"
+            f"bundle {manifest.model.name} is built for profile {manifest.profile} ({t.arch}), this device is {arch}"
         )
-    if manifest.target.device != "cpu":
+    if t.device != "cuda":
+        return
+    if gpu is None:
+        raise IncompatibleBundle(f"bundle for {manifest.profile} needs a CUDA GPU (sm_{t.cuda_sm}): {gpu_reason}")
+    want = t.cuda_sm or 0
+    # SASS runs on the same major architecture with an equal or newer minor version
+    if gpu.sm // 10 != want // 10 or gpu.sm < want:
         raise IncompatibleBundle(
-            f"bundle for profile {manifest.profile} needs {manifest.target.device} sm_{manifest.target.cuda_sm}; "
-            "this agent release runs CPU bundles only"
+            f"bundle holds sm_{want} code, this device's {gpu.name} is sm_{gpu.sm}",
+            hint=f"build the bundle for this device's profile (a profile with cuda_sm = {gpu.sm})",
+        )
+    if t.min_cuda_driver and version_tuple(gpu.driver_api) < version_tuple(t.min_cuda_driver):
+        raise IncompatibleBundle(
+            f"bundle needs CUDA driver API {t.min_cuda_driver}+, this device's driver offers {gpu.driver_api}",
+            hint="upgrade the NVIDIA driver (TVM 0.27's CUDA runtime needs CUDA 12+; the wheel's needs 13, R580+)",
         )
 
 

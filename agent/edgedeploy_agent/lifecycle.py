@@ -13,6 +13,7 @@ from typing import Any, Optional
 
 from .bundle import Manifest, check_compatible, read_manifest
 from .errors import HealthCheckFailed, StateError
+from .gpu import probe_cuda
 from .service import Service, read_health, wait_healthy
 from .store import DeviceStore, utcnow
 
@@ -45,7 +46,8 @@ class Deployment:
         recover(self.store, self.service)
         state = self.store.state()
         manifest = read_manifest(bundle_file)
-        check_compatible(manifest)
+        gpu, reason = probe_cuda() if manifest.target.device == "cuda" else (None, "")
+        check_compatible(manifest, gpu=gpu, gpu_reason=reason)
         name = manifest.release_name
         old = state["current"]
         health = read_health(self.store)

@@ -34,9 +34,22 @@ def build(
     card: ModelCard,
     progress: Callable[[str], None] = lambda s: None,
     use_cache: bool = True,
+    precision: str = "fp32",
+    cuda_graph: bool = True,
+    batch: int = 1,
 ) -> BuildResult:
     profile = get_profile(profile_name)
-    return build_bundle(model, profile, out, card, progress=progress, use_cache=use_cache)
+    return build_bundle(
+        model,
+        profile,
+        out,
+        card,
+        progress=progress,
+        use_cache=use_cache,
+        precision=precision,
+        cuda_graph=cuda_graph,
+        batch=batch,
+    )
 
 
 def inspect_bundle(path: Path) -> Manifest:

@@ -14,10 +14,17 @@ import numpy as np
 
 from ..bundle import Manifest, check_compatible
 from ..errors import RuntimeLoadError
+from ..gpu import probe_cuda
 
 _DEVICE_TYPE = {"cpu": 1, "cuda": 2}  # DLPack device types
 _POOLED_ALLOCATOR = 2
-_loaded_runtime: Optional[str] = None
+_loaded: set[str] = set()
+_RUNTIME_HINT = "likely causes: wrong CPU architecture, glibc older than 2.28, missing libstdc++"
+# The runtime-only mode does not autoload the CUDA backend (shared/reference/tvm.md §5): load it by hand.
+_CUDA_HINT = (
+    "the CUDA backend needs libcudart.so.13 beside it (RUNPATH $ORIGIN) and a CUDA 13 driver (R580+); "
+    "JetPack 5 devices need a TVM runtime built from source (containers/jetson-runtime.sh)"
+)
 
 
 def find_runtime_lib(configured: Optional[str] = None) -> Path:
@@ -39,17 +46,14 @@ def find_runtime_lib(configured: Optional[str] = None) -> Path:
     )
 
 
-def _ensure_runtime(lib: Path) -> None:
-    global _loaded_runtime
-    if _loaded_runtime is None:
-        try:
-            ctypes.CDLL(str(lib), ctypes.RTLD_GLOBAL)
-        except OSError as e:
-            raise RuntimeLoadError(
-                f"cannot load {lib}: {e}",
-                hint="likely causes: wrong CPU architecture, glibc older than 2.28, missing libstdc++",
-            ) from None
-        _loaded_runtime = str(lib)
+def _load(lib: Path, hint: str) -> None:
+    if str(lib) in _loaded:
+        return
+    try:
+        ctypes.CDLL(str(lib), ctypes.RTLD_GLOBAL)
+    except OSError as e:
+        raise RuntimeLoadError(f"cannot load {lib}: {e}", hint=hint) from None
+    _loaded.add(str(lib))
 
 
 class TvmRuntime:
@@ -58,21 +62,30 @@ class TvmRuntime:
     name = "tvm"
 
     def __init__(self, release_dir: Path, manifest: Manifest, runtime_lib: Optional[str] = None) -> None:
-        check_compatible(manifest)
         target = manifest.target
+        gpu, reason = probe_cuda() if target.device == "cuda" else (None, "")
+        check_compatible(manifest, gpu=gpu, gpu_reason=reason)
         try:
             import tvm_ffi  # loads libtvm_ffi.so, which libtvm_runtime.so links against
         except ImportError as e:
             raise RuntimeLoadError(f"apache-tvm-ffi is not installed: {e}") from None
         self._lib_path = find_runtime_lib(runtime_lib)
-        _ensure_runtime(self._lib_path)
+        _load(self._lib_path, _RUNTIME_HINT)
+        if target.device == "cuda":
+            _load(self._lib_path.with_name("libtvm_runtime_cuda.so"), _CUDA_HINT)
         self._ffi = tvm_ffi
+        self._alloc = tvm_ffi.get_global_func("runtime.TVMTensorAllocWithScope")
+        self._copy = tvm_ffi.get_global_func("runtime.TVMTensorCopyFromTo")
+        self._device = tvm_ffi.device(target.device, 0)
+        self._cpu = tvm_ffi.device("cpu", 0)
         library = release_dir / manifest.artifact("tvm-library").path
         try:
             module = tvm_ffi.load_module(str(library.resolve()))
             self._vm = module["vm_load_executable"]()
-            dev = _DEVICE_TYPE[target.device]
-            self._vm["vm_initialization"](dev, 0, _POOLED_ALLOCATOR)
+            if target.device == "cuda":  # the device, then the host, each with a pooled allocator
+                self._vm["vm_initialization"](_DEVICE_TYPE["cuda"], 0, _POOLED_ALLOCATOR, 1, 0, _POOLED_ALLOCATOR)
+            else:
+                self._vm["vm_initialization"](1, 0, _POOLED_ALLOCATOR)
             self._main = self._vm["main"]
         except Exception as e:  # the FFI raises its own error types
             raise RuntimeLoadError(
@@ -81,18 +94,36 @@ class TvmRuntime:
                 "a library for another architecture, or a truncated file",
             ) from None
         self._manifest = manifest
+        self._manifest_device = target.device
+        self._gpu = gpu
 
     def run(self, inputs: list[np.ndarray]) -> list[np.ndarray]:
-        args = [self._ffi.from_dlpack(np.ascontiguousarray(x)) for x in inputs]
+        args = [self._to_device(np.ascontiguousarray(x)) for x in inputs]
         out = self._main(*args)
         outs = list(out) if isinstance(out, (list, tuple)) or type(out).__name__ == "Array" else [out]
-        return [np.from_dlpack(o).copy() for o in outs]
+        return [np.from_dlpack(self._to_host(o)).copy() for o in outs]
+
+    def _to_device(self, x: np.ndarray) -> Any:
+        host = self._ffi.from_dlpack(x)
+        if self._manifest_device == "cpu":
+            return host
+        dev = self._alloc(host.shape, host.dtype, self._device, None)
+        self._copy(host, dev)
+        return dev
+
+    def _to_host(self, t: Any) -> Any:
+        if self._manifest_device == "cpu":
+            return t
+        host = self._alloc(t.shape, t.dtype, self._cpu, None)
+        self._copy(t, host)  # synchronous: the inference has finished when this returns
+        return host
 
     def describe(self) -> dict[str, Any]:
         return {
             "runtime": "tvm",
             "runtime_lib": str(self._lib_path),
             "device": self._manifest.target.device,
+            "gpu": self._gpu.model_dump() if self._gpu else None,
             "loaded_tvm_libraries": loaded_tvm_libraries(),
         }
 

@@ -46,6 +46,11 @@ def register(app: typer.Typer) -> None:
         top_k: Annotated[int | None, typer.Option(help="predictions to report per frame")] = None,
         softmax: Annotated[bool | None, typer.Option("--softmax/--no-softmax", help="outputs are logits")] = None,
         label_offset: Annotated[int | None, typer.Option(help="output index minus this = label index")] = None,
+        precision: Annotated[str, typer.Option(help="fp32 | fp16 (GPU profiles)")] = "fp32",
+        batch: Annotated[int, typer.Option(min=1, help="static batch size the library is compiled for")] = 1,
+        cuda_graph: Annotated[
+            bool, typer.Option("--cuda-graph/--no-cuda-graph", help="GPU: capture CUDA graphs")
+        ] = True,
         no_cache: Annotated[bool, typer.Option("--no-cache", help="rebuild even if cached")] = False,
         json_: JsonOpt = False,
     ) -> None:
@@ -83,7 +88,17 @@ def register(app: typer.Typer) -> None:
         target = out or model.with_suffix(f".{profile}.edb")
         t = time.perf_counter()
         with render.steps(f"build {model.name} for {profile}") as step:
-            result = api.build(model, profile, target, merged, progress=step, use_cache=not no_cache)
+            result = api.build(
+                model,
+                profile,
+                target,
+                merged,
+                progress=step,
+                use_cache=not no_cache,
+                precision=precision,
+                cuda_graph=cuda_graph,
+                batch=batch,
+            )
         secs = time.perf_counter() - t
         m = result.manifest
         if json_:
@@ -125,6 +140,11 @@ def register(app: typer.Typer) -> None:
             ["preprocess", m.preprocess.model_dump_json()],
             ["postprocess", m.postprocess.model_dump_json()],
             ["precision", m.quantization.precision],
+            ["device code", ", ".join(t.device_code) or "-"],
+            [
+                "host library",
+                f"{t.host_machine or '?'} ELF" + (f", device code by {t.cuda_codegen}" if t.cuda_codegen else ""),
+            ],
             ["tools", ", ".join(f"{k} {v}" for k, v in m.provenance.tools.items())],
         ] + [[f"artifact {a.role}", f"{a.path} {a.size} B sha256 {a.sha256[:16]}…"] for a in m.artifacts]
         render.table(str(bundle), ["field", "value"], rows)

@@ -22,6 +22,7 @@ from edgedeploy_agent.bundle import (
     Postprocess,
     Preprocess,
     Provenance,
+    Quantization,
     Target,
     describe_artifact,
     write_bundle,
@@ -31,8 +32,10 @@ from .. import __version__
 from ..errors import InputError
 from ..paths import cache_dir
 from ..profiles import DeviceProfile
+from .cuda_toolchain import resolve_toolchain
+from .cuda_worker import run_cuda_build
 from .onnx_model import load_onnx
-from .pipeline import BuildContext, run_pipeline
+from .pipeline import PIPELINE_REVISION, BuildContext, pipeline_for, run_pipeline
 
 
 class ModelCard(BaseModel):
@@ -93,12 +96,19 @@ def build_bundle(
     card: ModelCard,
     progress: Callable[[str], None] = lambda step: None,
     use_cache: bool = True,
+    precision: str = "fp32",
+    cuda_graph: bool = True,
+    batch: int = 1,
 ) -> BuildResult:
     """Compile `model_path` for `profile` and write a bundle to `out`."""
     progress("load-model")
-    model = load_onnx(model_path)
+    model = load_onnx(model_path, batch=batch)
     name = card.name or _default_name(model_path)
-    key = _cache_key(model.sha256, profile, card, name)
+    if profile.device != "cuda":
+        cuda_graph = False
+    key = _cache_key(
+        model.sha256, profile, card, name, {"precision": precision, "cuda_graph": cuda_graph, "batch": batch}
+    )
     cached = cache_dir() / "builds" / key / "bundle.edb"
     if use_cache and cached.is_file():
         progress("cache-hit")
@@ -109,12 +119,25 @@ def build_bundle(
 
     from .tvm_backend import runtime_abi, tool_versions
 
+    toolchain = None
+    if profile.device == "cuda":
+        progress("check-toolchain")
+        toolchain = resolve_toolchain(profile)
+    elif precision != "fp32":
+        raise InputError(f"precision {precision} is for GPU profiles; {profile.name} builds fp32")
     with tempfile.TemporaryDirectory(prefix="edgedeploy-build-") as tmp:
         work = Path(tmp)
-        ctx = run_pipeline(BuildContext(model=model, profile=profile, work_dir=work, progress=progress))
-        assert ctx.library is not None
+        if toolchain is None:
+            ctx = run_pipeline(BuildContext(model=model, profile=profile, work_dir=work, progress=progress))
+            assert ctx.library is not None
+            library, outputs, timings = ctx.library, ctx.outputs, ctx.timings
+            device_code, host_machine = ctx.device_code, ctx.host_machine
+        else:
+            res = run_cuda_build(model, profile, work, toolchain, precision, cuda_graph, progress)
+            library, outputs, timings = Path(res["library"]), res["outputs"], res["timings"]
+            device_code, host_machine = res["device_code"], res["host_machine"]
         progress("package")
-        files: dict[str, Path] = {"model.so": ctx.library}
+        files: dict[str, Path] = {"model.so": library}
         shutil.copyfile(model_path, work / "model.onnx")
         files["model.onnx"] = work / "model.onnx"
         labels_name = None
@@ -134,23 +157,28 @@ def build_bundle(
                 min_cuda_driver=profile.platform.min_cuda_driver,
                 runtime="tvm",
                 runtime_abi=runtime_abi(),
+                host_machine=host_machine,
+                device_code=device_code,
+                cuda_graph=cuda_graph,
+                cuda_codegen=toolchain.describe() if toolchain else None,
             ),
             inputs=model.inputs,
-            outputs=ctx.outputs,
+            outputs=outputs,
             preprocess=card.preprocess,
             postprocess=card.postprocess,
             labels=labels_name,
+            quantization=Quantization(precision=precision),  # type: ignore[arg-type]
             provenance=Provenance(
                 tools={"edgedeploy": __version__, "python": platform.python_version(), **tool_versions()},
                 build_host=f"{platform.node()} ({platform.machine()})",
-                options={"pipeline": ",".join(ctx.timings), "cache_key": key},
+                options={"pipeline": ",".join(timings), "cache_key": key},
             ),
             artifacts=[describe_artifact(p, roles[n], n) for n, p in sorted(files.items())],
         )
         cached.parent.mkdir(parents=True, exist_ok=True)
         write_bundle(cached, manifest, files)
     _copy_atomic(cached, out)
-    return BuildResult(out, manifest, cached=False, timings=ctx.timings)
+    return BuildResult(out, manifest, cached=False, timings=timings)
 
 
 def _default_name(path: Path) -> str:
@@ -158,7 +186,7 @@ def _default_name(path: Path) -> str:
     return stem.lstrip("._-")[:64] or "model"
 
 
-def _cache_key(model_sha: str, profile: DeviceProfile, card: ModelCard, name: str) -> str:
+def _cache_key(model_sha: str, profile: DeviceProfile, card: ModelCard, name: str, options: dict[str, Any]) -> str:
     from .tvm_backend import tool_versions
 
     parts: dict[str, Any] = {
@@ -167,6 +195,8 @@ def _cache_key(model_sha: str, profile: DeviceProfile, card: ModelCard, name: st
         "card": card.model_dump(mode="json"),
         "name": name,
         "edgedeploy": __version__,
+        "options": options,
+        "pipeline": [PIPELINE_REVISION, *pipeline_for(profile)],
         "tools": tool_versions(),
     }
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:32]

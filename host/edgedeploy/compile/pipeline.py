@@ -26,11 +26,15 @@ class BuildContext:
     profile: DeviceProfile
     work_dir: Path
     progress: Callable[[str], None] = lambda step: None
+    precision: str = "fp32"  # fp32 | fp16
+    cuda_graph: bool = True
     ir: Any = None  # the Relax IRModule as stages transform it
     executable: Any = None
     library: Path | None = None
     outputs: list[TensorSpec] = field(default_factory=list)
     timings: dict[str, float] = field(default_factory=dict)
+    device_code: list[str] = field(default_factory=list)  # e.g. ["sm_75 sass (fatbin, 132704 B)"]
+    host_machine: str | None = None  # ELF machine of the exported library
 
 
 StageFn = Callable[[BuildContext], None]
@@ -45,8 +49,21 @@ def stage(name: str) -> Callable[[StageFn], StageFn]:
     return register
 
 
+# Part of every build-cache key, with the stage names: bump it when a stage changes what it produces.
+PIPELINE_REVISION = 2
+
 PIPELINES: dict[str, tuple[str, ...]] = {
-    "cpu": ("import-onnx", "decompose-for-inference", "compile-llvm", "export-library"),
+    "cpu": ("import-onnx", "decompose-for-inference", "compile-llvm", "export-library", "check-library"),
+    # CUDA builds run in a worker process whose environment holds the CUDA toolchain (cuda_worker.py)
+    "cuda": (
+        "import-onnx",
+        "decompose-for-inference",
+        "clip-as-relax-ops",
+        "mixed-precision",
+        "compile-cuda",
+        "export-library",
+        "check-library",
+    ),
 }
 
 

@@ -13,6 +13,7 @@ from tvm.relax.frontend.onnx import from_onnx
 from edgedeploy_agent.bundle import TensorSpec
 
 from ..errors import BuildError, ModelError
+from .devcode import inspect_library
 from .onnx_model import guess_layout
 from .pipeline import BuildContext, stage
 
@@ -62,6 +63,61 @@ def compile_llvm(ctx: BuildContext) -> None:
         raise BuildError(f"TVM failed to compile {ctx.model.path.name} for {ctx.profile.name}: {e}") from None
 
 
+@relax.expr_functor.mutator
+class _ElementwiseCallsAsOps(relax.PyExprMutator):  # type: ignore[misc]
+    """call_tir(maximum|minimum, (x, y)) -> relax.op.maximum|minimum(x, y)."""
+
+    _CALL_TIR = tvm.ir.Op.get("relax.call_tir")
+    _OPS = {"maximum": relax.op.maximum, "minimum": relax.op.minimum}
+
+    def visit_call_(self, call: Any) -> Any:
+        call = super().visit_call_(call)
+        if call.op == self._CALL_TIR and isinstance(call.args[0], tvm.ir.GlobalVar):
+            op = self._OPS.get(call.args[0].name_hint.rstrip("0123456789"))
+            args = call.args[1].fields
+            if op is not None and len(args) == 2:
+                return op(args[0], args[1])
+        return call
+
+
+@stage("clip-as-relax-ops")
+def clip_as_relax_ops(ctx: BuildContext) -> None:
+    """TVM 0.27's ONNX Clip converter emits TE kernels (call_tir maximum/minimum) instead of Relax ops;
+    ToMixedPrecision then fails with "Expected TensorType, but got R.Callable". Turn them back into ops."""
+    ctx.ir["main"] = _ElementwiseCallsAsOps(ctx.ir).visit_expr(ctx.ir["main"])
+    ctx.ir = relax.transform.DeadCodeElimination()(ctx.ir)
+
+
+@stage("mixed-precision")
+def mixed_precision(ctx: BuildContext) -> None:
+    """fp16 compute with fp32 inputs and outputs (the bundle's interface does not change)."""
+    if ctx.precision == "fp16":
+        ctx.ir = relax.transform.ToMixedPrecision(out_dtype="float16")(ctx.ir)
+    elif ctx.precision != "fp32":
+        raise BuildError(f"precision {ctx.precision} is not supported by the CUDA pipeline yet (fp32, fp16)")
+
+
+@stage("compile-cuda")
+def compile_cuda(ctx: BuildContext) -> None:
+    # dlight's INT8 tensor-core rule crashes or fails in 0.27 (shared/reference/tvm.md §6b); nvcc still
+    # turns int8 multiply-accumulate loops into dp4a without it.
+    from tvm.s_tir.dlight.gpu.matmul import MatmulInt8Tensorization
+
+    MatmulInt8Tensorization.apply = lambda self, *a, **k: None
+    target = make_target(ctx)
+    config = {"relax.backend.use_cuda_graph": ctx.cuda_graph}
+    try:
+        # the compile callback reads the arch from Target.current(): compile inside `with target`
+        with target, tvm.transform.PassContext(opt_level=3, config=config):
+            ctx.executable = tvm.compile(ctx.ir, target=target)
+    except Exception as e:
+        lines = [ln for ln in str(e).strip().splitlines() if ln.strip()]
+        raise BuildError(
+            f"TVM failed to compile {ctx.model.path.name} for {ctx.profile.name}: "
+            f"{lines[-1] if lines else type(e).__name__}"
+        ) from None
+
+
 @stage("export-library")
 def export_library(ctx: BuildContext) -> None:
     out = ctx.work_dir / "model.so"
@@ -78,6 +134,29 @@ def export_library(ctx: BuildContext) -> None:
         raise BuildError("exporting the library needs a C compiler (gcc)", hint="apt-get install gcc")
     ctx.executable.export_library(str(out), **kwargs)
     ctx.library = out
+
+
+@stage("check-library")
+def check_library(ctx: BuildContext) -> None:
+    """The library is for the device's CPU, and a GPU library holds SASS for exactly the profile's SM."""
+    assert ctx.library is not None
+    report = inspect_library(ctx.library)
+    ctx.host_machine = report.host_machine
+    ctx.device_code = [str(i) for i in report.images]
+    if report.host_machine != ctx.profile.arch:
+        raise BuildError(
+            f"exported library is {report.host_machine}, profile {ctx.profile.name} needs {ctx.profile.arch}"
+        )
+    if ctx.profile.device != "cuda":
+        return
+    sm = ctx.profile.cuda_sm
+    if sm not in report.sms():
+        found = ", ".join(ctx.device_code) or "no device binary"
+        source = "; TVM stored CUDA source instead (the CUDA runtime did not load)" if report.has_cuda_source else ""
+        raise BuildError(
+            f"GPU library for {ctx.profile.name} has no sm_{sm} SASS (found: {found}){source}",
+            hint="check the toolchain: edgedeploy build prints what it needs",
+        )
 
 
 def _output_specs(mod: Any, proto: Any) -> list[TensorSpec]:

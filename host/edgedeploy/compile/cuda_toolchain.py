@@ -1,0 +1,177 @@
+"""CUDA toolchains per profile, checked before a build, and the environment a CUDA build runs in.
+
+- `nvcc` (sm_75, sm_90): CUDA 12/13's nvcc makes a fatbin of SASS.
+- `nvrtc-12` (sm_72, Xavier): CUDA 13 dropped sm_72, so device code comes from a CUDA 12 NVRTC from
+  pip (`pip install 'edgedeploy[cuda12]'`): a cubin of SASS.
+
+Either way TVM only runs its CUDA compile callback when its CUDA runtime library loads, which needs
+`libcuda.so.1`. A GPU-less build host gets a stub driver (every call fails with NO_DEVICE) that lets
+the library load; without it TVM would silently store CUDA *source* in the bundle.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import importlib.util
+import os
+import re
+import shutil
+import subprocess
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..errors import BuildError
+from ..paths import cache_dir
+from ..profiles import DeviceProfile
+
+# The driver symbols libtvm_runtime_cuda.so imports (`nm -D --undefined-only`); apache-tvm 0.27.
+STUB_SYMBOLS = (
+    "cuDeviceGetName",
+    "cuFuncSetAttribute",
+    "cuGetErrorName",
+    "cuGetErrorString",
+    "cuLaunchKernelEx",
+    "cuModuleGetFunction",
+    "cuModuleLoadData",
+    "cuModuleUnload",
+    "cuTensorMapEncodeTiled",
+    "cuInit",
+)
+CUDA_ERROR_NO_DEVICE = 100
+# CUDA 13 supports sm_75 and newer; CUDA 12 supports sm_50 and newer
+MIN_SM = {12: 50, 13: 75}
+
+
+@dataclass(frozen=True)
+class CudaToolchain:
+    codegen: str  # "nvcc" | "nvrtc-12"
+    version: str  # CUDA version that produces the device code, e.g. "13.0.88"
+    env: dict[str, str] = field(default_factory=dict)
+
+    def describe(self) -> str:
+        return f"{self.codegen.split('-')[0]} {self.version}"
+
+
+def stub_libcuda_dir() -> Path:
+    """Build (once) a stub libcuda.so.1 into the cache and return its folder."""
+    out = cache_dir() / "cuda-stub"
+    lib = out / "libcuda.so.1"
+    if lib.is_file():
+        return out
+    cc = shutil.which("gcc") or shutil.which("cc")
+    if cc is None:
+        raise BuildError("GPU builds need a C compiler for the stub CUDA driver", hint="apt-get install gcc")
+    out.mkdir(parents=True, exist_ok=True)
+    src = out / "stub.c"
+    src.write_text(
+        "/* GPU-less build host: lets TVM's CUDA runtime load; every driver call fails. */\n"
+        + "".join(f"int {s}(void) {{ return {CUDA_ERROR_NO_DEVICE}; }}\n" for s in STUB_SYMBOLS)
+    )
+    tmp = out / "libcuda.so.1.tmp"
+    subprocess.run([cc, "-shared", "-fPIC", "-Wl,-soname,libcuda.so.1", "-o", str(tmp), str(src)], check=True)
+    tmp.replace(lib)
+    return out
+
+
+def _cuda_root(nvcc: str) -> Path | None:
+    candidates = [os.environ.get("CUDA_PATH"), str(Path(os.path.realpath(nvcc)).parent.parent), "/usr/local/cuda"]
+    for c in candidates:
+        if c and (Path(c) / "include" / "cuda_runtime.h").is_file():
+            return Path(c)
+    # wrapper scripts (e.g. /usr/local/bin/nvcc -> exec /usr/local/cuda-13.0/bin/nvcc)
+    text = Path(nvcc).read_text(errors="ignore") if Path(nvcc).stat().st_size < 4096 else ""
+    m = re.search(r"(/\S+)/bin/nvcc", text)
+    return Path(m.group(1)) if m and (Path(m.group(1)) / "include" / "cuda_runtime.h").is_file() else None
+
+
+def _find_cudart13(root: Path | None) -> Path | None:
+    dirs = [root / "lib64", root / "targets" / "x86_64-linux" / "lib"] if root else []
+    spec = importlib.util.find_spec("nvidia")
+    if spec and spec.submodule_search_locations:
+        dirs += [Path(p) / "cu13" / "lib" for p in spec.submodule_search_locations]
+    return next((d for d in dirs if (d / "libcudart.so.13").exists()), None)
+
+
+def _nvcc_toolchain(profile: DeviceProfile, sm: int) -> CudaToolchain:
+    nvcc = shutil.which("nvcc") or ("/usr/local/cuda/bin/nvcc" if Path("/usr/local/cuda/bin/nvcc").exists() else None)
+    if nvcc is None:
+        raise BuildError(
+            f"profile {profile.name} needs nvcc (CUDA 12 or 13) on PATH",
+            hint="install the CUDA toolkit, or build in the edgedeploy builder image",
+        )
+    out = subprocess.run([nvcc, "--version"], capture_output=True, text=True).stdout
+    m = re.search(r"release (\d+)\.(\d+), V([\d.]+)", out)
+    if not m:
+        raise BuildError(f"cannot read the version of {nvcc}")
+    major, version = int(m.group(1)), m.group(3)
+    if sm < MIN_SM.get(major, 75):
+        raise BuildError(
+            f"nvcc {version} cannot target sm_{sm}", hint="sm_72 (Xavier) profiles use cuda_codegen = 'nvrtc-12'"
+        )
+    root = _cuda_root(nvcc)
+    if root is None:
+        raise BuildError(f"CUDA headers for {nvcc} not found", hint="set CUDA_PATH to the CUDA toolkit root")
+    cudart = _find_cudart13(root)
+    if cudart is None:
+        raise BuildError(
+            "libcudart.so.13 not found: TVM's CUDA runtime cannot load, so no device code would be compiled",
+            hint="install the CUDA 13 toolkit or `pip install nvidia-cuda-runtime` (cu13)",
+        )
+    env = {
+        "TVM_CUDA_COMPILE_MODE": "nvcc",
+        "CUDA_PATH": str(root),
+        "PATH": f"{Path(os.path.realpath(nvcc)).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+        "LD_LIBRARY_PATH": os.pathsep.join([str(stub_libcuda_dir()), str(cudart)]),
+    }
+    return CudaToolchain("nvcc", version, env)
+
+
+def _nvrtc12_toolchain(profile: DeviceProfile, sm: int) -> CudaToolchain:
+    hint = "install it with: pip install 'edgedeploy[cuda12]'"
+    try:
+        bindings = importlib.metadata.version("cuda-bindings")
+    except importlib.metadata.PackageNotFoundError:
+        raise BuildError(f"profile {profile.name} needs CUDA 12 NVRTC (cuda-bindings 12.x)", hint=hint) from None
+    if not bindings.startswith("12."):
+        raise BuildError(f"profile {profile.name} needs cuda-bindings 12.x, found {bindings}", hint=hint)
+    spec = importlib.util.find_spec("nvidia")
+    roots = [Path(p) for p in (spec.submodule_search_locations or [])] if spec else []
+    parts = {
+        name: next((r / name for r in roots if (r / name).is_dir()), None)
+        for name in ("cuda_nvrtc", "cuda_runtime", "cuda_cccl")
+    }
+    missing = [f"nvidia-{n.replace('_', '-')}-cu12" for n, p in parts.items() if p is None]
+    if missing:
+        raise BuildError(f"profile {profile.name} needs {', '.join(missing)}", hint=hint)
+    nvrtc_version = importlib.metadata.version("nvidia-cuda-nvrtc-cu12")
+    include = cache_dir() / "cuda12-root" / "include"  # NVRTC wants one CUDA_PATH/include
+    include.mkdir(parents=True, exist_ok=True)
+    for p in parts.values():
+        assert p is not None
+        for f in (p / "include").iterdir():
+            link = include / f.name
+            if not link.exists() and not f.name.startswith("__"):
+                link.symlink_to(f)
+    # TVM's CUDA runtime library itself still needs a loadable libcudart.so.13 to register the codegen
+    cudart = _find_cudart13(None) or _find_cudart13(Path("/usr/local/cuda"))
+    if cudart is None:
+        raise BuildError(
+            "libcudart.so.13 not found (needed to load TVM's CUDA codegen)",
+            hint="install the CUDA 13 runtime: `pip install nvidia-cuda-runtime` (cu13)",
+        )
+    assert parts["cuda_nvrtc"] is not None
+    env = {
+        "TVM_CUDA_COMPILE_MODE": "nvrtc",
+        "CUDA_PATH": str(include.parent),
+        "LD_LIBRARY_PATH": os.pathsep.join([str(stub_libcuda_dir()), str(cudart), str(parts["cuda_nvrtc"] / "lib")]),
+    }
+    return CudaToolchain("nvrtc-12", nvrtc_version, env)
+
+
+def resolve_toolchain(profile: DeviceProfile) -> CudaToolchain:
+    """Check that everything a CUDA build for `profile` needs is here; say what is missing and how to get it."""
+    if profile.cuda_sm is None or profile.compiler.cuda_codegen is None:
+        raise BuildError(f"profile {profile.name} is a CUDA profile without cuda_sm / compiler.cuda_codegen")
+    if profile.compiler.cuda_codegen == "nvcc":
+        return _nvcc_toolchain(profile, profile.cuda_sm)
+    return _nvrtc12_toolchain(profile, profile.cuda_sm)

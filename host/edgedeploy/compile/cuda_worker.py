@@ -1,0 +1,113 @@
+"""Runs a CUDA compile pipeline in its own process: `python -m edgedeploy.compile.cuda_worker REQ.json`.
+
+Why a process: the CUDA toolchain is process environment (LD_LIBRARY_PATH for the stub driver and
+the CUDA runtime, TVM_CUDA_COMPILE_MODE, CUDA_PATH) and must be in place before `tvm` is imported.
+Protocol on stdout: `stage NAME` lines, then one `result {json}` or `error {json}` line.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from edgedeploy_agent.bundle import TensorSpec
+
+from ..errors import BuildError, EdgeDeployError
+from ..profiles import DeviceProfile
+from .cuda_toolchain import CudaToolchain
+from .onnx_model import OnnxModel
+
+
+def run_cuda_build(
+    model: OnnxModel,
+    profile: DeviceProfile,
+    work: Path,
+    toolchain: CudaToolchain,
+    precision: str,
+    cuda_graph: bool,
+    progress: Callable[[str], None],
+) -> dict[str, Any]:
+    request = work / "cuda-request.json"
+    request.write_text(
+        json.dumps(
+            {
+                "model": str(model.path),
+                "profile": profile.model_dump(mode="json"),
+                "work": str(work),
+                "precision": precision,
+                "cuda_graph": cuda_graph,
+            }
+        )
+    )
+    env = {**os.environ, **toolchain.env}
+    outcome: dict[str, Any] | None = None
+    log = work / "cuda-worker.log"  # stderr to a file: a full pipe must never stall the worker
+    with (
+        open(log, "w") as err,
+        subprocess.Popen(
+            [sys.executable, "-m", "edgedeploy.compile.cuda_worker", str(request)],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=err,
+            text=True,
+        ) as proc,
+    ):
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            word, _, rest = line.rstrip("\n").partition(" ")
+            if word == "stage":
+                progress(rest)
+            elif word in ("result", "error"):
+                outcome = {"kind": word, **json.loads(rest)}
+    stderr = log.read_text(errors="replace")
+    if outcome is None:
+        tail = [ln for ln in stderr.splitlines() if ln.strip()][-1:] or ["no output"]
+        raise BuildError(f"CUDA build worker died (exit {proc.returncode}): {tail[0]}")
+    if outcome["kind"] == "error":
+        raise BuildError(outcome["message"], hint=outcome.get("hint"))
+    outcome["outputs"] = [TensorSpec.model_validate(o) for o in outcome["outputs"]]
+    return outcome
+
+
+def main(request_path: str) -> int:
+    from .onnx_model import load_onnx
+    from .pipeline import BuildContext, run_pipeline
+
+    req = json.loads(Path(request_path).read_text())
+    try:
+        ctx = run_pipeline(
+            BuildContext(
+                model=load_onnx(Path(req["model"])),
+                profile=DeviceProfile.model_validate(req["profile"]),
+                work_dir=Path(req["work"]),
+                progress=lambda s: print(f"stage {s}", flush=True),
+                precision=req["precision"],
+                cuda_graph=req["cuda_graph"],
+            )
+        )
+    except EdgeDeployError as e:
+        print("error " + json.dumps({"message": e.message, "hint": e.hint}), flush=True)
+        return 1
+    print(
+        "result "
+        + json.dumps(
+            {
+                "library": str(ctx.library),
+                "outputs": [o.model_dump() for o in ctx.outputs],
+                "timings": ctx.timings,
+                "device_code": ctx.device_code,
+                "host_machine": ctx.host_machine,
+            }
+        ),
+        flush=True,
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1]))
