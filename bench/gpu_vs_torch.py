@@ -16,15 +16,16 @@ import json
 import statistics
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import torch
+from onnx_torch import OnnxModule
 
 from edgedeploy_agent.bundle import extract_bundle
 from edgedeploy_agent.runtime.tvm import TvmRuntime
-from onnx_torch import OnnxModule
 
 
 def timed(fn: Callable[[], Any], n: int, warm: int = 10) -> float:

@@ -21,7 +21,7 @@ def _attrs(node: onnx.NodeProto) -> dict[str, Any]:
 
 def _same_pads(kernel: list[int], x: torch.Tensor, strides: list[int]) -> list[int]:
     pads = []
-    for k, s, n in zip(kernel, strides, x.shape[2:]):
+    for k, s, n in zip(kernel, strides, x.shape[2:], strict=True):
         total = max((-(-n // s) - 1) * s + k - n, 0)
         pads.append((total // 2, total - total // 2))
     return [v for pair in pads for v in pair]  # [top, bottom, left, right]
