@@ -114,9 +114,8 @@ def main() -> int:
                 }
             )
     base = {r["batch"]: r["median_ms"] for r in rows if r["case"] == "torch.compile fp16"}
-    print(
-        f"{'model':24s} {'bs':>3s} {'case':20s} {'ms':>9s} {'img/s':>9s} {'vs compile':>10s} {'agree':>6s} {'mJ/batch':>9s}"
-    )
+    head = ("model", "bs", "case", "ms", "img/s", "vs compile", "agree", "mJ/batch")
+    print("{:24s} {:>3s} {:20s} {:>9s} {:>9s} {:>10s} {:>6s} {:>9s}".format(*head))
     for r in rows:
         r["ratio_vs_torch_compile_fp16"] = round(r["median_ms"] / base[r["batch"]], 3)
         e = r["energy_mj_per_batch"]
