@@ -21,6 +21,7 @@ lint: $(STAMP)
 	$(BIN)/mypy
 	# the agent runs on Python 3.9 (JetPack 5 devices)
 	$(BIN)/vermin -t=3.9- --no-tips --eval-annotations --violations agent/
+	$(BIN)/hadolint containers/*.Dockerfile
 
 # pytest exits 5 when it collects nothing: that is a failure here, never a pass.
 test: lint

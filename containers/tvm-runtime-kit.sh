@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Usage: tvm-runtime-kit.sh OUT_DIR
-# Puts libtvm_runtime.so from the pinned apache-tvm wheel (x86_64, manylinux_2_28) into OUT_DIR.
+# Puts libtvm_runtime.so and libtvm_runtime_cuda.so from the pinned apache-tvm wheel (x86_64,
+# manylinux_2_28) into OUT_DIR. The CUDA backend needs libcudart.so.13 beside it (RUNPATH $ORIGIN)
+# and a CUDA 13 driver (R580+); CPU devices never load it.
 # The library does not depend on the Python version; libtvm_ffi.so comes with the agent's own
 # apache-tvm-ffi package (which supports Python 3.9). aarch64 (Jetson) needs a source build instead.
 set -euo pipefail
@@ -16,7 +18,8 @@ import sys, zipfile, pathlib
 tmp, out = map(pathlib.Path, sys.argv[1:])
 wheel = next(tmp.glob("apache_tvm-*.whl"))
 with zipfile.ZipFile(wheel) as z:
-    (out / "libtvm_runtime.so").write_bytes(z.read("tvm/lib/libtvm_runtime.so"))
-print(f"{out / 'libtvm_runtime.so'} from {wheel.name}")
+    for lib in ("libtvm_runtime.so", "libtvm_runtime_cuda.so"):
+        (out / lib).write_bytes(z.read(f"tvm/lib/{lib}"))
+        print(f"{out / lib} from {wheel.name}")
 PY
-chmod 755 "$out/libtvm_runtime.so"
+chmod 755 "$out"/libtvm_runtime*.so

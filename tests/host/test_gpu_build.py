@@ -4,6 +4,7 @@ the device's CPU, checked by our parser and independently by cuobjdump and reade
 from __future__ import annotations
 
 import importlib.util
+import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -27,6 +28,8 @@ def _toolchain_or_skip(profile: str) -> None:
     try:
         resolve_toolchain(get_profile(profile))
     except BuildError as e:
+        if os.environ.get("EDGEDEPLOY_REQUIRE_GPU_TOOLCHAIN") == "1":
+            pytest.fail(f"CUDA toolchain for {profile} required here but missing: {e.message}")
         pytest.skip(f"no CUDA toolchain for {profile} here: {e.message}")
 
 

@@ -41,6 +41,7 @@ def run_cuda_build(
                 "work": str(work),
                 "precision": precision,
                 "cuda_graph": cuda_graph,
+                "batch": model.inputs[0].shape[0],
             }
         )
     )
@@ -82,7 +83,7 @@ def main(request_path: str) -> int:
     try:
         ctx = run_pipeline(
             BuildContext(
-                model=load_onnx(Path(req["model"])),
+                model=load_onnx(Path(req["model"]), batch=req["batch"]),
                 profile=DeviceProfile.model_validate(req["profile"]),
                 work_dir=Path(req["work"]),
                 progress=lambda s: print(f"stage {s}", flush=True),
