@@ -35,6 +35,16 @@ class PowerReport(BaseModel):
     sensor: Optional[str] = None
     mean_watts: Optional[float] = None
     energy_per_inference_mj: Optional[float] = None
+    energy_source: Optional[Literal["counter", "samples"]] = Field(
+        default=None, description="an energy counter read at the window edges, or integrated power samples"
+    )
+    window_s: Optional[float] = None
+    samples: Optional[int] = Field(default=None, description="power samples inside the window (samples only)")
+    idle_watts: Optional[float] = Field(default=None, description="idle baseline measured before serving")
+    dynamic_energy_per_inference_mj: Optional[float] = Field(
+        default=None, description="energy per inference above the idle baseline"
+    )
+    rails_watts: Optional[dict[str, float]] = Field(default=None, description="last reading per rail")
 
 
 class Report(BaseModel):
@@ -58,6 +68,12 @@ class Report(BaseModel):
     predictions: list[Prediction] = Field(default_factory=list)
     power: PowerReport
     final: bool = Field(default=False, description="the source ended after this window")
+    camera_up: Optional[bool] = Field(default=None, description="the source delivered fresh frames at window end")
+    reconnects: Optional[int] = Field(default=None, description="times the source was lost and reopened")
+    dropped_frames: Optional[int] = Field(default=None, description="live frames replaced before they were used")
+    frame_age_ms: Optional[StageLatency] = Field(default=None, description="capture-to-inference age of frames")
+    temperatures_c: Optional[dict[str, float]] = Field(default=None, description="thermal zones at window end")
+    spool_dropped: Optional[int] = Field(default=None, description="oldest reports deleted to respect the disk cap")
 
 
 def stage_latency(samples_ms: list[float]) -> StageLatency:
