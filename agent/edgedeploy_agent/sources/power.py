@@ -167,6 +167,7 @@ class TraceSensor(_Windowed):
         self.last_rails: dict[str, float] = {}
         self._stop = threading.Event()
         self._t0: Optional[float] = None
+        self.last_window: Optional[tuple[float, float]] = None  # clock() at the edges of the last window
 
     def start_window(self) -> None:
         self._t0 = self.clock()
@@ -174,6 +175,7 @@ class TraceSensor(_Windowed):
     def _window(self, inferences: int) -> PowerReport:
         t1 = self.clock()
         t0 = t1 if self._t0 is None else self._t0
+        self.last_window = (t0, t1)
         # the first sample after t1 arrives within about one interval: wait so the edge is interpolated
         deadline = t1 + 5 * self.interval_s + 0.5
         energy, n = self.trace.integrate(t0, t1)

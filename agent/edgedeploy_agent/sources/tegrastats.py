@@ -72,3 +72,5 @@ class TegrastatsPower(TraceSensor):
         self._proc.terminate()
         self._proc.wait(timeout=5)
         self._thread.join(timeout=2.0)
+        if self._proc.stdout is not None:
+            self._proc.stdout.close()
