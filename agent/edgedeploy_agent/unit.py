@@ -9,7 +9,7 @@ DEFAULT_USER = "edgedeploy"
 
 
 def unit_template() -> str:
-    return files("edgedeploy_agent").joinpath("systemd", UNIT_NAME).read_text(encoding="utf-8")
+    return files("edgedeploy_agent").joinpath("systemd").joinpath(UNIT_NAME).read_text(encoding="utf-8")
 
 
 def render_unit(exec_start: Optional[str] = None, user: str = DEFAULT_USER, root: str = DEFAULT_ROOT) -> str:
