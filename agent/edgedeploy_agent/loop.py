@@ -15,7 +15,7 @@ from .config import AgentConfig
 from .errors import AgentError, RuntimeLoadError
 from .notify import Notifier
 from .preprocess import preprocess
-from .report import STAGES, Prediction, Report, stage_latency
+from .report import STAGES, Prediction, Report, latency_histogram, stage_latency
 from .runtime import Runtime, load_runtime
 from .service import write_health
 from .sources.capture import CapturedSource, SourceState, open_source
@@ -159,6 +159,7 @@ class InferenceLoop:
             frame_age_ms=stage_latency(w.ages) if w.ages else None,
             temperatures_c=(self.thermal.read() or None) if self.thermal else None,
             spool_dropped=self.spool.dropped,
+            latency_hist={s: latency_histogram(w.stages[s]) for s in STAGES} if w.frames else None,
         )
 
 

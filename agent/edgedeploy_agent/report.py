@@ -8,6 +8,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 REPORT_SCHEMA_VERSION = 1
 STAGES = ("capture", "preprocess", "infer", "postprocess")
+# Fixed log-spaced latency buckets (1 us .. 10 s, 8 per decade) so the host can add windows together.
+HIST_EDGES_MS = [round(10 ** (e / 8), 6) for e in range(-24, 33)]
 
 
 class StageLatency(BaseModel):
@@ -74,6 +76,10 @@ class Report(BaseModel):
     frame_age_ms: Optional[StageLatency] = Field(default=None, description="capture-to-inference age of frames")
     temperatures_c: Optional[dict[str, float]] = Field(default=None, description="thermal zones at window end")
     spool_dropped: Optional[int] = Field(default=None, description="oldest reports deleted to respect the disk cap")
+    latency_hist: Optional[dict[str, list[int]]] = Field(
+        default=None,
+        description="per stage: frame counts in the HIST_EDGES_MS buckets, plus one below and one above",
+    )
 
 
 def stage_latency(samples_ms: list[float]) -> StageLatency:
@@ -86,3 +92,9 @@ def stage_latency(samples_ms: list[float]) -> StageLatency:
         mean=round(float(a.mean()), 4),
         max=round(float(a.max()), 4),
     )
+
+
+def latency_histogram(samples_ms: list[float]) -> list[int]:
+    """Counts per HIST_EDGES_MS bucket: [< first edge, each bucket ..., >= last edge]."""
+    idx = np.searchsorted(np.asarray(HIST_EDGES_MS), np.asarray(samples_ms, dtype=np.float64), side="right")
+    return [int(c) for c in np.bincount(idx, minlength=len(HIST_EDGES_MS) + 1)]

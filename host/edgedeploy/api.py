@@ -23,6 +23,7 @@ from .remote.connect import open_transport
 from .remote.execute import PushResult, get_facts, init_agent, push
 from .remote.execute import rollback as _rollback
 from .remote.facts import DeviceFacts
+from .remote.fleet import FleetResult, run_fleet
 from .remote.reports import load_local_reports, pull_reports, reports_dir
 from .remote.transport import Progress
 
@@ -140,7 +141,30 @@ class DeviceStatus:
 
 def status(inv: Inventory, name: str, dest: Path | None = None) -> DeviceStatus:
     """Pull new reports over the device's transport and return them with everything pulled before."""
-    dev = inv.get(name)
+    return _device_status(inv, inv.get(name), dest)
+
+
+def fleet_status(inv: Inventory, tag: str | None = None) -> FleetResult[DeviceStatus]:
+    """status() for every device (or those tagged `tag`), in parallel; failures are per device."""
+    devices = inv.select(tag=tag)
+    if not devices:
+        where = f"tagged {tag!r}" if tag else "in the inventory"
+        raise InputError(f"no devices {where} ({inv.path})", hint="add one with `edgedeploy devices add`")
+    return run_fleet(devices, lambda d: _device_status(inv, d, None))
+
+
+def stored_reports(inv: Inventory, name: str) -> list[dict[str, Any]]:
+    """The reports already pulled from a device, oldest first (no connection)."""
+    return load_local_reports(reports_dir(inv.get(name).name))
+
+
+def plot_device_reports(device: str, reports: list[dict[str, Any]], out: Path) -> dict[str, Any]:
+    from .plot import plot_reports  # matplotlib only when a plot is asked for
+
+    return plot_reports(device, reports, out)
+
+
+def _device_status(inv: Inventory, dev: Device, dest: Path | None) -> DeviceStatus:
     d = dest or reports_dir(dev.name)
     t = open_transport(dev, inv.known_hosts)
     try:

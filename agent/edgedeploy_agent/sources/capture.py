@@ -157,7 +157,7 @@ class CapturedSource:
         self._capture.release()
         with self._cond:
             self._ended = True
-            self._up = False
+            self._up = self._up and not self.spec.live  # a file that played to its end was never "lost"
             self._cond.notify_all()
 
     def _pump(self) -> None:

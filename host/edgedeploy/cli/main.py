@@ -10,7 +10,7 @@ import typer
 
 from ..errors import EdgeDeployError
 from ..paths import state_dir
-from . import build, demo, devices, profiles, push, render, status
+from . import build, demo, devices, profiles, push, render, report, status
 
 app = typer.Typer(
     name="edgedeploy",
@@ -24,6 +24,7 @@ app.add_typer(devices.app, name="devices")
 build.register(app)
 push.register(app)
 status.register(app)
+report.register(app)
 demo.register(app)
 
 EXIT_INTERNAL = 70
