@@ -21,8 +21,6 @@ import tempfile
 import time
 from pathlib import Path
 
-import numpy as np
-
 from edgedeploy.api import build
 from edgedeploy.compile.package import ModelCard
 from edgedeploy_agent.bundle import Postprocess, Preprocess, load_labels
@@ -59,9 +57,7 @@ def main() -> None:
         print(f"build: {time.perf_counter() - t:.1f} s (cached builds are instant)")
         store = DeviceStore(Path(tmp) / "device")
         video = args.data / "video" / "bikes.mp4"
-        cfg = AgentConfig(
-            device_name="bench", source=f"file:{video}", report_interval_s=1e9, idle_baseline_s=0.0
-        )
+        cfg = AgentConfig(device_name="bench", source=f"file:{video}", report_interval_s=1e9, idle_baseline_s=0.0)
         store.init(cfg)
         manifest = store.stage(bundle)
         store.activate(manifest.release_name)

@@ -7,7 +7,7 @@ Nothing here prints or exits.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -173,3 +173,64 @@ def _device_status(inv: Inventory, dev: Device, dest: Path | None) -> DeviceStat
     finally:
         t.close()
     return DeviceStatus(dev, f, new, load_local_reports(d))
+
+
+def install_agent(
+    inv: Inventory,
+    name: str,
+    *,
+    python: str = "python3",
+    venv: str = "/opt/edgedeploy/venv",
+    wheelhouse: Path | None = None,
+    runtime_lib: Path | None = None,
+    offline: bool = False,
+    system_site_packages: bool = False,
+    dry_run: bool = False,
+    step: Callable[[str], None] = lambda s: None,
+) -> dict[str, Any]:
+    """Bootstrap the agent on a device (user, venv, agent, TVM runtime, unit), then point the inventory at it."""
+    import tempfile
+
+    from .remote.install import InstallSpec, execute_install, plan_install, probe
+    from .remote.wheels import agent_wheels, default_runtime_lib
+
+    dev = inv.get(name)
+    with tempfile.TemporaryDirectory() as tmp:
+        step("agent wheel")
+        wheels = agent_wheels(Path(tmp), wheelhouse)
+        spec = InstallSpec(
+            python=python,
+            venv=venv,
+            root=dev.root,
+            mode=dev.service,
+            user=dev.user if dev.service == "process" else "edgedeploy",
+            wheels=tuple(wheels),
+            runtime_lib=runtime_lib,
+            system_site_packages=system_site_packages,
+            offline=offline,
+            source=dev.source,
+        )
+        step("connect")
+        t = open_transport(dev, inv.known_hosts)
+        try:
+            facts = probe(t, spec)
+            if spec.runtime_lib is None:
+                spec = replace(spec, runtime_lib=default_runtime_lib(facts.arch))
+            if dry_run:
+                unit = Path(tmp) / "unit.service"
+                unit.write_text(spec.unit_text())
+                steps = plan_install(facts, spec, unit if dev.service == "systemd" else None)
+                return {"device": name, "dry_run": True, "steps": [s.name for s in steps], "facts": facts.__dict__}
+            result = execute_install(t, dev, spec, step=step, work_dir=Path(tmp))
+        finally:
+            t.close()
+    if dev.agent_command != result.agent_command:
+        inv.add(dev.model_copy(update={"agent_command": result.agent_command}), replace=True)
+    return {
+        "device": name,
+        "changed": result.steps,
+        "agent_command": result.agent_command,
+        "opencv": result.opencv,
+        "healthy": bool(result.health.get("ok") and result.health.get("initialised")),
+        "facts": result.facts.__dict__,
+    }
