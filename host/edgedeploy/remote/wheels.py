@@ -4,6 +4,7 @@ and the TVM runtime library for the device's architecture."""
 from __future__ import annotations
 
 import platform
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -14,6 +15,7 @@ from edgedeploy_agent.runtime.tvm import find_runtime_lib
 from ..errors import InputError
 
 PROJECT_ROOT = Path(__file__).resolve().parents[3]
+SOURCE_PARTS = ("pyproject.toml", "README.md", "agent", "host", "profiles")
 
 
 def agent_wheels(out: Path, wheelhouse: Path | None) -> list[Path]:
@@ -26,18 +28,17 @@ def agent_wheels(out: Path, wheelhouse: Path | None) -> list[Path]:
         return ours[:1] + [w for w in wheels if w not in ours]
     if not (PROJECT_ROOT / "pyproject.toml").is_file():
         raise InputError("this edgedeploy is not a source checkout", hint="pass --wheelhouse DIR with the agent wheel")
+    # build from a clean copy: setuptools' build/ folder in the checkout could carry stale modules into the wheel
+    src = out / "src"
+    for name in SOURCE_PARTS:
+        part = PROJECT_ROOT / name
+        if part.is_dir():
+            shutil.copytree(part, src / name, ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
+        else:
+            src.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(part, src / name)
     p = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "wheel",
-            "-q",
-            "--no-deps",
-            "-w",
-            str(out),
-            str(PROJECT_ROOT),
-        ],
+        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(out), str(src)],
         capture_output=True,
         text=True,
     )
