@@ -158,7 +158,7 @@ def test_trapezoid_is_exact_on_a_linear_trace_with_interpolated_edges() -> None:
 
 
 class SyntheticRail:
-    """P(t) = 10 + 2 (t - T0) + 3 sin(2 pi (t - T0) / 0.25) watts, read at the moment of the call."""
+    """P(t) = 10 + 2 (t - T0) + 3 sin(2 pi (t - T0)) watts, read at the moment of the call."""
 
     name = "synthetic"
 
@@ -167,12 +167,12 @@ class SyntheticRail:
 
     def power(self, t: float) -> float:
         x = t - self.t0
-        return 10 + 2 * x + 3 * math.sin(2 * math.pi * x / 0.25)
+        return 10 + 2 * x + 3 * math.sin(2 * math.pi * x)
 
     def integral(self, a: float, b: float) -> float:
         def prim(t: float) -> float:
             x = t - self.t0
-            return 10 * x + x * x - 3 * 0.25 / (2 * math.pi) * math.cos(2 * math.pi * x / 0.25)
+            return 10 * x + x * x - 3 / (2 * math.pi) * math.cos(2 * math.pi * x)
 
         return prim(b) - prim(a)
 
