@@ -191,7 +191,7 @@ def install_agent(
     """Bootstrap the agent on a device (user, venv, agent, TVM runtime, unit), then point the inventory at it."""
     import tempfile
 
-    from .remote.install import InstallSpec, execute_install, plan_install, probe
+    from .remote.install import InstallSpec, execute_install, plan_install, probe, write_install_files
     from .remote.wheels import agent_wheels, default_runtime_lib
 
     dev = inv.get(name)
@@ -209,6 +209,7 @@ def install_agent(
             system_site_packages=system_site_packages,
             offline=offline,
             source=dev.source,
+            login_user=dev.user,
         )
         step("connect")
         t = open_transport(dev, inv.known_hosts)
@@ -217,9 +218,7 @@ def install_agent(
             if spec.runtime_lib is None:
                 spec = replace(spec, runtime_lib=default_runtime_lib(facts.arch))
             if dry_run:
-                unit = Path(tmp) / "unit.service"
-                unit.write_text(spec.unit_text())
-                steps = plan_install(facts, spec, unit if dev.service == "systemd" else None)
+                steps = plan_install(facts, spec, *write_install_files(spec, Path(tmp)))
                 return {"device": name, "dry_run": True, "steps": [s.name for s in steps], "facts": facts.__dict__}
             result = execute_install(t, dev, spec, step=step, work_dir=Path(tmp))
         finally:

@@ -71,3 +71,27 @@ def test_missing_python_and_missing_systemd_are_clear_errors(tmp_path: Path) -> 
     process = dataclasses.replace(spec, mode="process")
     steps = plan_install(parse_install_probe("uid=0\narch=x86_64\npython=3.11\n"), process, None)
     assert not any(s.root for s in steps) and "create user" not in [s.name for s in steps]
+
+
+def test_a_non_root_login_gets_the_group_and_a_sudoers_rule_for_this_unit_only(tmp_path: Path) -> None:
+    from edgedeploy.remote.install import write_install_files
+
+    spec = dataclasses.replace(_spec(tmp_path), login_user="deploy")
+    work = tmp_path / "work"
+    work.mkdir()
+    unit, sudoers = write_install_files(spec, work)
+    assert unit is not None and sudoers is not None
+    rule = sudoers.read_text()
+    assert rule.count("NOPASSWD") == 1 and rule.startswith("# installed") and "deploy ALL=(root) NOPASSWD:" in rule
+    assert "/usr/bin/systemctl restart edgedeploy-agent.service" in rule and "ALL\n" not in rule.split("NOPASSWD:")[1]
+    names = [s.name for s in plan_install(parse_install_probe(FRESH_JETSON), spec, unit, sudoers)]
+    i = names.index("upload sudoers rule")
+    assert names[i : i + 3] == ["upload sudoers rule", "check sudoers rule", "install sudoers rule"]
+    assert "add the login to the service group" in names
+    done = FRESH_JETSON + (
+        f"user_exists=1\nvenv=1\nstamp={spec.stamp}\ninitialised=1\nlogin_in_group=1\n"
+        f"unit_sha256={hashlib.sha256(unit.read_bytes()).hexdigest()}\n"
+        f"runtime_sha256={hashlib.sha256(b'lib').hexdigest()}\n"
+        f"sudoers_sha256={hashlib.sha256(sudoers.read_bytes()).hexdigest()}\n"
+    )
+    assert plan_install(parse_install_probe(done), spec, unit, sudoers) == []

@@ -22,9 +22,10 @@ from .transport import Transport
 UNIT_PATH = f"/etc/systemd/system/{UNIT_NAME}"
 STAMP = ".edgedeploy-install"
 
-# Arguments arrive as $1..$6 (never spliced into the script text).
+SUDOERS_PATH = "/etc/sudoers.d/edgedeploy"
+# Arguments arrive as $1..$8 (never spliced into the script text).
 PROBE = r"""
-py=$1; venv=$2; root=$3; user=$4; unit=$5; stamp=$6
+py=$1; venv=$2; root=$3; user=$4; unit=$5; stamp=$6; login=$7; sudoers=$8
 echo "uid=$(id -u)"
 echo "arch=$(uname -m)"
 command -v "$py" >/dev/null 2>&1 && echo "python=$("$py" -c 'import sys;print("%d.%d" % sys.version_info[:2])')"
@@ -36,6 +37,8 @@ command -v systemctl >/dev/null 2>&1 && echo "systemctl=1"
 [ -f /etc/nv_tegra_release ] && echo "jetson=$(head -n1 /etc/nv_tegra_release | tr -d '\n')"
 [ -f "$root/agent.json" ] && echo "initialised=1"
 [ -L "$root/current" ] && echo "has_release=1"
+id -nG "$login" 2>/dev/null | tr ' ' '\n' | grep -qx "$user" && echo "login_in_group=1"
+[ -f "$sudoers" ] && echo "sudoers_sha256=$(sha256sum "$sudoers" 2>/dev/null | cut -d' ' -f1)"
 [ -f "$root/lib/libtvm_runtime.so" ] && echo "runtime_sha256=$(sha256sum "$root/lib/libtvm_runtime.so" | cut -d' ' -f1)"
 true
 """
@@ -61,6 +64,8 @@ class InstallFacts:
     initialised: bool
     has_release: bool
     runtime_sha256: str | None
+    login_in_group: bool = False
+    sudoers_sha256: str | None = None
 
 
 def parse_install_probe(stdout: str) -> InstallFacts:
@@ -79,6 +84,8 @@ def parse_install_probe(stdout: str) -> InstallFacts:
         initialised=kv.get("initialised") == "1",
         has_release=kv.get("has_release") == "1",
         runtime_sha256=kv.get("runtime_sha256") or None,
+        login_in_group=kv.get("login_in_group") == "1",
+        sudoers_sha256=kv.get("sudoers_sha256") or None,
     )
 
 
@@ -96,6 +103,19 @@ class InstallSpec:
     system_site_packages: bool = False
     offline: bool = False  # dependencies only from the uploaded wheels (--no-index)
     source: str | None = None
+    login_user: str | None = None  # the SSH user that will deploy; None or root: nothing to grant
+
+    @property
+    def grants_login(self) -> bool:
+        """A non-root deploying login needs the sudoers rule (and the service group, unless it is the service user)."""
+        return self.mode == "systemd" and self.login_user not in (None, "root")
+
+    def sudoers_text(self) -> str:
+        """Lets the deploying login restart/stop/start the agent's unit, and nothing else."""
+        cmds = ", ".join(
+            f"{d}/systemctl {verb} {UNIT_NAME}" for d in ("/usr/bin", "/bin") for verb in ("restart", "stop", "start")
+        )
+        return f"# installed by edgedeploy agent install\n{self.login_user} ALL=(root) NOPASSWD: {cmds}\n"
 
     @property
     def stamp(self) -> str:
@@ -135,7 +155,9 @@ def _sha256(p: Path) -> str:
     return hashlib.sha256(p.read_bytes()).hexdigest()
 
 
-def plan_install(facts: InstallFacts, spec: InstallSpec, unit_file: Path | None) -> list[Step]:
+def plan_install(
+    facts: InstallFacts, spec: InstallSpec, unit_file: Path | None, sudoers_file: Path | None = None
+) -> list[Step]:
     """Pure: the steps still needed on a device that looks like `facts`."""
     if facts.python is None:
         raise DeviceError(
@@ -183,13 +205,22 @@ def plan_install(facts: InstallFacts, spec: InstallSpec, unit_file: Path | None)
             init += ["--source", spec.source]
         steps.append(Step("initialise agent root", tuple(init), root=systemd))
         if systemd and not facts.initialised:
+            # owned by the service user; group-writable and setgid so a deploying login in the group can write
+            own = 'chown -R "$1:$1" "$2" && chmod -R g+rwX "$2" && find "$2" -type d -exec chmod g+s {} +'
             steps.append(
-                Step(
-                    "hand the root to the service user",
-                    ("chown", "-R", f"{spec.user}:{spec.user}", spec.root),
-                    root=True,
-                )
+                Step("hand the root to the service user", ("sh", "-c", own, "sh", spec.user, spec.root), root=True)
             )
+    if spec.grants_login and spec.login_user != spec.user and not facts.login_in_group:
+        steps.append(
+            Step("add the login to the service group", ("usermod", "-aG", spec.user, str(spec.login_user)), root=True)
+        )
+    if spec.grants_login and sudoers_file is not None and facts.sudoers_sha256 != _sha256(sudoers_file):
+        tmp = "/tmp/edgedeploy-sudoers"
+        steps += [
+            Step("upload sudoers rule", put=(sudoers_file, tmp)),
+            Step("check sudoers rule", ("visudo", "-cf", tmp), root=True),
+            Step("install sudoers rule", ("install", "-m", "0440", tmp, SUDOERS_PATH), root=True),
+        ]
     if systemd and unit_file is not None and facts.unit_sha256 != _sha256(unit_file):
         steps += [
             Step("install unit", put=(unit_file, UNIT_PATH), root=True),
@@ -202,8 +233,35 @@ def plan_install(facts: InstallFacts, spec: InstallSpec, unit_file: Path | None)
     return steps
 
 
+def write_install_files(spec: InstallSpec, work_dir: Path | None) -> tuple[Path | None, Path | None]:
+    """The rendered unit and sudoers rule as local files to upload (systemd mode only)."""
+    if spec.mode != "systemd" or work_dir is None:
+        return None, None
+    unit_file = work_dir / UNIT_NAME
+    unit_file.write_text(spec.unit_text(), encoding="utf-8")
+    sudoers_file = None
+    if spec.grants_login:
+        sudoers_file = work_dir / "edgedeploy.sudoers"
+        sudoers_file.write_text(spec.sudoers_text(), encoding="utf-8")
+    return unit_file, sudoers_file
+
+
 def probe(transport: Transport, spec: InstallSpec) -> InstallFacts:
-    argv = ["sh", "-c", PROBE, "sh", spec.python, spec.venv, spec.root, spec.user, UNIT_PATH, STAMP]
+    login = spec.login_user or "root"
+    argv = [
+        "sh",
+        "-c",
+        PROBE,
+        "sh",
+        spec.python,
+        spec.venv,
+        spec.root,
+        spec.user,
+        UNIT_PATH,
+        STAMP,
+        login,
+        SUDOERS_PATH,
+    ]
     r = transport.run(argv, timeout=60)
     if r.exit_code != 0:
         raise DeviceError(f"install probe failed (exit {r.exit_code}): {r.stderr.strip()[-300:]}")
@@ -218,11 +276,8 @@ def execute_install(
     work_dir: Path | None = None,
 ) -> InstallResult:
     facts = probe(transport, spec)
-    unit_file = None
-    if spec.mode == "systemd" and work_dir is not None:
-        unit_file = work_dir / UNIT_NAME
-        unit_file.write_text(spec.unit_text(), encoding="utf-8")
-    steps = plan_install(facts, spec, unit_file)
+    unit_file, sudoers_file = write_install_files(spec, work_dir)
+    steps = plan_install(facts, spec, unit_file, sudoers_file)
     sudo = ["sudo", "-n"] if facts.uid != 0 else []
     for s in steps:
         step(s.name)
