@@ -18,8 +18,9 @@ from .bundle import SCHEMA_VERSION, verify_bundle
 from .config import AgentConfig
 from .errors import AgentError
 from .lifecycle import Deployment, describe_release, recover, rollback
-from .loop import ack_reports, pending_reports, run_agent
+from .loop import run_agent
 from .service import make_service, read_health
+from .spool import ack_reports, pending_reports
 from .store import DeviceStore
 
 DEFAULT_ROOT = "/var/lib/edgedeploy"
@@ -64,6 +65,7 @@ def _init(store: DeviceStore, args: argparse.Namespace) -> dict[str, Any]:
             "source": args.source,
             "tvm_runtime_lib": args.tvm_runtime_lib,
             "report_interval_s": args.report_interval,
+            "metrics_port": args.metrics_port,
         }.items()
         if v is not None
     }
@@ -121,6 +123,7 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--source", help="frame source URI, e.g. file:/data/clip.mp4")
     s.add_argument("--tvm-runtime-lib", help="path of libtvm_runtime.so")
     s.add_argument("--report-interval", type=float)
+    s.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on 127.0.0.1:PORT")
     s.set_defaults(fn=_init)
 
     sub.add_parser("facts", help="what the host needs to plan a deploy").set_defaults(fn=_facts)

@@ -18,3 +18,7 @@ class AgentConfig(BaseModel):
     record_predictions: bool = True
     keep_releases: int = Field(default=3, ge=2)
     health_timeout_s: float = Field(default=60.0, gt=0)
+    spool_max_bytes: int = Field(default=64 << 20, ge=1 << 16, description="disk cap of spool/ (oldest dropped)")
+    idle_baseline_s: float = Field(default=2.0, ge=0, description="idle power measured before serving; 0: off")
+    power_interval_s: float = Field(default=0.02, gt=0, description="power sampling period (sampled sensors)")
+    metrics_port: Optional[int] = Field(default=None, ge=1, le=65535, description="Prometheus on 127.0.0.1")

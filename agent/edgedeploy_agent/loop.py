@@ -1,27 +1,33 @@
 """capture -> preprocess -> infer -> postprocess -> report, with per-stage timings."""
 
 import datetime as _dt
-import json
-import os
 import signal
 import socket
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Optional
+from typing import TYPE_CHECKING, Any, Optional
 
 import numpy as np
 
 from .bundle import Manifest, load_labels
 from .config import AgentConfig
 from .errors import AgentError, RuntimeLoadError
+from .notify import Notifier
 from .preprocess import preprocess
-from .report import STAGES, Prediction, Report, stage_latency
+from .report import STAGES, Prediction, Report, latency_histogram, stage_latency
 from .runtime import Runtime, load_runtime
 from .service import write_health
-from .sources.frames import FrameSource, open_source, timed_read
-from .sources.power import PowerSensor, discover_power_sensor
-from .store import DeviceStore, write_json_atomic
+from .sources.capture import CapturedSource, SourceState, open_source
+from .sources.power import NoPowerSensor, PowerSensor, discover_power_sensor
+from .sources.thermal import ThermalZones
+from .spool import Spool
+from .store import DeviceStore
+
+if TYPE_CHECKING:
+    from .metrics import PrometheusExporter
+
+READ_TIMEOUT_S = 0.5
 
 
 def top_k(output: np.ndarray, manifest: Manifest, labels: Sequence[str]) -> list[list[Any]]:
@@ -40,34 +46,6 @@ def top_k(output: np.ndarray, manifest: Manifest, labels: Sequence[str]) -> list
         label = labels[li] if 0 <= li < len(labels) else str(li)
         out.append([li, label, round(float(scores[i]), 6)])
     return out
-
-
-class Spool:
-    """Reports as JSON-lines files, each written to a temp name and renamed when complete."""
-
-    def __init__(self, store: DeviceStore) -> None:
-        self.dir = store.spool
-        self._seq_path = store.run_dir / "report_seq"
-        try:
-            self.seq = int(self._seq_path.read_text())
-        except (FileNotFoundError, ValueError):
-            self.seq = 0
-
-    def next_seq(self) -> int:
-        self.seq += 1
-        self._seq_path.write_text(str(self.seq))
-        return self.seq
-
-    def write(self, report: Report) -> Path:
-        stamp = report.window_end.strftime("%Y%m%dT%H%M%S")
-        path = self.dir / f"{stamp}-{report.seq:08d}.jsonl"
-        tmp = self.dir / f".{path.name}.tmp"
-        with open(tmp, "w", encoding="utf-8") as f:
-            f.write(report.model_dump_json() + "\n")
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-        return path
 
 
 def warm_up(runtime: Runtime, manifest: Manifest) -> float:
@@ -96,12 +74,18 @@ class InferenceLoop:
         spool: Spool,
         power: PowerSensor,
         bundle_id: str,
+        notifier: Optional[Notifier] = None,
+        thermal: Optional[ThermalZones] = None,
+        metrics: Optional["PrometheusExporter"] = None,
     ) -> None:
         self.runtime, self.manifest, self.labels, self.cfg = runtime, manifest, labels, cfg
         self.spool, self.power, self.bundle_id = spool, power, bundle_id
+        self.notifier = notifier or Notifier({})
+        self.thermal, self.metrics = thermal, metrics
         self.stop_requested = False
+        self._dropped_before = 0
 
-    def run(self, source: FrameSource, max_frames: Optional[int] = None) -> int:
+    def run(self, source: CapturedSource, max_frames: Optional[int] = None) -> int:
         """Process frames until the source ends, a stop is requested or max_frames; returns reports written."""
         spec = self.manifest.inputs[0]
         frame_index, reports = 0, 0
@@ -110,34 +94,49 @@ class InferenceLoop:
             self.power.start_window()
             ended = False
             while not self.stop_requested and window.elapsed() < self.cfg.report_interval_s:
+                self.notifier.ping()  # from the main loop: a hung loop is killed by the watchdog
                 if max_frames is not None and frame_index >= max_frames:
                     ended = True
                     break
-                frame, cap_ms = timed_read(source)
-                if frame is None:
-                    ended = True
-                    break
+                t_wait = time.perf_counter()
+                frame = source.read(timeout=READ_TIMEOUT_S)
                 t0 = time.perf_counter()
-                x = preprocess(frame, self.manifest.preprocess, spec)
+                if frame is None:
+                    if source.ended:
+                        ended = True
+                        break
+                    continue  # no frame yet (camera lost or slow): keep the watchdog fed and wait again
+                age_ms = frame.age_ms
+                x = preprocess(frame.image, self.manifest.preprocess, spec)
                 t1 = time.perf_counter()
                 outs = self.runtime.run([x])
                 t2 = time.perf_counter()
                 top = top_k(outs[0], self.manifest, self.labels)
                 t3 = time.perf_counter()
-                window.add(cap_ms, (t1 - t0) * 1e3, (t2 - t1) * 1e3, (t3 - t2) * 1e3)
+                window.add(age_ms, (t0 - t_wait) * 1e3, (t1 - t0) * 1e3, (t2 - t1) * 1e3, (t3 - t2) * 1e3)
                 if self.cfg.record_predictions:
                     window.predictions.append(Prediction(frame=frame_index, top=top))
                 frame_index += 1
-            if window.frames:
-                self.spool.write(self._report(window, source.uri, final=ended))
+            state = source.state()
+            if window.frames or not state.camera_up:
+                report = self._report(window, source.uri, state, final=ended)
+                self.spool.write(report)
+                if self.metrics is not None:
+                    self.metrics.update(report)
                 reports += 1
+            self.notifier.status(
+                f"{'camera up' if state.camera_up else 'camera DOWN'}, {frame_index} frames, "
+                f"{state.reconnects} reconnects, {reports} reports"
+            )
             if ended:
                 break
         return reports
 
-    def _report(self, w: "_Window", uri: str, final: bool) -> Report:
+    def _report(self, w: "_Window", uri: str, state: SourceState, final: bool) -> Report:
         end = _dt.datetime.now(_dt.timezone.utc)
         busy_s = sum(sum(w.stages[s]) for s in STAGES) / 1e3
+        dropped = state.dropped_frames - self._dropped_before
+        self._dropped_before = state.dropped_frames
         return Report(
             device=self.cfg.device_name or socket.gethostname(),
             seq=self.spool.next_seq(),
@@ -150,10 +149,17 @@ class InferenceLoop:
             window_end=end,
             frames=w.frames,
             fps=round(w.frames / busy_s, 3) if busy_s > 0 else 0.0,
-            latency_ms={s: stage_latency(w.stages[s]) for s in STAGES},
+            latency_ms={s: stage_latency(w.stages[s]) for s in STAGES} if w.frames else {},
             predictions=w.predictions,
             power=self.power.end_window(w.frames),
             final=final,
+            camera_up=state.camera_up,
+            reconnects=state.reconnects,
+            dropped_frames=dropped,
+            frame_age_ms=stage_latency(w.ages) if w.ages else None,
+            temperatures_c=(self.thermal.read() or None) if self.thermal else None,
+            spool_dropped=self.spool.dropped,
+            latency_hist={s: latency_histogram(w.stages[s]) for s in STAGES} if w.frames else None,
         )
 
 
@@ -162,40 +168,67 @@ class _Window:
         self.start = _dt.datetime.now(_dt.timezone.utc)
         self._t0 = time.monotonic()
         self.stages: dict[str, list[float]] = {s: [] for s in STAGES}
+        self.ages: list[float] = []
         self.predictions: list[Prediction] = []
         self.frames = 0
 
     def elapsed(self) -> float:
         return time.monotonic() - self._t0
 
-    def add(self, *ms: float) -> None:
+    def add(self, age_ms: float, *ms: float) -> None:
+        self.ages.append(age_ms)
         for s, v in zip(STAGES, ms):
             self.stages[s].append(v)
         self.frames += 1
 
 
-def run_agent(store: DeviceStore, max_frames: Optional[int] = None) -> int:
+def run_agent(store: DeviceStore, max_frames: Optional[int] = None, sys_root: Path = Path("/")) -> int:
     """The agent's main: load the current release, warm up, report ready, then serve frames."""
     cfg = store.config()
+    notifier = Notifier()
     release = store.current()
     if release is None:
         write_health(store, None, "failed", error={"code": "no-bundle", "message": "no active bundle"})
         return 2
     write_health(store, release, "loading")
+    notifier.status(f"loading {release}")
+    power: PowerSensor = NoPowerSensor()
+    source: Optional[CapturedSource] = None
     try:
         manifest = store.load_release(release)
         rdir = store.release_dir(release)
         runtime = load_runtime(rdir, manifest, cfg.tvm_runtime_lib)
         warm_ms = warm_up(runtime, manifest)
         labels = load_labels(rdir, manifest)
+        metrics = None
+        if cfg.metrics_port is not None:
+            from .metrics import PrometheusExporter
+
+            metrics = PrometheusExporter(cfg.metrics_port)
+        power = discover_power_sensor(sys_root, interval_s=cfg.power_interval_s)
+        if cfg.idle_baseline_s > 0:
+            power.measure_idle(cfg.idle_baseline_s, time.sleep)  # before capture starts: nothing else runs
         source = open_source(cfg.source) if cfg.source else None
     except AgentError as e:
+        power.close()
         write_health(store, release, "failed", error=e.to_dict())
         return e.exit_code
     except Exception as e:  # a broken library can fail in the FFI with any error type
+        power.close()
         write_health(store, release, "failed", error={"code": "load-failed", "message": f"{type(e).__name__}: {e}"})
         return 1
-    loop = InferenceLoop(runtime, manifest, labels, cfg, Spool(store), discover_power_sensor(), manifest.bundle_id)
+    loop = InferenceLoop(
+        runtime,
+        manifest,
+        labels,
+        cfg,
+        Spool(store, cfg.spool_max_bytes),
+        power,
+        manifest.bundle_id,
+        notifier=notifier,
+        thermal=ThermalZones(sys_root / "sys"),
+        metrics=metrics,
+    )
 
     def _stop(signum: int, frame: object) -> None:
         loop.stop_requested = True
@@ -203,33 +236,20 @@ def run_agent(store: DeviceStore, max_frames: Optional[int] = None) -> int:
     signal.signal(signal.SIGTERM, _stop)
     signal.signal(signal.SIGINT, _stop)
     write_health(store, release, "ready", warmup_ms=round(warm_ms, 3), runtime=runtime.describe(), source=cfg.source)
-    if source is None:
-        while not loop.stop_requested:  # nothing to watch: stay loaded and healthy until stopped
-            time.sleep(0.2)
-        return 0
+    notifier.ready(f"serving {release} on {cfg.source or 'no source'}")
     try:
+        if source is None:
+            while not loop.stop_requested:  # nothing to watch: stay loaded, healthy and pinging until stopped
+                notifier.ping()
+                time.sleep(0.2)
+            return 0
         reports = loop.run(source, max_frames=max_frames)
     finally:
-        source.close()
+        notifier.stopping()
+        if source is not None:
+            source.close()
+        power.close()
+        if metrics is not None:
+            metrics.close()
     write_health(store, release, "finished" if not loop.stop_requested else "stopped", reports=reports)
     return 0
-
-
-def pending_reports(store: DeviceStore) -> list[tuple[str, dict[str, Any]]]:
-    out = []
-    for p in sorted(store.spool.glob("*.jsonl")):
-        for line in p.read_text(encoding="utf-8").splitlines():
-            if line.strip():
-                out.append((p.name, json.loads(line)))
-    return out
-
-
-def ack_reports(store: DeviceStore, names: Sequence[str]) -> int:
-    moved = 0
-    for name in names:
-        src = store.spool / Path(name).name
-        if src.is_file():
-            os.replace(src, store.spool / "sent" / src.name)
-            moved += 1
-    write_json_atomic(store.run_dir / "last_ack.json", {"count": moved})
-    return moved

@@ -24,7 +24,12 @@ def input_hw(spec: TensorSpec) -> tuple[int, int, int]:
 
 
 def preprocess(frame_bgr: np.ndarray, pp: Preprocess, spec: TensorSpec) -> np.ndarray:
-    """Colour convert, crop/resize, normalise and lay out one frame as a batch of one."""
+    """Colour convert, crop/resize, normalise and lay out one frame as a batch of one.
+
+    After the (small) resize, everything is one pass over the pixels: the colour swap and the NCHW
+    transpose are views of the uint8 image, and (x * scale - mean) / std is applied as x * a + b
+    while writing the float tensor, so the frame is not copied once per step.
+    """
     h, w, c = input_hw(spec)
     img = frame_bgr
     if pp.resize == "center_crop":
@@ -34,19 +39,24 @@ def preprocess(frame_bgr: np.ndarray, pp: Preprocess, spec: TensorSpec) -> np.nd
     if pp.color == "gray":
         img = cv2.cvtColor(img, cv2.COLOR_BGR2GRAY)[:, :, None] if img.ndim == 3 else img[:, :, None]
     elif pp.color == "rgb":
-        img = cv2.cvtColor(img, cv2.COLOR_BGR2RGB)
+        img = img[:, :, ::-1]
     if img.shape[2] != c:
         raise ValueError(f"preprocessing gives {img.shape[2]} channels, input {spec.name} wants {c}")
-    x = img.astype(np.float32)
-    x *= np.float32(pp.scale)
-    mean = np.asarray(pp.mean, dtype=np.float32)
-    std = np.asarray(pp.std, dtype=np.float32)
-    if not (np.all(mean == 0) and np.all(std == 1)):
-        x -= mean
-        x /= std
+    mean = np.broadcast_to(np.asarray(pp.mean, dtype=np.float64), (c,))
+    std = np.broadcast_to(np.asarray(pp.std, dtype=np.float64), (c,))
+    gain = (pp.scale / std).astype(np.float32)
+    offset = (-mean / std).astype(np.float32)
     if spec.layout == "NCHW":
-        x = x.transpose(2, 0, 1)
-    return np.ascontiguousarray(x[None], dtype=np.dtype(spec.dtype))
+        out = np.empty((1, c, h, w), dtype=np.float32)
+        src, gain_b, offset_b = img.transpose(2, 0, 1), gain[:, None, None], offset[:, None, None]
+    else:
+        out = np.empty((1, h, w, c), dtype=np.float32)
+        src, gain_b, offset_b = img, gain, offset
+    np.multiply(src, gain_b, out=out[0], dtype=np.float32)
+    if np.any(offset != 0):
+        out[0] += offset_b
+    dtype = np.dtype(spec.dtype)
+    return out if dtype == np.float32 else out.astype(dtype)
 
 
 def _center_crop(img: np.ndarray, fraction: float) -> np.ndarray:

@@ -8,6 +8,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 REPORT_SCHEMA_VERSION = 1
 STAGES = ("capture", "preprocess", "infer", "postprocess")
+# Fixed log-spaced latency buckets (1 us .. 10 s, 8 per decade) so the host can add windows together.
+HIST_EDGES_MS = [round(10 ** (e / 8), 6) for e in range(-24, 33)]
 
 
 class StageLatency(BaseModel):
@@ -35,6 +37,16 @@ class PowerReport(BaseModel):
     sensor: Optional[str] = None
     mean_watts: Optional[float] = None
     energy_per_inference_mj: Optional[float] = None
+    energy_source: Optional[Literal["counter", "samples"]] = Field(
+        default=None, description="an energy counter read at the window edges, or integrated power samples"
+    )
+    window_s: Optional[float] = None
+    samples: Optional[int] = Field(default=None, description="power samples inside the window (samples only)")
+    idle_watts: Optional[float] = Field(default=None, description="idle baseline measured before serving")
+    dynamic_energy_per_inference_mj: Optional[float] = Field(
+        default=None, description="energy per inference above the idle baseline"
+    )
+    rails_watts: Optional[dict[str, float]] = Field(default=None, description="last reading per rail")
 
 
 class Report(BaseModel):
@@ -58,6 +70,16 @@ class Report(BaseModel):
     predictions: list[Prediction] = Field(default_factory=list)
     power: PowerReport
     final: bool = Field(default=False, description="the source ended after this window")
+    camera_up: Optional[bool] = Field(default=None, description="the source delivered fresh frames at window end")
+    reconnects: Optional[int] = Field(default=None, description="times the source was lost and reopened")
+    dropped_frames: Optional[int] = Field(default=None, description="live frames replaced before they were used")
+    frame_age_ms: Optional[StageLatency] = Field(default=None, description="capture-to-inference age of frames")
+    temperatures_c: Optional[dict[str, float]] = Field(default=None, description="thermal zones at window end")
+    spool_dropped: Optional[int] = Field(default=None, description="oldest reports deleted to respect the disk cap")
+    latency_hist: Optional[dict[str, list[int]]] = Field(
+        default=None,
+        description="per stage: frame counts in the HIST_EDGES_MS buckets, plus one below and one above",
+    )
 
 
 def stage_latency(samples_ms: list[float]) -> StageLatency:
@@ -70,3 +92,9 @@ def stage_latency(samples_ms: list[float]) -> StageLatency:
         mean=round(float(a.mean()), 4),
         max=round(float(a.max()), 4),
     )
+
+
+def latency_histogram(samples_ms: list[float]) -> list[int]:
+    """Counts per HIST_EDGES_MS bucket: [< first edge, each bucket ..., >= last edge]."""
+    idx = np.searchsorted(np.asarray(HIST_EDGES_MS), np.asarray(samples_ms, dtype=np.float64), side="right")
+    return [int(c) for c in np.bincount(idx, minlength=len(HIST_EDGES_MS) + 1)]

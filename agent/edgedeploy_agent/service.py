@@ -110,15 +110,17 @@ class SystemdService:
     def __init__(self, store: DeviceStore, unit: str) -> None:
         self.store, self.unit = store, unit
 
-    def _systemctl(self, *args: str) -> "subprocess.CompletedProcess[str]":
-        return subprocess.run(["systemctl", *args, self.unit], capture_output=True, text=True, timeout=300)
+    def _systemctl(self, *args: str, privileged: bool = False) -> "subprocess.CompletedProcess[str]":
+        # a non-root deploying login may restart/stop exactly this unit through the installer's sudoers rule
+        sudo = ["sudo", "-n"] if privileged and os.geteuid() != 0 else []
+        return subprocess.run([*sudo, "systemctl", *args, self.unit], capture_output=True, text=True, timeout=300)
 
     def restart(self) -> None:
         (self.store.run_dir / "health.json").unlink(missing_ok=True)
-        self._systemctl("restart")  # failure shows up in health.json / is_running
+        self._systemctl("restart", privileged=True)  # failure shows up in health.json / is_running
 
     def stop(self) -> None:
-        self._systemctl("stop")
+        self._systemctl("stop", privileged=True)
 
     def is_running(self) -> bool:
         return self._systemctl("is-active").stdout.strip() in ("active", "activating", "reloading")

@@ -7,7 +7,7 @@ Nothing here prints or exits.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +23,7 @@ from .remote.connect import open_transport
 from .remote.execute import PushResult, get_facts, init_agent, push
 from .remote.execute import rollback as _rollback
 from .remote.facts import DeviceFacts
+from .remote.fleet import FleetResult, run_fleet
 from .remote.reports import load_local_reports, pull_reports, reports_dir
 from .remote.transport import Progress
 
@@ -153,7 +154,30 @@ class DeviceStatus:
 
 def status(inv: Inventory, name: str, dest: Path | None = None) -> DeviceStatus:
     """Pull new reports over the device's transport and return them with everything pulled before."""
-    dev = inv.get(name)
+    return _device_status(inv, inv.get(name), dest)
+
+
+def fleet_status(inv: Inventory, tag: str | None = None) -> FleetResult[DeviceStatus]:
+    """status() for every device (or those tagged `tag`), in parallel; failures are per device."""
+    devices = inv.select(tag=tag)
+    if not devices:
+        where = f"tagged {tag!r}" if tag else "in the inventory"
+        raise InputError(f"no devices {where} ({inv.path})", hint="add one with `edgedeploy devices add`")
+    return run_fleet(devices, lambda d: _device_status(inv, d, None))
+
+
+def stored_reports(inv: Inventory, name: str) -> list[dict[str, Any]]:
+    """The reports already pulled from a device, oldest first (no connection)."""
+    return load_local_reports(reports_dir(inv.get(name).name))
+
+
+def plot_device_reports(device: str, reports: list[dict[str, Any]], out: Path) -> dict[str, Any]:
+    from .plot import plot_reports  # matplotlib only when a plot is asked for
+
+    return plot_reports(device, reports, out)
+
+
+def _device_status(inv: Inventory, dev: Device, dest: Path | None) -> DeviceStatus:
     d = dest or reports_dir(dev.name)
     t = open_transport(dev, inv.known_hosts)
     try:
@@ -162,3 +186,63 @@ def status(inv: Inventory, name: str, dest: Path | None = None) -> DeviceStatus:
     finally:
         t.close()
     return DeviceStatus(dev, f, new, load_local_reports(d))
+
+
+def install_agent(
+    inv: Inventory,
+    name: str,
+    *,
+    python: str = "python3",
+    venv: str = "/opt/edgedeploy/venv",
+    wheelhouse: Path | None = None,
+    runtime_lib: Path | None = None,
+    offline: bool = False,
+    system_site_packages: bool = False,
+    dry_run: bool = False,
+    step: Callable[[str], None] = lambda s: None,
+) -> dict[str, Any]:
+    """Bootstrap the agent on a device (user, venv, agent, TVM runtime, unit), then point the inventory at it."""
+    import tempfile
+
+    from .remote.install import InstallSpec, execute_install, plan_install, probe, write_install_files
+    from .remote.wheels import agent_wheels, default_runtime_lib
+
+    dev = inv.get(name)
+    with tempfile.TemporaryDirectory() as tmp:
+        step("agent wheel")
+        wheels = agent_wheels(Path(tmp), wheelhouse)
+        spec = InstallSpec(
+            python=python,
+            venv=venv,
+            root=dev.root,
+            mode=dev.service,
+            user=dev.user if dev.service == "process" else "edgedeploy",
+            wheels=tuple(wheels),
+            runtime_lib=runtime_lib,
+            system_site_packages=system_site_packages,
+            offline=offline,
+            source=dev.source,
+            login_user=dev.user,
+        )
+        step("connect")
+        t = open_transport(dev, inv.known_hosts)
+        try:
+            facts = probe(t, spec)
+            if spec.runtime_lib is None:
+                spec = replace(spec, runtime_lib=default_runtime_lib(facts.arch))
+            if dry_run:
+                steps = plan_install(facts, spec, *write_install_files(spec, Path(tmp)))
+                return {"device": name, "dry_run": True, "steps": [s.name for s in steps], "facts": facts.__dict__}
+            result = execute_install(t, dev, spec, step=step, work_dir=Path(tmp))
+        finally:
+            t.close()
+    if dev.agent_command != result.agent_command:
+        inv.add(dev.model_copy(update={"agent_command": result.agent_command}), replace=True)
+    return {
+        "device": name,
+        "changed": result.steps,
+        "agent_command": result.agent_command,
+        "opencv": result.opencv,
+        "healthy": bool(result.health.get("ok") and result.health.get("initialised")),
+        "facts": result.facts.__dict__,
+    }

@@ -5,9 +5,10 @@ import numpy as np
 
 from edgedeploy_agent.bundle import Postprocess, read_manifest
 from edgedeploy_agent.config import AgentConfig
-from edgedeploy_agent.loop import Spool, ack_reports, pending_reports, top_k
+from edgedeploy_agent.loop import top_k
 from edgedeploy_agent.report import Report, stage_latency
 from edgedeploy_agent.sources.power import NoPowerSensor
+from edgedeploy_agent.spool import Spool, ack_reports, pending_reports
 from edgedeploy_agent.store import DeviceStore
 from tests.agent.bundles import make_bundle
 

@@ -10,7 +10,7 @@ import typer
 
 from ..errors import EdgeDeployError
 from ..paths import state_dir
-from . import build, demo, devices, profiles, push, render, status
+from . import agent, build, demo, devices, profiles, push, render, report, status
 
 app = typer.Typer(
     name="edgedeploy",
@@ -21,9 +21,11 @@ app = typer.Typer(
 )
 app.add_typer(profiles.app, name="profiles")
 app.add_typer(devices.app, name="devices")
+app.add_typer(agent.app, name="agent")
 build.register(app)
 push.register(app)
 status.register(app)
+report.register(app)
 demo.register(app)
 
 EXIT_INTERNAL = 70

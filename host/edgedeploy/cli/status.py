@@ -1,4 +1,4 @@
-"""`edgedeploy status`: pull new reports and show them."""
+"""`edgedeploy status`: pull new reports and show them, for one device or the whole fleet."""
 
 from __future__ import annotations
 
@@ -14,6 +14,25 @@ from .options import InventoryOpt, JsonOpt
 STAGES = ("capture", "preprocess", "infer", "postprocess")
 
 
+def power_text(power: dict[str, Any]) -> str:
+    if power["status"] != "measured":
+        return f"unavailable ({power.get('reason')})"
+    text = f"{power.get('mean_watts')} W, {power.get('energy_per_inference_mj')} mJ/inference"
+    if power.get("idle_watts") is not None:
+        text += f" (idle {power['idle_watts']} W, {power.get('dynamic_energy_per_inference_mj')} mJ above idle)"
+    return text + f" [{power.get('sensor')}, {power.get('energy_source')}]"
+
+
+def source_text(r: dict[str, Any]) -> str:
+    if r.get("camera_up") is None:
+        return str(r["source"])
+    age = r.get("frame_age_ms") or {}
+    return (
+        f"{r['source']} ({'up' if r['camera_up'] else 'DOWN'}, {r.get('reconnects', 0)} reconnects, "
+        f"{r.get('dropped_frames', 0)} dropped, frame age p50 {age.get('p50', '-')} ms)"
+    )
+
+
 def show_report(device: str, r: dict[str, Any]) -> None:
     lat = r["latency_ms"]
     rows = [
@@ -21,40 +40,94 @@ def show_report(device: str, r: dict[str, Any]) -> None:
         for s in STAGES
         if s in lat
     ]
-    power = r["power"]
-    pw = (
-        f"{power.get('mean_watts')} W, {power.get('energy_per_inference_mj')} mJ/inference"
-        if power["status"] == "measured"
-        else f"unavailable ({power.get('reason')})"
-    )
+    temps = r.get("temperatures_c")
+    extra = f"; temperatures {', '.join(f'{k} {v} C' for k, v in temps.items())}" if temps else ""
     render.table(
         f"{device} report #{r['seq']}: {r['model']} {r['model_version']} ({r['bundle_id']}), {r['frames']} frames, "
-        f"{r['fps']:.1f} FPS (busy time), runtime {r['runtime']}\n  source {r['source']}; power {pw}",
+        f"{r['fps']:.1f} FPS (busy time), runtime {r['runtime']}\n  source {source_text(r)}\n"
+        f"  power {power_text(r['power'])}{extra}",
         ["stage (ms)", "p50", "p95", "p99", "mean"],
         rows,
     )
 
 
+def fleet_row(name: str, st: api.DeviceStatus) -> list[Any]:
+    f = st.facts
+    r = st.reports[-1] if st.reports else None
+    infer = (r or {}).get("latency_ms", {}).get("infer") if r else None
+    power = (r or {}).get("power") or {}
+    temps = (r or {}).get("temperatures_c") or {}
+    camera = "-" if not r or r.get("camera_up") is None else ("up" if r["camera_up"] else "DOWN")
+    return [
+        name,
+        f.health_state or "not started",
+        f.current_release or "-",
+        f"{r['fps']:.1f}" if r else "-",
+        f"{infer['p50']:.2f}/{infer['p99']:.2f}" if infer else "-",
+        camera,
+        power.get("mean_watts") if power.get("status") == "measured" else "n/a",
+        f"{max(temps.values()):.1f}" if temps else "-",
+        len(st.new_reports),
+    ]
+
+
+def _summary(st: api.DeviceStatus) -> dict[str, Any]:
+    return {
+        "facts": st.facts.__dict__,
+        "new_reports": len(st.new_reports),
+        "latest": st.reports[-1] if st.reports else None,
+    }
+
+
 def register(app: typer.Typer) -> None:
     @app.command()
     def status(
-        device: Annotated[str, typer.Argument(help="device name")],
+        device: Annotated[str | None, typer.Argument(help="device name; leave out for the whole fleet")] = None,
+        group: Annotated[str | None, typer.Option("--group", help="only devices with this tag")] = None,
         inventory: InventoryOpt = None,
         json_: JsonOpt = False,
     ) -> None:
-        """Pull what the device reported since last time and show the latest state."""
-        st = api.status(Inventory.load(inventory), device)
-        f = st.facts
+        """Pull what devices reported since last time and show the latest state.
+
+        With a DEVICE: its detail. Without (or with --group TAG): one line per device, pulled in parallel;
+        exit 0 when all answered, 2 when some failed, 1 when none did.
+        """
+        inv = Inventory.load(inventory)
+        if device is not None and group is None:
+            _one(inv, device, json_)
+            return
+        fleet = api.fleet_status(inv, tag=group)
         if json_:
             render.print_json(
-                {"device": device, "facts": f.__dict__, "new_reports": st.new_reports, "reports_total": len(st.reports)}
+                {
+                    "devices": {n: _summary(st) for n, st in sorted(fleet.succeeded.items())},
+                    "failed": {n: {"error": e.message, "hint": e.hint} for n, e in sorted(fleet.failed.items())},
+                }
             )
-            return
-        render.out.print(
-            f"{device}: agent {f.agent_version} ({f.arch}, Python {f.python}); "
-            f"current bundle {f.current_release or 'none'}; agent {f.health_state or 'not started'}"
-            f"{' (process running)' if f.running else ''}; "
-            f"{len(st.new_reports)} new report(s), {len(st.reports)} stored"
+        else:
+            rows = [fleet_row(n, st) for n, st in sorted(fleet.succeeded.items())]
+            rows += [[n, "UNREACHABLE", e.message, "", "", "", "", "", ""] for n, e in sorted(fleet.failed.items())]
+            render.table(
+                f"fleet{' ' + group if group else ''}: {len(fleet.succeeded)} ok, {len(fleet.failed)} failed",
+                ["device", "agent", "bundle", "FPS", "infer p50/p99 ms", "camera", "W", "max C", "new"],
+                rows,
+            )
+        raise typer.Exit(fleet.exit_code)
+
+
+def _one(inv: Inventory, device: str, json_: bool) -> None:
+    st = api.status(inv, device)
+    f = st.facts
+    if json_:
+        render.print_json(
+            {"device": device, "facts": f.__dict__, "new_reports": st.new_reports, "reports_total": len(st.reports)}
         )
-        if st.reports:
-            show_report(device, st.reports[-1])
+        return
+    render.out.print(
+        f"{device}: agent {f.agent_version} ({f.arch}, Python {f.python}); "
+        f"current bundle {f.current_release or 'none'}; agent {f.health_state or 'not started'}"
+        f"{' (process running)' if f.running else ''}; "
+        f"{len(st.new_reports)} new report(s), {len(st.reports)} stored"
+    )
+    if st.reports:
+        show_report(device, st.reports[-1])

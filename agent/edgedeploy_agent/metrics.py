@@ -1,0 +1,63 @@
+"""Optional Prometheus endpoint on localhost (the `agent-metrics` extra; prometheus_client imported lazily).
+
+Reach it through an SSH port forward or a local node_exporter; it never listens beyond 127.0.0.1.
+"""
+
+from typing import Any
+
+from .errors import AgentError
+from .report import Report
+
+
+class MetricsError(AgentError):
+    code = "metrics-unavailable"
+
+
+class PrometheusExporter:
+    """Gauges updated once per report window (the hot path is never touched)."""
+
+    def __init__(self, port: int, addr: str = "127.0.0.1") -> None:
+        try:
+            import prometheus_client as prom
+        except ImportError:
+            raise MetricsError(
+                "metrics_port is set but prometheus_client is not installed",
+                hint="install the agent with the agent-metrics extra, or unset metrics_port",
+            ) from None
+        self.registry = prom.CollectorRegistry()
+        labels = ["bundle", "model"]
+
+        def gauge(name: str, doc: str, extra: tuple[str, ...] = ()) -> Any:
+            return prom.Gauge(name, doc, [*labels, *extra], registry=self.registry)
+
+        self.latency = gauge("edgedeploy_stage_latency_ms", "per-stage latency percentile", ("stage", "quantile"))
+        self.fps = gauge("edgedeploy_fps", "frames per second of busy time")
+        self.frames = gauge("edgedeploy_window_frames", "frames in the last report window")
+        self.camera_up = gauge("edgedeploy_camera_up", "1 when the source delivers fresh frames")
+        self.reconnects = gauge("edgedeploy_source_reconnects", "times the source was lost and reopened")
+        self.power = gauge("edgedeploy_power_watts", "mean power over the last window")
+        self.energy = gauge("edgedeploy_energy_per_inference_mj", "energy per inference over the last window")
+        self.temp = gauge("edgedeploy_temperature_celsius", "thermal zone temperature", ("zone",))
+        self.server, self.thread = prom.start_http_server(port, addr=addr, registry=self.registry)
+
+    def update(self, r: Report) -> None:
+        lab = {"bundle": r.bundle_id, "model": r.model}
+        for stage, lat in r.latency_ms.items():
+            for q in ("p50", "p95", "p99"):
+                self.latency.labels(stage=stage, quantile=q, **lab).set(getattr(lat, q))
+        self.fps.labels(**lab).set(r.fps)
+        self.frames.labels(**lab).set(r.frames)
+        if r.camera_up is not None:
+            self.camera_up.labels(**lab).set(1 if r.camera_up else 0)
+        if r.reconnects is not None:
+            self.reconnects.labels(**lab).set(r.reconnects)
+        if r.power.mean_watts is not None:
+            self.power.labels(**lab).set(r.power.mean_watts)
+        if r.power.energy_per_inference_mj is not None:
+            self.energy.labels(**lab).set(r.power.energy_per_inference_mj)
+        for zone, c in (r.temperatures_c or {}).items():
+            self.temp.labels(zone=zone, **lab).set(c)
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()

@@ -1,0 +1,184 @@
+"""Capture in its own thread. Live sources keep only the latest frame and reconnect with backoff.
+
+A video file played normally is not a camera: every frame is handed over (the reader waits for the
+consumer), so a recorded clip gives the same predictions every run. A live source never queues: a
+frame the consumer did not take in time is replaced by the next one and counted as dropped.
+"""
+
+import threading
+import time
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+import numpy as np
+
+from ..errors import SourceError
+from .frames import CvCapture, SourceSpec, check_openable, parse_source
+
+BACKOFF_START_S = 1.0
+BACKOFF_MAX_S = 30.0
+STALE_AFTER_S = 5.0
+
+
+@dataclass
+class Frame:
+    image: np.ndarray
+    index: int
+    captured: float  # time.monotonic() when the frame was read
+
+    @property
+    def age_ms(self) -> float:
+        return (time.monotonic() - self.captured) * 1000.0
+
+
+@dataclass
+class SourceState:
+    camera_up: bool
+    reconnects: int
+    dropped_frames: int
+    frames_captured: int
+    last_error: Optional[str]
+
+
+class CapturedSource:
+    """A FrameSource whose frames are read by a background thread."""
+
+    def __init__(
+        self,
+        spec: SourceSpec,
+        backoff_start_s: float = BACKOFF_START_S,
+        backoff_max_s: float = BACKOFF_MAX_S,
+        stale_after_s: float = STALE_AFTER_S,
+        capture_factory: Callable[[SourceSpec], CvCapture] = CvCapture,
+    ) -> None:
+        self.spec, self.uri = spec, spec.uri
+        self._backoff = (backoff_start_s, backoff_max_s)
+        self._stale_after_s = stale_after_s
+        self._capture = capture_factory(spec)
+        self._cond = threading.Condition()
+        self._latest: Optional[Frame] = None
+        self._taken = -1
+        self._ended = False
+        self._closing = False
+        self._up = False
+        self.reconnects = 0
+        self.captured = 0
+        self.consumed = 0
+        self.last_error: Optional[str] = None
+        opened = False
+        if not spec.live:
+            # a file that OpenCV cannot decode is a bad source, not a camera that may come back
+            if not self._capture.open():
+                raise SourceError(f"OpenCV cannot open video {spec.target} (unsupported codec or corrupt file)")
+            opened = True
+        self._thread = threading.Thread(target=self._run, args=(opened,), name=f"capture {spec.scheme}", daemon=True)
+        self._thread.start()
+
+    # --- the consumer side -------------------------------------------------------------------
+    def read(self, timeout: Optional[float] = None) -> Optional[Frame]:
+        """The newest frame not yet taken; None on timeout or when the source has ended."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._cond:
+            while True:
+                if self._latest is not None and self._latest.index > self._taken:
+                    frame = self._latest
+                    self._taken = frame.index
+                    self.consumed += 1
+                    self._cond.notify_all()
+                    return frame
+                if self._ended or self._closing:
+                    return None
+                remaining = None if deadline is None else deadline - time.monotonic()
+                if remaining is not None and remaining <= 0:
+                    return None
+                self._cond.wait(remaining)
+
+    @property
+    def ended(self) -> bool:
+        with self._cond:
+            return self._ended and (self._latest is None or self._latest.index <= self._taken)
+
+    def state(self) -> SourceState:
+        with self._cond:
+            fresh = self._latest is not None and (time.monotonic() - self._latest.captured) < self._stale_after_s
+            # a live source that blocks without delivering is lost even if OpenCV never said so
+            up = self._up and (fresh or not self.spec.live or self.captured == 0)
+            return SourceState(
+                camera_up=up,
+                reconnects=self.reconnects,
+                dropped_frames=max(self.captured - self.consumed, 0) if self.spec.live else 0,
+                frames_captured=self.captured,
+                last_error=self.last_error,
+            )
+
+    def close(self) -> None:
+        with self._cond:
+            self._closing = True
+            self._cond.notify_all()
+        self._thread.join(timeout=5.0)
+        self._capture.release()
+
+    # --- the capture thread ------------------------------------------------------------------
+    def _set_up(self, up: bool, error: Optional[str] = None) -> None:
+        with self._cond:
+            self._up = up
+            if error:
+                self.last_error = error
+            self._cond.notify_all()
+
+    def _sleep(self, seconds: float) -> bool:
+        """Wait, waking early on close; False when closing."""
+        with self._cond:
+            self._cond.wait_for(lambda: self._closing, timeout=seconds)
+            return not self._closing
+
+    def _run(self, opened: bool) -> None:
+        delay, lost = self._backoff[0], False
+        while not self._closing:
+            if not opened:
+                if not self._capture.open():
+                    self._set_up(False, f"cannot open {self.spec.uri}")
+                    if not self.spec.live or not self._sleep(delay):
+                        break
+                    delay, lost = min(delay * 2, self._backoff[1]), True
+                    continue
+                if lost:
+                    self.reconnects += 1
+            opened, delay = False, self._backoff[0]
+            self._set_up(True)
+            self._pump()
+            if self._closing or not (self.spec.live or self.spec.loop):
+                break
+            if self.spec.live:
+                lost = True
+                self._set_up(False, f"{self.spec.uri} stopped delivering frames")
+                if not self._sleep(delay):
+                    break
+        self._capture.release()
+        with self._cond:
+            self._ended = True
+            self._up = self._up and not self.spec.live  # a file that played to its end was never "lost"
+            self._cond.notify_all()
+
+    def _pump(self) -> None:
+        """Read frames until the capture fails or the source closes."""
+        while not self._closing:
+            image = self._capture.read()
+            if image is None:
+                return
+            with self._cond:
+                if not self.spec.live:
+                    # a file: wait until the consumer took the previous frame (no frame is skipped)
+                    self._cond.wait_for(
+                        lambda: self._closing or self._latest is None or self._latest.index <= self._taken
+                    )
+                self._latest = Frame(image, self.captured, time.monotonic())
+                self.captured += 1
+                self._cond.notify_all()
+
+
+def open_source(uri: str, **kwargs: float) -> CapturedSource:
+    """Parse, check and start capturing a source URI."""
+    spec = parse_source(uri)
+    check_openable(spec)
+    return CapturedSource(spec, **kwargs)  # type: ignore[arg-type]

@@ -1,0 +1,188 @@
+"""Frame source URIs and the capture thread: every file frame in order, latest-only live frames,
+reconnect with backoff after a loss, and a clear refusal of GStreamer URIs on an OpenCV without it."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import cv2
+import numpy as np
+import pytest
+
+from edgedeploy_agent.errors import SourceError
+from edgedeploy_agent.sources.capture import CapturedSource, open_source
+from edgedeploy_agent.sources.frames import check_openable, has_gstreamer, parse_source
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def write_clip(path: Path, n: int, value: int) -> Path:
+    """An MJPG clip of n frames; frame i has brightness value + i (readable back after JPEG)."""
+    w = cv2.VideoWriter(str(path), cv2.VideoWriter.fourcc(*"MJPG"), 25.0, (64, 48))
+    for i in range(n):
+        w.write(np.full((48, 64, 3), value + i, dtype=np.uint8))
+    w.release()
+    return path
+
+
+def test_uris_parse_to_backends_and_pipelines() -> None:
+    v = parse_source("v4l2:/dev/video2?width=1280&height=720&fps=30")
+    assert (v.target, v.backend, v.live) == ("/dev/video2", cv2.CAP_V4L2, True)
+    assert v.props[cv2.CAP_PROP_FRAME_WIDTH] == 1280 and v.props[cv2.CAP_PROP_BUFFERSIZE] == 1
+    c = parse_source("csi:1?width=1920&height=1080&fps=30")
+    assert c.target.startswith("nvarguscamerasrc sensor-id=1 ! video/x-raw(memory:NVMM),width=1920,height=1080")
+    assert c.target.endswith("appsink drop=true max-buffers=1 sync=false") and c.needs_gstreamer
+    assert parse_source("rtsp://cam.local/stream1").backend == cv2.CAP_FFMPEG
+    g = parse_source("gst:videotestsrc ! video/x-raw,width=64,height=48")
+    assert g.target.endswith("format=BGR ! appsink drop=true max-buffers=1 sync=false")
+    f = parse_source("file:/data/clip.mp4?loop=1")
+    assert (f.target, f.loop, f.live) == ("/data/clip.mp4", True, False)
+    assert parse_source("file:///data/clip.mp4").target == "/data/clip.mp4"
+
+
+@pytest.mark.parametrize("uri", ["camera0", "http://x/y.mjpg", "csi:left", "v4l2:/dev/video0?width=wide", "file:"])
+def test_bad_uris_are_refused_with_the_valid_forms(uri: str) -> None:
+    with pytest.raises(SourceError) as e:
+        parse_source(uri)
+    assert uri in e.value.message
+
+
+def test_gstreamer_detection_from_build_information() -> None:
+    assert not has_gstreamer(
+        "  Video I/O:\n    DC1394:    NO\n    FFMPEG:   YES\n    GStreamer:                   NO\n"
+    )
+    assert not has_gstreamer("    GStreamer:                   NO\n")
+    assert has_gstreamer("    GStreamer:                   YES (1.22.0)\n")
+    with pytest.raises(SourceError, match="built without it") as e:
+        check_openable(parse_source("csi:0"), gstreamer=False)
+    assert "system-site-packages" in (e.value.hint or "")
+
+
+def test_a_file_plays_every_frame_once_in_order(tmp_path: Path) -> None:
+    src = open_source(f"file:{write_clip(tmp_path / 'a.avi', 12, 40)}")
+    try:
+        got = []
+        while (f := src.read(timeout=5)) is not None:
+            got.append(f.index)
+            time.sleep(0.005)  # a slow consumer never loses file frames
+        assert got == list(range(12))
+        assert src.ended and src.state().dropped_frames == 0
+    finally:
+        src.close()
+
+
+def test_a_corrupt_file_is_a_source_error(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.avi"
+    bad.write_bytes(b"not a video at all" * 100)
+    with pytest.raises(SourceError, match="cannot open"):
+        open_source(f"file:{bad}")
+
+
+def test_live_source_lost_then_recovers(tmp_path: Path) -> None:
+    """A live file ends (the camera is lost), is gone for a while, then comes back."""
+    clip = write_clip(tmp_path / "cam.avi", 10, 40)
+    src = open_source(f"file:{clip}?live=1", backoff_start_s=0.05, backoff_max_s=0.2)
+    try:
+        first = src.read(timeout=5)
+        assert first is not None and src.state().camera_up
+        clip.unlink()  # the device disappears: reopening fails until it is back
+        deadline = time.monotonic() + 5
+        while src.state().camera_up and time.monotonic() < deadline:
+            src.read(timeout=0.05)
+        down = src.state()
+        assert not down.camera_up and down.reconnects == 0
+        assert down.last_error and str(clip) in down.last_error
+        assert src.read(timeout=0.3) is None and not src.ended  # no frame, but not ended: keep waiting
+        write_clip(clip, 10, 150)  # plugged back in: brighter frames
+        frame = src.read(timeout=5)
+        assert frame is not None and frame.image.mean() > 140
+        up = src.state()
+        assert up.camera_up and up.reconnects == 1
+    finally:
+        src.close()
+
+
+def test_live_source_keeps_only_the_latest_frame(tmp_path: Path) -> None:
+    clip = write_clip(tmp_path / "cam.avi", 200, 0)
+    src = open_source(f"file:{clip}?live=1", backoff_start_s=5.0)
+    try:
+        a = src.read(timeout=5)
+        time.sleep(0.3)  # the reader runs on; a slow consumer sees the newest frame, not a backlog
+        b = src.read(timeout=5)
+        assert a is not None and b is not None and b.index > a.index + 1
+        assert src.state().dropped_frames >= b.index - a.index - 1
+    finally:
+        src.close()
+
+
+def test_close_stops_the_capture_thread(tmp_path: Path) -> None:
+    src = open_source(f"file:{tmp_path / 'never.avi'}?live=1", backoff_start_s=10.0)
+    assert isinstance(src, CapturedSource)
+    t = time.monotonic()
+    src.close()
+    assert time.monotonic() - t < 2.0  # the backoff sleep wakes on close
+
+
+GST_SCRIPT = """
+import sys, time
+sys.path.insert(0, sys.argv[1])
+from edgedeploy_agent.sources.capture import open_source
+src = open_source("gst:videotestsrc num-buffers=20 is-live=true ! video/x-raw,width=64,height=48,framerate=30/1",
+                  backoff_start_s=0.1)
+seen, deadline = 0, time.monotonic() + 10
+while time.monotonic() < deadline and not (seen > 25 and src.state().reconnects >= 1):
+    f = src.read(timeout=0.5)
+    if f is not None:
+        assert f.image.shape == (48, 64, 3)
+        seen += 1
+s = src.state()
+src.close()
+print(seen, s.reconnects, s.camera_up)
+"""
+
+
+def _system_python_with_gstreamer_opencv() -> str | None:
+    py = shutil.which("python3", path="/usr/bin")
+    if py is None:
+        return None
+    probe = subprocess.run(
+        [py, "-c", "import cv2, numpy; print('GStreamer:' in cv2.getBuildInformation())"],
+        capture_output=True,
+        text=True,
+    )
+    if probe.returncode != 0:
+        return None
+    check = subprocess.run(
+        [py, "-c", "import cv2, re; print(re.search(r'GStreamer:\\s*YES', cv2.getBuildInformation()) is not None)"],
+        capture_output=True,
+        text=True,
+    )
+    return py if check.stdout.strip() == "True" else None
+
+
+def test_gst_videotestsrc_pipeline_with_debian_opencv(tmp_path: Path) -> None:
+    """Debian's python3-opencv has GStreamer: a pipeline that ends after 20 buffers is reopened."""
+    py = _system_python_with_gstreamer_opencv()
+    if py is None:
+        if os.environ.get("EDGEDEPLOY_REQUIRE_GSTREAMER") == "1":
+            pytest.fail("python3-opencv with GStreamer is required here (apt-get install python3-opencv)")
+        pytest.skip("no /usr/bin/python3 with a GStreamer-enabled OpenCV (apt-get install python3-opencv)")
+    script = tmp_path / "gst_probe.py"
+    script.write_text(GST_SCRIPT)
+    p = subprocess.run([py, str(script), str(REPO / "agent")], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    seen, reconnects, up = p.stdout.split()
+    assert int(seen) > 25 and int(reconnects) >= 1 and up == "True"
+
+
+def test_pip_opencv_refuses_gstreamer_uris_clearly() -> None:
+    if has_gstreamer(cv2.getBuildInformation()):
+        pytest.skip("this OpenCV has GStreamer")
+    with pytest.raises(SourceError, match="needs OpenCV with GStreamer"):
+        open_source("gst:videotestsrc")
+    assert sys.modules["cv2"].__version__

@@ -1,0 +1,48 @@
+import socket
+import urllib.request
+
+import pytest
+
+from edgedeploy_agent.metrics import PrometheusExporter
+from edgedeploy_agent.report import PowerReport, Report, stage_latency
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_prometheus_endpoint_on_localhost_only() -> None:
+    pytest.importorskip("prometheus_client")
+    port = _free_port()
+    exp = PrometheusExporter(port)
+    try:
+        assert exp.server.server_address[0] == "127.0.0.1"
+        exp.update(
+            Report(
+                device="d",
+                seq=1,
+                bundle_id="b1",
+                model="m",
+                model_version="1",
+                runtime="tvm",
+                source="v4l2:/dev/video0",
+                window_start="2026-01-01T00:00:00Z",
+                window_end="2026-01-01T00:00:10Z",
+                frames=3,
+                fps=30.0,
+                latency_ms={"infer": stage_latency([1.0, 2.0, 3.0])},
+                power=PowerReport(status="measured", sensor="x", mean_watts=12.5, energy_per_inference_mj=400.0),
+                camera_up=False,
+                reconnects=2,
+                temperatures_c={"CPU-therm": 41.5},
+            )
+        )
+        text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    finally:
+        exp.close()
+    assert 'edgedeploy_stage_latency_ms{bundle="b1",model="m",quantile="p50",stage="infer"} 2.0' in text
+    assert 'edgedeploy_camera_up{bundle="b1",model="m"} 0.0' in text
+    assert 'edgedeploy_power_watts{bundle="b1",model="m"} 12.5' in text
+    assert 'edgedeploy_temperature_celsius{bundle="b1",model="m",zone="CPU-therm"} 41.5' in text

@@ -1,0 +1,97 @@
+"""The install planner is pure: facts in, steps out."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from edgedeploy.errors import DeviceError
+from edgedeploy.remote.install import InstallSpec, parse_install_probe, plan_install
+
+
+def _wheel(tmp_path: Path) -> Path:
+    w = tmp_path / "edgedeploy-0.1.0-py3-none-any.whl"
+    with zipfile.ZipFile(w, "w") as z:
+        z.writestr("edgedeploy_agent/__init__.py", "__version__ = '0.1.0'\n")
+    return w
+
+
+def _spec(tmp_path: Path, mode: str = "systemd") -> InstallSpec:
+    lib = tmp_path / "libtvm_runtime.so"
+    lib.write_bytes(b"lib")
+    return InstallSpec(
+        "python3.9", "/opt/edgedeploy/venv", "/var/lib/edgedeploy", mode, "edgedeploy", (_wheel(tmp_path),), lib
+    )
+
+
+FRESH_JETSON = "uid=1000\narch=aarch64\npython=3.9\nsystemctl=1\njetson=# R35 (release), REVISION: 4.1\n"
+
+
+def test_fresh_jetson_gets_everything_but_no_restart_without_a_release(tmp_path: Path) -> None:
+    spec = _spec(tmp_path)
+    unit = tmp_path / "u.service"
+    unit.write_text(spec.unit_text())
+    facts = parse_install_probe(FRESH_JETSON)
+    assert facts.jetson and facts.uid == 1000 and facts.python == "3.9"
+    steps = plan_install(facts, spec, unit)
+    names = [s.name for s in steps]
+    assert names[0] == "create user" and "create venv" in names and "install unit" in names
+    assert "hand the root to the service user" in names and "restart agent" not in names
+    assert all(s.root for s in steps)  # systemd mode: every step runs as root (sudo -n for a non-root login)
+    assert "ExecStart=/opt/edgedeploy/venv/bin/edgedeploy-agent --root /var/lib/edgedeploy run" in spec.unit_text()
+
+
+def test_installed_device_plans_nothing(tmp_path: Path) -> None:
+    spec = _spec(tmp_path)
+    unit = tmp_path / "u.service"
+    unit.write_text(spec.unit_text())
+    done = FRESH_JETSON + (
+        f"user_exists=1\nvenv=1\nstamp={spec.stamp}\ninitialised=1\nhas_release=1\n"
+        f"unit_sha256={hashlib.sha256(unit.read_bytes()).hexdigest()}\n"
+        f"runtime_sha256={hashlib.sha256(b'lib').hexdigest()}\n"
+    )
+    assert plan_install(parse_install_probe(done), spec, unit) == []
+    # a changed unit alone: install it, reload, enable, and restart the agent that has a release
+    changed = done.replace("unit_sha256=", "unit_sha256=0")
+    names = [s.name for s in plan_install(parse_install_probe(changed), spec, unit)]
+    assert names == ["install unit", "reload systemd", "enable unit", "restart agent"]
+
+
+def test_missing_python_and_missing_systemd_are_clear_errors(tmp_path: Path) -> None:
+    spec = _spec(tmp_path)
+    with pytest.raises(DeviceError, match="python3.9 not found") as e:
+        plan_install(parse_install_probe("uid=0\narch=aarch64\nsystemctl=1\n"), spec, None)
+    assert "python3.9-venv" in (e.value.hint or "")
+    with pytest.raises(DeviceError, match="no systemctl"):
+        plan_install(parse_install_probe("uid=0\narch=x86_64\npython=3.11\n"), spec, None)
+    process = dataclasses.replace(spec, mode="process")
+    steps = plan_install(parse_install_probe("uid=0\narch=x86_64\npython=3.11\n"), process, None)
+    assert not any(s.root for s in steps) and "create user" not in [s.name for s in steps]
+
+
+def test_a_non_root_login_gets_the_group_and_a_sudoers_rule_for_this_unit_only(tmp_path: Path) -> None:
+    from edgedeploy.remote.install import write_install_files
+
+    spec = dataclasses.replace(_spec(tmp_path), login_user="deploy")
+    work = tmp_path / "work"
+    work.mkdir()
+    unit, sudoers = write_install_files(spec, work)
+    assert unit is not None and sudoers is not None
+    rule = sudoers.read_text()
+    assert rule.count("NOPASSWD") == 1 and rule.startswith("# installed") and "deploy ALL=(root) NOPASSWD:" in rule
+    assert "/usr/bin/systemctl restart edgedeploy-agent.service" in rule and "ALL\n" not in rule.split("NOPASSWD:")[1]
+    names = [s.name for s in plan_install(parse_install_probe(FRESH_JETSON), spec, unit, sudoers)]
+    i = names.index("upload sudoers rule")
+    assert names[i : i + 3] == ["upload sudoers rule", "check sudoers rule", "install sudoers rule"]
+    assert "add the login to the service group" in names
+    done = FRESH_JETSON + (
+        f"user_exists=1\nvenv=1\nstamp={spec.stamp}\ninitialised=1\nlogin_in_group=1\n"
+        f"unit_sha256={hashlib.sha256(unit.read_bytes()).hexdigest()}\n"
+        f"runtime_sha256={hashlib.sha256(b'lib').hexdigest()}\n"
+        f"sudoers_sha256={hashlib.sha256(sudoers.read_bytes()).hexdigest()}\n"
+    )
+    assert plan_install(parse_install_probe(done), spec, unit, sudoers) == []
