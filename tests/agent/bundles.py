@@ -16,6 +16,8 @@ from edgedeploy_agent.bundle import (
     describe_artifact,
     write_bundle,
 )
+from edgedeploy_agent.report import Report, stage_latency
+from edgedeploy_agent.sources.power import NoPowerSensor
 
 
 def make_manifest(
@@ -46,3 +48,24 @@ def make_bundle(tmp: Path, version: str = "1", lib_bytes: bytes = b"\x7fELF fake
     files = {"model.so": (lib, "tvm-library"), "labels.txt": (labels, "labels")}
     m = make_manifest(files, version=version, labels="labels.txt", **kw)
     return write_bundle(tmp / f"toy-{version}.edb", m, {k: v[0] for k, v in files.items()})
+
+
+def make_report(seq: int, **overrides: object) -> Report:
+    """A small valid report; override any field."""
+    fields: dict[str, object] = {
+        "device": "d",
+        "seq": seq,
+        "bundle_id": "b",
+        "model": "m",
+        "model_version": "1",
+        "runtime": "tvm",
+        "source": "file:x",
+        "window_start": "2026-01-01T00:00:00Z",
+        "window_end": f"2026-01-01T00:00:{seq:02d}Z",
+        "frames": 1,
+        "fps": 1.0,
+        "latency_ms": {"infer": stage_latency([1.0])},
+        "power": NoPowerSensor().end_window(1),
+    }
+    fields.update(overrides)
+    return Report.model_validate(fields)

@@ -6,11 +6,10 @@ import numpy as np
 from edgedeploy_agent.bundle import Postprocess, read_manifest
 from edgedeploy_agent.config import AgentConfig
 from edgedeploy_agent.loop import top_k
-from edgedeploy_agent.report import Report, stage_latency
-from edgedeploy_agent.sources.power import NoPowerSensor
+from edgedeploy_agent.report import stage_latency
 from edgedeploy_agent.spool import Spool, ack_reports, pending_reports
 from edgedeploy_agent.store import DeviceStore
-from tests.agent.bundles import make_bundle
+from tests.agent.bundles import make_bundle, make_report
 
 
 def test_top_k_softmax_and_label_offset(tmp_path: Path) -> None:
@@ -36,21 +35,7 @@ def test_spool_is_atomic_ordered_and_acknowledged(tmp_path: Path) -> None:
     store.init(AgentConfig(device_name="d"))
     spool = Spool(store)
     for _ in range(3):
-        r = Report(
-            device="d",
-            seq=spool.next_seq(),
-            bundle_id="b",
-            model="m",
-            model_version="1",
-            runtime="tvm",
-            source="file:x",
-            window_start="2026-01-01T00:00:00Z",
-            window_end="2026-01-01T00:00:01Z",
-            frames=1,
-            fps=1.0,
-            latency_ms={"infer": stage_latency([1.0])},
-            power=NoPowerSensor().end_window(1),
-        )
+        r = make_report(spool.next_seq(), window_end="2026-01-01T00:00:01Z")
         spool.write(r)
     assert not list(store.spool.glob(".*.tmp"))
     pending = pending_reports(store)

@@ -1,28 +1,9 @@
 from pathlib import Path
 
 from edgedeploy_agent.config import AgentConfig
-from edgedeploy_agent.report import Report, stage_latency
-from edgedeploy_agent.sources.power import NoPowerSensor
 from edgedeploy_agent.spool import Spool, ack_reports, pending_reports
 from edgedeploy_agent.store import DeviceStore
-
-
-def _report(seq: int) -> Report:
-    return Report(
-        device="d",
-        seq=seq,
-        bundle_id="b",
-        model="m",
-        model_version="1",
-        runtime="tvm",
-        source="file:x",
-        window_start="2026-01-01T00:00:00Z",
-        window_end=f"2026-01-01T00:00:{seq:02d}Z",
-        frames=1,
-        fps=1.0,
-        latency_ms={"infer": stage_latency([1.0])},
-        power=NoPowerSensor().end_window(1),
-    )
+from tests.agent.bundles import make_report as _report
 
 
 def test_cap_drops_acknowledged_first_then_oldest_pending_and_counts(tmp_path: Path) -> None:
