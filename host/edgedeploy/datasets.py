@@ -1,6 +1,6 @@
 """Real data for calibration and accuracy checks, preprocessed by the agent's one implementation.
 
-Calibration sources: an image folder, a video file or `.npy` batches. Labeled sets: an ImageNet-style
+Calibration sources: an image folder, a video file, `.npy` batches or MNIST idx files. Labeled sets: an ImageNet-style
 folder of `wnid_name.jpg` files, a folder of class subfolders, or MNIST idx files (optionally gzipped).
 Calibration and evaluation images come from one folder without overlap through `split_of`, a
 deterministic split by a hash of the file name.
@@ -53,7 +53,10 @@ def load_calibration(
         raise InputError(f"calibration sample count must be at least 1, got {count}")
     if not source.exists():
         raise InputError(f"calibration source {source} does not exist")
-    if source.is_dir() and any(source.glob("*.npy")):
+    if source.is_dir() and _idx_pair(source) is not None:
+        images, _ = _read_mnist(source, split)
+        batch = np.concatenate([preprocess(img, pp, spec) for img in images[:count]])
+    elif source.is_dir() and any(source.glob("*.npy")):
         batch = _npy_batches(source, spec)
     elif source.suffix == ".npy":
         batch = _npy_batches(source, spec)
@@ -137,7 +140,7 @@ def load_labeled(
     if not data.exists():
         raise InputError(f"evaluation data {data} does not exist")
     if data.is_dir() and _idx_pair(data) is not None:
-        images, labels = _read_mnist(data)
+        images, labels = _read_mnist(data, split)
         images, labels = images[:limit], labels[:limit]
         x = np.concatenate([preprocess(img, pp, spec) for img in images]) if len(images) else np.zeros((0,))
         return LabeledSet(str(data), x, labels.astype(np.int64), "mnist-idx")
@@ -205,10 +208,14 @@ def _read_idx(path: Path) -> np.ndarray:
     return body.reshape(dims)
 
 
-def _read_mnist(data: Path) -> tuple[np.ndarray, np.ndarray]:
+def _read_mnist(data: Path, split: Split) -> tuple[np.ndarray, np.ndarray]:
+    """Images and labels of an idx pair; sample i is split by the hash of "<images file>:<i>"."""
     pair = _idx_pair(data)
     assert pair is not None
     images, labels = _read_idx(pair[0]), _read_idx(pair[1])
     if len(images) != len(labels):
         raise InputError(f"{data}: {len(images)} images but {len(labels)} labels")
+    if split != "all":
+        keep = np.array([split_of(f"{pair[0].name}:{i}") == split for i in range(len(images))], dtype=bool)
+        images, labels = images[keep], labels[keep]
     return images, labels

@@ -10,7 +10,7 @@ import typer
 
 from ..errors import EdgeDeployError
 from ..paths import state_dir
-from . import build, demo, devices, profiles, push, render, status
+from . import build, demo, devices, int8, profiles, push, render, status
 
 app = typer.Typer(
     name="edgedeploy",
@@ -22,6 +22,7 @@ app = typer.Typer(
 app.add_typer(profiles.app, name="profiles")
 app.add_typer(devices.app, name="devices")
 build.register(app)
+int8.register(app)
 push.register(app)
 status.register(app)
 demo.register(app)

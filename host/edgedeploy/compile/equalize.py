@@ -132,7 +132,9 @@ def _replace_clips(model: onnx.ModelProto, pairs: list[_Pair], bounds: dict[str,
         model.graph.node.insert(idx, relu)
 
 
-def correct_bias(model: onnx.ModelProto, run: Runner) -> onnx.ModelProto:
+def correct_bias(
+    model: onnx.ModelProto, run: Runner, skip: frozenset[str] = frozenset(), per_channel: bool = True
+) -> onnx.ModelProto:
     """Bias correction for the weight rounding error: b += (W - W_int8) . E[x] per output channel.
 
     W_int8 is the symmetric per-channel int8 rounding the quantizer applies; E[x] is the per-channel mean
@@ -140,7 +142,11 @@ def correct_bias(model: onnx.ModelProto, run: Runner) -> onnx.ModelProto:
     """
     model = onnx.ModelProto.FromString(model.SerializeToString())
     inits = _inits(model)
-    convs = [n for n in model.graph.node if n.op_type == "Conv" and len(n.input) > 2 and n.input[2] in inits]
+    convs = [
+        n
+        for n in model.graph.node
+        if n.op_type == "Conv" and len(n.input) > 2 and n.input[2] in inits and n.input[1] in inits and n.name not in skip
+    ]
     if not convs:
         return model
     means = run(model, [n.input[0] for n in convs])
@@ -148,6 +154,7 @@ def correct_bias(model: onnx.ModelProto, run: Runner) -> onnx.ModelProto:
         ex = x.mean(axis=tuple(i for i in range(x.ndim) if i != 1)).astype(np.float32)
         w = numpy_helper.to_array(inits[node.input[1]]).astype(np.float32)
         scale = np.abs(w.reshape(w.shape[0], -1)).max(axis=1) / 127.0
+        scale = scale if per_channel else np.full_like(scale, scale.max())
         scale = np.where(scale > 0, scale, 1.0).reshape((-1,) + (1,) * (w.ndim - 1))
         err = w - np.clip(np.round(w / scale), -127, 127) * scale
         groups = _group(node)

@@ -17,6 +17,9 @@ import numpy as np
 import tvm
 from tvm import relax
 
+from .pipeline import BuildContext, stage
+from .quantize import quantizable_layers
+
 _DQ = tvm.ir.Op.get("relax.dequantize")
 _CONV = tvm.ir.Op.get("relax.nn.conv2d")
 _MATMUL = tvm.ir.Op.get("relax.matmul")
@@ -171,3 +174,10 @@ def rewrite_int8(mod: Any, layer_names: list[str] | None = None) -> tuple[Any, R
     mod = mod.clone() if hasattr(mod, "clone") else mod
     mod["main"] = func
     return relax.transform.DeadCodeElimination()(mod), rw.report
+
+
+@stage("int8-rewrite")
+def int8_rewrite_stage(ctx: BuildContext) -> None:
+    """Turn the imported QDQ graph's fake-quant conv/matmul into integer compute."""
+    ctx.ir, report = rewrite_int8(ctx.ir, quantizable_layers(ctx.model.proto))
+    ctx.float_left = report.float_left

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import hashlib
 import json
@@ -11,7 +12,7 @@ import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import tomllib
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -22,6 +23,7 @@ from edgedeploy_agent.bundle import (
     Postprocess,
     Preprocess,
     Provenance,
+    Quantization,
     Target,
     describe_artifact,
     write_bundle,
@@ -31,8 +33,11 @@ from .. import __version__
 from ..errors import InputError
 from ..paths import cache_dir
 from ..profiles import DeviceProfile
-from .onnx_model import load_onnx
+from .onnx_model import OnnxModel, load_onnx
 from .pipeline import BuildContext, run_pipeline
+
+if TYPE_CHECKING:
+    from .int8_build import Int8Config, Int8Result
 
 
 class ModelCard(BaseModel):
@@ -93,12 +98,21 @@ def build_bundle(
     card: ModelCard,
     progress: Callable[[str], None] = lambda step: None,
     use_cache: bool = True,
+    int8: Int8Config | None = None,
 ) -> BuildResult:
-    """Compile `model_path` for `profile` and write a bundle to `out`."""
+    """Compile `model_path` for `profile` and write a bundle to `out` (INT8 when `int8` is given)."""
     progress("load-model")
     model = load_onnx(model_path)
     name = card.name or _default_name(model_path)
-    key = _cache_key(model.sha256, profile, card, name)
+    extra: dict[str, Any] = {}
+    if int8 is not None:
+        from .int8_build import calibration_inputs
+
+        int8 = dataclasses.replace(int8, label_offset=card.postprocess.label_offset)
+        progress("calibration-data")
+        calib, _ = calibration_inputs(model, card.preprocess, int8)
+        extra = {"int8": int8.describe(), "calibration_sha256": hashlib.sha256(calib.tobytes()).hexdigest()}
+    key = _cache_key(model.sha256, profile, card, name, extra)
     cached = cache_dir() / "builds" / key / "bundle.edb"
     if use_cache and cached.is_file():
         progress("cache-hit")
@@ -111,10 +125,26 @@ def build_bundle(
 
     with tempfile.TemporaryDirectory(prefix="edgedeploy-build-") as tmp:
         work = Path(tmp)
-        ctx = run_pipeline(BuildContext(model=model, profile=profile, work_dir=work, progress=progress))
+        compiled, int8_result = model, None
+        if int8 is not None:
+            from .int8_build import quantize_model
+
+            int8_result = quantize_model(model, card.preprocess, int8, calib, progress)
+            compiled = _save_qdq(int8_result.qdq, work / "model.qdq.onnx", model)
+        ctx = run_pipeline(
+            BuildContext(
+                model=compiled,
+                profile=profile,
+                work_dir=work,
+                progress=progress,
+                precision="int8" if int8 else "fp32",
+            )
+        )
         assert ctx.library is not None
         progress("package")
         files: dict[str, Path] = {"model.so": ctx.library}
+        if int8 is not None:
+            files["model.qdq.onnx"] = compiled.path
         shutil.copyfile(model_path, work / "model.onnx")
         files["model.onnx"] = work / "model.onnx"
         labels_name = None
@@ -122,7 +152,7 @@ def build_bundle(
             (work / "labels.txt").write_text("\n".join(card.labels) + "\n", encoding="utf-8")
             files["labels.txt"] = work / "labels.txt"
             labels_name = "labels.txt"
-        roles = {"model.so": "tvm-library", "model.onnx": "onnx-model", "labels.txt": "labels"}
+        roles = {"model.so": "tvm-library", "model.onnx": "onnx-model", "labels.txt": "labels", "model.qdq.onnx": "qdq-onnx"}
         manifest = Manifest(
             model=ModelInfo(name=name, version=card.version, description=card.description, source_sha256=model.sha256),
             created=dt.datetime.now(dt.timezone.utc).replace(microsecond=0),
@@ -140,6 +170,7 @@ def build_bundle(
             preprocess=card.preprocess,
             postprocess=card.postprocess,
             labels=labels_name,
+            quantization=_quantization(int8, int8_result, ctx.float_left),
             provenance=Provenance(
                 tools={"edgedeploy": __version__, "python": platform.python_version(), **tool_versions()},
                 build_host=f"{platform.node()} ({platform.machine()})",
@@ -158,10 +189,38 @@ def _default_name(path: Path) -> str:
     return stem.lstrip("._-")[:64] or "model"
 
 
-def _cache_key(model_sha: str, profile: DeviceProfile, card: ModelCard, name: str) -> str:
+def _save_qdq(proto: Any, path: Path, source: OnnxModel) -> OnnxModel:
+    import onnx
+
+    onnx.save(proto, path)
+    sha = hashlib.sha256(path.read_bytes()).hexdigest()
+    return OnnxModel(path=path, proto=proto, sha256=sha, inputs=source.inputs)
+
+
+def _quantization(cfg: Int8Config | None, result: Int8Result | None, float_in_tvm: list[str]) -> Quantization:
+    if cfg is None or result is None:
+        return Quantization()
+    o = result.report.options
+    return Quantization(
+        precision="int8",
+        method=o.method + (f"(percentile={o.percentile})" if o.method == "percentile" else ""),
+        calibration_samples=result.report.samples,
+        float_layers=result.report.float_layers,
+        accuracy=result.accuracy(),
+        calibration=f"{cfg.calibration.resolve()} (split: {result.calibration_split})",
+        evaluation=f"{cfg.eval_data.resolve()} (split: {result.eval_split})" if cfg.eval_data else None,
+        options={k: json.dumps(v) for k, v in cfg.describe().items() if k not in ("calibration", "eval")},
+        float_in_runtime=float_in_tvm,
+    )
+
+
+def _cache_key(
+    model_sha: str, profile: DeviceProfile, card: ModelCard, name: str, extra: dict[str, Any] | None = None
+) -> str:
     from .tvm_backend import tool_versions
 
     parts: dict[str, Any] = {
+        **(extra or {}),
         "model": model_sha,
         "profile": profile.model_dump(mode="json"),
         "card": card.model_dump(mode="json"),

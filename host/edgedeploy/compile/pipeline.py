@@ -31,6 +31,8 @@ class BuildContext:
     library: Path | None = None
     outputs: list[TensorSpec] = field(default_factory=list)
     timings: dict[str, float] = field(default_factory=dict)
+    precision: str = "fp32"  # "int8": the model is a QDQ ONNX model and the int8 pipeline runs
+    float_left: list[str] = field(default_factory=list)  # int8 builds: layers TVM still computes in float
 
 
 StageFn = Callable[[BuildContext], None]
@@ -47,22 +49,29 @@ def stage(name: str) -> Callable[[StageFn], StageFn]:
 
 PIPELINES: dict[str, tuple[str, ...]] = {
     "cpu": ("import-onnx", "decompose-for-inference", "compile-llvm", "export-library"),
+    "cpu-int8": ("import-onnx", "decompose-for-inference", "int8-rewrite", "compile-llvm", "export-library"),
 }
 
 
-def pipeline_for(profile: DeviceProfile) -> tuple[str, ...]:
+def pipeline_for(profile: DeviceProfile, precision: str = "fp32") -> tuple[str, ...]:
+    key = profile.device if precision == "fp32" else f"{profile.device}-{precision}"
+    if key not in PIPELINES and profile.device in PIPELINES:
+        raise BuildError(
+            f"profile {profile.name} has no {precision} compile pipeline yet",
+            hint=f"pipelines exist for: {', '.join(sorted(PIPELINES))}",
+        )
     if profile.device not in PIPELINES:
         raise BuildError(
             f"profile {profile.name} targets {profile.device}, which has no compile pipeline yet",
             hint=f"pipelines exist for: {', '.join(sorted(PIPELINES))} (GPU builds land with the GPU-profile work)",
         )
-    return PIPELINES[profile.device]
+    return PIPELINES[key]
 
 
 def run_pipeline(ctx: BuildContext) -> BuildContext:
-    from . import tvm_backend  # noqa: F401  (registers the TVM stages)
+    from . import int8_rewrite, tvm_backend  # noqa: F401  (register the TVM stages)
 
-    for name in pipeline_for(ctx.profile):
+    for name in pipeline_for(ctx.profile, ctx.precision):
         if name not in STAGES:
             raise BuildError(f"unknown compile stage {name!r}", hint=f"known stages: {', '.join(sorted(STAGES))}")
         ctx.progress(name)

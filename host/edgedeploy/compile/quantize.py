@@ -176,7 +176,9 @@ def quantize_qdq(model: onnx.ModelProto, inputs: np.ndarray, options: QuantizeOp
     if options.equalize:
         model, pairs = cross_layer_equalize(model)
     if options.bias_correction:
-        model = correct_bias(model, lambda m, names: run_tensors(m, inputs, names))
+        model = correct_bias(
+            model, lambda m, names: run_tensors(m, inputs, names), frozenset(exclude), options.per_channel
+        )
     qdq = _ort_quantize(model, inputs, options, exclude)
     if options.power_of_two:
         round_scales_to_power_of_two(qdq)
