@@ -24,6 +24,10 @@ _DQ = tvm.ir.Op.get("relax.dequantize")
 _CONV = tvm.ir.Op.get("relax.nn.conv2d")
 _MATMUL = tvm.ir.Op.get("relax.matmul")
 _Q = tvm.ir.Op.get("relax.quantize")
+_ADD = tvm.ir.Op.get("relax.add")
+_MUL = tvm.ir.Op.get("relax.multiply")
+_ASTYPE = tvm.ir.Op.get("relax.astype")
+_RESHAPE = tvm.ir.Op.get("relax.reshape")
 _INT_RANGE = {"int8": (-128, 127), "uint8": (0, 255)}
 
 
@@ -44,6 +48,8 @@ class _Rewriter(relax.PyExprMutator):  # type: ignore[misc]
         self.names = names
         self.count = 0
         self.report = RewriteReport()
+        # int32 accumulator (with zero-point term) -> (raw accumulator, correction, per-channel sx*sw)
+        self.accumulators: dict[Any, tuple[Any, np.ndarray, np.ndarray]] = {}
 
     def _const(self, expr: Any) -> np.ndarray | None:
         """A constant, or quantize(constant) evaluated here (ORT leaves some weights quantized at run time)."""
@@ -72,8 +78,17 @@ class _Rewriter(relax.PyExprMutator):  # type: ignore[misc]
             return expr
         return None
 
+    def _bound(self, expr: Any, op: Any) -> Any:
+        if isinstance(expr, relax.Var):
+            bound = self.lookup_binding(expr)
+            expr = bound if bound is not None else expr
+        return expr if isinstance(expr, relax.Call) and expr.op == op else None
+
     def visit_call_(self, call: Any) -> Any:  # noqa: N802 (TVM's visitor naming)
         call = self.visit_expr_post_order(call)
+        if call.op == _Q:
+            fused = self._fuse_requantize(call)
+            return call if fused is None else fused
         if call.op not in (_CONV, _MATMUL):
             return call
         name = self.names[self.count] if self.count < len(self.names) else f"{call.op.name}#{self.count}"
@@ -142,10 +157,49 @@ class _Rewriter(relax.PyExprMutator):  # type: ignore[misc]
         return self._requant(acc, corr, scale.astype(np.float32), call)
 
     def _requant(self, acc: Any, corr: np.ndarray, scale: np.ndarray, call: Any) -> Any:
-        acc = self.builder_.emit(relax.op.add(acc, relax.const(corr, "int32")))
-        out = relax.op.multiply(relax.op.astype(acc, "float32"), relax.const(scale, "float32"))
+        summed = self.builder_.emit(relax.op.add(acc, relax.const(corr, "int32")))
+        self.accumulators[summed] = (acc, corr, scale)
+        out = relax.op.multiply(relax.op.astype(summed, "float32"), relax.const(scale, "float32"))
         dtype = str(call.ty.dtype)
         return out if dtype == "float32" else relax.op.astype(self.builder_.emit(out), dtype)
+
+
+    def _fuse_requantize(self, q: Any) -> Any:
+        """quantize(int_conv * s + dequantize(bias_int32)) -> round((acc + bias) * s / sy) + zy in one step,
+        the way onnxruntime's QLinearConv requantizes (float32 multiplier, round half to even)."""
+        add = self._bound(q.args[0], _ADD)
+        mul = self._bound(add.args[0] if add is not None else q.args[0], _MUL)
+        cast = self._bound(mul.args[0], _ASTYPE) if mul is not None else None
+        if cast is None or cast.args[0] not in self.accumulators:
+            return None
+        acc, corr, scale = self.accumulators[cast.args[0]]
+        bias = self._bias_int32(add.args[1]) if add is not None else (np.zeros(scale.size, np.int32), scale)
+        sy, zy = self._const(q.args[1]), self._const(q.args[2])
+        dtype = str(q.ty.dtype)
+        if bias is None or sy is None or zy is None or sy.size != 1 or zy.size != 1 or dtype not in _INT_RANGE:
+            return None
+        b_q, b_scale = bias
+        flat_scale = scale.reshape(-1)
+        if b_q.size != flat_scale.size or not np.allclose(b_scale.reshape(-1), flat_scale, rtol=1e-5):
+            return None
+        total = (corr.reshape(-1).astype(np.int64) + b_q.astype(np.int64)).astype(np.int32).reshape(corr.shape)
+        mult = (flat_scale.astype(np.float32) / np.float32(sy.reshape(()))).astype(np.float32).reshape(scale.shape)
+        summed = self.builder_.emit(relax.op.add(acc, relax.const(total, "int32")))
+        f = self.builder_.emit(relax.op.round(relax.op.multiply(relax.op.astype(summed, "float32"), relax.const(mult))))
+        lo, hi = _INT_RANGE[dtype]
+        shifted = relax.op.add(f, relax.const(float(zy.reshape(())), "float32"))
+        return relax.op.astype(relax.op.clip(shifted, lo, hi), dtype)
+
+    def _bias_int32(self, expr: Any) -> tuple[np.ndarray, np.ndarray] | None:
+        """(int32 values, scale) of a bias that is dequantize(int32 constant), possibly reshaped."""
+        reshaped = self._bound(expr, _RESHAPE)
+        dq = self._dq(reshaped.args[0] if reshaped is not None else expr)
+        if dq is None:
+            return None
+        values, scale, zp = (self._const(a) for a in dq.args)
+        if values is None or scale is None or values.dtype != np.int32 or (zp is not None and np.any(zp != 0)):
+            return None
+        return values.reshape(-1), scale
 
 
 def _fits_int8(wq: np.ndarray, zw: np.ndarray, axis: int) -> bool:

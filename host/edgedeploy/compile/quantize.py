@@ -172,6 +172,7 @@ def quantize_qdq(model: onnx.ModelProto, inputs: np.ndarray, options: QuantizeOp
         raise InputError("the calibration source gave no samples")
     inputs = inputs[: options.samples]
     exclude = resolve_keep_float(model, options.keep_float)
+    tail = _tail_nodes(model)
     pairs = 0
     if options.equalize:
         model, pairs = cross_layer_equalize(model)
@@ -179,10 +180,18 @@ def quantize_qdq(model: onnx.ModelProto, inputs: np.ndarray, options: QuantizeOp
         model = correct_bias(
             model, lambda m, names: run_tensors(m, inputs, names), frozenset(exclude), options.per_channel
         )
-    qdq = _ort_quantize(model, inputs, options, exclude)
+    qdq = _ort_quantize(model, inputs, options, exclude + tail)
     if options.power_of_two:
         round_scales_to_power_of_two(qdq)
     return QuantizeReport(qdq, exclude, pairs, len(inputs), options, [n for n in layers if n not in exclude])
+
+
+def _tail_nodes(model: onnx.ModelProto) -> list[str]:
+    """Nodes after the last conv/matmul (Flatten, Softmax, ...): they stay float, so the logits are never
+    requantized to 8 bits (that creates top-1 ties and costs accuracy for nothing)."""
+    nodes = list(model.graph.node)
+    last = max(i for i, n in enumerate(nodes) if n.op_type in QUANTIZABLE)
+    return [n.name for n in nodes[last + 1 :]]
 
 
 def tensorrt_qdq(model: onnx.ModelProto, inputs: np.ndarray, options: QuantizeOptions | None = None) -> QuantizeReport:
