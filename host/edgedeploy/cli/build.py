@@ -81,6 +81,9 @@ def register(app: typer.Typer) -> None:
         auto_fallback: Annotated[
             bool, typer.Option("--auto-fallback", help="on a failed gate keep the most sensitive layers in float")
         ] = False,
+        tune_trials: Annotated[
+            int, typer.Option(help="MetaSchedule trials; the database is stored and reused by later builds")
+        ] = 0,
         json_: JsonOpt = False,
     ) -> None:
         """Compile a model for a device profile and write a bundle (INT8 with --int8 --calibration)."""
@@ -135,7 +138,16 @@ def register(app: typer.Typer) -> None:
         target = out or model.with_suffix(f".{profile}.edb")
         t = time.perf_counter()
         with render.steps(f"build {model.name} for {profile}") as step:
-            result = api.build(model, profile, target, merged, progress=step, use_cache=not no_cache, int8=int8_cfg)
+            result = api.build(
+                model,
+                profile,
+                target,
+                merged,
+                progress=step,
+                use_cache=not no_cache,
+                int8=int8_cfg,
+                tune_trials=tune_trials,
+            )
         secs = time.perf_counter() - t
         m = result.manifest
         if json_:
