@@ -88,7 +88,8 @@ def test_bad_int8_input_is_one_clear_line(cli: Cli, data_dir: Path, tmp_path: Pa
 
 def test_rewrite_makes_integer_convolutions(data_dir: Path) -> None:
     model = onnx.load(data_dir / "models" / "mnist-8_opset13.onnx")
-    calib = load_calibration(data_dir / "mnist", Preprocess(color="gray"), TensorSpec(name="Input3", shape=[1, 1, 28, 28], layout="NCHW"), 32)  # fmt: skip
+    spec = TensorSpec(name="Input3", shape=[1, 1, 28, 28], layout="NCHW")
+    calib = load_calibration(data_dir / "mnist", Preprocess(color="gray"), spec, 32)
     for keep, integer in (((), 3), (("last",), 2)):
         qdq = quantize_qdq(model, calib, QuantizeOptions(keep_float=keep)).model
         mod = from_onnx(qdq, shape_dict={"Input3": [1, 1, 28, 28]}, keep_params_in_input=False)
