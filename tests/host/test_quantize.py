@@ -144,3 +144,17 @@ def test_equalization_keeps_the_float_function(data_dir: Path) -> None:
     a = ort.InferenceSession(model.SerializeToString()).run(None, {"input": x})[0]
     b = ort.InferenceSession(eq.SerializeToString()).run(None, {"input": x})[0]
     np.testing.assert_allclose(a, b, atol=2e-4)
+
+
+def test_unsupported_operator_names_it() -> None:
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1, 4, 4])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, None)
+    w = numpy_helper.from_array(np.ones((1, 1, 1, 1), np.float32), "w")
+    nodes = [
+        helper.make_node("Conv", ["x", "w"], ["c"], name="conv0"),
+        helper.make_node("Weird", ["c"], ["y"], domain="acme"),
+    ]
+    graph = helper.make_graph(nodes, "custom", [x], [y], [w])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13), helper.make_opsetid("acme", 1)])
+    with pytest.raises(ModelError, match="acme:Weird"):
+        quantize_qdq(model, np.zeros((2, 1, 4, 4), np.float32), QuantizeOptions())

@@ -8,8 +8,10 @@ activations, zero points 0, per-channel symmetric weights) callable on its own.
 from __future__ import annotations
 
 import fnmatch
+import logging
 import tempfile
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Literal
@@ -106,8 +108,10 @@ class _Reader:
 def _ort_quantize(
     model: onnx.ModelProto, inputs: np.ndarray, opts: QuantizeOptions, exclude: list[str]
 ) -> onnx.ModelProto:
+    import onnxruntime as ort
     from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
 
+    ort.set_default_logger_severity(3)  # calibration sessions otherwise log every unused initializer
     methods = {
         "minmax": CalibrationMethod.MinMax,
         "entropy": CalibrationMethod.Entropy,
@@ -120,24 +124,42 @@ def _ort_quantize(
         # power-of-two scales are applied afterwards; an int32 bias would then need its scale recomputed
         "QuantizeBias": not opts.power_of_two,
     }
-    act_type = QuantType.QInt8 if opts.symmetric_activations else QuantType.QUInt8
     with tempfile.TemporaryDirectory(prefix="edgedeploy-quant-") as tmp:
         src, dst = Path(tmp) / "float.onnx", Path(tmp) / "qdq.onnx"
         onnx.save(model, src)
-        quantize_static(
-            str(src),
-            str(dst),
-            _Reader(model.graph.input[0].name, inputs),
-            quant_format=QuantFormat.QDQ,
-            op_types_to_quantize=None,
-            per_channel=opts.per_channel,
-            activation_type=act_type,
-            weight_type=QuantType.QInt8,
-            nodes_to_exclude=exclude,
-            calibrate_method=methods[opts.method],
-            extra_options=extra,
-        )
+        try:
+            with _quiet_root_logger():
+                quantize_static(
+                    str(src),
+                    str(dst),
+                    _Reader(model.graph.input[0].name, inputs),
+                    quant_format=QuantFormat.QDQ,
+                    per_channel=opts.per_channel,
+                    activation_type=QuantType.QInt8 if opts.symmetric_activations else QuantType.QUInt8,
+                    weight_type=QuantType.QInt8,
+                    nodes_to_exclude=exclude,
+                    calibrate_method=methods[opts.method],
+                    extra_options=extra,
+                )
+        except Exception as e:  # onnxruntime raises Fail/InvalidGraph/ValueError..., naming the node
+            lines = [ln for ln in str(e).strip().splitlines() if ln.strip()]
+            raise ModelError(
+                f"onnxruntime cannot quantize model {model.graph.name or '(unnamed)'}: "
+                f"{lines[-1] if lines else type(e).__name__}",
+                hint="keep the named node in float with --keep-float NODE, or build without --int8",
+            ) from None
         return onnx.load(dst)
+
+
+@contextmanager
+def _quiet_root_logger() -> Iterator[None]:
+    """onnxruntime.quantization logs advice ("consider pre-processing") on the root logger: not for users."""
+    before = logging.root.manager.disable
+    logging.disable(logging.WARNING)
+    try:
+        yield
+    finally:
+        logging.disable(before)
 
 
 def run_tensors(model: onnx.ModelProto, inputs: np.ndarray, names: list[str]) -> list[np.ndarray]:
