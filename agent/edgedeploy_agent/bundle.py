@@ -88,7 +88,7 @@ class Target(_Model):
 
 class Artifact(_Model):
     path: str
-    role: Literal["tvm-library", "onnx-model", "labels", "other"]
+    role: Literal["tvm-library", "onnx-model", "qdq-onnx", "labels", "other"]
     sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
     size: int = Field(ge=0)
 
@@ -106,6 +106,10 @@ class Quantization(_Model):
     calibration_samples: Optional[int] = None
     float_layers: list[str] = Field(default_factory=list)
     accuracy: dict[str, float] = Field(default_factory=dict, description="measured metrics, e.g. top1")
+    calibration: Optional[str] = Field(default=None, description="calibration source and split")
+    evaluation: Optional[str] = Field(default=None, description="evaluation set and split")
+    options: dict[str, str] = Field(default_factory=dict, description="quantization options (JSON values)")
+    float_in_runtime: list[str] = Field(default_factory=list, description="layers the runtime computes in float")
 
 
 class Provenance(_Model):

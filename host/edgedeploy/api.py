@@ -14,6 +14,7 @@ from typing import Any
 from edgedeploy_agent.bundle import Manifest, read_manifest
 from edgedeploy_agent.errors import AgentError
 
+from .compile.int8_build import Int8Config
 from .compile.package import BuildResult, ModelCard, build_bundle
 from .errors import ConnectionFailed, InputError
 from .inventory import Device, Inventory
@@ -38,6 +39,8 @@ def build(
     precision: str = "fp32",
     cuda_graph: bool = True,
     batch: int = 1,
+    int8: Int8Config | None = None,
+    tune_trials: int = 0,
 ) -> BuildResult:
     profile = get_profile(profile_name)
     return build_bundle(
@@ -50,7 +53,23 @@ def build(
         precision=precision,
         cuda_graph=cuda_graph,
         batch=batch,
+        int8=int8,
+        tune_trials=tune_trials,
     )
+
+
+def evaluate(
+    target: Path,
+    data: Path,
+    card: ModelCard,
+    split: str = "auto",
+    limit: int | None = None,
+    synsets: Path | None = None,
+) -> dict[str, Any]:
+    """Top-1/top-5 of a bundle (TVM library vs onnxruntime FP32 and INT8) or of an ONNX model."""
+    from .evaluate import evaluate_target
+
+    return evaluate_target(target, data, card.preprocess, card.postprocess.label_offset, split, limit, synsets)
 
 
 def inspect_bundle(path: Path) -> Manifest:

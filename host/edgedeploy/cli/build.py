@@ -15,6 +15,7 @@ from .. import api
 from ..compile.package import ModelCard, load_card, read_labels
 from ..errors import InputError
 from . import render
+from .int8 import int8_config, int8_summary
 from .options import JsonOpt
 
 
@@ -46,15 +47,69 @@ def register(app: typer.Typer) -> None:
         top_k: Annotated[int | None, typer.Option(help="predictions to report per frame")] = None,
         softmax: Annotated[bool | None, typer.Option("--softmax/--no-softmax", help="outputs are logits")] = None,
         label_offset: Annotated[int | None, typer.Option(help="output index minus this = label index")] = None,
-        precision: Annotated[str, typer.Option(help="fp32 | fp16 (GPU profiles)")] = "fp32",
+        precision: Annotated[str, typer.Option(help="fp32 | fp16 (GPU profiles) | int8 (same as --int8)")] = "fp32",
         batch: Annotated[int, typer.Option(min=1, help="static batch size the library is compiled for")] = 1,
         cuda_graph: Annotated[
             bool, typer.Option("--cuda-graph/--no-cuda-graph", help="GPU: capture CUDA graphs")
         ] = True,
         no_cache: Annotated[bool, typer.Option("--no-cache", help="rebuild even if cached")] = False,
+        int8: Annotated[bool, typer.Option("--int8", help="quantize to INT8 (needs --calibration)")] = False,
+        calibration: Annotated[
+            Path | None, typer.Option(help="calibration data: image folder, video file or .npy batches")
+        ] = None,
+        method: Annotated[str, typer.Option(help="calibration: minmax | entropy | percentile")] = "minmax",
+        percentile: Annotated[float, typer.Option(help="percentile method: the kept percentile")] = 99.999,
+        per_channel: Annotated[bool, typer.Option("--per-channel/--per-tensor", help="weight scales")] = True,
+        symmetric: Annotated[
+            bool, typer.Option("--symmetric", help="symmetric INT8 activations, zero point 0 (TensorRT)")
+        ] = False,
+        samples: Annotated[int, typer.Option(help="calibration samples")] = 128,
+        keep_float: Annotated[
+            list[str] | None,
+            typer.Option(help="layer name, glob or preset (first, last, first-last) to keep in float; repeatable"),
+        ] = None,
+        power_of_two: Annotated[bool, typer.Option("--power-of-two", help="round scales up to powers of 2")] = False,
+        equalize: Annotated[
+            bool, typer.Option("--equalize/--no-equalize", help="cross-layer equalization before calibration")
+        ] = False,
+        bias_correction: Annotated[
+            bool, typer.Option("--bias-correction/--no-bias-correction", help="correct the weight rounding bias")
+        ] = True,
+        eval_data: Annotated[
+            Path | None, typer.Option("--eval", help="labeled images to measure FP32 vs INT8 top-1 on")
+        ] = None,
+        eval_limit: Annotated[int | None, typer.Option(help="use at most this many evaluation images")] = None,
+        synsets: Annotated[Path | None, typer.Option(help="wnid list in class order (ImageNet-style folders)")] = None,
+        max_top1_drop: Annotated[
+            float | None, typer.Option(help="fail the build when INT8 top-1 drops more points than this")
+        ] = None,
+        auto_fallback: Annotated[
+            bool, typer.Option("--auto-fallback", help="on a failed gate keep the most sensitive layers in float")
+        ] = False,
+        tune_trials: Annotated[
+            int, typer.Option(help="MetaSchedule trials; the database is stored and reused by later builds")
+        ] = 0,
         json_: JsonOpt = False,
     ) -> None:
-        """Compile a model for a device profile and write a bundle."""
+        """Compile a model for a device profile and write a bundle (INT8 with --int8 --calibration)."""
+        int8_cfg = int8_config(
+            int8 or precision == "int8",
+            calibration,
+            method=method,
+            percentile=percentile,
+            per_channel=per_channel,
+            symmetric=symmetric,
+            samples=samples,
+            keep_float=keep_float or [],
+            power_of_two=power_of_two,
+            equalize=equalize,
+            bias_correction=bias_correction,
+            eval_data=eval_data,
+            eval_limit=eval_limit,
+            synsets=synsets,
+            max_top1_drop=max_top1_drop,
+            auto_fallback=auto_fallback,
+        )
         base = load_card(card) if card else ModelCard()
         pre = {
             k: v
@@ -95,9 +150,11 @@ def register(app: typer.Typer) -> None:
                 merged,
                 progress=step,
                 use_cache=not no_cache,
-                precision=precision,
+                precision="fp32" if precision == "int8" else precision,
                 cuda_graph=cuda_graph,
                 batch=batch,
+                int8=int8_cfg,
+                tune_trials=tune_trials,
             )
         secs = time.perf_counter() - t
         m = result.manifest
@@ -109,6 +166,7 @@ def register(app: typer.Typer) -> None:
                     "cached": result.cached,
                     "seconds": round(secs, 3),
                     "timings": result.timings,
+                    "quantization": m.quantization.model_dump(mode="json"),
                 }
             )
             return
@@ -117,6 +175,8 @@ def register(app: typer.Typer) -> None:
             f"wrote {result.bundle} ({result.bundle.stat().st_size / 1e6:.2f} MB, {how} in "
             f"{secs:.2f} s): {m.model.name} {m.model.version} for {m.profile}, id {m.bundle_id}"
         )
+        if m.quantization.precision == "int8":
+            render.out.print(int8_summary(m.quantization))
 
     @app.command()
     def inspect(bundle: Annotated[Path, typer.Argument(help="bundle file")], json_: JsonOpt = False) -> None:
@@ -140,6 +200,7 @@ def register(app: typer.Typer) -> None:
             ["preprocess", m.preprocess.model_dump_json()],
             ["postprocess", m.postprocess.model_dump_json()],
             ["precision", m.quantization.precision],
+            *([["int8", int8_summary(m.quantization)]] if m.quantization.precision == "int8" else []),
             ["device code", ", ".join(t.device_code) or "-"],
             [
                 "host library",

@@ -10,7 +10,7 @@ import typer
 
 from ..errors import EdgeDeployError
 from ..paths import state_dir
-from . import agent, build, demo, devices, profiles, push, render, report, status
+from . import agent, build, demo, devices, int8, profiles, push, render, report, status
 
 app = typer.Typer(
     name="edgedeploy",
@@ -23,6 +23,7 @@ app.add_typer(profiles.app, name="profiles")
 app.add_typer(devices.app, name="devices")
 app.add_typer(agent.app, name="agent")
 build.register(app)
+int8.register(app)
 push.register(app)
 status.register(app)
 report.register(app)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import hashlib
 import json
@@ -11,7 +12,7 @@ import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import tomllib
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -34,8 +35,11 @@ from ..paths import cache_dir
 from ..profiles import DeviceProfile
 from .cuda_toolchain import resolve_toolchain
 from .cuda_worker import run_cuda_build
-from .onnx_model import load_onnx
+from .onnx_model import OnnxModel, load_onnx
 from .pipeline import PIPELINE_REVISION, BuildContext, pipeline_for, run_pipeline
+
+if TYPE_CHECKING:
+    from .int8_build import Int8Config, Int8Result
 
 
 class ModelCard(BaseModel):
@@ -99,18 +103,41 @@ def build_bundle(
     precision: str = "fp32",
     cuda_graph: bool = True,
     batch: int = 1,
+    int8: Int8Config | None = None,
+    tune_trials: int = 0,
 ) -> BuildResult:
-    """Compile `model_path` for `profile` and write a bundle to `out`."""
+    """Compile `model_path` for `profile` and write a bundle to `out` (INT8 when `int8` is given)."""
     progress("load-model")
     model = load_onnx(model_path, batch=batch)
     name = card.name or _default_name(model_path)
+    if int8 is not None:
+        precision = "int8"
     if profile.device != "cuda":
         cuda_graph = False
-    key = _cache_key(
-        model.sha256, profile, card, name, {"precision": precision, "cuda_graph": cuda_graph, "batch": batch}
-    )
+    stages = pipeline_for(profile, precision)  # refuses combinations that have no pipeline, before any work
+    if tune_trials > 0 and profile.device == "cuda":
+        raise InputError("tuning (--tune-trials) is built for CPU profiles only so far")
+    extra: dict[str, Any] = {
+        "precision": precision,
+        "cuda_graph": cuda_graph,
+        "batch": batch,
+        "pipeline": [PIPELINE_REVISION, *stages],
+    }
+    if int8 is not None:
+        from .int8_build import calibration_inputs
+
+        int8 = dataclasses.replace(int8, label_offset=card.postprocess.label_offset)
+        progress("calibration-data")
+        calib, _ = calibration_inputs(model, card.preprocess, int8)
+        extra |= {"int8": int8.describe(), "calibration_sha256": hashlib.sha256(calib.tobytes()).hexdigest()}
+    from .tuning import database_dir, has_database
+
+    db = database_dir(profile.name, f"{model.sha256[:16]}-{'int8' if int8 else 'fp32'}")
+    if has_database(db):  # a changed database means different code: part of the cache key
+        extra["tuning_db"] = hashlib.sha256((db / "database_tuning_record.json").read_bytes()).hexdigest()
+    key = _cache_key(model.sha256, profile, card, name, extra)
     cached = cache_dir() / "builds" / key / "bundle.edb"
-    if use_cache and cached.is_file():
+    if use_cache and cached.is_file() and tune_trials <= 0:
         progress("cache-hit")
         _copy_atomic(cached, out)
         from edgedeploy_agent.bundle import read_manifest
@@ -123,21 +150,37 @@ def build_bundle(
     if profile.device == "cuda":
         progress("check-toolchain")
         toolchain = resolve_toolchain(profile)
-    elif precision != "fp32":
-        raise InputError(f"precision {precision} is for GPU profiles; {profile.name} builds fp32")
     with tempfile.TemporaryDirectory(prefix="edgedeploy-build-") as tmp:
         work = Path(tmp)
+        compiled, int8_result = model, None
+        if int8 is not None:
+            from .int8_build import quantize_model
+
+            int8_result = quantize_model(model, card.preprocess, int8, calib, progress)
+            compiled = _save_qdq(int8_result.qdq, work / "model.qdq.onnx", model)
         if toolchain is None:
-            ctx = run_pipeline(BuildContext(model=model, profile=profile, work_dir=work, progress=progress))
+            ctx = run_pipeline(
+                BuildContext(
+                    model=compiled,
+                    profile=profile,
+                    work_dir=work,
+                    progress=progress,
+                    precision=precision,
+                    tuning_key=f"{model.sha256[:16]}-{'int8' if int8 else 'fp32'}",
+                    tune_trials=tune_trials,
+                )
+            )
             assert ctx.library is not None
-            library, outputs, timings = ctx.library, ctx.outputs, ctx.timings
+            library, outputs, timings, float_left = ctx.library, ctx.outputs, ctx.timings, ctx.float_left
             device_code, host_machine = ctx.device_code, ctx.host_machine
         else:
-            res = run_cuda_build(model, profile, work, toolchain, precision, cuda_graph, progress)
-            library, outputs, timings = Path(res["library"]), res["outputs"], res["timings"]
+            res = run_cuda_build(compiled, profile, work, toolchain, precision, cuda_graph, progress)
+            library, outputs, timings, float_left = Path(res["library"]), res["outputs"], res["timings"], []
             device_code, host_machine = res["device_code"], res["host_machine"]
         progress("package")
         files: dict[str, Path] = {"model.so": library}
+        if int8 is not None:
+            files["model.qdq.onnx"] = compiled.path
         shutil.copyfile(model_path, work / "model.onnx")
         files["model.onnx"] = work / "model.onnx"
         labels_name = None
@@ -145,7 +188,12 @@ def build_bundle(
             (work / "labels.txt").write_text("\n".join(card.labels) + "\n", encoding="utf-8")
             files["labels.txt"] = work / "labels.txt"
             labels_name = "labels.txt"
-        roles = {"model.so": "tvm-library", "model.onnx": "onnx-model", "labels.txt": "labels"}
+        roles = {
+            "model.so": "tvm-library",
+            "model.onnx": "onnx-model",
+            "labels.txt": "labels",
+            "model.qdq.onnx": "qdq-onnx",
+        }
         manifest = Manifest(
             model=ModelInfo(name=name, version=card.version, description=card.description, source_sha256=model.sha256),
             created=dt.datetime.now(dt.timezone.utc).replace(microsecond=0),
@@ -167,7 +215,7 @@ def build_bundle(
             preprocess=card.preprocess,
             postprocess=card.postprocess,
             labels=labels_name,
-            quantization=Quantization(precision=precision),  # type: ignore[arg-type]
+            quantization=_quantization(int8, int8_result, float_left) if int8 else Quantization(precision=precision),  # type: ignore[arg-type]
             provenance=Provenance(
                 tools={"edgedeploy": __version__, "python": platform.python_version(), **tool_versions()},
                 build_host=f"{platform.node()} ({platform.machine()})",
@@ -186,17 +234,43 @@ def _default_name(path: Path) -> str:
     return stem.lstrip("._-")[:64] or "model"
 
 
-def _cache_key(model_sha: str, profile: DeviceProfile, card: ModelCard, name: str, options: dict[str, Any]) -> str:
+def _save_qdq(proto: Any, path: Path, source: OnnxModel) -> OnnxModel:
+    import onnx
+
+    onnx.save(proto, path)
+    sha = hashlib.sha256(path.read_bytes()).hexdigest()
+    return OnnxModel(path=path, proto=proto, sha256=sha, inputs=source.inputs)
+
+
+def _quantization(cfg: Int8Config | None, result: Int8Result | None, float_in_tvm: list[str]) -> Quantization:
+    if cfg is None or result is None:
+        return Quantization()
+    o = result.report.options
+    return Quantization(
+        precision="int8",
+        method=o.method + (f"(percentile={o.percentile})" if o.method == "percentile" else ""),
+        calibration_samples=result.report.samples,
+        float_layers=result.report.float_layers,
+        accuracy=result.accuracy(),
+        calibration=f"{cfg.calibration.resolve()} (split: {result.calibration_split})",
+        evaluation=f"{cfg.eval_data.resolve()} (split: {result.eval_split})" if cfg.eval_data else None,
+        options={k: json.dumps(v) for k, v in cfg.describe().items() if k not in ("calibration", "eval")},
+        float_in_runtime=float_in_tvm,
+    )
+
+
+def _cache_key(
+    model_sha: str, profile: DeviceProfile, card: ModelCard, name: str, extra: dict[str, Any] | None = None
+) -> str:
     from .tvm_backend import tool_versions
 
     parts: dict[str, Any] = {
+        **(extra or {}),
         "model": model_sha,
         "profile": profile.model_dump(mode="json"),
         "card": card.model_dump(mode="json"),
         "name": name,
         "edgedeploy": __version__,
-        "options": options,
-        "pipeline": [PIPELINE_REVISION, *pipeline_for(profile)],
         "tools": tool_versions(),
     }
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:32]

@@ -26,7 +26,7 @@ class BuildContext:
     profile: DeviceProfile
     work_dir: Path
     progress: Callable[[str], None] = lambda step: None
-    precision: str = "fp32"  # fp32 | fp16
+    precision: str = "fp32"  # fp32 | fp16 (GPU: mixed-precision stage) | int8 (the model is a QDQ ONNX model)
     cuda_graph: bool = True
     ir: Any = None  # the Relax IRModule as stages transform it
     executable: Any = None
@@ -35,6 +35,9 @@ class BuildContext:
     timings: dict[str, float] = field(default_factory=dict)
     device_code: list[str] = field(default_factory=list)  # e.g. ["sm_75 sass (fatbin, 132704 B)"]
     host_machine: str | None = None  # ELF machine of the exported library
+    float_left: list[str] = field(default_factory=list)  # int8 builds: layers TVM still computes in float
+    tuning_key: str = ""  # names the stored MetaSchedule database: "<source model sha[:16]>-<precision>"
+    tune_trials: int = 0  # > 0: tune (and extend the stored database) before compiling
 
 
 StageFn = Callable[[BuildContext], None]
@@ -53,8 +56,25 @@ def stage(name: str) -> Callable[[StageFn], StageFn]:
 PIPELINE_REVISION = 3
 
 PIPELINES: dict[str, tuple[str, ...]] = {
-    "cpu": ("import-onnx", "decompose-for-inference", "compile-llvm", "export-library", "check-library"),
-    # CUDA builds run in a worker process whose environment holds the CUDA toolchain (cuda_worker.py)
+    "cpu": (
+        "import-onnx",
+        "decompose-for-inference",
+        "apply-tuning",
+        "compile-llvm",
+        "export-library",
+        "check-library",
+    ),
+    "cpu-int8": (
+        "import-onnx",
+        "decompose-for-inference",
+        "int8-rewrite",
+        "apply-tuning",
+        "compile-llvm",
+        "export-library",
+        "check-library",
+    ),
+    # CUDA builds run in a worker process whose environment holds the CUDA toolchain (cuda_worker.py);
+    # fp16 is the mixed-precision stage (a no-op for fp32)
     "cuda": (
         "import-onnx",
         "decompose-for-inference",
@@ -67,19 +87,27 @@ PIPELINES: dict[str, tuple[str, ...]] = {
 }
 
 
-def pipeline_for(profile: DeviceProfile) -> tuple[str, ...]:
+def pipeline_for(profile: DeviceProfile, precision: str = "fp32") -> tuple[str, ...]:
     if profile.device not in PIPELINES:
         raise BuildError(
-            f"profile {profile.name} targets {profile.device}, which has no compile pipeline yet",
-            hint=f"pipelines exist for: {', '.join(sorted(PIPELINES))} (GPU builds land with the GPU-profile work)",
+            f"profile {profile.name} targets {profile.device}, which has no compile pipeline",
+            hint=f"pipelines exist for: {', '.join(sorted(PIPELINES))}",
         )
-    return PIPELINES[profile.device]
+    if precision == "fp16" and profile.device != "cuda":
+        raise BuildError(f"fp16 is for GPU profiles; {profile.name} builds fp32 or int8")
+    key = f"{profile.device}-{precision}" if precision == "int8" else profile.device
+    if key not in PIPELINES:
+        raise BuildError(
+            f"profile {profile.name} has no {precision} compile pipeline yet",
+            hint=f"pipelines exist for: {', '.join(sorted(PIPELINES))}",
+        )
+    return PIPELINES[key]
 
 
 def run_pipeline(ctx: BuildContext) -> BuildContext:
-    from . import tvm_backend  # noqa: F401  (registers the TVM stages)
+    from . import int8_rewrite, tuning, tvm_backend  # noqa: F401  (register the TVM stages)
 
-    for name in pipeline_for(ctx.profile):
+    for name in pipeline_for(ctx.profile, ctx.precision):
         if name not in STAGES:
             raise BuildError(f"unknown compile stage {name!r}", hint=f"known stages: {', '.join(sorted(STAGES))}")
         ctx.progress(name)

@@ -1,0 +1,111 @@
+"""`edgedeploy eval`, and the INT8 options of `edgedeploy build` turned into an Int8Config."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, cast, get_args
+
+import typer
+
+from edgedeploy_agent.bundle import Quantization
+
+from .. import api
+from ..compile.int8_build import Int8Config
+from ..compile.package import ModelCard, load_card
+from ..compile.quantize import Method, QuantizeOptions
+from ..errors import InputError
+from . import render
+from .options import JsonOpt
+
+
+def int8_config(
+    int8: bool,
+    calibration: Path | None,
+    *,
+    method: str,
+    percentile: float,
+    per_channel: bool,
+    symmetric: bool,
+    samples: int,
+    keep_float: list[str],
+    power_of_two: bool,
+    equalize: bool,
+    bias_correction: bool,
+    eval_data: Path | None,
+    eval_limit: int | None,
+    synsets: Path | None,
+    max_top1_drop: float | None,
+    auto_fallback: bool,
+) -> Int8Config | None:
+    if not int8:
+        if calibration or eval_data or max_top1_drop is not None or auto_fallback:
+            raise InputError("--calibration, --eval, --max-top1-drop and --auto-fallback need --int8")
+        return None
+    if calibration is None:
+        raise InputError("--int8 needs --calibration (an image folder, a video file or .npy batches)")
+    if method not in get_args(Method):
+        raise InputError(f"unknown calibration method {method!r}", hint=f"choose one of {', '.join(get_args(Method))}")
+    if not 0 < percentile <= 100:
+        raise InputError(f"--percentile must be in (0, 100], got {percentile}")
+    if (max_top1_drop is not None or auto_fallback) and eval_data is None:
+        raise InputError("--max-top1-drop and --auto-fallback need --eval DIR (labeled images)")
+    if auto_fallback and max_top1_drop is None:
+        raise InputError("--auto-fallback needs --max-top1-drop")
+    opts = QuantizeOptions(
+        method=cast(Method, method),  # checked against Method above
+        percentile=percentile,
+        per_channel=per_channel,
+        symmetric_activations=symmetric,
+        samples=samples,
+        keep_float=tuple(k.strip() for spec in keep_float for k in spec.split(",") if k.strip()),
+        power_of_two=power_of_two,
+        equalize=equalize,
+        bias_correction=bias_correction,
+    )
+    return Int8Config(
+        calibration=calibration,
+        options=opts,
+        eval_data=eval_data,
+        eval_limit=eval_limit,
+        synsets=synsets,
+        max_top1_drop=max_top1_drop,
+        auto_fallback=auto_fallback,
+    )
+
+
+def int8_summary(q: Quantization) -> str:
+    acc = q.accuracy
+    parts = [f"INT8 {q.method}, {q.calibration_samples} calibration samples from {q.calibration}"]
+    if acc:
+        parts.append(
+            f"top-1 FP32 {acc['fp32_top1']:.2f}% -> INT8 {acc['int8_top1']:.2f}% (drop {acc['top1_drop']:.2f}, "
+            f"agreement {acc['top1_agreement']:.2f}%, {int(acc['eval_images'])} images of {q.evaluation})"
+        )
+    parts.append(f"float layers: {', '.join(q.float_layers) or 'none'}")
+    if q.float_in_runtime:
+        parts.append(f"float in TVM: {'; '.join(q.float_in_runtime)}")
+    return "; ".join(parts)
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("eval")
+    def eval_(
+        target: Annotated[Path, typer.Argument(help="bundle (.edb) or ONNX model")],
+        data: Annotated[Path, typer.Option("--data", help="labeled images: wnid_name.jpg files, class folders, MNIST")],
+        card: Annotated[Path | None, typer.Option(help="ONNX models: model card with the preprocessing")] = None,
+        split: Annotated[
+            str, typer.Option(help="auto | all | calibration | evaluation (auto: skip the calibration half)")
+        ] = "auto",
+        limit: Annotated[int | None, typer.Option(help="use at most this many images")] = None,
+        synsets: Annotated[Path | None, typer.Option(help="wnid list in class order (ImageNet-style folders)")] = None,
+        json_: JsonOpt = False,
+    ) -> None:
+        """Top-1/top-5 on a labeled set; for an INT8 bundle also the agreement with FP32 and onnxruntime INT8."""
+        if split not in ("auto", "all", "calibration", "evaluation"):
+            raise InputError(f"unknown split {split!r}", hint="choose auto, all, calibration or evaluation")
+        result = api.evaluate(target, data, load_card(card) if card else ModelCard(), split, limit, synsets)
+        if json_:
+            render.print_json(result)
+            return
+        rows = [[k, v] for k, v in result.items()]
+        render.table(f"accuracy of {target.name}", ["metric", "value"], rows)

@@ -1,0 +1,247 @@
+"""Relax rewrite: dequantize -> conv2d / matmul (fake quant) becomes integer compute.
+
+`conv2d(dequantize(xq, sx, zx), dequantize(Wq, sw, 0))` turns into
+`cast(conv2d(pad(xq, zx), Wq, out_dtype=int32) - zx * sum(Wq[o]), f32) * (sx * sw[o])`: int8 operands, int32
+accumulation, the zero-point term precomputed in numpy. Padding is done in the integer domain with the
+zero point as pad value, so borders stay exact. Per-channel weight scales, depthwise and grouped
+convolutions are handled; `matmul` likewise with per-column scales. Anything not matching stays float
+and is reported by index and, where known, by ONNX node name.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import tvm
+from tvm import relax
+
+from .pipeline import BuildContext, stage
+from .quantize import quantizable_layers
+
+_DQ = tvm.ir.Op.get("relax.dequantize")
+_CONV = tvm.ir.Op.get("relax.nn.conv2d")
+_MATMUL = tvm.ir.Op.get("relax.matmul")
+_Q = tvm.ir.Op.get("relax.quantize")
+_ADD = tvm.ir.Op.get("relax.add")
+_MUL = tvm.ir.Op.get("relax.multiply")
+_ASTYPE = tvm.ir.Op.get("relax.astype")
+_RESHAPE = tvm.ir.Op.get("relax.reshape")
+_INT_RANGE = {"int8": (-128, 127), "uint8": (0, 255)}
+
+
+@dataclass
+class RewriteReport:
+    integer: list[str] = field(default_factory=list)
+    float_left: list[str] = field(default_factory=list)  # "name: reason"
+
+
+def _value(expr: Any) -> np.ndarray | None:
+    if not isinstance(expr, tvm.ir.expr.Constant):
+        return None
+    return np.asarray(expr.value.numpy())
+
+
+@relax.expr_functor.mutator
+class _Rewriter(relax.PyExprMutator):  # type: ignore[misc]
+    def __init__(self, mod: Any, names: list[str]) -> None:
+        super().__init__(mod)
+        self.names = names
+        self.count = 0
+        self.report = RewriteReport()
+        # int32 accumulator (with zero-point term) -> (raw accumulator, correction, per-channel sx*sw)
+        self.accumulators: dict[Any, tuple[Any, np.ndarray, np.ndarray]] = {}
+
+    def _const(self, expr: Any) -> np.ndarray | None:
+        """A constant, or quantize(constant) evaluated here (ORT leaves some weights quantized at run time)."""
+        if isinstance(expr, relax.Var):
+            bound = self.lookup_binding(expr)
+            expr = bound if bound is not None else expr
+        if isinstance(expr, relax.Call) and expr.op == _Q:
+            x, s, z = (self._const(a) for a in expr.args)
+            dtype = str(expr.ty.dtype)
+            if x is None or s is None or z is None or dtype not in _INT_RANGE:
+                return None
+            axis = int(expr.attrs.axis)
+            shape = [1] * x.ndim
+            if s.size > 1:
+                shape[axis % x.ndim] = -1
+            lo, hi = _INT_RANGE[dtype]
+            q = np.round(x / s.reshape(shape)) + z.astype(np.float32).reshape(shape)
+            result: np.ndarray = np.clip(q, lo, hi).astype(dtype)
+            return result
+        return _value(expr)
+
+    def _dq(self, expr: Any) -> Any:
+        if isinstance(expr, relax.Var):
+            bound = self.lookup_binding(expr)
+            expr = bound if bound is not None else expr
+        if isinstance(expr, relax.Call) and expr.op == _DQ:
+            return expr
+        return None
+
+    def _bound(self, expr: Any, op: Any) -> Any:
+        if isinstance(expr, relax.Var):
+            bound = self.lookup_binding(expr)
+            expr = bound if bound is not None else expr
+        return expr if isinstance(expr, relax.Call) and expr.op == op else None
+
+    def visit_call_(self, call: Any) -> Any:  # noqa: N802 (TVM's visitor naming)
+        call = self.visit_expr_post_order(call)
+        if call.op == _Q:
+            fused = self._fuse_requantize(call)
+            return call if fused is None else fused
+        if call.op not in (_CONV, _MATMUL):
+            return call
+        name = self.names[self.count] if self.count < len(self.names) else f"{call.op.name}#{self.count}"
+        self.count += 1
+        x_dq, w_dq = self._dq(call.args[0]), self._dq(call.args[1])
+        if x_dq is None or w_dq is None:
+            self.report.float_left.append(f"{name}: operands are not dequantized (kept in float)")
+            return call
+        sx, zx = self._const(x_dq.args[1]), self._const(x_dq.args[2])
+        wq, sw, zw = (self._const(a) for a in w_dq.args)
+        out = None
+        if sx is None or zx is None or wq is None or sw is None or zw is None:
+            reason = "scales, zero points or weights are not constants"
+        elif sx.size != 1 or zx.size != 1:
+            reason = "per-channel activation quantization"
+        elif not _fits_int8(wq, zw, int(w_dq.attrs.axis)):
+            reason = "weight zero point is not 0 and the shifted weights do not fit int8"
+        else:
+            reason = "unsupported layout or attributes"
+            if call.op == _CONV:
+                out = self._conv(call, x_dq, wq, sw, zw, sx, zx)
+            else:
+                out = self._matmul(call, x_dq, wq, sw, zw, sx, zx)
+        if out is None:
+            self.report.float_left.append(f"{name}: {reason}")
+            return call
+        self.report.integer.append(name)
+        return out
+
+    def _int8_input(self, xq: Any, zx: int) -> tuple[Any, int]:
+        """uint8 activations become int8 (x - 128) so both operands share one signed type."""
+        if str(xq.ty.dtype) == "uint8":
+            shifted = self.builder_.emit(relax.op.subtract(relax.op.astype(xq, "int16"), relax.const(128, "int16")))
+            return self.builder_.emit(relax.op.astype(shifted, "int8")), zx - 128
+        return xq, zx
+
+    def _conv(self, call: Any, x_dq: Any, wq: np.ndarray, sw: np.ndarray, zw: np.ndarray, sx: Any, zx: Any) -> Any:
+        a = call.attrs
+        if a.data_layout != "NCHW" or a.kernel_layout != "OIHW" or a.out_layout != "NCHW":
+            return None
+        w = _shift_weights(wq, zw, int(self._dq(call.args[1]).attrs.axis))
+        xq, z = self._int8_input(x_dq.args[0], int(zx.reshape(())))
+        pad = [int(p) for p in a.padding]  # top, left, bottom, right
+        if any(pad):
+            width = [0, 0, 0, 0, pad[0], pad[2], pad[1], pad[3]]
+            xq = self.builder_.emit(relax.op.nn.pad(xq, width, pad_value=float(z)))
+        acc = self.builder_.emit(
+            relax.op.nn.conv2d(
+                xq,
+                relax.const(w, "int8"),
+                strides=a.strides,
+                padding=[0, 0, 0, 0],
+                dilation=a.dilation,
+                groups=int(a.groups),
+                out_dtype="int32",
+            )
+        )
+        o = w.shape[0]
+        corr = (-z * w.reshape(o, -1).astype(np.int64).sum(axis=1)).astype(np.int32).reshape(1, o, 1, 1)
+        scale = (float(sx.reshape(())) * np.broadcast_to(sw.astype(np.float32).reshape(-1), (o,))).reshape(1, o, 1, 1)
+        return self._requant(acc, corr, scale.astype(np.float32), call)
+
+    def _matmul(self, call: Any, x_dq: Any, wq: np.ndarray, sw: np.ndarray, zw: np.ndarray, sx: Any, zx: Any) -> Any:
+        if wq.ndim != 2:
+            return None
+        w_dq = self._dq(call.args[1])
+        w = _shift_weights(wq, zw, int(w_dq.attrs.axis) % 2)
+        xq, z = self._int8_input(x_dq.args[0], int(zx.reshape(())))
+        acc = self.builder_.emit(relax.op.matmul(xq, relax.const(w, "int8"), out_dtype="int32"))
+        n = w.shape[1]
+        corr = (-z * w.astype(np.int64).sum(axis=0)).astype(np.int32)
+        scale = float(sx.reshape(())) * np.broadcast_to(sw.astype(np.float32).reshape(-1), (n,))
+        return self._requant(acc, corr, scale.astype(np.float32), call)
+
+    def _requant(self, acc: Any, corr: np.ndarray, scale: np.ndarray, call: Any) -> Any:
+        summed = self.builder_.emit(relax.op.add(acc, relax.const(corr, "int32")))
+        self.accumulators[summed] = (acc, corr, scale)
+        out = relax.op.multiply(relax.op.astype(summed, "float32"), relax.const(scale, "float32"))
+        dtype = str(call.ty.dtype)
+        return out if dtype == "float32" else relax.op.astype(self.builder_.emit(out), dtype)
+
+    def _fuse_requantize(self, q: Any) -> Any:
+        """quantize(int_conv * s + dequantize(bias_int32)) -> round((acc + bias) * s / sy) + zy in one step,
+        the way onnxruntime's QLinearConv requantizes (float32 multiplier, round half to even)."""
+        add = self._bound(q.args[0], _ADD)
+        mul = self._bound(add.args[0] if add is not None else q.args[0], _MUL)
+        cast = self._bound(mul.args[0], _ASTYPE) if mul is not None else None
+        if cast is None or cast.args[0] not in self.accumulators:
+            return None
+        acc, corr, scale = self.accumulators[cast.args[0]]
+        bias = self._bias_int32(add.args[1]) if add is not None else (np.zeros(scale.size, np.int32), scale)
+        sy, zy = self._const(q.args[1]), self._const(q.args[2])
+        dtype = str(q.ty.dtype)
+        if bias is None or sy is None or zy is None or sy.size != 1 or zy.size != 1 or dtype not in _INT_RANGE:
+            return None
+        b_q, b_scale = bias
+        flat_scale = scale.reshape(-1)
+        if b_q.size != flat_scale.size or not np.allclose(b_scale.reshape(-1), flat_scale, rtol=1e-5):
+            return None
+        total = (corr.reshape(-1).astype(np.int64) + b_q.astype(np.int64)).astype(np.int32).reshape(corr.shape)
+        mult = (flat_scale.astype(np.float32) / np.float32(sy.reshape(()))).astype(np.float32).reshape(scale.shape)
+        summed = self.builder_.emit(relax.op.add(acc, relax.const(total, "int32")))
+        f = self.builder_.emit(relax.op.round(relax.op.multiply(relax.op.astype(summed, "float32"), relax.const(mult))))
+        lo, hi = _INT_RANGE[dtype]
+        shifted = relax.op.add(f, relax.const(float(zy.reshape(())), "float32"))
+        return relax.op.astype(relax.op.clip(shifted, lo, hi), dtype)
+
+    def _bias_int32(self, expr: Any) -> tuple[np.ndarray, np.ndarray] | None:
+        """(int32 values, scale) of a bias that is dequantize(int32 constant), possibly reshaped."""
+        reshaped = self._bound(expr, _RESHAPE)
+        dq = self._dq(reshaped.args[0] if reshaped is not None else expr)
+        if dq is None:
+            return None
+        values, scale, zp = (self._const(a) for a in dq.args)
+        if values is None or scale is None or values.dtype != np.int32 or (zp is not None and np.any(zp != 0)):
+            return None
+        return values.reshape(-1), scale
+
+
+def _fits_int8(wq: np.ndarray, zw: np.ndarray, axis: int) -> bool:
+    shifted = wq.astype(np.int32) - _zero_points(zw, wq.ndim, axis)
+    return bool(shifted.min() >= -128 and shifted.max() <= 127)
+
+
+def _zero_points(zw: np.ndarray, ndim: int, axis: int) -> np.ndarray:
+    z = zw.astype(np.int32)
+    if z.size > 1:
+        shape = [1] * ndim
+        shape[axis % ndim] = -1
+        z = z.reshape(shape)
+    return z
+
+
+def _shift_weights(wq: np.ndarray, zw: np.ndarray, axis: int) -> np.ndarray:
+    """Integer weights with the zero point taken out (exact; checked to fit int8 beforehand)."""
+    shifted: np.ndarray = (wq.astype(np.int32) - _zero_points(zw, wq.ndim, axis)).astype(np.int8)
+    return shifted
+
+
+def rewrite_int8(mod: Any, layer_names: list[str] | None = None) -> tuple[Any, RewriteReport]:
+    """Rewrite `mod["main"]`; returns the new module and what became integer or stayed float."""
+    rw = _Rewriter(mod, layer_names or [])
+    func = rw.visit_expr(mod["main"])
+    mod = mod.clone() if hasattr(mod, "clone") else mod
+    mod["main"] = func
+    return relax.transform.DeadCodeElimination()(mod), rw.report
+
+
+@stage("int8-rewrite")
+def int8_rewrite_stage(ctx: BuildContext) -> None:
+    """Turn the imported QDQ graph's fake-quant conv/matmul into integer compute."""
+    ctx.ir, report = rewrite_int8(ctx.ir, quantizable_layers(ctx.model.proto))
+    ctx.float_left = report.float_left

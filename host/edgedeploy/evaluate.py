@@ -1,0 +1,186 @@
+"""Accuracy on a labeled set: top-1, top-5 and top-1 agreement between runtimes of one model.
+
+A classifier is anything with `predict(batch) -> scores`: onnxruntime on an ONNX model (the FP32 source
+or the QDQ artifact) or the TVM library of a bundle, run through the agent's own runtime.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+import onnx
+
+from edgedeploy_agent.bundle import Manifest, extract_bundle
+from edgedeploy_agent.errors import AgentError
+
+from .datasets import LabeledSet
+from .errors import InputError, ModelError
+
+
+class Classifier(Protocol):
+    def predict(self, batch: np.ndarray) -> np.ndarray: ...
+
+
+class OrtClassifier:
+    """onnxruntime on the CPU; the model's first input and first output."""
+
+    def __init__(self, model: onnx.ModelProto | Path, threads: int = 0) -> None:
+        import onnxruntime as ort
+
+        so = ort.SessionOptions()
+        so.intra_op_num_threads = threads
+        so.log_severity_level = 3
+        data = model.read_bytes() if isinstance(model, Path) else model.SerializeToString()
+        try:
+            self.session = ort.InferenceSession(data, so, providers=["CPUExecutionProvider"])
+        except Exception as e:  # onnxruntime raises its own Fail/InvalidGraph types
+            raise ModelError(f"onnxruntime cannot load the model: {str(e).splitlines()[0]}") from None
+        self.input = self.session.get_inputs()[0].name
+        dims = self.session.get_inputs()[0].shape
+        self.batch = dims[0] if isinstance(dims[0], int) else 32
+
+    def predict(self, batch: np.ndarray) -> np.ndarray:
+        outs = [
+            self.session.run(None, {self.input: batch[i : i + self.batch]})[0] for i in range(0, len(batch), self.batch)
+        ]
+        return np.concatenate(outs).reshape(len(batch), -1)
+
+
+class TvmBundleClassifier:
+    """The bundle's TVM library through the agent runtime (the code a device runs), batch 1."""
+
+    def __init__(self, release_dir: Path, manifest: Manifest) -> None:
+        from edgedeploy_agent.runtime.tvm import TvmRuntime
+
+        try:
+            self.runtime = TvmRuntime(release_dir, manifest)
+        except AgentError as e:
+            raise InputError(e.message, hint=e.hint) from None
+
+    def predict(self, batch: np.ndarray) -> np.ndarray:
+        return np.concatenate([self.runtime.run([batch[i : i + 1]])[0].reshape(1, -1) for i in range(len(batch))])
+
+
+@contextmanager
+def unpacked(bundle: Path) -> Iterator[tuple[Path, Manifest]]:
+    with tempfile.TemporaryDirectory(prefix="edgedeploy-eval-") as tmp:
+        try:
+            manifest = extract_bundle(bundle, Path(tmp) / "release")
+        except AgentError as e:
+            raise InputError(e.message, hint=e.hint) from None
+        yield Path(tmp) / "release", manifest
+
+
+@dataclass
+class Scores:
+    top1: float
+    top5: float
+    predictions: np.ndarray
+
+    def as_dict(self) -> dict[str, float]:
+        return {"top1": round(self.top1, 2), "top5": round(self.top5, 2)}
+
+
+def score(clf: Classifier, data: LabeledSet, label_offset: int = 0) -> Scores:
+    """Top-1/top-5 in percent; output index minus `label_offset` is the class index."""
+    if len(data) == 0:
+        raise InputError(f"evaluation set {data.name} is empty")
+    out = clf.predict(data.inputs)
+    top5 = np.argsort(-out, axis=1)[:, :5] - label_offset
+    hits1 = top5[:, 0] == data.labels
+    hits5 = (top5 == data.labels[:, None]).any(axis=1)
+    return Scores(float(hits1.mean() * 100), float(hits5.mean() * 100), top5[:, 0])
+
+
+def agreement(a: Scores, b: Scores) -> float:
+    """Percent of samples where both give the same top-1 class."""
+    return float((a.predictions == b.predictions).mean() * 100)
+
+
+@dataclass
+class Comparison:
+    """FP32 reference against an INT8 candidate on one labeled set."""
+
+    images: int
+    fp32: Scores
+    int8: Scores
+
+    @property
+    def drop(self) -> float:
+        return self.fp32.top1 - self.int8.top1
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "images": self.images,
+            "fp32": self.fp32.as_dict(),
+            "int8": self.int8.as_dict(),
+            "top1_drop": round(self.drop, 2),
+            "top1_agreement": round(agreement(self.fp32, self.int8), 2),
+        }
+
+
+def compare(fp32: Classifier, int8: Classifier, data: LabeledSet, label_offset: int) -> Comparison:
+    return Comparison(len(data), score(fp32, data, label_offset), score(int8, data, label_offset))
+
+
+def evaluate_target(
+    target: Path,
+    data: Path,
+    card_pre: Any = None,
+    label_offset: int = 0,
+    split: str = "auto",
+    limit: int | None = None,
+    synsets: Path | None = None,
+) -> dict[str, Any]:
+    """Accuracy of a bundle (TVM library, FP32 source and QDQ model via onnxruntime) or of an ONNX model."""
+    from .compile.onnx_model import load_onnx
+    from .datasets import load_labeled
+
+    if not target.is_file():
+        raise InputError(f"{target} does not exist")
+    if target.suffix == ".onnx":
+        model = load_onnx(target)
+        chosen = "all" if split == "auto" else split
+        labeled = load_labeled(data, card_pre, model.inputs[0], chosen, limit, synsets)  # type: ignore[arg-type]
+        s = score(OrtClassifier(model.proto), labeled, label_offset)
+        return {
+            "model": str(target),
+            "data": str(data),
+            "split": chosen,
+            "images": len(labeled),
+            "onnxruntime": s.as_dict(),
+        }
+    with unpacked(target) as (release, manifest):
+        q = manifest.quantization
+        chosen = split
+        if split == "auto":
+            calibrated_here = q.calibration is not None and q.calibration.rsplit(" (split", 1)[0] == str(data.resolve())
+            chosen = "evaluation" if calibrated_here else "all"
+        labeled = load_labeled(data, manifest.preprocess, manifest.inputs[0], chosen, limit, synsets)  # type: ignore[arg-type]
+        offset = manifest.postprocess.label_offset
+        tvm = score(TvmBundleClassifier(release, manifest), labeled, offset)
+        fp32 = score(OrtClassifier(release / manifest.artifact("onnx-model").path), labeled, offset)
+        out: dict[str, Any] = {
+            "bundle": str(target),
+            "precision": q.precision,
+            "data": str(data),
+            "split": chosen,
+            "images": len(labeled),
+            "fp32_onnxruntime": fp32.as_dict(),
+            "tvm_bundle": tvm.as_dict(),
+            "top1_drop": round(fp32.top1 - tvm.top1, 2),
+            "top1_agreement_fp32_vs_bundle": round(agreement(fp32, tvm), 2),
+        }
+        if any(a.role == "qdq-onnx" for a in manifest.artifacts):
+            qdq = score(OrtClassifier(release / manifest.artifact("qdq-onnx").path), labeled, offset)
+            out["int8_onnxruntime"] = qdq.as_dict()
+            out["top1_agreement_bundle_vs_onnxruntime_int8"] = round(agreement(tvm, qdq), 2)
+            out["float_layers"] = q.float_layers
+            out["float_in_runtime"] = q.float_in_runtime
+        return out
