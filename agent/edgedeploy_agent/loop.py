@@ -174,8 +174,14 @@ class _Window:
         self.frames += 1
 
 
-def run_agent(store: DeviceStore, max_frames: Optional[int] = None) -> int:
-    """The agent's main: load the current release, warm up, report ready, then serve frames."""
+def run_agent(
+    store: DeviceStore, max_frames: Optional[int] = None, tensorrt_options: Optional[dict[str, Any]] = None
+) -> int:
+    """The agent's main: load the current release (building its engine), warm up, report ready, serve frames.
+
+    A TensorRT engine is built and accepted here, at activation, so `health.json` says `building-engine`
+    (with elapsed seconds and build phases) until the engine passed its acceptance check.
+    """
     cfg = store.config()
     release = store.current()
     if release is None:
@@ -185,7 +191,14 @@ def run_agent(store: DeviceStore, max_frames: Optional[int] = None) -> int:
     try:
         manifest = store.load_release(release)
         rdir = store.release_dir(release)
-        runtime = load_runtime(rdir, manifest, cfg.tvm_runtime_lib)
+        runtime = load_runtime(
+            rdir,
+            manifest,
+            cfg.tvm_runtime_lib,
+            engine_root=store.root / "engines",
+            progress=lambda event: write_health(store, release, **event),
+            tensorrt_options=tensorrt_options,
+        )
         warm_ms = warm_up(runtime, manifest)
         labels = load_labels(rdir, manifest)
         source = open_source(cfg.source) if cfg.source else None

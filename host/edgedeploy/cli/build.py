@@ -9,10 +9,12 @@ from typing import Annotated
 import typer
 from pydantic import ValidationError
 
-from edgedeploy_agent.bundle import Postprocess, Preprocess
+from edgedeploy_agent.bundle import Manifest, Postprocess, Preprocess
 
 from .. import api
+from ..compile.int8_build import Int8Config
 from ..compile.package import ModelCard, load_card, read_labels
+from ..compile.tensorrt_artifacts import TensorRTOptions, parse_batch
 from ..errors import InputError
 from . import render
 from .int8 import int8_config, int8_summary
@@ -26,6 +28,26 @@ def _floats(text: str | None, what: str) -> list[float] | None:
         return [float(x) for x in text.split(",")]
     except ValueError:
         raise InputError(f"--{what} takes comma-separated numbers, got {text!r}") from None
+
+
+def _tensorrt_int8(cfg: Int8Config | None) -> Int8Config:
+    if cfg is None:
+        raise InputError(
+            "--runtime tensorrt ships an INT8 Q/DQ model: add --int8 --calibration DATA",
+            hint="TensorRT 11 removed implicit INT8 calibration; the host quantizes, the device builds the engine",
+        )
+    if cfg.eval_data is not None:
+        raise InputError(
+            "--eval is not supported with --runtime tensorrt yet",
+            hint="measure the same symmetric Q/DQ model with `edgedeploy build --int8 --symmetric --eval ...`",
+        )
+    return cfg
+
+
+def _tensorrt_options(batch: str | None, workspace_mib: int) -> TensorRTOptions:
+    if workspace_mib < 1:
+        raise InputError(f"--workspace-mib must be positive, got {workspace_mib}")
+    return TensorRTOptions(batch=parse_batch(batch or "1"), workspace_mib=workspace_mib)
 
 
 def register(app: typer.Typer) -> None:
@@ -81,9 +103,20 @@ def register(app: typer.Typer) -> None:
         auto_fallback: Annotated[
             bool, typer.Option("--auto-fallback", help="on a failed gate keep the most sensitive layers in float")
         ] = False,
+        runtime: Annotated[
+            str, typer.Option(help="tvm (compile a library) | tensorrt (Q/DQ ONNX; the device builds the engine)")
+        ] = "tvm",
+        batch: Annotated[
+            str | None, typer.Option(help="tensorrt: batch range MIN:OPT:MAX of the optimisation profile")
+        ] = None,
+        workspace_mib: Annotated[int, typer.Option(help="tensorrt: builder workspace limit in MiB")] = 1024,
         json_: JsonOpt = False,
     ) -> None:
         """Compile a model for a device profile and write a bundle (INT8 with --int8 --calibration)."""
+        if runtime not in ("tvm", "tensorrt"):
+            raise InputError(f"unknown runtime {runtime!r}", hint="choose tvm or tensorrt")
+        if runtime == "tvm" and batch is not None:
+            raise InputError("--batch needs --runtime tensorrt (TVM libraries have a fixed batch)")
         int8_cfg = int8_config(
             int8,
             calibration,
@@ -135,7 +168,18 @@ def register(app: typer.Typer) -> None:
         target = out or model.with_suffix(f".{profile}.edb")
         t = time.perf_counter()
         with render.steps(f"build {model.name} for {profile}") as step:
-            result = api.build(model, profile, target, merged, progress=step, use_cache=not no_cache, int8=int8_cfg)
+            if runtime == "tensorrt":
+                result = api.build_tensorrt(
+                    model,
+                    profile,
+                    target,
+                    merged,
+                    _tensorrt_int8(int8_cfg),
+                    _tensorrt_options(batch, workspace_mib),
+                    step,
+                )
+            else:
+                result = api.build(model, profile, target, merged, progress=step, use_cache=not no_cache, int8=int8_cfg)
         secs = time.perf_counter() - t
         m = result.manifest
         if json_:
@@ -181,6 +225,18 @@ def register(app: typer.Typer) -> None:
             ["postprocess", m.postprocess.model_dump_json()],
             ["precision", m.quantization.precision],
             *([["int8", int8_summary(m.quantization)]] if m.quantization.precision == "int8" else []),
+            *([["tensorrt", _tensorrt_summary(m)]] if m.tensorrt else []),
             ["tools", ", ".join(f"{k} {v}" for k, v in m.provenance.tools.items())],
         ] + [[f"artifact {a.role}", f"{a.path} {a.size} B sha256 {a.sha256[:16]}…"] for a in m.artifacts]
         render.table(str(bundle), ["field", "value"], rows)
+
+
+def _tensorrt_summary(m: Manifest) -> str:
+    t = m.tensorrt
+    assert t is not None
+    shapes = "; ".join(f"{p.input} min {p.min} opt {p.opt} max {p.max}" for prof in t.profiles for p in prof)
+    return (
+        f"{t.precision} from {t.onnx}, fp16 {t.fp16}, workspace {t.workspace_bytes >> 20} MiB, "
+        f"opt level {t.builder_optimization_level}; profiles: {shapes}; acceptance on {t.reference}: "
+        f"top-1 >= {t.min_top1_agreement}, atol {t.atol}; engine built on the device"
+    )
