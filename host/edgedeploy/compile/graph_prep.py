@@ -37,9 +37,7 @@ def _fold_constant_reshapes(model: onnx.ModelProto) -> None:
 
 
 def _explicit_pads(model: onnx.ModelProto) -> None:
-    convs = [
-        n for n in model.graph.node if n.op_type == "Conv" and _attr(n, "auto_pad") in (b"SAME_UPPER", b"SAME_LOWER")
-    ]
+    convs = [n for n in model.graph.node if n.op_type == "Conv" and _attr(n, "auto_pad") in (b"SAME_UPPER", b"SAME_LOWER")]
     if not convs:
         return
     inferred = shape_inference.infer_shapes(model)

@@ -109,11 +109,7 @@ class _Rewriter(relax.PyExprMutator):  # type: ignore[misc]
         if reason is not None:
             self.report.float_left.append(f"{name}: {reason}")
             return call
-        out = (
-            self._conv(call, x_dq, wq, sw, zw, sx, zx)
-            if call.op == _CONV
-            else self._matmul(call, x_dq, wq, sw, zw, sx, zx)
-        )
+        out = self._conv(call, x_dq, wq, sw, zw, sx, zx) if call.op == _CONV else self._matmul(call, x_dq, wq, sw, zw, sx, zx)
         if out is None:
             self.report.float_left.append(f"{name}: unsupported layout or attributes")
             return call
@@ -139,13 +135,8 @@ class _Rewriter(relax.PyExprMutator):  # type: ignore[misc]
             xq = self.builder_.emit(relax.op.nn.pad(xq, width, pad_value=float(z)))
         acc = self.builder_.emit(
             relax.op.nn.conv2d(
-                xq,
-                relax.const(w, "int8"),
-                strides=a.strides,
-                padding=[0, 0, 0, 0],
-                dilation=a.dilation,
-                groups=int(a.groups),
-                out_dtype="int32",
+                xq, relax.const(w, "int8"), strides=a.strides, padding=[0, 0, 0, 0], dilation=a.dilation,
+                groups=int(a.groups), out_dtype="int32",
             )
         )
         o = w.shape[0]
@@ -171,6 +162,7 @@ class _Rewriter(relax.PyExprMutator):  # type: ignore[misc]
         out = relax.op.multiply(relax.op.astype(summed, "float32"), relax.const(scale, "float32"))
         dtype = str(call.ty.dtype)
         return out if dtype == "float32" else relax.op.astype(self.builder_.emit(out), dtype)
+
 
     def _fuse_requantize(self, q: Any) -> Any:
         """quantize(int_conv * s + dequantize(bias_int32)) -> round((acc + bias) * s / sy) + zy in one step,

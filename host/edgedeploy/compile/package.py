@@ -152,12 +152,7 @@ def build_bundle(
             (work / "labels.txt").write_text("\n".join(card.labels) + "\n", encoding="utf-8")
             files["labels.txt"] = work / "labels.txt"
             labels_name = "labels.txt"
-        roles = {
-            "model.so": "tvm-library",
-            "model.onnx": "onnx-model",
-            "labels.txt": "labels",
-            "model.qdq.onnx": "qdq-onnx",
-        }
+        roles = {"model.so": "tvm-library", "model.onnx": "onnx-model", "labels.txt": "labels", "model.qdq.onnx": "qdq-onnx"}
         manifest = Manifest(
             model=ModelInfo(name=name, version=card.version, description=card.description, source_sha256=model.sha256),
             created=dt.datetime.now(dt.timezone.utc).replace(microsecond=0),
