@@ -10,6 +10,8 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import subprocess
+import sys
 import threading
 from pathlib import Path
 
@@ -34,7 +36,7 @@ from edgedeploy_agent.runtime import FallbackRuntime, load_runtime
 from edgedeploy_agent.runtime.cuda_probe import CudaDevice, l4t_release, probe_cuda
 from edgedeploy_agent.runtime.engine_cache import engine_key, engine_key_fields
 from edgedeploy_agent.runtime.tensorrt import EngineRejected, TensorRTRuntime
-from edgedeploy_agent.runtime.trt_backend import build_options
+from edgedeploy_agent.runtime.trt_backend import PolygraphyBackend, build_options
 from tests.agent.trt_double import T4, XAVIER, FakeTensorRT
 
 
@@ -299,3 +301,25 @@ def test_settings_defaults_are_in_the_manifest(trt_release) -> None:
     s = trt_release[1].tensorrt
     assert s is not None and dataclasses.asdict(TensorRTOptions()).keys() >= {"batch", "workspace_mib"}
     assert s.min_top1_agreement == 0.9 and s.atol == 0.05 and s.builder_optimization_level == 3
+
+
+def test_tensorrt_and_polygraphy_are_imported_lazily() -> None:
+    script = (
+        "import sys, edgedeploy_agent.runtime.tensorrt, edgedeploy_agent.runtime.trt_backend\n"
+        "print(','.join(sorted(n for n in sys.modules if n.split('.')[0] in ('tensorrt', 'polygraphy'))))"
+    )
+    p = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert p.returncode == 0 and p.stdout.strip() == "", p.stderr
+
+
+def test_production_backend_without_tensorrt_is_one_clear_error() -> None:
+    pytest.importorskip("polygraphy.backend.trt")  # Polygraphy itself imports without TensorRT (lazy imports)
+    try:
+        import tensorrt  # noqa: F401
+    except ImportError:
+        pass
+    else:
+        pytest.skip("TensorRT is installed here")
+    with pytest.raises(RuntimeLoadError, match="TensorRT is not usable here") as e:
+        PolygraphyBackend()
+    assert e.value.hint and "polygraphy" in e.value.hint
