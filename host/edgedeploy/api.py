@@ -37,9 +37,12 @@ def build(
     progress: Callable[[str], None] = lambda s: None,
     use_cache: bool = True,
     int8: Int8Config | None = None,
+    tune_trials: int = 0,
 ) -> BuildResult:
     profile = get_profile(profile_name)
-    return build_bundle(model, profile, out, card, progress=progress, use_cache=use_cache, int8=int8)
+    return build_bundle(
+        model, profile, out, card, progress=progress, use_cache=use_cache, int8=int8, tune_trials=tune_trials
+    )
 
 
 def build_tensorrt(

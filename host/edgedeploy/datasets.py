@@ -151,8 +151,11 @@ def load_labeled(
     if not files:
         raise InputError(f"evaluation folder {data} holds no images for split {split!r}")
     if subdirs and all(f.parent != data for f in files):
-        classes = _class_names(synsets or _find_synsets(data)) if synsets or _find_synsets(data) else []
-        names = classes or [d.name for d in subdirs]
+        syn = synsets or _find_synsets(data)
+        classes = _class_names(syn) if syn is not None else []
+        folders = [d.name for d in subdirs]
+        # wnid-named folders follow the synset order; any other names are classes in sorted order
+        names = classes if synsets is not None or (classes and set(folders) <= set(classes)) else folders
         index = {n: i for i, n in enumerate(names)}
         keys, kind = [f.parent.name for f in files], "class-folders"
     else:

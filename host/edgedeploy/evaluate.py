@@ -46,7 +46,9 @@ class OrtClassifier:
         self.batch = dims[0] if isinstance(dims[0], int) else 32
 
     def predict(self, batch: np.ndarray) -> np.ndarray:
-        outs = [self.session.run(None, {self.input: batch[i : i + self.batch]})[0] for i in range(0, len(batch), self.batch)]
+        outs = [
+            self.session.run(None, {self.input: batch[i : i + self.batch]})[0] for i in range(0, len(batch), self.batch)
+        ]
         return np.concatenate(outs).reshape(len(batch), -1)
 
 
@@ -147,7 +149,13 @@ def evaluate_target(
         chosen = "all" if split == "auto" else split
         labeled = load_labeled(data, card_pre, model.inputs[0], chosen, limit, synsets)  # type: ignore[arg-type]
         s = score(OrtClassifier(model.proto), labeled, label_offset)
-        return {"model": str(target), "data": str(data), "split": chosen, "images": len(labeled), "onnxruntime": s.as_dict()}
+        return {
+            "model": str(target),
+            "data": str(data),
+            "split": chosen,
+            "images": len(labeled),
+            "onnxruntime": s.as_dict(),
+        }
     with unpacked(target) as (release, manifest):
         q = manifest.quantization
         chosen = split

@@ -110,6 +110,9 @@ def register(app: typer.Typer) -> None:
             str | None, typer.Option(help="tensorrt: batch range MIN:OPT:MAX of the optimisation profile")
         ] = None,
         workspace_mib: Annotated[int, typer.Option(help="tensorrt: builder workspace limit in MiB")] = 1024,
+        tune_trials: Annotated[
+            int, typer.Option(help="MetaSchedule trials; the database is stored and reused by later builds")
+        ] = 0,
         json_: JsonOpt = False,
     ) -> None:
         """Compile a model for a device profile and write a bundle (INT8 with --int8 --calibration)."""
@@ -117,6 +120,8 @@ def register(app: typer.Typer) -> None:
             raise InputError(f"unknown runtime {runtime!r}", hint="choose tvm or tensorrt")
         if runtime == "tvm" and batch is not None:
             raise InputError("--batch needs --runtime tensorrt (TVM libraries have a fixed batch)")
+        if runtime == "tensorrt" and tune_trials:
+            raise InputError("--tune-trials tunes TVM schedules; TensorRT picks its tactics on the device")
         int8_cfg = int8_config(
             int8,
             calibration,
@@ -179,7 +184,16 @@ def register(app: typer.Typer) -> None:
                     step,
                 )
             else:
-                result = api.build(model, profile, target, merged, progress=step, use_cache=not no_cache, int8=int8_cfg)
+                result = api.build(
+                    model,
+                    profile,
+                    target,
+                    merged,
+                    progress=step,
+                    use_cache=not no_cache,
+                    int8=int8_cfg,
+                    tune_trials=tune_trials,
+                )
         secs = time.perf_counter() - t
         m = result.manifest
         if json_:

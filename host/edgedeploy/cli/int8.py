@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, get_args
+from typing import Annotated, cast, get_args
 
 import typer
 
@@ -52,7 +52,7 @@ def int8_config(
     if auto_fallback and max_top1_drop is None:
         raise InputError("--auto-fallback needs --max-top1-drop")
     opts = QuantizeOptions(
-        method=method,  # type: ignore[arg-type]  (checked against Method above)
+        method=cast(Method, method),  # checked against Method above
         percentile=percentile,
         per_channel=per_channel,
         symmetric_activations=symmetric,

@@ -87,7 +87,9 @@ def cross_layer_equalize(model: onnx.ModelProto, iterations: int = 4) -> tuple[o
         if pair.act is not None and pair.act.op_type == "Clip" and len(pair.act.input) > 2 and pair.act.input[2]:
             hi = _scalar(model, pair.act.input[2])
             out1 = weights[pair.conv1.input[1]].shape[0]
-            clip_bound[pair.act.name or pair.act.output[0]] = np.full(out1, hi if hi is not None else np.inf, np.float32)
+            clip_bound[pair.act.name or pair.act.output[0]] = np.full(
+                out1, hi if hi is not None else np.inf, np.float32
+            )
     for _ in range(iterations):
         for pair in pairs:
             w1, w2 = weights[pair.conv1.input[1]], weights[pair.conv2.input[1]]
@@ -145,7 +147,11 @@ def correct_bias(
     convs = [
         n
         for n in model.graph.node
-        if n.op_type == "Conv" and len(n.input) > 2 and n.input[2] in inits and n.input[1] in inits and n.name not in skip
+        if n.op_type == "Conv"
+        and len(n.input) > 2
+        and n.input[2] in inits
+        and n.input[1] in inits
+        and n.name not in skip
     ]
     if not convs:
         return model

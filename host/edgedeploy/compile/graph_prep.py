@@ -37,7 +37,9 @@ def _fold_constant_reshapes(model: onnx.ModelProto) -> None:
 
 
 def _explicit_pads(model: onnx.ModelProto) -> None:
-    convs = [n for n in model.graph.node if n.op_type == "Conv" and _attr(n, "auto_pad") in (b"SAME_UPPER", b"SAME_LOWER")]
+    convs = [
+        n for n in model.graph.node if n.op_type == "Conv" and _attr(n, "auto_pad") in (b"SAME_UPPER", b"SAME_LOWER")
+    ]
     if not convs:
         return
     inferred = shape_inference.infer_shapes(model)
@@ -51,8 +53,8 @@ def _explicit_pads(model: onnx.ModelProto) -> None:
         if in_shape is None or w is None or any(d <= 0 for d in in_shape[2:]):
             continue
         kernel = list(w.shape[2:])
-        strides = _attr(node, "strides") or [1] * len(kernel)
-        dil = _attr(node, "dilations") or [1] * len(kernel)
+        strides = list(_attr(node, "strides") or [1] * len(kernel))  # type: ignore[call-overload]
+        dil = list(_attr(node, "dilations") or [1] * len(kernel))  # type: ignore[call-overload]
         begin, end = [], []
         for size, k, s, d in zip(in_shape[2:], kernel, strides, dil, strict=True):
             out = -(-size // s)

@@ -38,7 +38,9 @@ class RewriteReport:
 
 
 def _value(expr: Any) -> np.ndarray | None:
-    return expr.value.numpy() if isinstance(expr, tvm.ir.expr.Constant) else None
+    if not isinstance(expr, tvm.ir.expr.Constant):
+        return None
+    return np.asarray(expr.value.numpy())
 
 
 @relax.expr_functor.mutator
@@ -67,7 +69,8 @@ class _Rewriter(relax.PyExprMutator):  # type: ignore[misc]
                 shape[axis % x.ndim] = -1
             lo, hi = _INT_RANGE[dtype]
             q = np.round(x / s.reshape(shape)) + z.astype(np.float32).reshape(shape)
-            return np.clip(q, lo, hi).astype(dtype)
+            result: np.ndarray = np.clip(q, lo, hi).astype(dtype)
+            return result
         return _value(expr)
 
     def _dq(self, expr: Any) -> Any:
@@ -94,24 +97,26 @@ class _Rewriter(relax.PyExprMutator):  # type: ignore[misc]
         name = self.names[self.count] if self.count < len(self.names) else f"{call.op.name}#{self.count}"
         self.count += 1
         x_dq, w_dq = self._dq(call.args[0]), self._dq(call.args[1])
-        reason = None
         if x_dq is None or w_dq is None:
-            reason = "operands are not dequantized (kept in float)"
-        else:
-            sx, zx = self._const(x_dq.args[1]), self._const(x_dq.args[2])
-            wq, sw, zw = (self._const(a) for a in w_dq.args)
-            if sx is None or zx is None or wq is None or sw is None or zw is None:
-                reason = "scales, zero points or weights are not constants"
-            elif sx.size != 1 or zx.size != 1:
-                reason = "per-channel activation quantization"
-            elif not _fits_int8(wq, zw, int(w_dq.attrs.axis)):
-                reason = "weight zero point is not 0 and the shifted weights do not fit int8"
-        if reason is not None:
-            self.report.float_left.append(f"{name}: {reason}")
+            self.report.float_left.append(f"{name}: operands are not dequantized (kept in float)")
             return call
-        out = self._conv(call, x_dq, wq, sw, zw, sx, zx) if call.op == _CONV else self._matmul(call, x_dq, wq, sw, zw, sx, zx)
+        sx, zx = self._const(x_dq.args[1]), self._const(x_dq.args[2])
+        wq, sw, zw = (self._const(a) for a in w_dq.args)
+        out = None
+        if sx is None or zx is None or wq is None or sw is None or zw is None:
+            reason = "scales, zero points or weights are not constants"
+        elif sx.size != 1 or zx.size != 1:
+            reason = "per-channel activation quantization"
+        elif not _fits_int8(wq, zw, int(w_dq.attrs.axis)):
+            reason = "weight zero point is not 0 and the shifted weights do not fit int8"
+        else:
+            reason = "unsupported layout or attributes"
+            if call.op == _CONV:
+                out = self._conv(call, x_dq, wq, sw, zw, sx, zx)
+            else:
+                out = self._matmul(call, x_dq, wq, sw, zw, sx, zx)
         if out is None:
-            self.report.float_left.append(f"{name}: unsupported layout or attributes")
+            self.report.float_left.append(f"{name}: {reason}")
             return call
         self.report.integer.append(name)
         return out
@@ -135,8 +140,13 @@ class _Rewriter(relax.PyExprMutator):  # type: ignore[misc]
             xq = self.builder_.emit(relax.op.nn.pad(xq, width, pad_value=float(z)))
         acc = self.builder_.emit(
             relax.op.nn.conv2d(
-                xq, relax.const(w, "int8"), strides=a.strides, padding=[0, 0, 0, 0], dilation=a.dilation,
-                groups=int(a.groups), out_dtype="int32",
+                xq,
+                relax.const(w, "int8"),
+                strides=a.strides,
+                padding=[0, 0, 0, 0],
+                dilation=a.dilation,
+                groups=int(a.groups),
+                out_dtype="int32",
             )
         )
         o = w.shape[0]
@@ -162,7 +172,6 @@ class _Rewriter(relax.PyExprMutator):  # type: ignore[misc]
         out = relax.op.multiply(relax.op.astype(summed, "float32"), relax.const(scale, "float32"))
         dtype = str(call.ty.dtype)
         return out if dtype == "float32" else relax.op.astype(self.builder_.emit(out), dtype)
-
 
     def _fuse_requantize(self, q: Any) -> Any:
         """quantize(int_conv * s + dequantize(bias_int32)) -> round((acc + bias) * s / sy) + zy in one step,
@@ -218,7 +227,8 @@ def _zero_points(zw: np.ndarray, ndim: int, axis: int) -> np.ndarray:
 
 def _shift_weights(wq: np.ndarray, zw: np.ndarray, axis: int) -> np.ndarray:
     """Integer weights with the zero point taken out (exact; checked to fit int8 beforehand)."""
-    return (wq.astype(np.int32) - _zero_points(zw, wq.ndim, axis)).astype(np.int8)
+    shifted: np.ndarray = (wq.astype(np.int32) - _zero_points(zw, wq.ndim, axis)).astype(np.int8)
+    return shifted
 
 
 def rewrite_int8(mod: Any, layer_names: list[str] | None = None) -> tuple[Any, RewriteReport]:

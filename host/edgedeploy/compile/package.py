@@ -99,6 +99,7 @@ def build_bundle(
     progress: Callable[[str], None] = lambda step: None,
     use_cache: bool = True,
     int8: Int8Config | None = None,
+    tune_trials: int = 0,
 ) -> BuildResult:
     """Compile `model_path` for `profile` and write a bundle to `out` (INT8 when `int8` is given)."""
     progress("load-model")
@@ -112,9 +113,14 @@ def build_bundle(
         progress("calibration-data")
         calib, _ = calibration_inputs(model, card.preprocess, int8)
         extra = {"int8": int8.describe(), "calibration_sha256": hashlib.sha256(calib.tobytes()).hexdigest()}
+    from .tuning import database_dir, has_database
+
+    db = database_dir(profile.name, f"{model.sha256[:16]}-{'int8' if int8 else 'fp32'}")
+    if has_database(db):  # a changed database means different code: part of the cache key
+        extra["tuning_db"] = hashlib.sha256((db / "database_tuning_record.json").read_bytes()).hexdigest()
     key = _cache_key(model.sha256, profile, card, name, extra)
     cached = cache_dir() / "builds" / key / "bundle.edb"
-    if use_cache and cached.is_file():
+    if use_cache and cached.is_file() and tune_trials <= 0:
         progress("cache-hit")
         _copy_atomic(cached, out)
         from edgedeploy_agent.bundle import read_manifest
@@ -138,6 +144,8 @@ def build_bundle(
                 work_dir=work,
                 progress=progress,
                 precision="int8" if int8 else "fp32",
+                tuning_key=f"{model.sha256[:16]}-{'int8' if int8 else 'fp32'}",
+                tune_trials=tune_trials,
             )
         )
         assert ctx.library is not None
@@ -152,7 +160,12 @@ def build_bundle(
             (work / "labels.txt").write_text("\n".join(card.labels) + "\n", encoding="utf-8")
             files["labels.txt"] = work / "labels.txt"
             labels_name = "labels.txt"
-        roles = {"model.so": "tvm-library", "model.onnx": "onnx-model", "labels.txt": "labels", "model.qdq.onnx": "qdq-onnx"}
+        roles = {
+            "model.so": "tvm-library",
+            "model.onnx": "onnx-model",
+            "labels.txt": "labels",
+            "model.qdq.onnx": "qdq-onnx",
+        }
         manifest = Manifest(
             model=ModelInfo(name=name, version=card.version, description=card.description, source_sha256=model.sha256),
             created=dt.datetime.now(dt.timezone.utc).replace(microsecond=0),

@@ -33,6 +33,8 @@ class BuildContext:
     timings: dict[str, float] = field(default_factory=dict)
     precision: str = "fp32"  # "int8": the model is a QDQ ONNX model and the int8 pipeline runs
     float_left: list[str] = field(default_factory=list)  # int8 builds: layers TVM still computes in float
+    tuning_key: str = ""  # names the stored MetaSchedule database: "<source model sha[:16]>-<precision>"
+    tune_trials: int = 0  # > 0: tune (and extend the stored database) before compiling
 
 
 StageFn = Callable[[BuildContext], None]
@@ -48,8 +50,15 @@ def stage(name: str) -> Callable[[StageFn], StageFn]:
 
 
 PIPELINES: dict[str, tuple[str, ...]] = {
-    "cpu": ("import-onnx", "decompose-for-inference", "compile-llvm", "export-library"),
-    "cpu-int8": ("import-onnx", "decompose-for-inference", "int8-rewrite", "compile-llvm", "export-library"),
+    "cpu": ("import-onnx", "decompose-for-inference", "apply-tuning", "compile-llvm", "export-library"),
+    "cpu-int8": (
+        "import-onnx",
+        "decompose-for-inference",
+        "int8-rewrite",
+        "apply-tuning",
+        "compile-llvm",
+        "export-library",
+    ),
 }
 
 
@@ -69,7 +78,7 @@ def pipeline_for(profile: DeviceProfile, precision: str = "fp32") -> tuple[str, 
 
 
 def run_pipeline(ctx: BuildContext) -> BuildContext:
-    from . import int8_rewrite, tvm_backend  # noqa: F401  (register the TVM stages)
+    from . import int8_rewrite, tuning, tvm_backend  # noqa: F401  (register the TVM stages)
 
     for name in pipeline_for(ctx.profile, ctx.precision):
         if name not in STAGES:

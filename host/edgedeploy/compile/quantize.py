@@ -103,7 +103,9 @@ class _Reader:
         self._it = self._gen()
 
 
-def _ort_quantize(model: onnx.ModelProto, inputs: np.ndarray, opts: QuantizeOptions, exclude: list[str]) -> onnx.ModelProto:
+def _ort_quantize(
+    model: onnx.ModelProto, inputs: np.ndarray, opts: QuantizeOptions, exclude: list[str]
+) -> onnx.ModelProto:
     from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
 
     methods = {

@@ -1,0 +1,156 @@
+"""INT8 builds end to end: real calibration data, real TVM compiles, the accuracy gate, `edgedeploy eval`."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper
+from tvm import relax
+from tvm.relax.frontend.onnx import from_onnx
+
+from edgedeploy.api import build, evaluate
+from edgedeploy.compile.int8_build import AccuracyGateError, Int8Config
+from edgedeploy.compile.int8_rewrite import rewrite_int8
+from edgedeploy.compile.package import ModelCard, load_card
+from edgedeploy.compile.quantize import QuantizeOptions, quantizable_layers, quantize_qdq
+from edgedeploy.datasets import load_calibration
+from edgedeploy_agent.bundle import Preprocess, TensorSpec, read_manifest
+from tests.helpers import Cli, assert_one_line_error
+
+REPO = Path(__file__).resolve().parents[2]
+MNIST_CARD = REPO / "examples" / "cards" / "mnist-8.toml"
+MNV1_CARD = REPO / "examples" / "cards" / "mobilenet_v1_0.25_224.toml"
+
+
+def _mnist_build_args(data_dir: Path, out: Path) -> list[str]:
+    mnist = str(data_dir / "mnist")
+    model = str(data_dir / "models" / "mnist-8_opset13.onnx")
+    return ["build", model, "-p", "cpu-x86_64", "--card", str(MNIST_CARD), "--int8", "--calibration", mnist,
+            "--samples", "64", "--eval", mnist, "-o", str(out)]  # fmt: skip
+
+
+def test_mnist_int8_bundle_gate_and_eval(cli: Cli, data_dir: Path, tmp_path: Path) -> None:
+    out = tmp_path / "mnist-int8.edb"
+    r = cli(*_mnist_build_args(data_dir, out), "--max-top1-drop", "0.1")
+    assert r.code == 0, r.err
+    assert "drop" in r.out and "float layers: none" in r.out
+    m = read_manifest(out)
+    assert {a.role for a in m.artifacts} == {"tvm-library", "onnx-model", "qdq-onnx"}
+    q = m.quantization
+    assert (q.precision, q.method, q.calibration_samples, q.float_layers, q.float_in_runtime) == (
+        "int8", "minmax", 64, [], [],
+    )  # fmt: skip
+    assert q.calibration and q.calibration.endswith("(split: calibration)")
+    assert q.evaluation and q.evaluation.endswith("(split: evaluation)")
+    assert q.accuracy["top1_drop"] <= 0.1 and q.accuracy["eval_images"] > 4000
+    r = cli("eval", str(out), "--data", str(data_dir / "mnist"), "--json")
+    assert r.code == 0, r.err
+    res = json.loads(r.out)
+    assert res["split"] == "evaluation" and res["images"] == q.accuracy["eval_images"]
+    assert res["top1_drop"] <= 0.1
+    assert res["top1_agreement_bundle_vs_onnxruntime_int8"] >= 99.0
+    assert res["tvm_bundle"]["top1"] > 98.0
+
+
+def test_gate_failure_is_one_clear_line(cli: Cli, data_dir: Path, tmp_path: Path) -> None:
+    r = cli(*_mnist_build_args(data_dir, tmp_path / "x.edb"), "--max-top1-drop", "-50")
+    assert_one_line_error(r, code=1, contains="INT8 top-1 drops")
+    assert "--auto-fallback" in r.err and not (tmp_path / "x.edb").exists()
+    r = cli(*_mnist_build_args(data_dir, tmp_path / "x.edb"), "--max-top1-drop", "-50", "--auto-fallback")
+    assert_one_line_error(r, code=1, contains="even with all 3 layers in float")
+
+
+def test_bad_int8_input_is_one_clear_line(cli: Cli, data_dir: Path, tmp_path: Path) -> None:
+    model = str(data_dir / "models" / "mnist-8_opset13.onnx")
+    base = ["build", model, "-p", "cpu-x86_64", "--card", str(MNIST_CARD), "-o", str(tmp_path / "o.edb")]
+    assert_one_line_error(cli(*base, "--int8"), code=2, contains="--calibration")
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert_one_line_error(cli(*base, "--int8", "--calibration", str(empty)), code=2, contains=str(empty))
+    r = cli(*base, "--int8", "--calibration", str(data_dir / "mnist"), "--method", "magic")
+    assert_one_line_error(r, code=2, contains="magic")
+    r = cli(*base, "--int8", "--calibration", str(data_dir / "mnist"), "--keep-float", "NoSuchLayer")
+    assert_one_line_error(r, code=2, contains="NoSuchLayer")
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1, 28, 28])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 1, 28, 28])
+    relu = helper.make_model(helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "relu", [x], [y]))
+    onnx.save(relu, tmp_path / "relu.onnx")
+    r = cli("build", str(tmp_path / "relu.onnx"), "-p", "cpu-x86_64", "--color", "gray", "--int8",
+            "--calibration", str(data_dir / "mnist"), "-o", str(tmp_path / "r.edb"))  # fmt: skip
+    assert_one_line_error(r, code=2, contains="no quantizable layers")
+    r = cli("eval", str(tmp_path / "missing.edb"), "--data", str(data_dir / "mnist"))
+    assert_one_line_error(r, code=2, contains="missing.edb")
+
+
+def test_rewrite_makes_integer_convolutions(data_dir: Path) -> None:
+    model = onnx.load(data_dir / "models" / "mnist-8_opset13.onnx")
+    spec = TensorSpec(name="Input3", shape=[1, 1, 28, 28], layout="NCHW")
+    calib = load_calibration(data_dir / "mnist", Preprocess(color="gray"), spec, 32)
+    for keep, integer in (((), 3), (("last",), 2)):
+        qdq = quantize_qdq(model, calib, QuantizeOptions(keep_float=keep)).model
+        mod = from_onnx(qdq, shape_dict={"Input3": [1, 1, 28, 28]}, keep_params_in_input=False)
+        mod, report = rewrite_int8(relax.transform.DecomposeOpsForInference()(mod), quantizable_layers(qdq))
+        assert len(report.integer) == integer
+        text = mod.script()
+        assert text.count('out_dtype="int32"') == integer and "R.round" in text
+        if keep:
+            assert report.float_left == ["Times212: operands are not dequantized (kept in float)"]
+
+
+@pytest.fixture(scope="module")
+def mobilenet_int8(data_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("mnv1") / "mnv1-int8.edb"
+    cfg = Int8Config(
+        calibration=data_dir / "imagenet-sample",
+        options=QuantizeOptions(samples=32),
+        eval_data=data_dir / "imagenet-sample",
+        eval_limit=64,
+    )
+    build(data_dir / "models" / "mobilenet_v1_0.25_224.onnx", "cpu-x86_64", out, load_card(MNV1_CARD), int8=cfg)
+    return out
+
+
+def test_mobilenet_int8_bundle_matches_onnxruntime(mobilenet_int8: Path, data_dir: Path) -> None:
+    """Depthwise convolutions, asymmetric padding, per-channel scales: all 28 convs in integer."""
+    m = read_manifest(mobilenet_int8)
+    assert m.quantization.float_in_runtime == [] and m.quantization.accuracy["eval_images"] == 64
+    res = evaluate(mobilenet_int8, data_dir / "imagenet-sample", ModelCard(), limit=100)
+    assert res["split"] == "evaluation" and res["images"] == 100
+    assert res["top1_agreement_bundle_vs_onnxruntime_int8"] >= 99.0
+    assert abs(res["top1_drop"]) < 10  # 100 images: a sanity bound; bench/int8_accuracy.py has the real numbers
+
+
+def test_auto_fallback_keeps_sensitive_layers_float(data_dir: Path, tmp_path: Path) -> None:
+    """A deliberately weak quantization (symmetric, no bias correction, 8 samples) must fall back."""
+    opts = QuantizeOptions(samples=8, symmetric_activations=True, bias_correction=False)
+    cfg = Int8Config(
+        calibration=data_dir / "imagenet-sample",
+        options=opts,
+        eval_data=data_dir / "imagenet-sample",
+        eval_limit=40,
+        max_top1_drop=-100.0,
+    )
+    model = data_dir / "models" / "mobilenet_v1_0.25_224.onnx"
+    card = load_card(MNV1_CARD)
+    with pytest.raises(AccuracyGateError, match="drops"):
+        build(model, "cpu-x86_64", tmp_path / "a.edb", card, int8=cfg)
+    from dataclasses import replace
+
+    from edgedeploy.compile.int8_build import quantize_model
+    from edgedeploy.compile.onnx_model import load_onnx
+
+    mdl = load_onnx(model)
+    calib = load_calibration(cfg.calibration, card.preprocess, mdl.inputs[0], 8, "calibration")
+    weak = quantize_model(mdl, card.preprocess, replace(cfg, max_top1_drop=None, label_offset=1), calib)
+    assert weak.comparison is not None
+    gate = weak.comparison.drop - 0.01  # just below what plain quantization reaches: fallback must act
+    res = quantize_model(
+        mdl, card.preprocess, replace(cfg, max_top1_drop=gate, auto_fallback=True, label_offset=1), calib
+    )
+    assert res.comparison is not None and res.comparison.drop <= gate
+    assert res.fallback_tried and res.report.float_layers == res.fallback_tried
+    assert np.isfinite(res.comparison.int8.top1)
