@@ -58,7 +58,14 @@ class TensorRTRuntime:
             raise IncompatibleBundle(
                 f"bundle {manifest.model.name} names runtime tensorrt but has no tensorrt settings"
             )
-        self._settings, self._progress, self._heartbeat_s = settings, progress, heartbeat_s
+        self._settings, self._heartbeat_s = settings, heartbeat_s
+        self._progress_lock = threading.Lock()  # the heartbeat and TensorRT's builder thread both report
+
+        def report(event: dict[str, Any]) -> None:
+            with self._progress_lock:
+                progress(event)
+
+        self._progress = report
         device = probe()  # before anything touches TensorRT: without a driver it can segfault
         self._backend = backend()
         info: dict[str, Any] = {**device.as_dict(), "l4t": l4t_release(system_root)}
@@ -73,7 +80,7 @@ class TensorRTRuntime:
         self._engine = self._find_or_build()
         refs = load_references(release_dir / settings.reference, manifest)
         batch = max(1, settings.profiles[0][0].min[0]) if settings.profiles else 1
-        progress({"state": "accepting", "samples": refs.samples})
+        self._progress({"state": "accepting", "samples": refs.samples})
         verdict = compare(run_references(self._engine.run, refs, batch), refs, settings)
         self.record["acceptance"] = verdict
         if not verdict["passed"]:

@@ -10,7 +10,6 @@ Version branches are the three places where TensorRT 8.5 (Xavier, JetPack 5.1), 
 Execution is `set_input_shape` + `set_tensor_address` + `execute_async_v3` on every version (8.5+).
 """
 
-import threading
 from pathlib import Path
 from typing import Any, Callable, Optional, Protocol
 
@@ -62,28 +61,23 @@ def build_options(version: str, settings: TensorRTSettings) -> tuple[dict[str, A
     return {}, config
 
 
-class _BuildMonitor:
-    """Forwards TensorRT's build phases (IProgressMonitor, TensorRT >= 10) as progress lines."""
+def _build_monitor(trt: Any, progress: Callable[[str], None]) -> Any:
+    """An IProgressMonitor (TensorRT >= 10) that forwards the builder's phases as progress lines."""
 
-    def __init__(self, trt: Any, progress: Callable[[str], None]) -> None:
-        base = trt.IProgressMonitor
-        outer = self
+    class Monitor(trt.IProgressMonitor):  # type: ignore[misc]
+        def __init__(self) -> None:
+            trt.IProgressMonitor.__init__(self)
 
-        class Monitor(base):  # type: ignore[misc, valid-type]
-            def __init__(self) -> None:
-                base.__init__(self)
+        def phase_start(self, phase_name: str, parent_phase: Optional[str], num_steps: int) -> None:
+            progress(f"phase {phase_name} ({num_steps} steps)")
 
-            def phase_start(self, phase_name: str, parent_phase: Optional[str], num_steps: int) -> None:
-                progress(f"phase {phase_name} ({num_steps} steps)")
+        def step_complete(self, phase_name: str, step: int) -> bool:
+            return True  # never cancel
 
-            def step_complete(self, phase_name: str, step: int) -> bool:
-                return not outer.cancelled.is_set()
+        def phase_finish(self, phase_name: str) -> None:
+            progress(f"phase {phase_name} done")
 
-            def phase_finish(self, phase_name: str) -> None:
-                progress(f"phase {phase_name} done")
-
-        self.cancelled = threading.Event()
-        self.monitor = Monitor()
+    return Monitor()
 
 
 class PolygraphyBackend:
@@ -113,7 +107,7 @@ class PolygraphyBackend:
                 p.add(e.input, e.min, e.opt, e.max)
             profiles.append(p)
         if hasattr(trt, "IProgressMonitor"):
-            cfg_opts["progress_monitor"] = _BuildMonitor(trt, progress).monitor
+            cfg_opts["progress_monitor"] = _build_monitor(trt, progress)
         cache = str(timing_cache) if timing_cache is not None else None
         config = poly.CreateConfig(
             profiles=profiles,
