@@ -78,7 +78,7 @@ class Target(_Model):
     device: Literal["cpu", "cuda"]
     cuda_sm: Optional[int] = None
     min_cuda_driver: Optional[str] = Field(default=None, description="minimum CUDA driver API version, e.g. 13.0")
-    runtime: Literal["tvm"] = "tvm"
+    runtime: Literal["tvm", "tensorrt"] = "tvm"
     runtime_abi: str = Field(description="runtime ABI the library was built against, e.g. tvm-ffi-0.1")
     host_machine: Optional[str] = Field(default=None, description="ELF machine of the library, read back")
     device_code: list[str] = Field(default_factory=list, description="device images found in the library")
@@ -88,7 +88,7 @@ class Target(_Model):
 
 class Artifact(_Model):
     path: str
-    role: Literal["tvm-library", "onnx-model", "qdq-onnx", "labels", "other"]
+    role: Literal["tvm-library", "onnx-model", "qdq-onnx", "labels", "other", "tensorrt-reference"]
     sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
     size: int = Field(ge=0)
 
@@ -110,6 +110,30 @@ class Quantization(_Model):
     evaluation: Optional[str] = Field(default=None, description="evaluation set and split")
     options: dict[str, str] = Field(default_factory=dict, description="quantization options (JSON values)")
     float_in_runtime: list[str] = Field(default_factory=list, description="layers the runtime computes in float")
+
+
+class ShapeProfile(_Model):
+    """One TensorRT optimisation profile entry: the min/opt/max shape of one input."""
+
+    input: str
+    min: list[int]
+    opt: list[int]
+    max: list[int]
+
+
+class TensorRTSettings(_Model):
+    """What the device needs to build, cache and accept a TensorRT engine from the bundle's QDQ ONNX."""
+
+    onnx: str = Field(description="artifact path of the symmetric INT8 QDQ ONNX the engine is built from")
+    precision: Literal["int8-qdq"] = "int8-qdq"
+    fp16: bool = Field(default=True, description="TensorRT < 11: let non-quantized layers run in FP16")
+    profiles: list[list[ShapeProfile]] = Field(description="optimisation profiles, each min/opt/max per input")
+    workspace_bytes: int = Field(gt=0)
+    builder_optimization_level: int = Field(default=3, ge=0, le=5)
+    reference: str = Field(description="artifact path of the .npz with reference inputs and onnxruntime outputs")
+    min_top1_agreement: float = Field(default=0.9, ge=0, le=1)
+    atol: float = Field(default=0.05, ge=0)
+    rtol: float = Field(default=0.0, ge=0)
 
 
 class Provenance(_Model):
@@ -134,6 +158,7 @@ class Manifest(_Model):
     quantization: Quantization = Field(default_factory=Quantization)
     provenance: Provenance
     artifacts: list[Artifact]
+    tensorrt: Optional[TensorRTSettings] = Field(default=None, description="set when target.runtime is tensorrt")
     # Reserved for signed bundles: a monotonically increasing serial and an expiry.
     serial: Optional[int] = None
     expires: Optional[_dt.datetime] = None
@@ -248,6 +273,8 @@ def check_compatible(
         return
     if gpu is None:
         raise IncompatibleBundle(f"bundle for {manifest.profile} needs a CUDA GPU (sm_{t.cuda_sm}): {gpu_reason}")
+    if t.runtime == "tensorrt":
+        return  # the engine is built on the device for its own GPU; the TensorRT runtime checks the rest
     want = t.cuda_sm or 0
     # SASS runs on the same major architecture with an equal or newer minor version
     if gpu.sm // 10 != want // 10 or gpu.sm < want:

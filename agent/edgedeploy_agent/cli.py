@@ -80,7 +80,9 @@ def _deploy(store: DeviceStore, args: argparse.Namespace) -> dict[str, Any]:
         store.update_config(source=args.source or None)
     cfg = store.config()
     timeout = args.timeout or cfg.health_timeout_s
-    return Deployment(store, make_service(store)).deploy(Path(args.bundle), timeout=timeout, force=args.force)
+    return Deployment(store, make_service(store)).deploy(
+        Path(args.bundle), timeout=timeout, force=args.force, build_timeout=args.build_timeout
+    )
 
 
 def _rollback(store: DeviceStore, args: argparse.Namespace) -> dict[str, Any]:
@@ -133,6 +135,9 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--timeout", type=float, help="health-check timeout in seconds")
     s.add_argument("--source", help="set the frame source URI before restarting ('' clears it)")
     s.add_argument("--force", action="store_true", help="redeploy even if this bundle is already running")
+    s.add_argument(
+        "--build-timeout", type=float, help="while a TensorRT engine is built at activation, wait up to this many s"
+    )
     s.set_defaults(fn=_deploy)
 
     s = sub.add_parser("rollback", help="go back to the previous release")

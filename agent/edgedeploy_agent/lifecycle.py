@@ -42,7 +42,9 @@ class Deployment:
         pending["updated"] = utcnow()
         self.store.save_state(state)
 
-    def deploy(self, bundle_file: Path, timeout: float, force: bool = False) -> dict[str, Any]:
+    def deploy(
+        self, bundle_file: Path, timeout: float, force: bool = False, build_timeout: Optional[float] = None
+    ) -> dict[str, Any]:
         recover(self.store, self.service)
         state = self.store.state()
         manifest = read_manifest(bundle_file)
@@ -82,7 +84,7 @@ class Deployment:
         self.service.restart()
         self._move(state, "health-check")
         try:
-            health = wait_healthy(self.store, self.service, name, timeout)
+            health = wait_healthy(self.store, self.service, name, timeout, build_timeout)
         except (RuntimeError, TimeoutError) as e:
             self.timings["health_wait_s"] = round(time.monotonic() - t, 3)
             reason = str(e)
@@ -92,6 +94,9 @@ class Deployment:
                 hint="see the agent log on the device (ROOT/logs/agent.log)",
             ) from None
         self.timings["health_wait_s"] = round(time.monotonic() - t, 3)
+        build_s = (health.get("runtime") or {}).get("build_s")
+        if build_s is not None:
+            self.timings["engine_build_s"] = build_s
 
         state["pending"]["state"] = "committed"
         state["current"] = name

@@ -182,8 +182,17 @@ class _Window:
         self.frames += 1
 
 
-def run_agent(store: DeviceStore, max_frames: Optional[int] = None, sys_root: Path = Path("/")) -> int:
-    """The agent's main: load the current release, warm up, report ready, then serve frames."""
+def run_agent(
+    store: DeviceStore,
+    max_frames: Optional[int] = None,
+    sys_root: Path = Path("/"),
+    tensorrt_options: Optional[dict[str, Any]] = None,
+) -> int:
+    """The agent's main: load the current release (building its engine), warm up, report ready, serve frames.
+
+    A TensorRT engine is built and accepted here, at activation, so `health.json` says `building-engine`
+    (with elapsed seconds and build phases) until the engine passed its acceptance check.
+    """
     cfg = store.config()
     notifier = Notifier()
     release = store.current()
@@ -197,7 +206,14 @@ def run_agent(store: DeviceStore, max_frames: Optional[int] = None, sys_root: Pa
     try:
         manifest = store.load_release(release)
         rdir = store.release_dir(release)
-        runtime = load_runtime(rdir, manifest, cfg.tvm_runtime_lib)
+        runtime = load_runtime(
+            rdir,
+            manifest,
+            cfg.tvm_runtime_lib,
+            engine_root=store.root / "engines",
+            progress=lambda event: write_health(store, release, **event),
+            tensorrt_options=tensorrt_options,
+        )
         warm_ms = warm_up(runtime, manifest)
         labels = load_labels(rdir, manifest)
         metrics = None

@@ -17,6 +17,8 @@ from typing import Any, Optional, Protocol
 from .store import DeviceStore, utcnow, write_json_atomic
 
 HEALTHY_STATES = ("ready", "finished")
+# Reported while a TensorRT engine is built and accepted at activation (runtime/tensorrt.py).
+BUILD_STATES = ("building-engine", "engine-built", "accepting", "fallback")
 
 
 class Service(Protocol):
@@ -133,10 +135,18 @@ def make_service(store: DeviceStore) -> Service:
     return ProcessService(store)
 
 
-def wait_healthy(store: DeviceStore, service: Service, release: str, timeout: float) -> dict[str, Any]:
-    """Wait until the agent reports `release` loaded and warmed up; raise TimeoutError or RuntimeError."""
-    deadline = time.monotonic() + timeout
-    grace_until = time.monotonic() + 2.0  # a starting process may not have a pid yet
+def wait_healthy(
+    store: DeviceStore, service: Service, release: str, timeout: float, build_timeout: Optional[float] = None
+) -> dict[str, Any]:
+    """Wait until the agent reports `release` loaded and warmed up; raise TimeoutError or RuntimeError.
+
+    While the agent reports a TensorRT engine build (or its acceptance check), the wait extends to
+    `build_timeout` seconds when one is given (`edgedeploy push --prebuild`).
+    """
+    started = time.monotonic()
+    deadline = started + timeout
+    grace_until = started + 2.0  # a starting process may not have a pid yet
+    building = None
     while time.monotonic() < deadline:
         health = read_health(store)
         if health and health.get("release") == release:
@@ -145,6 +155,10 @@ def wait_healthy(store: DeviceStore, service: Service, release: str, timeout: fl
             if health.get("state") == "failed":
                 err = health.get("error") or {}
                 raise RuntimeError(err.get("message", "agent reported failure"))
+            if health.get("state") in BUILD_STATES:
+                building = health
+                if build_timeout is not None:
+                    deadline = max(deadline, started + build_timeout)
         if time.monotonic() > grace_until and not service.is_running():
             health = read_health(store)
             if health and health.get("release") == release and health.get("state") in HEALTHY_STATES:
@@ -152,6 +166,12 @@ def wait_healthy(store: DeviceStore, service: Service, release: str, timeout: fl
             log_tail = _tail(store.logs / "agent.log")
             raise RuntimeError(f"agent exited before reporting ready{': ' + log_tail if log_tail else ''}")
         time.sleep(0.1)
+    if building is not None:
+        raise TimeoutError(
+            f"agent was still building or checking its TensorRT engine after {time.monotonic() - started:.0f} s "
+            f"(last: {building.get('state')}, {building.get('elapsed_s', '?')} s into the build); "
+            "push with --prebuild to wait for the engine build"
+        )
     raise TimeoutError(f"agent did not report ready within {timeout:.0f} s")
 
 

@@ -16,6 +16,7 @@ from edgedeploy_agent.errors import AgentError
 
 from .compile.int8_build import Int8Config
 from .compile.package import BuildResult, ModelCard, build_bundle
+from .compile.tensorrt_artifacts import TensorRTOptions
 from .errors import ConnectionFailed, InputError
 from .inventory import Device, Inventory
 from .profiles import get_profile
@@ -56,6 +57,22 @@ def build(
         int8=int8,
         tune_trials=tune_trials,
     )
+
+
+def build_tensorrt(
+    model: Path,
+    profile_name: str,
+    out: Path,
+    card: ModelCard,
+    int8: Int8Config,
+    options: TensorRTOptions,
+    progress: Callable[[str], None] = lambda s: None,
+) -> BuildResult:
+    """A TensorRT bundle: INT8 Q/DQ ONNX, shape profiles, builder settings, reference outputs; no engine."""
+    from .compile.tensorrt_artifacts import build_tensorrt_bundle
+
+    profile = get_profile(profile_name)
+    return build_tensorrt_bundle(model, profile, out, card, int8, options, progress=progress)
 
 
 def evaluate(
@@ -141,6 +158,7 @@ def push_bundle(
     timeout: float = 60.0,
     progress: Progress | None = None,
     step: Callable[[str], None] = lambda s: None,
+    build_timeout: float | None = None,
 ) -> PushResult:
     dev = inv.get(name)
     if not bundle.is_file():
@@ -149,7 +167,17 @@ def push_bundle(
     step("connect")
     t = open_transport(dev, inv.known_hosts)
     try:
-        return push(t, dev, bundle, dry_run=dry_run, force=force, timeout=timeout, progress=progress, step=step)
+        return push(
+            t,
+            dev,
+            bundle,
+            dry_run=dry_run,
+            force=force,
+            timeout=timeout,
+            progress=progress,
+            step=step,
+            build_timeout=build_timeout,
+        )
     finally:
         t.close()
 

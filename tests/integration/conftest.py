@@ -88,7 +88,13 @@ class Enrolled:
 
 
 def add_device(
-    cli: Cli, sshd: LoopbackSshd, inventory: Path, root: Path, name: str = "dev1", source: str | None = None
+    cli: Cli,
+    sshd: LoopbackSshd,
+    inventory: Path,
+    root: Path,
+    name: str = "dev1",
+    source: str | None = None,
+    profile: str = "cpu-x86_64",
 ) -> Enrolled:
     args = [
         "devices",
@@ -103,7 +109,7 @@ def add_device(
         "--key-file",
         str(sshd.client_key),
         "--profile",
-        "cpu-x86_64",
+        profile,
         "--root",
         str(root),
         "--service",

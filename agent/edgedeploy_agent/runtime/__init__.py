@@ -1,12 +1,12 @@
 """Inference runtimes behind one small interface. Heavy backends are imported lazily."""
 
 from pathlib import Path
-from typing import Any, Optional, Protocol
+from typing import Any, Callable, Optional, Protocol
 
 import numpy as np
 
 from ..bundle import Manifest
-from ..errors import IncompatibleBundle
+from ..errors import IncompatibleBundle, RuntimeLoadError
 
 
 class Runtime(Protocol):
@@ -19,10 +19,44 @@ class Runtime(Protocol):
     def describe(self) -> dict[str, Any]: ...
 
 
-def load_runtime(release_dir: Path, manifest: Manifest, tvm_runtime_lib: Optional[str] = None) -> Runtime:
-    """Open the runtime the bundle asks for."""
+class FallbackRuntime:
+    """The TVM runtime serving a bundle whose TensorRT engine could not be used, with the reason."""
+
+    def __init__(self, inner: Runtime, reason: RuntimeLoadError) -> None:
+        self._inner, self.name = inner, inner.name
+        self.reason = {"code": reason.code, "message": reason.message}
+
+    def run(self, inputs: list[np.ndarray]) -> list[np.ndarray]:
+        return self._inner.run(inputs)
+
+    def describe(self) -> dict[str, Any]:
+        return {**self._inner.describe(), "fallback_from": "tensorrt", "fallback_reason": self.reason}
+
+
+def load_runtime(
+    release_dir: Path,
+    manifest: Manifest,
+    tvm_runtime_lib: Optional[str] = None,
+    engine_root: Optional[Path] = None,
+    progress: Callable[[dict[str, Any]], None] = lambda event: None,
+    tensorrt_options: Optional[dict[str, Any]] = None,
+) -> Runtime:
+    """Open the runtime the bundle asks for; a TensorRT bundle that also carries TVM falls back to it."""
     if manifest.target.runtime == "tvm":
         from .tvm import TvmRuntime
 
         return TvmRuntime(release_dir, manifest, runtime_lib=tvm_runtime_lib)
+    if manifest.target.runtime == "tensorrt":
+        from .tensorrt import TensorRTRuntime
+
+        root = engine_root or release_dir.parent.parent / "engines"
+        try:
+            return TensorRTRuntime(release_dir, manifest, root, progress=progress, **(tensorrt_options or {}))
+        except RuntimeLoadError as e:
+            if not any(a.role == "tvm-library" for a in manifest.artifacts):
+                raise
+            progress({"state": "fallback", "to": "tvm", "reason": e.message})
+            from .tvm import TvmRuntime
+
+            return FallbackRuntime(TvmRuntime(release_dir, manifest, runtime_lib=tvm_runtime_lib), e)
     raise IncompatibleBundle(f"runtime {manifest.target.runtime!r} is not supported by this agent")

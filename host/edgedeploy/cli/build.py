@@ -9,10 +9,12 @@ from typing import Annotated
 import typer
 from pydantic import ValidationError
 
-from edgedeploy_agent.bundle import Postprocess, Preprocess
+from edgedeploy_agent.bundle import Manifest, Postprocess, Preprocess
 
 from .. import api
+from ..compile.int8_build import Int8Config
 from ..compile.package import ModelCard, load_card, read_labels
+from ..compile.tensorrt_artifacts import TensorRTOptions, parse_batch
 from ..errors import InputError
 from . import render
 from .int8 import int8_config, int8_summary
@@ -26,6 +28,26 @@ def _floats(text: str | None, what: str) -> list[float] | None:
         return [float(x) for x in text.split(",")]
     except ValueError:
         raise InputError(f"--{what} takes comma-separated numbers, got {text!r}") from None
+
+
+def _tensorrt_int8(cfg: Int8Config | None) -> Int8Config:
+    if cfg is None:
+        raise InputError(
+            "--runtime tensorrt ships an INT8 Q/DQ model: add --int8 --calibration DATA",
+            hint="TensorRT 11 removed implicit INT8 calibration; the host quantizes, the device builds the engine",
+        )
+    if cfg.eval_data is not None:
+        raise InputError(
+            "--eval is not supported with --runtime tensorrt yet",
+            hint="measure the same symmetric Q/DQ model with `edgedeploy build --int8 --symmetric --eval ...`",
+        )
+    return cfg
+
+
+def _tensorrt_options(batch: str | None, workspace_mib: int) -> TensorRTOptions:
+    if workspace_mib < 1:
+        raise InputError(f"--workspace-mib must be positive, got {workspace_mib}")
+    return TensorRTOptions(batch=parse_batch(batch or "1"), workspace_mib=workspace_mib)
 
 
 def register(app: typer.Typer) -> None:
@@ -48,7 +70,6 @@ def register(app: typer.Typer) -> None:
         softmax: Annotated[bool | None, typer.Option("--softmax/--no-softmax", help="outputs are logits")] = None,
         label_offset: Annotated[int | None, typer.Option(help="output index minus this = label index")] = None,
         precision: Annotated[str, typer.Option(help="fp32 | fp16 (GPU profiles) | int8 (same as --int8)")] = "fp32",
-        batch: Annotated[int, typer.Option(min=1, help="static batch size the library is compiled for")] = 1,
         cuda_graph: Annotated[
             bool, typer.Option("--cuda-graph/--no-cuda-graph", help="GPU: capture CUDA graphs")
         ] = True,
@@ -86,12 +107,32 @@ def register(app: typer.Typer) -> None:
         auto_fallback: Annotated[
             bool, typer.Option("--auto-fallback", help="on a failed gate keep the most sensitive layers in float")
         ] = False,
+        runtime: Annotated[
+            str, typer.Option(help="tvm (compile a library) | tensorrt (Q/DQ ONNX; the device builds the engine)")
+        ] = "tvm",
+        batch: Annotated[
+            str | None,
+            typer.Option(help="TVM: the static batch N the library is compiled for; tensorrt: MIN:OPT:MAX"),
+        ] = None,
+        workspace_mib: Annotated[int, typer.Option(help="tensorrt: builder workspace limit in MiB")] = 1024,
         tune_trials: Annotated[
             int, typer.Option(help="MetaSchedule trials; the database is stored and reused by later builds")
         ] = 0,
         json_: JsonOpt = False,
     ) -> None:
         """Compile a model for a device profile and write a bundle (INT8 with --int8 --calibration)."""
+        if runtime not in ("tvm", "tensorrt"):
+            raise InputError(f"unknown runtime {runtime!r}", hint="choose tvm or tensorrt")
+        static_batch = 1
+        if runtime == "tvm" and batch is not None:
+            if not batch.isdigit() or int(batch) < 1:
+                raise InputError(
+                    f"--batch for TVM is one static batch size, got {batch!r}",
+                    hint="batch ranges (MIN:OPT:MAX) are for --runtime tensorrt",
+                )
+            static_batch = int(batch)
+        if runtime == "tensorrt" and tune_trials:
+            raise InputError("--tune-trials tunes TVM schedules; TensorRT picks its tactics on the device")
         int8_cfg = int8_config(
             int8 or precision == "int8",
             calibration,
@@ -143,19 +184,30 @@ def register(app: typer.Typer) -> None:
         target = out or model.with_suffix(f".{profile}.edb")
         t = time.perf_counter()
         with render.steps(f"build {model.name} for {profile}") as step:
-            result = api.build(
-                model,
-                profile,
-                target,
-                merged,
-                progress=step,
-                use_cache=not no_cache,
-                precision="fp32" if precision == "int8" else precision,
-                cuda_graph=cuda_graph,
-                batch=batch,
-                int8=int8_cfg,
-                tune_trials=tune_trials,
-            )
+            if runtime == "tensorrt":
+                result = api.build_tensorrt(
+                    model,
+                    profile,
+                    target,
+                    merged,
+                    _tensorrt_int8(int8_cfg),
+                    _tensorrt_options(batch, workspace_mib),
+                    step,
+                )
+            else:
+                result = api.build(
+                    model,
+                    profile,
+                    target,
+                    merged,
+                    progress=step,
+                    use_cache=not no_cache,
+                    precision="fp32" if precision == "int8" else precision,
+                    cuda_graph=cuda_graph,
+                    batch=static_batch,
+                    int8=int8_cfg,
+                    tune_trials=tune_trials,
+                )
         secs = time.perf_counter() - t
         m = result.manifest
         if json_:
@@ -206,6 +258,18 @@ def register(app: typer.Typer) -> None:
                 "host library",
                 f"{t.host_machine or '?'} ELF" + (f", device code by {t.cuda_codegen}" if t.cuda_codegen else ""),
             ],
+            *([["tensorrt", _tensorrt_summary(m)]] if m.tensorrt else []),
             ["tools", ", ".join(f"{k} {v}" for k, v in m.provenance.tools.items())],
         ] + [[f"artifact {a.role}", f"{a.path} {a.size} B sha256 {a.sha256[:16]}…"] for a in m.artifacts]
         render.table(str(bundle), ["field", "value"], rows)
+
+
+def _tensorrt_summary(m: Manifest) -> str:
+    t = m.tensorrt
+    assert t is not None
+    shapes = "; ".join(f"{p.input} min {p.min} opt {p.opt} max {p.max}" for prof in t.profiles for p in prof)
+    return (
+        f"{t.precision} from {t.onnx}, fp16 {t.fp16}, workspace {t.workspace_bytes >> 20} MiB, "
+        f"opt level {t.builder_optimization_level}; profiles: {shapes}; acceptance on {t.reference}: "
+        f"top-1 >= {t.min_top1_agreement}, atol {t.atol}; engine built on the device"
+    )

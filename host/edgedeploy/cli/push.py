@@ -23,6 +23,10 @@ def register(app: typer.Typer) -> None:
         dry_run: Annotated[bool, typer.Option("--dry-run", help="print the plan, change nothing")] = False,
         force: Annotated[bool, typer.Option(help="redeploy even if the device already runs this bundle")] = False,
         timeout: Annotated[float, typer.Option(help="seconds to wait for the agent to report healthy")] = 60.0,
+        prebuild: Annotated[
+            bool, typer.Option("--prebuild", help="TensorRT: the health check waits for the engine build")
+        ] = False,
+        build_timeout: Annotated[float, typer.Option(help="--prebuild: seconds allowed for the engine build")] = 1800.0,
         inventory: InventoryOpt = None,
         json_: JsonOpt = False,
     ) -> None:
@@ -31,7 +35,15 @@ def register(app: typer.Typer) -> None:
         t = time.perf_counter()
         with render.transfer(f"upload {bundle.name}") as progress, render.steps(f"push {device}") as step:
             result = api.push_bundle(
-                inv, device, bundle, dry_run=dry_run, force=force, timeout=timeout, progress=progress, step=step
+                inv,
+                device,
+                bundle,
+                dry_run=dry_run,
+                force=force,
+                timeout=timeout,
+                progress=progress,
+                step=step,
+                build_timeout=build_timeout if prebuild else None,
             )
         secs = time.perf_counter() - t
         if json_:
@@ -49,6 +61,9 @@ def register(app: typer.Typer) -> None:
             f"{device}: {result.outcome} {result.release} (was {result.previous or 'none'}) in "
             f"{secs:.1f} s" + (f", warm-up inference {warm:.1f} ms" if warm is not None else "")
         )
+        engine = render.engine_summary((result.health or {}).get("runtime") or {})
+        if engine:
+            render.out.print(f"{device}: {engine}")
 
     @app.command()
     def rollback(

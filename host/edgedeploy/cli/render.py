@@ -68,3 +68,19 @@ def transfer(label: str) -> Iterator[Callable[[int, int], None]]:
                 err.print(f"{label}: {q}% of {total / 1e6:.1f} MB", markup=False)
 
         yield plain
+
+
+def engine_summary(runtime: dict[str, Any]) -> str:
+    """One line on the device's TensorRT engine (built or cached, build time, acceptance) or its fallback."""
+    if runtime.get("fallback_from"):
+        reason = (runtime.get("fallback_reason") or {}).get("message", "?")
+        return f"TensorRT engine not used, fell back to {runtime.get('runtime')}: {reason}"
+    if runtime.get("runtime") != "tensorrt":
+        return ""
+    acc = runtime.get("acceptance") or {}
+    how = f"built in {runtime['build_s']:.1f} s" if runtime.get("engine") == "built" else "reused from the cache"
+    return (
+        f"TensorRT {runtime.get('tensorrt')} engine {str(runtime.get('engine_key', ''))[:12]} {how}; acceptance "
+        f"top-1 agreement {acc.get('top1_agreement')} on {acc.get('samples')} samples, max |err| "
+        f"{acc.get('max_abs_error')}"
+    )

@@ -52,7 +52,9 @@ def push(
     timeout: float = 60.0,
     progress: Progress | None = None,
     step: Callable[[str], None] = lambda s: None,
+    build_timeout: float | None = None,
 ) -> PushResult:
+    """Upload, deploy, health-check; with `build_timeout` the health check also waits for a TensorRT build."""
     timings: dict[str, float] = {}
     t = time.monotonic()
     manifest = check_bundle(bundle)
@@ -78,8 +80,10 @@ def push(
         args += ["--source", device.source]
     if force:
         args.append("--force")
+    if build_timeout is not None:
+        args += ["--build-timeout", str(build_timeout)]
     try:
-        result = client.call(*args, timeout=timeout * 2 + 120)
+        result = client.call(*args, timeout=max(timeout, build_timeout or 0) * 2 + 120)
     except DeviceError as e:
         if e.code == "health-check-failed":
             e.message = f"{e.message} (rolled back automatically)"
