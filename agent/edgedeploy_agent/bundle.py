@@ -171,8 +171,8 @@ def describe_artifact(path: Path, role: str, name: Optional[str] = None) -> Arti
     return Artifact(path=name or path.name, role=role, sha256=sha256_file(path), size=path.stat().st_size)  # type: ignore[arg-type]
 
 
-def write_bundle(out: Path, manifest: Manifest, files: Mapping[str, Path]) -> Path:
-    """Write `manifest` and the files it lists into one bundle file, atomically and reproducibly."""
+def write_bundle(out: Path, manifest: Manifest, files: Mapping[str, Path], signature: Optional[bytes] = None) -> Path:
+    """Write `manifest` (and its signature) and the files it lists into one bundle file, atomically."""
     listed = {a.path: a for a in manifest.artifacts}
     if set(listed) != set(files):
         raise BundleError(f"artifacts {sorted(listed)} do not match files {sorted(files)}")
@@ -186,6 +186,8 @@ def write_bundle(out: Path, manifest: Manifest, files: Mapping[str, Path]) -> Pa
     with open(tmp, "wb") as raw, gzip.GzipFile(fileobj=raw, mode="wb", mtime=0, compresslevel=6) as gz:
         with tarfile.open(fileobj=gz, mode="w", format=tarfile.PAX_FORMAT) as tar:
             tar.addfile(_tarinfo(MANIFEST_NAME, len(body)), io.BytesIO(body))
+            if signature is not None:
+                tar.addfile(_tarinfo(SIGNATURE_NAME, len(signature)), io.BytesIO(signature))
             for name in sorted(listed):
                 with open(files[name], "rb") as f:
                     tar.addfile(_tarinfo(name, listed[name].size), f)
@@ -200,6 +202,19 @@ def read_manifest(path: Path) -> Manifest:
         if member is None or member.name != MANIFEST_NAME:
             raise BundleError(f"{path}: not an edgedeploy bundle (first member must be {MANIFEST_NAME})")
         return _parse_manifest(_read_small(tar, member, path), path)
+
+
+def read_signed_manifest(path: Path) -> tuple[Manifest, bytes, Optional[bytes]]:
+    """The manifest, its exact bytes and the signature member (None when unsigned); reads two members."""
+    with _open_tar(path) as tar:
+        member = _next_member(tar, path)
+        if member is None or member.name != MANIFEST_NAME:
+            raise BundleError(f"{path}: not an edgedeploy bundle (first member must be {MANIFEST_NAME})")
+        body = _read_small(tar, member, path)
+        manifest = _parse_manifest(body, path)
+        second = _next_member(tar, path)
+        sig = _read_small(tar, second, path) if second is not None and second.name == SIGNATURE_NAME else None
+        return manifest, body, sig
 
 
 def verify_bundle(path: Path) -> Manifest:

@@ -18,3 +18,4 @@ class AgentConfig(BaseModel):
     record_predictions: bool = True
     keep_releases: int = Field(default=3, ge=2)
     health_timeout_s: float = Field(default=60.0, gt=0)
+    profile: Optional[str] = Field(default=None, description="device profile; bundles for another are refused")

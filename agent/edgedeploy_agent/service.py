@@ -131,22 +131,62 @@ def make_service(store: DeviceStore) -> Service:
     return ProcessService(store)
 
 
-def wait_healthy(store: DeviceStore, service: Service, release: str, timeout: float) -> dict[str, Any]:
-    """Wait until the agent reports `release` loaded and warmed up; raise TimeoutError or RuntimeError."""
+class HealthObjectives:
+    """What "healthy" means beyond ready: N inferences done, and optional latency / FPS objectives."""
+
+    def __init__(
+        self, min_inferences: int = 0, max_p95_ms: Optional[float] = None, min_fps: Optional[float] = None
+    ) -> None:
+        self.min_inferences, self.max_p95_ms, self.min_fps = min_inferences, max_p95_ms, min_fps
+
+    @property
+    def needs_inferences(self) -> int:
+        return max(self.min_inferences, 1 if self.max_p95_ms is not None or self.min_fps is not None else 0)
+
+    def judge(self, health: dict[str, Any]) -> Optional[bool]:
+        """True: met; None: not yet (too few inferences); raises RuntimeError when an objective is missed."""
+        done = int(health.get("inferences") or 0)
+        if done < self.needs_inferences:
+            if health.get("state") == "finished":
+                raise RuntimeError(f"source ended after {done} inferences, {self.needs_inferences} required")
+            return None
+        p95, fps = health.get("infer_p95_ms"), health.get("fps")
+        if self.max_p95_ms is not None and (p95 is None or p95 > self.max_p95_ms):
+            raise RuntimeError(f"inference p95 {p95} ms is above the objective {self.max_p95_ms} ms")
+        if self.min_fps is not None and (fps is None or fps < self.min_fps):
+            raise RuntimeError(f"{fps} FPS is below the objective {self.min_fps} FPS")
+        return True
+
+
+def wait_healthy(
+    store: DeviceStore,
+    service: Service,
+    release: str,
+    timeout: float,
+    objectives: Optional[HealthObjectives] = None,
+) -> dict[str, Any]:
+    """Wait until the agent reports `release` loaded, warmed up and meeting `objectives`.
+
+    Raises TimeoutError or RuntimeError (with the reason) otherwise.
+    """
     deadline = time.monotonic() + timeout
     grace_until = time.monotonic() + 2.0  # a starting process may not have a pid yet
     while time.monotonic() < deadline:
         health = read_health(store)
         if health and health.get("release") == release:
             if health.get("state") in HEALTHY_STATES:
-                return health
+                if objectives is None or objectives.judge(health):
+                    return health
+                time.sleep(0.1)
+                continue
             if health.get("state") == "failed":
                 err = health.get("error") or {}
                 raise RuntimeError(err.get("message", "agent reported failure"))
         if time.monotonic() > grace_until and not service.is_running():
             health = read_health(store)
             if health and health.get("release") == release and health.get("state") in HEALTHY_STATES:
-                return health
+                if objectives is None or objectives.judge(health):
+                    return health
             log_tail = _tail(store.logs / "agent.log")
             raise RuntimeError(f"agent exited before reporting ready{': ' + log_tail if log_tail else ''}")
         time.sleep(0.1)

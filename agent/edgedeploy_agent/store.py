@@ -35,10 +35,10 @@ def write_json_atomic(path: Path, data: Any) -> None:
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
-    _fsync_dir(path.parent)
+    fsync_dir(path.parent)
 
 
-def _fsync_dir(d: Path) -> None:
+def fsync_dir(d: Path) -> None:
     fd = os.open(d, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -151,7 +151,7 @@ class DeviceStore:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
         os.replace(tmp, final)
-        _fsync_dir(self.releases)
+        fsync_dir(self.releases)
         return manifest
 
     def load_release(self, name: str) -> Manifest:
@@ -176,7 +176,7 @@ class DeviceStore:
             tmp.unlink(missing_ok=True)
             os.symlink(os.path.join("releases", name), tmp)
             os.replace(tmp, self.current_link)
-        _fsync_dir(self.root)
+        fsync_dir(self.root)
 
     def prune(self, keep: list[str], count: int) -> list[str]:
         """Remove releases beyond the newest `count` of `keep` (current first, then previous)."""

@@ -10,7 +10,7 @@ import typer
 
 from ..errors import EdgeDeployError
 from ..paths import state_dir
-from . import build, demo, devices, profiles, push, render, status
+from . import build, demo, devices, keys, profiles, push, render, rollout, status
 
 app = typer.Typer(
     name="edgedeploy",
@@ -21,8 +21,11 @@ app = typer.Typer(
 )
 app.add_typer(profiles.app, name="profiles")
 app.add_typer(devices.app, name="devices")
+app.add_typer(keys.app, name="keys")
 build.register(app)
 push.register(app)
+keys.register(app)
+rollout.register(app)
 status.register(app)
 demo.register(app)
 

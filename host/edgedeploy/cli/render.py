@@ -68,3 +68,31 @@ def transfer(label: str) -> Iterator[Callable[[int, int], None]]:
                 err.print(f"{label}: {q}% of {total / 1e6:.1f} MB", markup=False)
 
         yield plain
+
+
+@contextmanager
+def fleet(title: str, devices: list[str]) -> Iterator[Callable[[str, str, str], None]]:
+    """Per-device live status: a table redrawn in place on a terminal, one plain line per change otherwise."""
+    if not err.is_terminal:
+        yield lambda d, s, m: err.print(f"{d}: {s}: {m}", markup=False)
+        return
+    from rich.live import Live
+
+    rows = dict.fromkeys(devices, ("pending", ""))
+
+    def draw() -> Table:
+        t = Table(title=title, title_justify="left")
+        for c in ("device", "status", "detail"):
+            t.add_column(c)
+        for d, (s, m) in rows.items():
+            colour = {"committed": "green", "unchanged": "green", "failed": "red", "running": "yellow"}.get(s, "dim")
+            t.add_row(d, f"[{colour}]{s}[/]", m)
+        return t
+
+    with Live(draw(), console=err, refresh_per_second=8, transient=False) as live:
+
+        def update(d: str, s: str, m: str) -> None:
+            rows[d] = (s, m)
+            live.update(draw())
+
+        yield update

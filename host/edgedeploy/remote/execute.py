@@ -5,15 +5,12 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
-from edgedeploy_agent.bundle import Manifest, verify_bundle
-from edgedeploy_agent.errors import AgentError
-
-from ..errors import DeviceError, InputError
+from ..errors import DeviceError
 from ..inventory import Device
 from .agent_client import AgentClient
+from .blobs import Blob, BundleBlobs
 from .facts import DeviceFacts, parse_facts
 from .plan import Action, plan_push
 from .transport import Progress, Transport
@@ -22,64 +19,97 @@ from .transport import Progress, Transport
 @dataclass
 class PushResult:
     device: str
-    outcome: str  # committed | unchanged | rolled-back | planned
+    outcome: str  # committed | unchanged | planned
     release: str
     previous: str | None
     actions: list[Action]
     timings: dict[str, float] = field(default_factory=dict)
     health: dict[str, Any] | None = None
+    uploaded_bytes: int = 0
 
 
-def check_bundle(bundle: Path) -> Manifest:
-    """Verify the bundle locally before anything is sent (hash of every artifact)."""
-    try:
-        return verify_bundle(bundle)
-    except AgentError as e:
-        raise InputError(e.message, hint=e.hint) from None
+@dataclass(frozen=True)
+class HealthPolicy:
+    """What the device must show after activation before the new bundle is committed."""
+
+    timeout: float = 60.0
+    min_inferences: int = 0
+    max_p95_ms: float | None = None
+    min_fps: float | None = None
+
+    def agent_args(self) -> list[str]:
+        args = ["--timeout", str(self.timeout)]
+        if self.min_inferences:
+            args += ["--min-inferences", str(self.min_inferences)]
+        if self.max_p95_ms is not None:
+            args += ["--max-p95-ms", str(self.max_p95_ms)]
+        if self.min_fps is not None:
+            args += ["--min-fps", str(self.min_fps)]
+        return args
 
 
 def get_facts(client: AgentClient) -> DeviceFacts:
     return parse_facts(client.call("facts", timeout=60))
 
 
+def missing_blobs(client: AgentClient, blobs: BundleBlobs) -> list[Blob]:
+    """Ask the device which blobs it lacks (it verifies finished uploads while answering)."""
+    answer = client.call("blobs", *[b.sha256 for b in blobs.blobs], timeout=300)
+    missing = set(answer["missing"])
+    return [b for b in blobs.blobs if b.sha256 in missing]
+
+
 def push(
     transport: Transport,
     device: Device,
-    bundle: Path,
+    blobs: BundleBlobs,
     *,
     dry_run: bool = False,
     force: bool = False,
-    timeout: float = 60.0,
+    health: HealthPolicy = HealthPolicy(),
     progress: Progress | None = None,
     step: Callable[[str], None] = lambda s: None,
 ) -> PushResult:
+    """facts -> plan -> upload the missing blobs -> deploy (verify, activate, health-check) on the device."""
     timings: dict[str, float] = {}
-    t = time.monotonic()
-    manifest = check_bundle(bundle)
-    timings["verify_local_s"] = round(time.monotonic() - t, 3)
+    manifest = blobs.manifest
     client = AgentClient(transport, device)
     step("facts")
     facts = get_facts(client)
-    actions = plan_push(manifest, bundle.stat().st_size, device, facts, force=force)
+    missing = missing_blobs(client, blobs) if facts.initialised else list(blobs.blobs)
+    upload_bytes = sum(b.size for b in missing)
+    actions = plan_push(
+        manifest, upload_bytes, device, facts, force=force, missing_blobs=(len(missing), len(blobs.blobs))
+    )
     if dry_run:
         return PushResult(device.name, "planned", manifest.release_name, facts.current_release, actions, timings)
     if all(a.noop for a in actions):
         return PushResult(device.name, "unchanged", manifest.release_name, facts.current_release, actions, timings)
 
-    remote = f"{device.root}/incoming/{manifest.release_name}.edb"
-    step("upload")
+    step(f"upload {len(missing)} blobs, {upload_bytes / 1e6:.1f} MB")
     t = time.monotonic()
-    transport.put(bundle, remote, progress=progress)
+    sent = 0
+    for b in missing:
+        done_before = sent
+
+        def each(done: int, total: int, base: int = done_before) -> None:
+            if progress:
+                progress(base + done, upload_bytes)
+
+        transport.put(b.local, f"{device.root}/blobs/incoming/{b.sha256}", progress=each)
+        sent += b.size
     timings["upload_s"] = round(time.monotonic() - t, 3)
     step("deploy")
     t = time.monotonic()
-    args = ["deploy", remote, "--timeout", str(timeout)]
+    args = ["deploy", "--manifest-blob", blobs.manifest_sha, *health.agent_args()]
+    if blobs.signature_sha:
+        args += ["--signature-blob", blobs.signature_sha]
     if device.source is not None:
         args += ["--source", device.source]
     if force:
         args.append("--force")
     try:
-        result = client.call(*args, timeout=timeout * 2 + 120)
+        result = client.call(*args, timeout=health.timeout * 2 + 120)
     except DeviceError as e:
         if e.code == "health-check-failed":
             e.message = f"{e.message} (rolled back automatically)"
@@ -94,6 +124,7 @@ def push(
         actions,
         timings,
         health=result.get("health"),
+        uploaded_bytes=upload_bytes,
     )
 
 
@@ -102,7 +133,12 @@ def rollback(transport: Transport, device: Device, timeout: float = 60.0) -> dic
 
 
 def init_agent(transport: Transport, device: Device) -> dict[str, Any]:
-    args = ["init", "--device-name", device.name, "--service", device.service]
+    args = ["init", "--device-name", device.name, "--service", device.service, "--profile", device.profile]
     if device.source:
         args += ["--source", device.source]
     return AgentClient(transport, device).call(*args, timeout=60)
+
+
+def install_keys(transport: Transport, device: Device, public_keys: list[str]) -> list[str]:
+    """Pin exactly these signing keys on the device; from then on it runs signed bundles only."""
+    return list(AgentClient(transport, device).call("trust", "--set", *public_keys, timeout=60)["trusted_keys"])

@@ -84,8 +84,10 @@ def pinned_fingerprint(known_hosts: Path, host: str, port: int) -> str | None:
 class SshTransport:
     name = "ssh"
 
-    def __init__(self, device: Device, known_hosts: Path, connect_timeout: float = 10.0) -> None:
-        self.device = device
+    def __init__(
+        self, device: Device, known_hosts: Path, connect_timeout: float = 10.0, io_timeout: float = 30.0
+    ) -> None:
+        self.device, self.io_timeout = device, io_timeout
         client = paramiko.SSHClient()
         if known_hosts.exists():
             client.load_host_keys(str(known_hosts))
@@ -169,6 +171,8 @@ class SshTransport:
         total = local.stat().st_size
         try:
             sftp = self._client.open_sftp()
+            # a link that goes down mid-upload must end the upload, not hang it: the next push resumes
+            sftp.get_channel().settimeout(self.io_timeout)
             try:
                 try:
                     offset = sftp.stat(part).st_size or 0
@@ -189,8 +193,9 @@ class SshTransport:
             finally:
                 sftp.close()
         except (paramiko.SSHException, OSError, EOFError) as e:
+            self._client.close()  # the session is unusable after a timeout mid-write
             raise ConnectionFailed(
-                f"{self.device.name}: upload of {local.name} failed ({e})",
+                f"{self.device.name}: upload of {local.name} failed ({e or type(e).__name__})",
                 hint="run the push again: the upload resumes where it stopped",
             ) from None
 
