@@ -33,9 +33,7 @@ def free_port(host: str = "127.0.0.1") -> int:
 class LoopbackSshd:
     """sshd on 127.0.0.1:<free port>, accepting one client key, as the current user."""
 
-    def __init__(
-        self, base: Path, host: str = "127.0.0.1", port: int | None = None, netns: str | None = None
-    ) -> None:
+    def __init__(self, base: Path, host: str = "127.0.0.1", port: int | None = None, netns: str | None = None) -> None:
         self.base, self.host, self.netns = base, host, netns
         self.port = port or (2222 if netns else free_port(host))
         self.user = getpass.getuser()

@@ -76,7 +76,11 @@ def push(
     client = AgentClient(transport, device)
     step("facts")
     facts = get_facts(client)
-    missing = missing_blobs(client, blobs) if facts.initialised else list(blobs.blobs)
+    running = facts.current_release == manifest.release_name and facts.running and facts.healthy_release
+    # a device already running this bundle needs no blob query (the common re-push stays one call)
+    missing = missing_blobs(client, blobs) if facts.initialised and (force or not running) else list(blobs.blobs)
+    if running and not force:
+        missing = []
     upload_bytes = sum(b.size for b in missing)
     actions = plan_push(
         manifest, upload_bytes, device, facts, force=force, missing_blobs=(len(missing), len(blobs.blobs))
