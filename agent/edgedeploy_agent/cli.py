@@ -19,7 +19,6 @@ from .bundle import SCHEMA_VERSION, verify_bundle
 from .config import AgentConfig
 from .errors import AgentError, StateError
 from .lifecycle import BundleSource, Deployment, describe_release, recover, rollback
-from .loop import ack_reports, pending_reports, run_agent
 from .service import HealthObjectives, make_service, read_health
 from .store import DeviceStore
 from .trust import TrustStore
@@ -56,6 +55,8 @@ def _facts(store: DeviceStore, args: argparse.Namespace) -> dict[str, Any]:
             trusted_keys=sorted(TrustStore(store.root).keys()),
             serial=(state.get("serial") or {}).get("serial"),
         )
+        if args.blobs:  # the host's one round trip before an upload: facts plus what is missing
+            facts["blobs"] = _missing(store, args.blobs)
     return facts
 
 
@@ -98,17 +99,21 @@ def _deploy(store: DeviceStore, args: argparse.Namespace) -> dict[str, Any]:
     return deployment.deploy(source, timeout=timeout, force=args.force, objectives=objectives)
 
 
-def _blobs(store: DeviceStore, args: argparse.Namespace) -> dict[str, Any]:
+def _missing(store: DeviceStore, shas: list[str]) -> dict[str, Any]:
     """Which of these blobs the device lacks (finished uploads are verified now), and free space."""
-    store.require_initialised()
     blobs = BlobStore(store.root)
     blobs.init()
-    missing = [sha for sha in args.sha256 if not blobs.has(sha)]
+    missing = [sha for sha in shas if not blobs.has(sha)]
     return {
         "missing": missing,
         "partial": {sha: blobs.partial_bytes(sha) for sha in missing if blobs.partial_bytes(sha)},
         "free_bytes": shutil.disk_usage(store.root).free,
     }
+
+
+def _blobs(store: DeviceStore, args: argparse.Namespace) -> dict[str, Any]:
+    store.require_initialised()
+    return _missing(store, args.sha256)
 
 
 def _trust(store: DeviceStore, args: argparse.Namespace) -> dict[str, Any]:
@@ -131,6 +136,8 @@ def _verify(store: DeviceStore, args: argparse.Namespace) -> dict[str, Any]:
 
 def _reports(store: DeviceStore, args: argparse.Namespace) -> dict[str, Any]:
     store.require_initialised()
+    from .loop import ack_reports, pending_reports  # numpy and OpenCV: only for the commands that need them
+
     if args.ack:
         return {"acked": ack_reports(store, args.ack)}
     return {"reports": [{"file": f, "report": r} for f, r in pending_reports(store)[: args.limit]]}
@@ -163,7 +170,9 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--keep-releases", type=int, help="releases kept on the device (current + previous)")
     s.set_defaults(fn=_init)
 
-    sub.add_parser("facts", help="what the host needs to plan a deploy").set_defaults(fn=_facts)
+    s = sub.add_parser("facts", help="what the host needs to plan a deploy")
+    s.add_argument("--blobs", nargs="+", metavar="SHA256", help="also say which of these blobs are missing")
+    s.set_defaults(fn=_facts)
 
     s = sub.add_parser("deploy", help="verify, unpack, activate, restart, health-check; roll back on failure")
     s.add_argument("bundle", nargs="?", help="an uploaded .edb file (or use --manifest-blob)")
@@ -215,6 +224,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         except AgentError as e:
             print(f"edgedeploy-agent: {e.message}", file=sys.stderr)
             return e.exit_code
+        from .loop import run_agent
+
         return run_agent(store, max_frames=args.max_frames)
     fn: Callable[[DeviceStore, argparse.Namespace], dict[str, Any]] = args.fn
     try:

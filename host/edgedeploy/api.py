@@ -246,12 +246,14 @@ def rollout(
     """Plan from the devices' current facts; unless dry_run, execute it with its state kept on disk."""
     blobs = bundle_blobs(_existing(bundle))
     rid = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%S") + f"-{blobs.manifest.bundle_id[:8]}"
+    # a dry run shows what each device would do now; a real run reads each device's facts right
+    # before acting on it (push does), so it does not ask every device twice
     state = plan_rollout(
         rid,
         str(bundle.resolve()),
         blobs.manifest.release_name,
         names,
-        _gather_facts(inv, names, net),
+        _gather_facts(inv, names, net) if dry_run else {},
         canary=canary,
         wave=wave,
         max_fail=max_fail,

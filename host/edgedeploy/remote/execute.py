@@ -10,7 +10,7 @@ from typing import Any
 from ..errors import DeviceError
 from ..inventory import Device
 from .agent_client import AgentClient
-from .blobs import Blob, BundleBlobs
+from .blobs import BundleBlobs
 from .facts import DeviceFacts, parse_facts
 from .plan import Action, plan_push
 from .transport import Progress, Transport
@@ -52,13 +52,6 @@ def get_facts(client: AgentClient) -> DeviceFacts:
     return parse_facts(client.call("facts", timeout=60))
 
 
-def missing_blobs(client: AgentClient, blobs: BundleBlobs) -> list[Blob]:
-    """Ask the device which blobs it lacks (it verifies finished uploads while answering)."""
-    answer = client.call("blobs", *[b.sha256 for b in blobs.blobs], timeout=300)
-    missing = set(answer["missing"])
-    return [b for b in blobs.blobs if b.sha256 in missing]
-
-
 def push(
     transport: Transport,
     device: Device,
@@ -75,12 +68,11 @@ def push(
     manifest = blobs.manifest
     client = AgentClient(transport, device)
     step("facts")
-    facts = get_facts(client)
-    running = facts.current_release == manifest.release_name and facts.running and facts.healthy_release
-    # a device already running this bundle needs no blob query (the common re-push stays one call)
-    missing = missing_blobs(client, blobs) if facts.initialised and (force or not running) else list(blobs.blobs)
-    if running and not force:
-        missing = []
+    # one round trip: the device's facts and which blobs it lacks (it verifies finished uploads meanwhile)
+    raw = client.call("facts", "--blobs", *[b.sha256 for b in blobs.blobs], timeout=300)
+    facts = parse_facts(raw)
+    lacking = set((raw.get("blobs") or {}).get("missing", [b.sha256 for b in blobs.blobs]))
+    missing = [b for b in blobs.blobs if b.sha256 in lacking]
     upload_bytes = sum(b.size for b in missing)
     actions = plan_push(
         manifest, upload_bytes, device, facts, force=force, missing_blobs=(len(missing), len(blobs.blobs))

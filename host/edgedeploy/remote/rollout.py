@@ -165,4 +165,6 @@ def plan_rollout(
 def _expect(f: DeviceFacts | str | None, role: str) -> str:
     if isinstance(f, DeviceFacts):
         return f"{role}: replace {f.current_release or 'nothing'}"
-    return f"{role}: unreachable now ({f or 'no facts'})"
+    if f is None:
+        return f"{role}: push"
+    return f"{role}: unreachable now ({f})"

@@ -132,6 +132,14 @@ class SshTransport:
         assert transport is not None
         transport.set_keepalive(15)
         self._client = client
+        self._sftp: paramiko.SFTPClient | None = None  # one SFTP session for all uploads of a push
+
+    def _sftp_session(self) -> paramiko.SFTPClient:
+        if self._sftp is None:
+            self._sftp = self._client.open_sftp()
+            # a link that goes down mid-upload must end the upload, not hang it: the next push resumes
+            self._sftp.get_channel().settimeout(self.io_timeout)
+        return self._sftp
 
     def run(self, argv: Sequence[str], timeout: float | None = None) -> CommandResult:
         command = shlex.join(argv)
@@ -170,29 +178,25 @@ class SshTransport:
         part = remote + ".part"
         total = local.stat().st_size
         try:
-            sftp = self._client.open_sftp()
-            # a link that goes down mid-upload must end the upload, not hang it: the next push resumes
-            sftp.get_channel().settimeout(self.io_timeout)
+            sftp = self._sftp_session()
             try:
-                try:
-                    offset = sftp.stat(part).st_size or 0
-                except FileNotFoundError:
-                    offset = 0
-                if offset > total:
-                    offset = 0
-                with open(local, "rb") as src, sftp.open(part, "ab" if offset else "wb") as dst:
-                    dst.set_pipelined(True)
-                    src.seek(offset)
-                    done = offset
-                    while chunk := src.read(_CHUNK):
-                        dst.write(chunk)
-                        done += len(chunk)
-                        if progress:
-                            progress(done, total)
-                sftp.posix_rename(part, remote)
-            finally:
-                sftp.close()
+                offset = sftp.stat(part).st_size or 0
+            except FileNotFoundError:
+                offset = 0
+            if offset > total:
+                offset = 0
+            with open(local, "rb") as src, sftp.open(part, "ab" if offset else "wb") as dst:
+                dst.set_pipelined(True)
+                src.seek(offset)
+                done = offset
+                while chunk := src.read(_CHUNK):
+                    dst.write(chunk)
+                    done += len(chunk)
+                    if progress:
+                        progress(done, total)
+            sftp.posix_rename(part, remote)
         except (paramiko.SSHException, OSError, EOFError) as e:
+            self._sftp = None
             self._client.close()  # the session is unusable after a timeout mid-write
             raise ConnectionFailed(
                 f"{self.device.name}: upload of {local.name} failed ({e or type(e).__name__})",
@@ -200,4 +204,7 @@ class SshTransport:
             ) from None
 
     def close(self) -> None:
+        if self._sftp is not None:
+            self._sftp.close()
+            self._sftp = None
         self._client.close()
