@@ -11,7 +11,7 @@ from pathlib import Path
 
 from edgedeploy.localdevice import LoopbackSshd, NetnsLink
 from edgedeploy_agent.bundle import Manifest, describe_artifact, extract_bundle, write_bundle
-from tests.helpers import Cli, agent
+from tests.helpers import BIN, Cli, agent
 from tests.integration.conftest import AGENT
 
 
@@ -31,6 +31,7 @@ class NetFleet:
     def __init__(self, cli: Cli, base: Path, inventory: Path) -> None:
         self.cli, self.base, self.inventory = cli, base, inventory
         self.devices: dict[str, NetDevice] = {}
+        self.cli_bin = BIN / "edgedeploy"
 
     def args(self) -> list[str]:
         return ["--inventory", str(self.inventory)]

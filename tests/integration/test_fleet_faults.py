@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import signal
 import subprocess
 import threading
 import time
@@ -169,3 +170,35 @@ def test_small_disk_refuses_before_upload(cli: Cli, tmp_path: Path, mnist_bundle
     finally:
         subprocess.run(["umount", "-l", str(root)])
         shutil.rmtree(root, ignore_errors=True)
+
+
+def test_interrupted_rollout_is_shown_and_resumed(fleet: NetFleet, mnist_bundle: Path, tmp_path: Path) -> None:
+    v2 = padded_bundle(mnist_bundle, tmp_path / "v2.edb", 4096, version="9")
+    state_dir = tmp_path / "host" / "state" / "rollouts"
+    before = set(state_dir.glob("*.json"))
+    proc = subprocess.Popen(
+        [str(fleet.cli_bin), "rollout", str(v2), "--group", "lab", "--canary", "0", "--concurrency", "1",
+         *fleet.args()],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    deadline = time.monotonic() + 120
+    state: dict = {}
+    while time.monotonic() < deadline and proc.poll() is None:  # bounded: interrupt after the first device
+        new = set(state_dir.glob("*.json")) - before
+        if new:
+            state = json.loads(next(iter(new)).read_text())
+            if state["succeeded"]:
+                proc.send_signal(signal.SIGINT)
+                break
+        time.sleep(0.05)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130 and "interrupted" in err, err
+    state = json.loads(next(iter(set(state_dir.glob("*.json")) - before)).read_text())
+    assert state["status"] == "interrupted" and state["untouched"], state
+    new = read_manifest(v2).release_name
+    for name, d in state["devices"].items():  # the state file says what each device runs
+        expected = new if d["status"] == "committed" else read_manifest(mnist_bundle).release_name
+        assert fleet.devices[name].current() == expected
+    r = fleet.cli("rollout", "--resume", "--json", *fleet.args())
+    assert r.code == 0, r.out + r.err
+    assert all(d.current() == new for d in fleet.devices.values())

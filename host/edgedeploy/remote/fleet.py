@@ -128,10 +128,23 @@ class RolloutRunner:
     def run(self) -> RolloutState:
         self.state.status = "running"
         self.state.save(self.path)
-        for w, names in enumerate(self.state.waves):
-            todo = [n for n in names if self.state.devices[n].status not in FINAL_OUTCOMES]
-            with ThreadPoolExecutor(max_workers=self.state.concurrency) as pool:
-                list(pool.map(lambda n: self._one(n, w), todo))  # noqa: B023 (consumed in the loop)
+        try:
+            for w, names in enumerate(self.state.waves):
+                todo = [n for n in names if self.state.devices[n].status not in FINAL_OUTCOMES]
+                with ThreadPoolExecutor(max_workers=self.state.concurrency) as pool:
+                    futures = [pool.submit(self._one, n, w) for n in todo]
+                    try:
+                        for f in futures:
+                            f.result()
+                    except KeyboardInterrupt:
+                        # devices already in flight finish their step (each is atomic on the device);
+                        # the rest are not started, and `rollout --resume` picks them up
+                        self._halt = "interrupted"
+                        raise
+        except KeyboardInterrupt:
+            self.state.status, self.state.halted_reason = "interrupted", "interrupted (Ctrl-C)"
+            self.state.save(self.path)
+            raise
         self.state.status = "halted" if self._halt else "done"
         self.state.halted_reason = self._halt
         self.state.save(self.path)
