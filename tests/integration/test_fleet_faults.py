@@ -202,3 +202,32 @@ def test_interrupted_rollout_is_shown_and_resumed(fleet: NetFleet, mnist_bundle:
     r = fleet.cli("rollout", "--resume", "--json", *fleet.args())
     assert r.code == 0, r.out + r.err
     assert all(d.current() == new for d in fleet.devices.values())
+
+
+def test_sshd_killed_mid_deploy_recovers_to_the_old_bundle(fleet: NetFleet, mnist_bundle: Path, tmp_path: Path) -> None:
+    """Like a device losing power while its health check runs: the next contact puts it back."""
+    v2 = padded_bundle(mnist_bundle, tmp_path / "v2.edb", 4096, version="9")
+    dev = fleet.devices["cam-a"]
+    # no frame source on these devices: 10**6 inferences never come, so the deploy waits in health-check
+    proc = subprocess.Popen(
+        [str(fleet.cli_bin), "push", "cam-a", str(v2), "--min-inferences", "1000000", "--timeout", "60",
+         *fleet.args()],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:  # bounded wait for the device to be mid-transition
+        pending = json.loads((dev.root / "state.json").read_text()).get("pending") or {}
+        if pending.get("state") == "health-check":
+            break
+        time.sleep(0.05)
+    assert pending.get("state") == "health-check", pending
+    dev.sshd.kill()  # the deploy command and its session die with it
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 3 and "connection lost" in err, err
+    dev.sshd.start()
+    r = fleet.cli("devices", "facts", "cam-a", *fleet.args())  # the next contact recovers the device
+    assert r.code == 0, r.err
+    facts = json.loads(r.out)
+    old = read_manifest(mnist_bundle).release_name
+    assert facts["current_release"] == old and dev.current() == old
+    assert json.loads((dev.root / "state.json").read_text())["pending"] is None

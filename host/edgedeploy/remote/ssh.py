@@ -165,12 +165,18 @@ class SshTransport:
                     time.sleep(0.005)
             code = chan.recv_exit_status()
             chan.close()
+            if code == -1:  # the session ended without an exit status: sshd or the link went away
+                raise paramiko.SSHException("the session closed before the command finished")
         except TimeoutError:
             raise ConnectionFailed(
                 f"{self.device.name}: `{argv[0]} {argv[1] if len(argv) > 1 else ''}` timed out after {timeout} s"
             ) from None
         except (paramiko.SSHException, OSError, EOFError) as e:
-            raise ConnectionFailed(f"{self.device.name}: connection lost while running a command ({e})") from None
+            raise ConnectionFailed(
+                f"{self.device.name}: connection lost while running {os.path.basename(argv[0])} ({e})",
+                hint="the device completes or undoes an interrupted deploy by itself at the next contact; "
+                f"check with `edgedeploy devices facts {self.device.name}`",
+            ) from None
         return CommandResult(tuple(argv), code, out.decode(errors="replace"), err.decode(errors="replace"))
 
     def put(self, local: Path, remote: str, progress: Progress | None = None) -> None:
