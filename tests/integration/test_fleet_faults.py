@@ -199,6 +199,8 @@ def test_interrupted_rollout_is_shown_and_resumed(fleet: NetFleet, mnist_bundle:
     for name, d in state["devices"].items():  # the state file says what each device runs
         expected = new if d["status"] == "committed" else read_manifest(mnist_bundle).release_name
         assert fleet.devices[name].current() == expected
+    r = fleet.cli("rollout", "--show", *fleet.args())
+    assert r.code == 2 and "interrupted" in r.out and "rollout --resume" in r.err, r.out + r.err
     r = fleet.cli("rollout", "--resume", "--json", *fleet.args())
     assert r.code == 0, r.out + r.err
     assert all(d.current() == new for d in fleet.devices.values())

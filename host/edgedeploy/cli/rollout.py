@@ -35,7 +35,7 @@ def show(state: RolloutState, dry_run: bool) -> None:
     render.out.print(
         f"rollout {state.id}: {state.release} to {len(state.devices)} devices, "
         f"canary {state.canary}, wave {state.wave or 'all'}, max-fail {state.max_fail:.0%} "
-        f"(halts after {state.fail_budget + 1} failures), concurrency {state.concurrency}"
+        f"(halts at failure #{state.fail_budget + 1}), concurrency {state.concurrency}"
     )
     for w, names in enumerate(state.waves):
         label = "canary" if w == 0 and state.canary else f"wave {w}"
@@ -66,6 +66,7 @@ def register(app: typer.Typer) -> None:
         concurrency: Annotated[int, typer.Option(help="devices updated at once within a wave")] = 4,
         dry_run: Annotated[bool, typer.Option("--dry-run", help="print the plan from the devices' state")] = False,
         resume: Annotated[bool, typer.Option("--resume", help="continue the newest (or --id) rollout")] = False,
+        show_: Annotated[bool, typer.Option("--show", help="print the newest (or --id) recorded rollout")] = False,
         rollout_id: Annotated[str | None, typer.Option("--id", help="rollout id for --resume")] = None,
         timeout: TimeoutOpt = 60.0,
         min_inferences: MinInferencesOpt = 0,
@@ -78,9 +79,14 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Ship a bundle to a group of devices: canary, then waves. Exit 0 all ok, 2 partial, 1 failed."""
         inv = Inventory.load(inventory)
-        if resume:
+        if show_:
+            state, path = api.load_rollout(rollout_id)
+            render.info(f"recorded in {path}")
+        elif resume:
             if bundle is not None:
                 raise InputError("--resume continues a recorded rollout; give no bundle")
+            if dry_run:
+                raise InputError("--resume cannot be a dry run; use --show to see what is left")
             state, _ = api.load_rollout(rollout_id)
             with render.fleet(f"rollout {state.id} (resumed)", list(state.devices)) as listener:
                 state = api.resume_rollout(inv, rollout_id, listener=listener)
@@ -107,5 +113,7 @@ def register(app: typer.Typer) -> None:
             render.print_json(state.to_json())
         else:
             show(state, dry_run)
+        if show_ and state.status in ("planned", "running", "interrupted", "halted"):
+            render.info(f"left to do: {', '.join(state.untouched + state.failed) or 'nothing'}; run `rollout --resume`")
         if not dry_run and state.exit_code():
             raise typer.Exit(state.exit_code())
