@@ -95,6 +95,10 @@ class RolloutRunner:
         device_log(name, f"rollout {self.state.id}: {status}: {detail}")
         self.listener(name, status, detail)
 
+    def _step(self, name: str, step: str) -> None:
+        device_log(name, f"rollout {self.state.id}: {step}")
+        self.listener(name, "running", step)
+
     def _one(self, name: str, wave: int) -> None:
         if self._halt:
             self._set(name, "skipped", f"not started: rollout halted ({self._halt})")
@@ -105,7 +109,7 @@ class RolloutRunner:
         try:
             t = open_transport(dev, self.inv.known_hosts, self.net.connect_timeout, self.net.io_timeout)
             try:
-                r = push(t, dev, self.blobs, health=self.health, step=lambda s: self.listener(name, "running", s))
+                r = push(t, dev, self.blobs, health=self.health, step=lambda s: self._step(name, s))
             finally:
                 t.close()
             detail = f"{r.outcome} {r.release} (was {r.previous or 'none'}), sent {r.uploaded_bytes / 1e6:.2f} MB"
