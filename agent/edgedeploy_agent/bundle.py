@@ -23,7 +23,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import IO, Any, Literal, Optional
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, ValidationError, model_serializer
 
 from .errors import BundleError, IncompatibleBundle
 
@@ -103,6 +103,14 @@ class Quantization(_Model):
     accuracy: dict[str, float] = Field(default_factory=dict, description="measured metrics, e.g. top1")
 
 
+class HealthSpec(_Model):
+    """What the device must show after activation, besides loading and one warm-up inference."""
+
+    min_inferences: int = Field(default=0, ge=0, description="successful inferences on the device's source")
+    max_p95_ms: Optional[float] = Field(default=None, gt=0, description="inference latency objective")
+    min_fps: Optional[float] = Field(default=None, gt=0, description="throughput objective")
+
+
 class Provenance(_Model):
     tools: dict[str, str] = Field(description="versions of the tools that built the bundle")
     build_host: str
@@ -128,6 +136,15 @@ class Manifest(_Model):
     # Reserved for signed bundles: a monotonically increasing serial and an expiry.
     serial: Optional[int] = None
     expires: Optional[_dt.datetime] = None
+    health: Optional[HealthSpec] = Field(default=None, description="health objectives; the command line may add")
+
+    @model_serializer(mode="wrap")
+    def _omit_unset_health(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        # a manifest without objectives serialises exactly as before the field existed: same bundle id
+        data: dict[str, Any] = handler(self)
+        if data.get("health") is None:
+            data.pop("health", None)
+        return data
 
     def artifact(self, role: str) -> Artifact:
         for a in self.artifacts:

@@ -103,7 +103,8 @@ class Deployment:
         self.service.restart()
         self._move(state, "health-check")
         try:
-            health = wait_healthy(self.store, self.service, name, timeout, objectives)
+            wanted = (objectives or HealthObjectives()).with_bundle(manifest.health)
+            health = wait_healthy(self.store, self.service, name, timeout, wanted)
         except (RuntimeError, TimeoutError) as e:
             self.timings["health_wait_s"] = round(time.monotonic() - t, 3)
             reason = str(e)

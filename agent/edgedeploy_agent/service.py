@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 from typing import Any, Optional, Protocol
 
+from .bundle import HealthSpec
 from .store import DeviceStore, utcnow, write_json_atomic
 
 HEALTHY_STATES = ("ready", "finished")
@@ -139,6 +140,16 @@ class HealthObjectives:
     ) -> None:
         self.min_inferences, self.max_p95_ms, self.min_fps = min_inferences, max_p95_ms, min_fps
 
+    def with_bundle(self, spec: Optional[HealthSpec]) -> "HealthObjectives":
+        """The bundle's own objectives, each overridden by the one given on the command line."""
+        if spec is None:
+            return self
+        return HealthObjectives(
+            max(self.min_inferences, spec.min_inferences),
+            self.max_p95_ms if self.max_p95_ms is not None else spec.max_p95_ms,
+            self.min_fps if self.min_fps is not None else spec.min_fps,
+        )
+
     @property
     def needs_inferences(self) -> int:
         return max(self.min_inferences, 1 if self.max_p95_ms is not None or self.min_fps is not None else 0)
@@ -190,6 +201,12 @@ def wait_healthy(
             log_tail = _tail(store.logs / "agent.log")
             raise RuntimeError(f"agent exited before reporting ready{': ' + log_tail if log_tail else ''}")
         time.sleep(0.1)
+    last = read_health(store) or {}
+    if objectives is not None and last.get("release") == release and last.get("state") in HEALTHY_STATES:
+        raise TimeoutError(
+            f"ready, but {last.get('inferences') or 0} of {objectives.needs_inferences} required inferences "
+            f"within {timeout:.0f} s"
+        )
     raise TimeoutError(f"agent did not report ready within {timeout:.0f} s")
 
 

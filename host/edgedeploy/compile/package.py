@@ -17,6 +17,7 @@ import tomllib
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from edgedeploy_agent.bundle import (
+    HealthSpec,
     Manifest,
     ModelInfo,
     Postprocess,
@@ -47,6 +48,7 @@ class ModelCard(BaseModel):
     labels_file: str | None = Field(default=None, description="path relative to the card, one label per line")
     preprocess: Preprocess = Field(default_factory=Preprocess)
     postprocess: Postprocess = Field(default_factory=Postprocess)
+    health: HealthSpec | None = Field(default=None, description="health objectives checked on every device")
 
 
 def load_card(path: Path) -> ModelCard:
@@ -140,6 +142,7 @@ def build_bundle(
             preprocess=card.preprocess,
             postprocess=card.postprocess,
             labels=labels_name,
+            health=card.health,
             provenance=Provenance(
                 tools={"edgedeploy": __version__, "python": platform.python_version(), **tool_versions()},
                 build_host=f"{platform.node()} ({platform.machine()})",
