@@ -40,7 +40,13 @@ def _facts(store: DeviceStore, args: argparse.Namespace) -> dict[str, Any]:
     facts["free_bytes"] = shutil.disk_usage(probe).free if probe.exists() else None
     if store.initialised:
         service = make_service(store)
-        recover(store, service)
+        try:
+            # only a transition nobody is running is recovered: never undo a deploy in flight
+            with store.exclusive("recovery"):
+                recover(store, service)
+            facts["busy"] = False
+        except StateError:
+            facts["busy"] = True
         state = store.state()
         cfg = store.config()
         facts.update(
@@ -96,7 +102,8 @@ def _deploy(store: DeviceStore, args: argparse.Namespace) -> dict[str, Any]:
         raise StateError("deploy needs a bundle file or --manifest-blob")
     objectives = HealthObjectives(args.min_inferences, args.max_p95_ms, args.min_fps)
     deployment = Deployment(store, make_service(store))
-    return deployment.deploy(source, timeout=timeout, force=args.force, objectives=objectives)
+    with store.exclusive("deploy"):
+        return deployment.deploy(source, timeout=timeout, force=args.force, objectives=objectives)
 
 
 def _missing(store: DeviceStore, shas: list[str]) -> dict[str, Any]:
@@ -126,7 +133,8 @@ def _trust(store: DeviceStore, args: argparse.Namespace) -> dict[str, Any]:
 
 def _rollback(store: DeviceStore, args: argparse.Namespace) -> dict[str, Any]:
     store.require_initialised()
-    return rollback(store, make_service(store), args.timeout or store.config().health_timeout_s)
+    with store.exclusive("rollback"):
+        return rollback(store, make_service(store), args.timeout or store.config().health_timeout_s)
 
 
 def _verify(store: DeviceStore, args: argparse.Namespace) -> dict[str, Any]:

@@ -10,9 +10,12 @@ ROOT/run/                 pid file and health.json of the running agent
 """
 
 import datetime as _dt
+import fcntl
 import json
 import os
 import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Optional
 
@@ -86,6 +89,23 @@ class DeviceStore:
         cfg = AgentConfig.model_validate(cfg.model_dump())
         write_json_atomic(self.config_path, cfg.model_dump(mode="json"))
         return cfg
+
+    @contextmanager
+    def exclusive(self, what: str) -> Iterator[None]:
+        """One deploy or rollback at a time on a device (two hosts, or two rollouts, may collide)."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        with open(self.root / ".lock", "a") as f:
+            try:
+                fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                raise StateError(
+                    f"another deploy or rollback is running on this device; {what} refused",
+                    hint="wait for it to finish, then try again",
+                ) from None
+            try:
+                yield
+            finally:
+                fcntl.flock(f.fileno(), fcntl.LOCK_UN)
 
     # --- state ------------------------------------------------------------------------------
     @staticmethod
