@@ -14,6 +14,7 @@ import logging
 import os
 import shlex
 import socket
+import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -183,6 +184,21 @@ class SshTransport:
         """SFTP upload to REMOTE.part, resuming a partial upload, then an atomic rename."""
         part = remote + ".part"
         total = local.stat().st_size
+        last = [time.monotonic()]
+        done_event = threading.Event()
+
+        def watchdog() -> None:
+            # paramiko can block past its channel timeout when a link dies mid-write (seen in CI-like
+            # runs): with no progress for io_timeout, close the raw socket so every blocked call fails
+            while not done_event.wait(0.5):
+                if time.monotonic() - last[0] > self.io_timeout:
+                    transport = self._client.get_transport()
+                    if transport is not None:
+                        transport.sock.close()
+                    return
+
+        guard = threading.Thread(target=watchdog, name=f"upload-watchdog-{self.device.name}", daemon=True)
+        guard.start()
         try:
             sftp = self._sftp_session()
             try:
@@ -198,6 +214,7 @@ class SshTransport:
                 while chunk := src.read(_CHUNK):
                     dst.write(chunk)
                     done += len(chunk)
+                    last[0] = time.monotonic()
                     if progress:
                         progress(done, total)
             sftp.posix_rename(part, remote)
@@ -208,6 +225,8 @@ class SshTransport:
                 f"{self.device.name}: upload of {local.name} failed ({e or type(e).__name__})",
                 hint="run the push again: the upload resumes where it stopped",
             ) from None
+        finally:
+            done_event.set()
 
     def close(self) -> None:
         if self._sftp is not None:
