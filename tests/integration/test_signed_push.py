@@ -18,12 +18,15 @@ def test_keys_sign_enroll_push(cli: Cli, device: Enrolled, mnist_bundle: Path, t
     r = cli("keys", "generate", "fleet-1", "--json")
     assert r.code == 0, r.err
     kid = json.loads(r.out)["key_id"]
+    r = cli("devices", "enroll", device.name, "--yes", "--json", *device.args())
+    assert r.code == 0 and json.loads(r.out)["trusted_keys"] == [kid], r.out + r.err
+
     assert cli("keys", "generate", "fleet-2").code == 0  # the next key, for rotation
     listed = json.loads(cli("keys", "list", "--json").out)
     assert [k["name"] for k in listed] == ["fleet-1", "fleet-2"] and all(k["has_private"] for k in listed)
-
-    r = cli("devices", "enroll", device.name, "--yes", "--json", *device.args())
-    assert r.code == 0 and kid in json.loads(r.out)["trusted_keys"], r.out + r.err
+    r = cli("keys", "install", device.name, "--json", *device.args())
+    assert r.code == 0, r.err
+    assert sorted(json.loads(r.out)["results"][device.name]["trusted_keys"]) == sorted(k["key_id"] for k in listed)
     assert_one_line_error(cli("push", device.name, str(mnist_bundle), *device.args()), 4, "is not signed")
 
     signed = tmp_path / "signed.edb"
