@@ -23,7 +23,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import IO, Any, Literal, Optional
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, ValidationError, model_serializer
 
 from .errors import BundleError, IncompatibleBundle
 from .gpu import CudaDevice, version_tuple
@@ -136,6 +136,14 @@ class TensorRTSettings(_Model):
     rtol: float = Field(default=0.0, ge=0)
 
 
+class HealthSpec(_Model):
+    """What the device must show after activation, besides loading and one warm-up inference."""
+
+    min_inferences: int = Field(default=0, ge=0, description="successful inferences on the device's source")
+    max_p95_ms: Optional[float] = Field(default=None, gt=0, description="inference latency objective")
+    min_fps: Optional[float] = Field(default=None, gt=0, description="throughput objective")
+
+
 class Provenance(_Model):
     tools: dict[str, str] = Field(description="versions of the tools that built the bundle")
     build_host: str
@@ -162,6 +170,15 @@ class Manifest(_Model):
     # Reserved for signed bundles: a monotonically increasing serial and an expiry.
     serial: Optional[int] = None
     expires: Optional[_dt.datetime] = None
+    health: Optional[HealthSpec] = Field(default=None, description="health objectives; the command line may add")
+
+    @model_serializer(mode="wrap")
+    def _omit_unset_health(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        # a manifest without objectives serialises exactly as before the field existed: same bundle id
+        data: dict[str, Any] = handler(self)
+        if data.get("health") is None:
+            data.pop("health", None)
+        return data
 
     def artifact(self, role: str) -> Artifact:
         for a in self.artifacts:
@@ -205,8 +222,8 @@ def describe_artifact(path: Path, role: str, name: Optional[str] = None) -> Arti
     return Artifact(path=name or path.name, role=role, sha256=sha256_file(path), size=path.stat().st_size)  # type: ignore[arg-type]
 
 
-def write_bundle(out: Path, manifest: Manifest, files: Mapping[str, Path]) -> Path:
-    """Write `manifest` and the files it lists into one bundle file, atomically and reproducibly."""
+def write_bundle(out: Path, manifest: Manifest, files: Mapping[str, Path], signature: Optional[bytes] = None) -> Path:
+    """Write `manifest` (and its signature) and the files it lists into one bundle file, atomically."""
     listed = {a.path: a for a in manifest.artifacts}
     if set(listed) != set(files):
         raise BundleError(f"artifacts {sorted(listed)} do not match files {sorted(files)}")
@@ -220,6 +237,8 @@ def write_bundle(out: Path, manifest: Manifest, files: Mapping[str, Path]) -> Pa
     with open(tmp, "wb") as raw, gzip.GzipFile(fileobj=raw, mode="wb", mtime=0, compresslevel=6) as gz:
         with tarfile.open(fileobj=gz, mode="w", format=tarfile.PAX_FORMAT) as tar:
             tar.addfile(_tarinfo(MANIFEST_NAME, len(body)), io.BytesIO(body))
+            if signature is not None:
+                tar.addfile(_tarinfo(SIGNATURE_NAME, len(signature)), io.BytesIO(signature))
             for name in sorted(listed):
                 with open(files[name], "rb") as f:
                     tar.addfile(_tarinfo(name, listed[name].size), f)
@@ -234,6 +253,19 @@ def read_manifest(path: Path) -> Manifest:
         if member is None or member.name != MANIFEST_NAME:
             raise BundleError(f"{path}: not an edgedeploy bundle (first member must be {MANIFEST_NAME})")
         return _parse_manifest(_read_small(tar, member, path), path)
+
+
+def read_signed_manifest(path: Path) -> tuple[Manifest, bytes, Optional[bytes]]:
+    """The manifest, its exact bytes and the signature member (None when unsigned); reads two members."""
+    with _open_tar(path) as tar:
+        member = _next_member(tar, path)
+        if member is None or member.name != MANIFEST_NAME:
+            raise BundleError(f"{path}: not an edgedeploy bundle (first member must be {MANIFEST_NAME})")
+        body = _read_small(tar, member, path)
+        manifest = _parse_manifest(body, path)
+        second = _next_member(tar, path)
+        sig = _read_small(tar, second, path) if second is not None and second.name == SIGNATURE_NAME else None
+        return manifest, body, sig
 
 
 def verify_bundle(path: Path) -> Manifest:

@@ -11,17 +11,17 @@ import platform
 import shutil
 import sys
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Optional, Union
 
 from . import __version__
+from .blobs import BlobSource, BlobStore
 from .bundle import SCHEMA_VERSION, verify_bundle
 from .config import AgentConfig
-from .errors import AgentError
-from .lifecycle import Deployment, describe_release, recover, rollback
-from .loop import run_agent
-from .service import make_service, read_health
-from .spool import ack_reports, pending_reports
+from .errors import AgentError, StateError
+from .lifecycle import BundleSource, Deployment, describe_release, recover, rollback
+from .service import HealthObjectives, make_service, read_health
 from .store import DeviceStore
+from .trust import TrustStore
 
 DEFAULT_ROOT = "/var/lib/edgedeploy"
 
@@ -40,7 +40,13 @@ def _facts(store: DeviceStore, args: argparse.Namespace) -> dict[str, Any]:
     facts["free_bytes"] = shutil.disk_usage(probe).free if probe.exists() else None
     if store.initialised:
         service = make_service(store)
-        recover(store, service)
+        try:
+            # only a transition nobody is running is recovered: never undo a deploy in flight
+            with store.exclusive("recovery"):
+                recover(store, service)
+            facts["busy"] = False
+        except StateError:
+            facts["busy"] = True
         state = store.state()
         cfg = store.config()
         facts.update(
@@ -51,7 +57,12 @@ def _facts(store: DeviceStore, args: argparse.Namespace) -> dict[str, Any]:
             current=describe_release(store, state["current"]),
             previous=state["previous"],
             history=state["history"][-5:],
+            profile=cfg.profile,
+            trusted_keys=sorted(TrustStore(store.root).keys()),
+            serial=(state.get("serial") or {}).get("serial"),
         )
+        if args.blobs:  # the host's one round trip before an upload: facts plus what is missing
+            facts["blobs"] = _missing(store, args.blobs)
     return facts
 
 
@@ -66,11 +77,14 @@ def _init(store: DeviceStore, args: argparse.Namespace) -> dict[str, Any]:
             "tvm_runtime_lib": args.tvm_runtime_lib,
             "report_interval_s": args.report_interval,
             "metrics_port": args.metrics_port,
+            "profile": args.profile,
+            "keep_releases": args.keep_releases,
         }.items()
         if v is not None
     }
     cfg = AgentConfig.model_validate({**base.model_dump(), **changes})
     store.init(cfg)
+    BlobStore(store.root).init()
     return {"root": str(store.root), "config": cfg.model_dump(mode="json")}
 
 
@@ -80,14 +94,50 @@ def _deploy(store: DeviceStore, args: argparse.Namespace) -> dict[str, Any]:
         store.update_config(source=args.source or None)
     cfg = store.config()
     timeout = args.timeout or cfg.health_timeout_s
-    return Deployment(store, make_service(store)).deploy(
-        Path(args.bundle), timeout=timeout, force=args.force, build_timeout=args.build_timeout
-    )
+    source: Union[Path, BundleSource]
+    if args.manifest_blob:
+        source = BlobSource(store, args.manifest_blob, args.signature_blob)
+    elif args.bundle:
+        source = Path(args.bundle)
+    else:
+        raise StateError("deploy needs a bundle file or --manifest-blob")
+    objectives = HealthObjectives(args.min_inferences, args.max_p95_ms, args.min_fps)
+    deployment = Deployment(store, make_service(store))
+    with store.exclusive("deploy"):
+        return deployment.deploy(
+            source, timeout=timeout, force=args.force, objectives=objectives, build_timeout=args.build_timeout
+        )
+
+
+def _missing(store: DeviceStore, shas: list[str]) -> dict[str, Any]:
+    """Which of these blobs the device lacks (finished uploads are verified now), and free space."""
+    blobs = BlobStore(store.root)
+    blobs.init()
+    missing = [sha for sha in shas if not blobs.has(sha)]
+    return {
+        "missing": missing,
+        "partial": {sha: blobs.partial_bytes(sha) for sha in missing if blobs.partial_bytes(sha)},
+        "free_bytes": shutil.disk_usage(store.root).free,
+    }
+
+
+def _blobs(store: DeviceStore, args: argparse.Namespace) -> dict[str, Any]:
+    store.require_initialised()
+    return _missing(store, args.sha256)
+
+
+def _trust(store: DeviceStore, args: argparse.Namespace) -> dict[str, Any]:
+    store.require_initialised()
+    trust = TrustStore(store.root)
+    if args.set is not None:
+        trust.replace(args.set)
+    return {"trusted_keys": sorted(trust.keys())}
 
 
 def _rollback(store: DeviceStore, args: argparse.Namespace) -> dict[str, Any]:
     store.require_initialised()
-    return rollback(store, make_service(store), args.timeout or store.config().health_timeout_s)
+    with store.exclusive("rollback"):
+        return rollback(store, make_service(store), args.timeout or store.config().health_timeout_s)
 
 
 def _verify(store: DeviceStore, args: argparse.Namespace) -> dict[str, Any]:
@@ -97,6 +147,8 @@ def _verify(store: DeviceStore, args: argparse.Namespace) -> dict[str, Any]:
 
 def _reports(store: DeviceStore, args: argparse.Namespace) -> dict[str, Any]:
     store.require_initialised()
+    from .spool import ack_reports, pending_reports  # lazily: only the commands that need them load it
+
     if args.ack:
         return {"acked": ack_reports(store, args.ack)}
     return {"reports": [{"file": f, "report": r} for f, r in pending_reports(store)[: args.limit]]}
@@ -126,12 +178,21 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--tvm-runtime-lib", help="path of libtvm_runtime.so")
     s.add_argument("--report-interval", type=float)
     s.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on 127.0.0.1:PORT")
+    s.add_argument("--profile", help="device profile; bundles for another profile are refused")
+    s.add_argument("--keep-releases", type=int, help="releases kept on the device (current + previous)")
     s.set_defaults(fn=_init)
 
-    sub.add_parser("facts", help="what the host needs to plan a deploy").set_defaults(fn=_facts)
+    s = sub.add_parser("facts", help="what the host needs to plan a deploy")
+    s.add_argument("--blobs", nargs="+", metavar="SHA256", help="also say which of these blobs are missing")
+    s.set_defaults(fn=_facts)
 
     s = sub.add_parser("deploy", help="verify, unpack, activate, restart, health-check; roll back on failure")
-    s.add_argument("bundle")
+    s.add_argument("bundle", nargs="?", help="an uploaded .edb file (or use --manifest-blob)")
+    s.add_argument("--manifest-blob", help="sha256 of the manifest blob of a bundle pushed as blobs")
+    s.add_argument("--signature-blob", help="sha256 of its manifest.sig blob")
+    s.add_argument("--min-inferences", type=int, default=0, help="inferences that must succeed after ready")
+    s.add_argument("--max-p95-ms", type=float, help="health objective: inference p95 latency")
+    s.add_argument("--min-fps", type=float, help="health objective: frames per second")
     s.add_argument("--timeout", type=float, help="health-check timeout in seconds")
     s.add_argument("--source", help="set the frame source URI before restarting ('' clears it)")
     s.add_argument("--force", action="store_true", help="redeploy even if this bundle is already running")
@@ -139,6 +200,14 @@ def _parser() -> argparse.ArgumentParser:
         "--build-timeout", type=float, help="while a TensorRT engine is built at activation, wait up to this many s"
     )
     s.set_defaults(fn=_deploy)
+
+    s = sub.add_parser("blobs", help="which of these sha256 blobs are missing on the device")
+    s.add_argument("sha256", nargs="*")
+    s.set_defaults(fn=_blobs)
+
+    s = sub.add_parser("trust", help="list the pinned bundle-signing keys, or replace them with --set")
+    s.add_argument("--set", nargs="+", metavar="KEY", help="public keys (ed25519:<base64>) to pin")
+    s.set_defaults(fn=_trust)
 
     s = sub.add_parser("rollback", help="go back to the previous release")
     s.add_argument("--timeout", type=float)
@@ -170,6 +239,8 @@ def main(argv: Optional[list[str]] = None) -> int:
         except AgentError as e:
             print(f"edgedeploy-agent: {e.message}", file=sys.stderr)
             return e.exit_code
+        from .loop import run_agent
+
         return run_agent(store, max_frames=args.max_frames)
     fn: Callable[[DeviceStore, argparse.Namespace], dict[str, Any]] = args.fn
     try:

@@ -22,3 +22,4 @@ class AgentConfig(BaseModel):
     idle_baseline_s: float = Field(default=2.0, ge=0, description="idle power measured before serving; 0: off")
     power_interval_s: float = Field(default=0.02, gt=0, description="power sampling period (sampled sensors)")
     metrics_port: Optional[int] = Field(default=None, ge=1, le=65535, description="Prometheus on 127.0.0.1")
+    profile: Optional[str] = Field(default=None, description="device profile; bundles for another are refused")

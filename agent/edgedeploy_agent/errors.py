@@ -65,3 +65,26 @@ class StateError(AgentError):
 
     code = "state-error"
     exit_code = 9
+
+
+class UntrustedBundle(AgentError):
+    """The bundle's signature, serial or expiry does not satisfy the keys pinned on this device."""
+
+    code = "untrusted-bundle"
+    exit_code = 10
+
+
+class UnsignedBundle(UntrustedBundle):
+    code = "unsigned-bundle"
+
+
+class BadSignature(UntrustedBundle):
+    code = "bad-signature"
+
+
+class ReplayedBundle(UntrustedBundle):
+    code = "replayed-bundle"
+
+
+class ExpiredBundle(UntrustedBundle):
+    code = "expired-bundle"

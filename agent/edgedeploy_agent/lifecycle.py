@@ -9,13 +9,26 @@
 
 import time
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Optional, Protocol, Union
 
-from .bundle import Manifest, check_compatible, read_manifest
+from .blobs import BlobStore, FileSource
+from .bundle import Manifest, check_compatible
 from .errors import HealthCheckFailed, StateError
 from .gpu import probe_cuda
-from .service import Service, read_health, wait_healthy
+from .service import HealthObjectives, Service, read_health, wait_healthy
 from .store import DeviceStore, utcnow
+from .trust import TrustStore, check_trust
+
+
+class BundleSource(Protocol):
+    """Where a deploy's bundle comes from: one uploaded file or blobs (see blobs.py)."""
+
+    def read(self) -> tuple[Manifest, bytes, Optional[bytes]]: ...
+
+    def stage(self, store: DeviceStore) -> Manifest: ...
+
+    def discard(self) -> None: ...
+
 
 TRANSITIONS = {
     None: {"staged"},
@@ -43,13 +56,22 @@ class Deployment:
         self.store.save_state(state)
 
     def deploy(
-        self, bundle_file: Path, timeout: float, force: bool = False, build_timeout: Optional[float] = None
+        self,
+        bundle: Union[Path, "BundleSource"],
+        timeout: float,
+        force: bool = False,
+        objectives: Optional[HealthObjectives] = None,
+        build_timeout: Optional[float] = None,
     ) -> dict[str, Any]:
+        source = FileSource(bundle) if isinstance(bundle, Path) else bundle
         recover(self.store, self.service)
         state = self.store.state()
-        manifest = read_manifest(bundle_file)
+        manifest, body, signature = source.read()
         gpu, reason = probe_cuda() if manifest.target.device == "cuda" else (None, "")
         check_compatible(manifest, gpu=gpu, gpu_reason=reason)
+        check_trust(
+            TrustStore(self.store.root), manifest, body, signature, state.get("serial"), self.store.config().profile
+        )
         name = manifest.release_name
         old = state["current"]
         health = read_health(self.store)
@@ -61,14 +83,14 @@ class Deployment:
             and health.get("release") == name
             and health.get("state") in ("ready", "finished")
         ):
-            bundle_file.unlink(missing_ok=True)
+            source.discard()
             return {"outcome": "unchanged", "release": name, "previous": state["previous"][:1] or [None]}
 
         state["pending"] = {"release": name, "from": old, "state": None, "started": utcnow()}
         self._move(state, "staged")
         t = time.monotonic()
         try:
-            self.store.stage(bundle_file)
+            source.stage(self.store)
         except Exception as e:
             self._move(state, "failed")
             self.store.record(state, "stage-failed", name, str(e))
@@ -84,7 +106,8 @@ class Deployment:
         self.service.restart()
         self._move(state, "health-check")
         try:
-            health = wait_healthy(self.store, self.service, name, timeout, build_timeout)
+            wanted = (objectives or HealthObjectives()).with_bundle(manifest.health)
+            health = wait_healthy(self.store, self.service, name, timeout, wanted, build_timeout)
         except (RuntimeError, TimeoutError) as e:
             self.timings["health_wait_s"] = round(time.monotonic() - t, 3)
             reason = str(e)
@@ -103,6 +126,8 @@ class Deployment:
         if old and old != name:
             state["previous"] = [old] + [p for p in state["previous"] if p not in (old, name)]
         state["previous"] = [p for p in state["previous"] if p != name]
+        if manifest.serial is not None:
+            state["serial"] = {"serial": manifest.serial, "bundle_id": manifest.bundle_id}
         self.store.record(state, "committed", name, f"from {old}")
         state["pending"] = None
         self.store.save_state(state)
@@ -110,7 +135,8 @@ class Deployment:
         removed = self.store.prune([name, *state["previous"]], cfg.keep_releases)
         state["previous"] = [p for p in state["previous"] if p not in removed]
         self.store.save_state(state)
-        bundle_file.unlink(missing_ok=True)
+        BlobStore(self.store.root).collect_garbage()
+        source.discard()
         return {"outcome": "committed", "release": name, "previous": old, "health": health, "timings": self.timings}
 
     def _roll_back(self, state: dict[str, Any], old: Optional[str], reason: str, timeout: float) -> Optional[str]:

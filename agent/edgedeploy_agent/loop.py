@@ -4,7 +4,8 @@ import datetime as _dt
 import signal
 import socket
 import time
-from collections.abc import Sequence
+from collections import deque
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Optional
 
@@ -84,11 +85,37 @@ class InferenceLoop:
         self.thermal, self.metrics = thermal, metrics
         self.stop_requested = False
         self._dropped_before = 0
+        # the health check reads these through run/health.json (see progress())
+        self.on_progress: Callable[[dict[str, Any]], None] = lambda stats: None
+        self._infer_ms: deque[float] = deque(maxlen=1000)
+        self._busy_s = 0.0
+        self._last_progress = 0.0
+        self._count = 0
+
+    def stats(self) -> dict[str, Any]:
+        """Inferences so far, p95 of the recent inference latencies, FPS over busy time."""
+        n = len(self._infer_ms)
+        p95 = float(np.percentile(np.array(self._infer_ms), 95)) if n else None
+        return {
+            "inferences": self._count,
+            "infer_p95_ms": None if p95 is None else round(p95, 3),
+            "fps": round(self._count / self._busy_s, 3) if self._busy_s > 0 else None,
+        }
+
+    def _progress(self, ms: tuple[float, ...]) -> None:
+        self._count += 1
+        self._infer_ms.append(ms[2])
+        self._busy_s += sum(ms) / 1e3
+        now = time.monotonic()
+        if self._count == 1 or now - self._last_progress >= 0.5:
+            self._last_progress = now
+            self.on_progress(self.stats())
 
     def run(self, source: CapturedSource, max_frames: Optional[int] = None) -> int:
         """Process frames until the source ends, a stop is requested or max_frames; returns reports written."""
         spec = self.manifest.inputs[0]
         frame_index, reports = 0, 0
+        self._count = 0
         while not self.stop_requested:
             window = _Window()
             self.power.start_window()
@@ -113,7 +140,9 @@ class InferenceLoop:
                 t2 = time.perf_counter()
                 top = top_k(outs[0], self.manifest, self.labels)
                 t3 = time.perf_counter()
-                window.add(age_ms, (t0 - t_wait) * 1e3, (t1 - t0) * 1e3, (t2 - t1) * 1e3, (t3 - t2) * 1e3)
+                ms = ((t0 - t_wait) * 1e3, (t1 - t0) * 1e3, (t2 - t1) * 1e3, (t3 - t2) * 1e3)
+                window.add(age_ms, *ms)
+                self._progress(ms)
                 if self.cfg.record_predictions:
                     window.predictions.append(Prediction(frame=frame_index, top=top))
                 frame_index += 1
@@ -251,7 +280,9 @@ def run_agent(
 
     signal.signal(signal.SIGTERM, _stop)
     signal.signal(signal.SIGINT, _stop)
-    write_health(store, release, "ready", warmup_ms=round(warm_ms, 3), runtime=runtime.describe(), source=cfg.source)
+    ready = {"warmup_ms": round(warm_ms, 3), "runtime": runtime.describe(), "source": cfg.source}
+    loop.on_progress = lambda stats: write_health(store, release, "ready", **ready, **stats)
+    write_health(store, release, "ready", **ready, inferences=0)
     notifier.ready(f"serving {release} on {cfg.source or 'no source'}")
     try:
         if source is None:
@@ -267,5 +298,6 @@ def run_agent(
         power.close()
         if metrics is not None:
             metrics.close()
-    write_health(store, release, "finished" if not loop.stop_requested else "stopped", reports=reports)
+    end_state = "finished" if not loop.stop_requested else "stopped"
+    write_health(store, release, end_state, reports=reports, **ready, **loop.stats())
     return 0

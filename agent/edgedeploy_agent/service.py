@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 from typing import Any, Optional, Protocol
 
+from .bundle import HealthSpec
 from .store import DeviceStore, utcnow, write_json_atomic
 
 HEALTHY_STATES = ("ready", "finished")
@@ -135,13 +136,56 @@ def make_service(store: DeviceStore) -> Service:
     return ProcessService(store)
 
 
+class HealthObjectives:
+    """What "healthy" means beyond ready: N inferences done, and optional latency / FPS objectives."""
+
+    def __init__(
+        self, min_inferences: int = 0, max_p95_ms: Optional[float] = None, min_fps: Optional[float] = None
+    ) -> None:
+        self.min_inferences, self.max_p95_ms, self.min_fps = min_inferences, max_p95_ms, min_fps
+
+    def with_bundle(self, spec: Optional[HealthSpec]) -> "HealthObjectives":
+        """The bundle's own objectives, each overridden by the one given on the command line."""
+        if spec is None:
+            return self
+        return HealthObjectives(
+            max(self.min_inferences, spec.min_inferences),
+            self.max_p95_ms if self.max_p95_ms is not None else spec.max_p95_ms,
+            self.min_fps if self.min_fps is not None else spec.min_fps,
+        )
+
+    @property
+    def needs_inferences(self) -> int:
+        return max(self.min_inferences, 1 if self.max_p95_ms is not None or self.min_fps is not None else 0)
+
+    def judge(self, health: dict[str, Any]) -> Optional[bool]:
+        """True: met; None: not yet (too few inferences); raises RuntimeError when an objective is missed."""
+        done = int(health.get("inferences") or 0)
+        if done < self.needs_inferences:
+            if health.get("state") == "finished":
+                raise RuntimeError(f"source ended after {done} inferences, {self.needs_inferences} required")
+            return None
+        p95, fps = health.get("infer_p95_ms"), health.get("fps")
+        if self.max_p95_ms is not None and (p95 is None or p95 > self.max_p95_ms):
+            raise RuntimeError(f"inference p95 {p95} ms is above the objective {self.max_p95_ms} ms")
+        if self.min_fps is not None and (fps is None or fps < self.min_fps):
+            raise RuntimeError(f"{fps} FPS is below the objective {self.min_fps} FPS")
+        return True
+
+
 def wait_healthy(
-    store: DeviceStore, service: Service, release: str, timeout: float, build_timeout: Optional[float] = None
+    store: DeviceStore,
+    service: Service,
+    release: str,
+    timeout: float,
+    objectives: Optional[HealthObjectives] = None,
+    build_timeout: Optional[float] = None,
 ) -> dict[str, Any]:
-    """Wait until the agent reports `release` loaded and warmed up; raise TimeoutError or RuntimeError.
+    """Wait until the agent reports `release` loaded, warmed up and meeting `objectives`.
 
     While the agent reports a TensorRT engine build (or its acceptance check), the wait extends to
-    `build_timeout` seconds when one is given (`edgedeploy push --prebuild`).
+    `build_timeout` seconds when one is given (`edgedeploy push --prebuild`). Raises TimeoutError or
+    RuntimeError (with the reason) otherwise.
     """
     started = time.monotonic()
     deadline = started + timeout
@@ -151,7 +195,10 @@ def wait_healthy(
         health = read_health(store)
         if health and health.get("release") == release:
             if health.get("state") in HEALTHY_STATES:
-                return health
+                if objectives is None or objectives.judge(health):
+                    return health
+                time.sleep(0.1)
+                continue
             if health.get("state") == "failed":
                 err = health.get("error") or {}
                 raise RuntimeError(err.get("message", "agent reported failure"))
@@ -162,10 +209,17 @@ def wait_healthy(
         if time.monotonic() > grace_until and not service.is_running():
             health = read_health(store)
             if health and health.get("release") == release and health.get("state") in HEALTHY_STATES:
-                return health
+                if objectives is None or objectives.judge(health):
+                    return health
             log_tail = _tail(store.logs / "agent.log")
             raise RuntimeError(f"agent exited before reporting ready{': ' + log_tail if log_tail else ''}")
         time.sleep(0.1)
+    last = read_health(store) or {}
+    if objectives is not None and last.get("release") == release and last.get("state") in HEALTHY_STATES:
+        raise TimeoutError(
+            f"ready, but {last.get('inferences') or 0} of {objectives.needs_inferences} required inferences "
+            f"within {timeout:.0f} s"
+        )
     if building is not None:
         raise TimeoutError(
             f"agent was still building or checking its TensorRT engine after {time.monotonic() - started:.0f} s "

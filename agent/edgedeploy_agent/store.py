@@ -10,9 +10,12 @@ ROOT/run/                 pid file and health.json of the running agent
 """
 
 import datetime as _dt
+import fcntl
 import json
 import os
 import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Optional
 
@@ -35,10 +38,10 @@ def write_json_atomic(path: Path, data: Any) -> None:
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, path)
-    _fsync_dir(path.parent)
+    fsync_dir(path.parent)
 
 
-def _fsync_dir(d: Path) -> None:
+def fsync_dir(d: Path) -> None:
     fd = os.open(d, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -86,6 +89,23 @@ class DeviceStore:
         cfg = AgentConfig.model_validate(cfg.model_dump())
         write_json_atomic(self.config_path, cfg.model_dump(mode="json"))
         return cfg
+
+    @contextmanager
+    def exclusive(self, what: str) -> Iterator[None]:
+        """One deploy or rollback at a time on a device (two hosts, or two rollouts, may collide)."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        with open(self.root / ".lock", "a") as f:
+            try:
+                fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                raise StateError(
+                    f"another deploy or rollback is running on this device; {what} refused",
+                    hint="wait for it to finish, then try again",
+                ) from None
+            try:
+                yield
+            finally:
+                fcntl.flock(f.fileno(), fcntl.LOCK_UN)
 
     # --- state ------------------------------------------------------------------------------
     @staticmethod
@@ -151,7 +171,7 @@ class DeviceStore:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
         os.replace(tmp, final)
-        _fsync_dir(self.releases)
+        fsync_dir(self.releases)
         return manifest
 
     def load_release(self, name: str) -> Manifest:
@@ -176,7 +196,7 @@ class DeviceStore:
             tmp.unlink(missing_ok=True)
             os.symlink(os.path.join("releases", name), tmp)
             os.replace(tmp, self.current_link)
-        _fsync_dir(self.root)
+        fsync_dir(self.root)
 
     def prune(self, keep: list[str], count: int) -> list[str]:
         """Remove releases beyond the newest `count` of `keep` (current first, then previous)."""

@@ -6,8 +6,11 @@ Nothing here prints or exits.
 
 from __future__ import annotations
 
+import datetime as dt
+import json
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -17,17 +20,32 @@ from edgedeploy_agent.errors import AgentError
 from .compile.int8_build import Int8Config
 from .compile.package import BuildResult, ModelCard, build_bundle
 from .compile.tensorrt_artifacts import TensorRTOptions
-from .errors import ConnectionFailed, InputError
+from .errors import ConnectionFailed, EdgeDeployError, InputError
 from .inventory import Device, Inventory
 from .profiles import get_profile
 from .remote.agent_client import AgentClient
+from .remote.blobs import bundle_blobs
 from .remote.connect import open_transport
-from .remote.execute import PushResult, get_facts, init_agent, push
+from .remote.execute import HealthPolicy, PushResult, get_facts, init_agent, install_keys, push
 from .remote.execute import rollback as _rollback
 from .remote.facts import DeviceFacts
 from .remote.fleet import FleetResult, run_fleet
 from .remote.reports import load_local_reports, pull_reports, reports_dir
+from .remote.rollout import RolloutState, plan_rollout
+from .remote.rollout_runner import (
+    Listener,
+    Network,
+    RolloutRunner,
+    device_log,
+    error_code,
+    prepare_resume,
+    rollouts_dir,
+)
 from .remote.transport import Progress
+from .signing import fleet_public_keys
+
+DEFAULT_HEALTH = HealthPolicy()
+DEFAULT_NET = Network()
 
 
 def build(
@@ -126,6 +144,8 @@ def enroll(
     t = open_transport(dev, inv.known_hosts)
     try:
         info = init_agent(t, dev)
+        keys = fleet_public_keys()
+        trusted = install_keys(t, dev, keys) if keys else []
         facts = get_facts(AgentClient(t, dev))
     finally:
         t.close()
@@ -136,6 +156,7 @@ def enroll(
         "arch": facts.arch,
         "python": facts.python,
         "agent_version": facts.agent_version,
+        "trusted_keys": trusted,
     }
 
 
@@ -155,40 +176,162 @@ def push_bundle(
     *,
     dry_run: bool = False,
     force: bool = False,
-    timeout: float = 60.0,
+    health: HealthPolicy = DEFAULT_HEALTH,
+    net: Network = DEFAULT_NET,
     progress: Progress | None = None,
     step: Callable[[str], None] = lambda s: None,
-    build_timeout: float | None = None,
 ) -> PushResult:
     dev = inv.get(name)
+    blobs = bundle_blobs(_existing(bundle))
+    step("connect")
+    device_log(name, f"push {blobs.manifest.release_name}{' (dry run)' if dry_run else ''}")
+    try:
+        t = open_transport(dev, inv.known_hosts, net.connect_timeout, net.io_timeout)
+        try:
+            r = push(t, dev, blobs, dry_run=dry_run, force=force, health=health, progress=progress, step=step)
+        finally:
+            t.close()
+    except EdgeDeployError as e:
+        device_log(name, f"push failed [{error_code(e)}]: {e.message}")
+        raise
+    device_log(name, f"push {r.outcome} {r.release}, sent {r.uploaded_bytes} bytes, timings {r.timings}")
+    return r
+
+
+def _existing(bundle: Path) -> Path:
     if not bundle.is_file():
         raise InputError(f"bundle file {bundle} does not exist")
-    inspect_bundle(bundle)
-    step("connect")
-    t = open_transport(dev, inv.known_hosts)
-    try:
-        return push(
-            t,
-            dev,
-            bundle,
-            dry_run=dry_run,
-            force=force,
-            timeout=timeout,
-            progress=progress,
-            step=step,
-            build_timeout=build_timeout,
-        )
-    finally:
-        t.close()
+    return bundle
 
 
 def rollback(inv: Inventory, name: str, timeout: float = 60.0) -> dict[str, Any]:
     dev = inv.get(name)
     t = open_transport(dev, inv.known_hosts)
     try:
-        return _rollback(t, dev, timeout)
+        result = _rollback(t, dev, timeout)
     finally:
         t.close()
+    device_log(name, f"manual rollback to {result.get('release')} (was {result.get('previous')})")
+    return result
+
+
+def rollback_fleet(inv: Inventory, names: list[str], timeout: float = 60.0) -> FleetResult[dict[str, Any]]:
+    """rollback() on each device in parallel; one failure never hides the others."""
+
+    def one(dev: Device) -> dict[str, Any]:
+        try:
+            return rollback(inv, dev.name, timeout)
+        except EdgeDeployError as e:
+            device_log(dev.name, f"manual rollback failed [{error_code(e)}]: {e.message}")
+            raise
+
+    return run_fleet(inv.select(names), one)
+
+
+def install_fleet_keys(inv: Inventory, names: list[str]) -> FleetResult[list[str]]:
+    """Pin the host's public signing keys (current + next) on each device; returns the pinned key names."""
+    keys = fleet_public_keys()
+    if not keys:
+        raise InputError("no signing keys on this host", hint="run `edgedeploy keys generate NAME` first")
+
+    def one(dev: Device) -> list[str]:
+        t = open_transport(dev, inv.known_hosts)
+        try:
+            pinned: list[str] = install_keys(t, dev, keys)
+        finally:
+            t.close()
+        device_log(dev.name, f"pinned signing keys {pinned}")
+        return pinned
+
+    return run_fleet(inv.select(names), one)
+
+
+def select_devices(inv: Inventory, names: list[str] | None, tag: str | None) -> list[str]:
+    if not names and not tag:
+        raise InputError("say which devices: --group TAG or --devices a,b,c")
+    chosen = [d.name for d in inv.select(names, tag)]
+    if not chosen:
+        raise InputError(f"no device in {inv.path} has tag {tag!r}")
+    return chosen
+
+
+def _gather_facts(inv: Inventory, names: list[str], net: Network) -> dict[str, DeviceFacts | str]:
+    def one(name: str) -> DeviceFacts | str:
+        try:
+            t = open_transport(inv.get(name), inv.known_hosts, net.connect_timeout, net.io_timeout)
+            try:
+                return get_facts(AgentClient(t, inv.get(name)))
+            finally:
+                t.close()
+        except EdgeDeployError as e:
+            return e.message
+
+    with ThreadPoolExecutor(max_workers=16) as pool:
+        return dict(zip(names, pool.map(one, names), strict=True))
+
+
+def rollout(
+    inv: Inventory,
+    bundle: Path,
+    names: list[str],
+    *,
+    canary: int = 1,
+    wave: str | None = None,
+    max_fail: float = 0.0,
+    concurrency: int = 4,
+    dry_run: bool = False,
+    health: HealthPolicy = DEFAULT_HEALTH,
+    net: Network = DEFAULT_NET,
+    listener: Listener = lambda d, s, m: None,
+) -> RolloutState:
+    """Plan from the devices' current facts; unless dry_run, execute it with its state kept on disk."""
+    blobs = bundle_blobs(_existing(bundle))
+    rid = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%S") + f"-{blobs.manifest.bundle_id[:8]}"
+    # a dry run shows what each device would do now; a real run reads each device's facts right
+    # before acting on it (push does), so it does not ask every device twice
+    state = plan_rollout(
+        rid,
+        str(bundle.resolve()),
+        blobs.manifest.release_name,
+        names,
+        _gather_facts(inv, names, net) if dry_run else {},
+        canary=canary,
+        wave=wave,
+        max_fail=max_fail,
+        concurrency=concurrency,
+    )
+    state.options = {"health": asdict(health), "net": asdict(net)}
+    if dry_run:
+        return state
+    return RolloutRunner(inv, state, blobs, rollouts_dir() / f"{rid}.json", health, net, listener).run()
+
+
+def load_rollout(rollout_id: str | None = None) -> tuple[RolloutState, Path]:
+    """The named rollout, or the newest one."""
+    d = rollouts_dir()
+    files = sorted(d.glob("*.json")) if d.is_dir() else []
+    if rollout_id:
+        files = [p for p in files if p.stem == rollout_id]
+    if not files:
+        raise InputError(f"no rollout {rollout_id or ''} recorded in {d}".replace("  ", " "))
+    path = files[-1]
+    try:
+        return RolloutState.from_json(json.loads(path.read_text(encoding="utf-8"))), path
+    except (ValueError, KeyError, TypeError) as e:
+        raise InputError(f"rollout state {path} is unreadable: {e}") from None
+
+
+def resume_rollout(
+    inv: Inventory, rollout_id: str | None = None, listener: Listener = lambda d, s, m: None
+) -> RolloutState:
+    """Run again what an interrupted or halted rollout left: devices that did not end ok."""
+    state, path = load_rollout(rollout_id)
+    blobs = bundle_blobs(_existing(Path(state.bundle)))
+    if blobs.manifest.release_name != state.release:
+        raise InputError(f"{state.bundle} changed since the rollout started ({state.release})")
+    health = HealthPolicy(**state.options.get("health", {}))
+    net = Network(**state.options.get("net", {}))
+    return RolloutRunner(inv, prepare_resume(state), blobs, path, health, net, listener).run()
 
 
 @dataclass

@@ -40,6 +40,7 @@ class Device(BaseModel):
     transport: Literal["ssh", "local"] = "ssh"
     agent_command: str = Field(default="edgedeploy-agent", description="path of edgedeploy-agent on the device")
     source: str | None = Field(default=None, description="frame source URI on the device")
+    keep_releases: int = Field(default=3, ge=2, description="releases the device keeps (current + previous)")
 
     @property
     def address(self) -> str:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import getpass
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import time
@@ -32,8 +33,9 @@ def free_port(host: str = "127.0.0.1") -> int:
 class LoopbackSshd:
     """sshd on 127.0.0.1:<free port>, accepting one client key, as the current user."""
 
-    def __init__(self, base: Path, host: str = "127.0.0.1", port: int | None = None) -> None:
-        self.base, self.host, self.port = base, host, port or free_port(host)
+    def __init__(self, base: Path, host: str = "127.0.0.1", port: int | None = None, netns: str | None = None) -> None:
+        self.base, self.host, self.netns = base, host, netns
+        self.port = port or (2222 if netns else free_port(host))
         self.user = getpass.getuser()
         self.host_key = base / "host_ed25519"
         self.client_key = base / "client_ed25519"
@@ -84,8 +86,9 @@ class LoopbackSshd:
         subprocess.run([SSHD, "-t", "-f", str(self.config)], check=True, capture_output=True)
         # -D: stay in the foreground so we own the process; -e: log to stderr (our log file)
         log = open(self.log, "ab")
+        prefix = ["ip", "netns", "exec", self.netns] if self.netns else []
         self._proc = subprocess.Popen(
-            [SSHD, "-D", "-e", "-f", str(self.config)], stdout=log, stderr=log, stdin=subprocess.DEVNULL
+            [*prefix, SSHD, "-D", "-e", "-f", str(self.config)], stdout=log, stderr=log, stdin=subprocess.DEVNULL
         )
         log.close()
         deadline = time.monotonic() + 10
@@ -98,6 +101,18 @@ class LoopbackSshd:
                     raise EdgeDeployError(f"sshd exited at start: {self.log.read_text()[-300:]}") from None
                 time.sleep(0.05)
         raise EdgeDeployError(f"sshd did not start listening on {self.host}:{self.port}")
+
+    def kill(self) -> None:
+        """Kill sshd and every session it serves (a crashed sshd, a rebooting device)."""
+        if self._proc and self._proc.poll() is None:
+            for pid in _descendants(self._proc.pid):
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            self._proc.kill()
+            self._proc.wait()
+        self._proc = None
 
     def stop(self) -> None:
         if self._proc and self._proc.poll() is None:
@@ -114,3 +129,69 @@ class LoopbackSshd:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def _descendants(pid: int) -> list[int]:
+    """Child processes of `pid` (sshd's per-connection processes), deepest first; not the agent service."""
+    out: list[int] = []
+    try:
+        children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    except OSError:
+        return out
+    for c in children:
+        out += _descendants(int(c))
+        out.append(int(c))
+    return out
+
+
+def netns_available() -> tuple[bool, str]:
+    """Can this process create network namespaces and veth pairs? (root and iproute2 needed)"""
+    if os.geteuid() != 0:
+        return False, "network namespaces need root"
+    if shutil.which("ip") is None:
+        return False, "iproute2 (`ip`) is not installed"
+    probe = f"edp{os.getpid() % 100000}"
+    r = subprocess.run(["ip", "netns", "add", probe], capture_output=True, text=True)
+    if r.returncode != 0:
+        return False, f"cannot create a network namespace: {r.stderr.strip()}"
+    subprocess.run(["ip", "netns", "del", probe], capture_output=True)
+    return True, ""
+
+
+class NetnsLink:
+    """A network namespace joined to this one by a veth pair: 10.77.N.1 here, 10.77.N.2 inside."""
+
+    def __init__(self, index: int, tag: str = "ed") -> None:
+        if not 1 <= index <= 254:
+            raise EdgeDeployError(f"netns index {index} out of range 1..254")
+        self.index = index
+        self.ns = f"{tag}ns{index}"
+        self.outer, self.inner = f"{tag}v{index}h", f"{tag}v{index}d"
+        self.host_ip, self.device_ip = f"10.77.{index}.1", f"10.77.{index}.2"
+
+    def _ip(self, *args: str, ns: bool = False) -> None:
+        cmd = ["ip", "netns", "exec", self.ns, "ip", *args] if ns else ["ip", *args]
+        r = subprocess.run(cmd, capture_output=True, text=True)
+        if r.returncode != 0:
+            raise EdgeDeployError(f"`{' '.join(cmd)}` failed: {r.stderr.strip()}")
+
+    def up(self) -> NetnsLink:
+        self.down_all()
+        self._ip("netns", "add", self.ns)
+        self._ip("link", "add", self.outer, "type", "veth", "peer", "name", self.inner)
+        self._ip("link", "set", self.inner, "netns", self.ns)
+        self._ip("addr", "add", f"{self.host_ip}/24", "dev", self.outer)
+        self._ip("link", "set", self.outer, "up")
+        self._ip("addr", "add", f"{self.device_ip}/24", "dev", self.inner, ns=True)
+        self._ip("link", "set", self.inner, "up", ns=True)
+        self._ip("link", "set", "lo", "up", ns=True)
+        return self
+
+    def set_link(self, up: bool) -> None:
+        """Take the device's link down or up (the fault a field technician meets most)."""
+        self._ip("link", "set", self.outer, "up" if up else "down")
+
+    def down_all(self) -> None:
+        """Remove the namespace and the veth pair (idempotent)."""
+        subprocess.run(["ip", "link", "del", self.outer], capture_output=True)
+        subprocess.run(["ip", "netns", "del", self.ns], capture_output=True)

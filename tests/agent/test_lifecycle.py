@@ -130,3 +130,19 @@ def test_no_space_is_detected_before_unpacking(store: DeviceStore, tmp_path: Pat
     with pytest.raises(InsufficientSpace, match="MiB free"):
         Deployment(store, ScriptedService(store)).deploy(copy(b, store.incoming), timeout=2)
     assert store.current() is None and json.loads(store.state_path.read_text())["pending"] is None
+
+
+def test_facts_never_recovers_a_deploy_in_flight(store: DeviceStore, tmp_path: Path) -> None:
+    """A second host asking for facts while a deploy holds the device lock leaves the deploy alone."""
+    from tests.helpers import agent
+
+    state = store.state()
+    state["pending"] = {"release": "x", "from": None, "state": "health-check", "started": "t"}
+    store.save_state(state)
+    with store.exclusive("deploy"):
+        r = agent("--root", str(store.root), "--json", "facts")
+        assert json.loads(r.out)["busy"] is True and store.state()["pending"] is not None
+        r = agent("--root", str(store.root), "--json", "deploy", str(tmp_path / "none.edb"))
+        assert json.loads(r.out)["error"]["code"] == "state-error"
+    r = agent("--root", str(store.root), "--json", "facts")
+    assert json.loads(r.out)["busy"] is False and store.state()["pending"] is None  # recovered once free

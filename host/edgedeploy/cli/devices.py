@@ -31,6 +31,7 @@ def add(
     transport: Annotated[str, typer.Option(help="ssh | local (this machine)")] = "ssh",
     agent_command: Annotated[str, typer.Option(help="edgedeploy-agent path on the device")] = "edgedeploy-agent",
     source: Annotated[str | None, typer.Option(help="frame source URI on the device")] = None,
+    keep_releases: Annotated[int, typer.Option(help="releases the device keeps for rollback")] = 3,
     replace: Annotated[bool, typer.Option(help="overwrite an existing entry")] = False,
     inventory: InventoryOpt = None,
 ) -> None:
@@ -51,6 +52,7 @@ def add(
                 "transport": transport,
                 "agent_command": agent_command,
                 "source": source,
+                "keep_releases": keep_releases,
             }
         )
     except ValidationError as e:

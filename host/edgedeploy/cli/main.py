@@ -10,7 +10,7 @@ import typer
 
 from ..errors import EdgeDeployError
 from ..paths import state_dir
-from . import agent, build, demo, devices, int8, profiles, push, render, report, status
+from . import agent, build, demo, devices, int8, keys, profiles, push, render, report, rollout, status
 
 app = typer.Typer(
     name="edgedeploy",
@@ -22,9 +22,12 @@ app = typer.Typer(
 app.add_typer(profiles.app, name="profiles")
 app.add_typer(devices.app, name="devices")
 app.add_typer(agent.app, name="agent")
+app.add_typer(keys.app, name="keys")
 build.register(app)
 int8.register(app)
 push.register(app)
+keys.register(app)
+rollout.register(app)
 status.register(app)
 report.register(app)
 demo.register(app)

@@ -17,3 +17,15 @@ InventoryOpt = Annotated[
     ),
 ]
 JsonOpt = Annotated[bool, typer.Option("--json", help="print JSON for scripts")]
+
+# health objectives checked on the device after activation (any miss rolls the device back)
+TimeoutOpt = Annotated[float, typer.Option(help="seconds to wait for the agent to report healthy")]
+MinInferencesOpt = Annotated[
+    int, typer.Option("--min-inferences", help="successful inferences required after ready (0: ready is enough)")
+]
+MaxP95Opt = Annotated[float | None, typer.Option("--max-p95-ms", help="health objective: inference p95 latency")]
+MinFpsOpt = Annotated[float | None, typer.Option("--min-fps", help="health objective: frames per second")]
+ConnectTimeoutOpt = Annotated[float, typer.Option("--connect-timeout", help="seconds to wait for SSH to connect")]
+IoTimeoutOpt = Annotated[
+    float, typer.Option("--io-timeout", help="seconds an upload may stall before it is given up (it resumes later)")
+]

@@ -11,8 +11,19 @@ import typer
 
 from .. import api
 from ..inventory import Inventory
+from ..remote.execute import HealthPolicy
+from ..remote.rollout_runner import Network
 from . import render
-from .options import InventoryOpt, JsonOpt
+from .options import (
+    ConnectTimeoutOpt,
+    InventoryOpt,
+    IoTimeoutOpt,
+    JsonOpt,
+    MaxP95Opt,
+    MinFpsOpt,
+    MinInferencesOpt,
+    TimeoutOpt,
+)
 
 
 def register(app: typer.Typer) -> None:
@@ -22,7 +33,12 @@ def register(app: typer.Typer) -> None:
         bundle: Annotated[Path, typer.Argument(help="bundle file")],
         dry_run: Annotated[bool, typer.Option("--dry-run", help="print the plan, change nothing")] = False,
         force: Annotated[bool, typer.Option(help="redeploy even if the device already runs this bundle")] = False,
-        timeout: Annotated[float, typer.Option(help="seconds to wait for the agent to report healthy")] = 60.0,
+        timeout: TimeoutOpt = 60.0,
+        min_inferences: MinInferencesOpt = 0,
+        max_p95_ms: MaxP95Opt = None,
+        min_fps: MinFpsOpt = None,
+        connect_timeout: ConnectTimeoutOpt = 10.0,
+        io_timeout: IoTimeoutOpt = 30.0,
         prebuild: Annotated[
             bool, typer.Option("--prebuild", help="TensorRT: the health check waits for the engine build")
         ] = False,
@@ -30,9 +46,10 @@ def register(app: typer.Typer) -> None:
         inventory: InventoryOpt = None,
         json_: JsonOpt = False,
     ) -> None:
-        """Upload a bundle, activate it atomically, health-check it; the device rolls back on failure."""
+        """Upload the blobs the device lacks, activate atomically, health-check; the device rolls back on failure."""
         inv = Inventory.load(inventory)
         t = time.perf_counter()
+        health = HealthPolicy(timeout, min_inferences, max_p95_ms, min_fps, build_timeout if prebuild else None)
         with render.transfer(f"upload {bundle.name}") as progress, render.steps(f"push {device}") as step:
             result = api.push_bundle(
                 inv,
@@ -40,10 +57,10 @@ def register(app: typer.Typer) -> None:
                 bundle,
                 dry_run=dry_run,
                 force=force,
-                timeout=timeout,
+                health=health,
+                net=Network(connect_timeout, io_timeout),
                 progress=progress,
                 step=step,
-                build_timeout=build_timeout if prebuild else None,
             )
         secs = time.perf_counter() - t
         if json_:
@@ -56,6 +73,7 @@ def register(app: typer.Typer) -> None:
         if result.outcome == "unchanged":
             render.out.print(f"{device}: already running {result.release}, nothing to do ({secs:.1f} s)")
             return
+        render.info(f"{device}: sent {result.uploaded_bytes / 1e6:.2f} MB (blobs the device lacked)")
         warm = (result.health or {}).get("warmup_ms")
         render.out.print(
             f"{device}: {result.outcome} {result.release} (was {result.previous or 'none'}) in "
@@ -67,14 +85,22 @@ def register(app: typer.Typer) -> None:
 
     @app.command()
     def rollback(
-        device: Annotated[str, typer.Argument(help="device name")],
+        device: Annotated[str | None, typer.Argument(help="device name (or --group)")] = None,
+        group: Annotated[str | None, typer.Option("--group", help="every device with this tag")] = None,
         timeout: float = 60.0,
         inventory: InventoryOpt = None,
         json_: JsonOpt = False,
     ) -> None:
-        """Put the device back on its previous bundle."""
-        result = api.rollback(Inventory.load(inventory), device, timeout)
-        if json_:
-            render.print_json(result)
+        """Put a device, or every device of a group, back on its previous bundle."""
+        inv = Inventory.load(inventory)
+        if device and not group:  # one device: its failure is the command's error (one line, exit 3/4)
+            result = api.rollback(inv, device, timeout)
+            if json_:
+                render.print_json(result)
+            else:
+                render.out.print(f"{device}: rolled back to {result['release']} (was {result['previous']})")
             return
-        render.out.print(f"{device}: rolled back to {result['release']} (was {result['previous']})")
+        fleet = api.rollback_fleet(inv, api.select_devices(inv, [device] if device else None, group), timeout)
+        render.fleet_result(fleet, json_, lambda r: f"rolled back to {r['release']} (was {r['previous']})")
+        if fleet.exit_code:
+            raise typer.Exit(fleet.exit_code)

@@ -12,6 +12,9 @@ from rich.console import Console
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
 from rich.table import Table
 
+from ..remote.fleet import FleetResult
+from ..remote.rollout_runner import error_code
+
 out = Console(highlight=False, soft_wrap=True)
 err = Console(stderr=True, highlight=False, soft_wrap=True)
 
@@ -84,3 +87,44 @@ def engine_summary(runtime: dict[str, Any]) -> str:
         f"top-1 agreement {acc.get('top1_agreement')} on {acc.get('samples')} samples, max |err| "
         f"{acc.get('max_abs_error')}"
     )
+
+
+@contextmanager
+def fleet(title: str, devices: list[str]) -> Iterator[Callable[[str, str, str], None]]:
+    """Per-device live status: a table redrawn in place on a terminal, one plain line per change otherwise."""
+    if not err.is_terminal:
+        yield lambda d, s, m: err.print(f"{d}: {s}: {m}", markup=False)
+        return
+    from rich.live import Live
+
+    rows = dict.fromkeys(devices, ("pending", ""))
+
+    def draw() -> Table:
+        t = Table(title=title, title_justify="left")
+        for c in ("device", "status", "detail"):
+            t.add_column(c)
+        for d, (s, m) in rows.items():
+            colour = {"committed": "green", "unchanged": "green", "failed": "red", "running": "yellow"}.get(s, "dim")
+            t.add_row(d, f"[{colour}]{s}[/]", m)
+        return t
+
+    with Live(draw(), console=err, refresh_per_second=8, transient=False) as live:
+
+        def update(d: str, s: str, m: str) -> None:
+            rows[d] = (s, m)
+            live.update(draw())
+
+        yield update
+
+
+def fleet_result(fleet: FleetResult[Any], as_json: bool, describe: Callable[[Any], str]) -> None:
+    """Per-device lines (or JSON) for a fleet command: every device, succeeded or failed, with the reason."""
+    failed = {n: {"code": error_code(e), "error": e.message} for n, e in fleet.failed.items()}
+    if as_json:
+        print_json({"succeeded": fleet.succeeded, "failed": failed})
+        return
+    for name in sorted({*fleet.succeeded, *fleet.failed}):
+        if name in fleet.succeeded:
+            out.print(f"{name}: {describe(fleet.succeeded[name])}", markup=False)
+        else:
+            out.print(f"{name}: FAILED [{failed[name]['code']}] {failed[name]['error']}", markup=False)

@@ -18,6 +18,7 @@ import tomllib
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from edgedeploy_agent.bundle import (
+    HealthSpec,
     Manifest,
     ModelInfo,
     Postprocess,
@@ -54,6 +55,7 @@ class ModelCard(BaseModel):
     labels_file: str | None = Field(default=None, description="path relative to the card, one label per line")
     preprocess: Preprocess = Field(default_factory=Preprocess)
     postprocess: Postprocess = Field(default_factory=Postprocess)
+    health: HealthSpec | None = Field(default=None, description="health objectives checked on every device")
 
 
 def load_card(path: Path) -> ModelCard:
@@ -216,6 +218,7 @@ def build_bundle(
             postprocess=card.postprocess,
             labels=labels_name,
             quantization=_quantization(int8, int8_result, float_left) if int8 else Quantization(precision=precision),  # type: ignore[arg-type]
+            health=card.health,
             provenance=Provenance(
                 tools={"edgedeploy": __version__, "python": platform.python_version(), **tool_versions()},
                 build_host=f"{platform.node()} ({platform.machine()})",

@@ -8,9 +8,11 @@ from ..inventory import Device
 from .transport import LocalTransport, Transport
 
 
-def open_transport(device: Device, known_hosts: Path, connect_timeout: float = 10.0) -> Transport:
+def open_transport(
+    device: Device, known_hosts: Path, connect_timeout: float = 10.0, io_timeout: float = 30.0
+) -> Transport:
     if device.transport == "local":
         return LocalTransport()
     from .ssh import SshTransport
 
-    return SshTransport(device, known_hosts, connect_timeout=connect_timeout)
+    return SshTransport(device, known_hosts, connect_timeout=connect_timeout, io_timeout=io_timeout)

@@ -5,15 +5,12 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
-from edgedeploy_agent.bundle import Manifest, verify_bundle
-from edgedeploy_agent.errors import AgentError
-
-from ..errors import DeviceError, InputError
+from ..errors import DeviceError
 from ..inventory import Device
 from .agent_client import AgentClient
+from .blobs import BundleBlobs
 from .facts import DeviceFacts, parse_facts
 from .plan import Action, plan_push
 from .transport import Progress, Transport
@@ -22,20 +19,36 @@ from .transport import Progress, Transport
 @dataclass
 class PushResult:
     device: str
-    outcome: str  # committed | unchanged | rolled-back | planned
+    outcome: str  # committed | unchanged | planned
     release: str
     previous: str | None
     actions: list[Action]
     timings: dict[str, float] = field(default_factory=dict)
     health: dict[str, Any] | None = None
+    uploaded_bytes: int = 0
 
 
-def check_bundle(bundle: Path) -> Manifest:
-    """Verify the bundle locally before anything is sent (hash of every artifact)."""
-    try:
-        return verify_bundle(bundle)
-    except AgentError as e:
-        raise InputError(e.message, hint=e.hint) from None
+@dataclass(frozen=True)
+class HealthPolicy:
+    """What the device must show after activation before the new bundle is committed."""
+
+    timeout: float = 60.0
+    min_inferences: int = 0
+    max_p95_ms: float | None = None
+    min_fps: float | None = None
+    build_timeout: float | None = None  # TensorRT: also wait this long for an engine built at activation
+
+    def agent_args(self) -> list[str]:
+        args = ["--timeout", str(self.timeout)]
+        if self.build_timeout is not None:
+            args += ["--build-timeout", str(self.build_timeout)]
+        if self.min_inferences:
+            args += ["--min-inferences", str(self.min_inferences)]
+        if self.max_p95_ms is not None:
+            args += ["--max-p95-ms", str(self.max_p95_ms)]
+        if self.min_fps is not None:
+            args += ["--min-fps", str(self.min_fps)]
+        return args
 
 
 def get_facts(client: AgentClient) -> DeviceFacts:
@@ -45,45 +58,57 @@ def get_facts(client: AgentClient) -> DeviceFacts:
 def push(
     transport: Transport,
     device: Device,
-    bundle: Path,
+    blobs: BundleBlobs,
     *,
     dry_run: bool = False,
     force: bool = False,
-    timeout: float = 60.0,
+    health: HealthPolicy = HealthPolicy(),
     progress: Progress | None = None,
     step: Callable[[str], None] = lambda s: None,
-    build_timeout: float | None = None,
 ) -> PushResult:
-    """Upload, deploy, health-check; with `build_timeout` the health check also waits for a TensorRT build."""
+    """facts -> plan -> upload the missing blobs -> deploy (verify, activate, health-check) on the device."""
     timings: dict[str, float] = {}
-    t = time.monotonic()
-    manifest = check_bundle(bundle)
-    timings["verify_local_s"] = round(time.monotonic() - t, 3)
+    manifest = blobs.manifest
     client = AgentClient(transport, device)
     step("facts")
-    facts = get_facts(client)
-    actions = plan_push(manifest, bundle.stat().st_size, device, facts, force=force)
+    # one round trip: the device's facts and which blobs it lacks (it verifies finished uploads meanwhile)
+    raw = client.call("facts", "--blobs", *[b.sha256 for b in blobs.blobs], timeout=300)
+    facts = parse_facts(raw)
+    lacking = set((raw.get("blobs") or {}).get("missing", [b.sha256 for b in blobs.blobs]))
+    missing = [b for b in blobs.blobs if b.sha256 in lacking]
+    upload_bytes = sum(b.size for b in missing)
+    actions = plan_push(
+        manifest, upload_bytes, device, facts, force=force, missing_blobs=(len(missing), len(blobs.blobs))
+    )
     if dry_run:
         return PushResult(device.name, "planned", manifest.release_name, facts.current_release, actions, timings)
     if all(a.noop for a in actions):
         return PushResult(device.name, "unchanged", manifest.release_name, facts.current_release, actions, timings)
 
-    remote = f"{device.root}/incoming/{manifest.release_name}.edb"
-    step("upload")
+    step(f"upload {len(missing)} blobs, {upload_bytes / 1e6:.1f} MB")
     t = time.monotonic()
-    transport.put(bundle, remote, progress=progress)
+    sent = 0
+    for b in missing:
+        done_before = sent
+
+        def each(done: int, total: int, base: int = done_before) -> None:
+            if progress:
+                progress(base + done, upload_bytes)
+
+        transport.put(b.local, f"{device.root}/blobs/incoming/{b.sha256}", progress=each)
+        sent += b.size
     timings["upload_s"] = round(time.monotonic() - t, 3)
     step("deploy")
     t = time.monotonic()
-    args = ["deploy", remote, "--timeout", str(timeout)]
+    args = ["deploy", "--manifest-blob", blobs.manifest_sha, *health.agent_args()]
+    if blobs.signature_sha:
+        args += ["--signature-blob", blobs.signature_sha]
     if device.source is not None:
         args += ["--source", device.source]
     if force:
         args.append("--force")
-    if build_timeout is not None:
-        args += ["--build-timeout", str(build_timeout)]
     try:
-        result = client.call(*args, timeout=max(timeout, build_timeout or 0) * 2 + 120)
+        result = client.call(*args, timeout=max(health.timeout, health.build_timeout or 0) * 2 + 120)
     except DeviceError as e:
         if e.code == "health-check-failed":
             e.message = f"{e.message} (rolled back automatically)"
@@ -98,6 +123,7 @@ def push(
         actions,
         timings,
         health=result.get("health"),
+        uploaded_bytes=upload_bytes,
     )
 
 
@@ -106,7 +132,13 @@ def rollback(transport: Transport, device: Device, timeout: float = 60.0) -> dic
 
 
 def init_agent(transport: Transport, device: Device) -> dict[str, Any]:
-    args = ["init", "--device-name", device.name, "--service", device.service]
+    args = ["init", "--device-name", device.name, "--service", device.service, "--profile", device.profile]
+    args += ["--keep-releases", str(device.keep_releases)]
     if device.source:
         args += ["--source", device.source]
     return AgentClient(transport, device).call(*args, timeout=60)
+
+
+def install_keys(transport: Transport, device: Device, public_keys: list[str]) -> list[str]:
+    """Pin exactly these signing keys on the device; from then on it runs signed bundles only."""
+    return list(AgentClient(transport, device).call("trust", "--set", *public_keys, timeout=60)["trusted_keys"])

@@ -21,9 +21,18 @@ class Action:
 
 
 def plan_push(
-    manifest: Manifest, bundle_size: int, device: Device, facts: DeviceFacts, force: bool = False
+    manifest: Manifest,
+    upload_bytes: int,
+    device: Device,
+    facts: DeviceFacts,
+    force: bool = False,
+    missing_blobs: tuple[int, int] | None = None,
 ) -> list[Action]:
-    """Check the bundle fits the device, then list what must happen. Raises on anything that cannot work."""
+    """Check the bundle fits the device, then list what must happen. Raises on anything that cannot work.
+
+    `upload_bytes` is what the device lacks (blobs are stored once and hard-linked into releases, so
+    nothing else needs room); `missing_blobs` is (missing, total) for the description.
+    """
     if manifest.profile != device.profile:
         raise InputError(
             f"bundle is for profile {manifest.profile}, device {device.name} is {device.profile}",
@@ -46,12 +55,11 @@ def plan_push(
             hint="upgrade the agent",
             code="incompatible-bundle",
         )
-    unpacked = sum(a.size for a in manifest.artifacts)
-    needed = bundle_size + unpacked + SPACE_MARGIN
+    needed = upload_bytes + SPACE_MARGIN
     if facts.free_bytes is not None and facts.free_bytes < needed:
         raise DeviceError(
             f"{device.name}: not enough disk: {facts.free_bytes >> 20} MiB free, "
-            f"{needed >> 20} MiB needed (bundle + unpacked + margin)",
+            f"{needed >> 20} MiB needed (missing blobs + margin)",
             hint="free space on the device (old releases are pruned automatically)",
             code="no-space",
         )
@@ -65,8 +73,14 @@ def plan_push(
             Action("upload", f"{manifest.release_name} is already active", noop=True),
             Action("deploy", "device already runs this bundle and is healthy", noop=True),
         ]
+    missing, total = missing_blobs or (1, 1)
+    upload = (
+        Action("upload", f"all {total} blobs already on the device", noop=True)
+        if missing == 0
+        else Action("upload", f"upload {missing} of {total} blobs, {upload_bytes / 1e6:.1f} MB")
+    )
     return [
-        Action("upload", f"upload {bundle_size / 1e6:.1f} MB to {device.root}/incoming"),
+        upload,
         Action(
             "deploy",
             f"verify, activate {manifest.release_name} (now: {facts.current_release or 'none'}), restart, health-check",

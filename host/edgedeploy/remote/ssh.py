@@ -14,6 +14,7 @@ import logging
 import os
 import shlex
 import socket
+import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -84,8 +85,10 @@ def pinned_fingerprint(known_hosts: Path, host: str, port: int) -> str | None:
 class SshTransport:
     name = "ssh"
 
-    def __init__(self, device: Device, known_hosts: Path, connect_timeout: float = 10.0) -> None:
-        self.device = device
+    def __init__(
+        self, device: Device, known_hosts: Path, connect_timeout: float = 10.0, io_timeout: float = 30.0
+    ) -> None:
+        self.device, self.io_timeout = device, io_timeout
         client = paramiko.SSHClient()
         if known_hosts.exists():
             client.load_host_keys(str(known_hosts))
@@ -130,6 +133,14 @@ class SshTransport:
         assert transport is not None
         transport.set_keepalive(15)
         self._client = client
+        self._sftp: paramiko.SFTPClient | None = None  # one SFTP session for all uploads of a push
+
+    def _sftp_session(self) -> paramiko.SFTPClient:
+        if self._sftp is None:
+            self._sftp = self._client.open_sftp()
+            # a link that goes down mid-upload must end the upload, not hang it: the next push resumes
+            self._sftp.get_channel().settimeout(self.io_timeout)
+        return self._sftp
 
     def run(self, argv: Sequence[str], timeout: float | None = None) -> CommandResult:
         command = shlex.join(argv)
@@ -155,44 +166,70 @@ class SshTransport:
                     time.sleep(0.005)
             code = chan.recv_exit_status()
             chan.close()
+            if code == -1:  # the session ended without an exit status: sshd or the link went away
+                raise paramiko.SSHException("the session closed before the command finished")
         except TimeoutError:
             raise ConnectionFailed(
                 f"{self.device.name}: `{argv[0]} {argv[1] if len(argv) > 1 else ''}` timed out after {timeout} s"
             ) from None
         except (paramiko.SSHException, OSError, EOFError) as e:
-            raise ConnectionFailed(f"{self.device.name}: connection lost while running a command ({e})") from None
+            raise ConnectionFailed(
+                f"{self.device.name}: connection lost while running {os.path.basename(argv[0])} ({e})",
+                hint="the device completes or undoes an interrupted deploy by itself at the next contact; "
+                f"check with `edgedeploy devices facts {self.device.name}`",
+            ) from None
         return CommandResult(tuple(argv), code, out.decode(errors="replace"), err.decode(errors="replace"))
 
     def put(self, local: Path, remote: str, progress: Progress | None = None) -> None:
         """SFTP upload to REMOTE.part, resuming a partial upload, then an atomic rename."""
         part = remote + ".part"
         total = local.stat().st_size
+        last = [time.monotonic()]
+        done_event = threading.Event()
+
+        def watchdog() -> None:
+            # paramiko can block past its channel timeout when a link dies mid-write (seen in CI-like
+            # runs): with no progress for io_timeout, close the raw socket so every blocked call fails
+            while not done_event.wait(0.5):
+                if time.monotonic() - last[0] > self.io_timeout:
+                    transport = self._client.get_transport()
+                    if transport is not None:
+                        transport.sock.close()
+                    return
+
+        guard = threading.Thread(target=watchdog, name=f"upload-watchdog-{self.device.name}", daemon=True)
+        guard.start()
         try:
-            sftp = self._client.open_sftp()
+            sftp = self._sftp_session()
             try:
-                try:
-                    offset = sftp.stat(part).st_size or 0
-                except FileNotFoundError:
-                    offset = 0
-                if offset > total:
-                    offset = 0
-                with open(local, "rb") as src, sftp.open(part, "ab" if offset else "wb") as dst:
-                    dst.set_pipelined(True)
-                    src.seek(offset)
-                    done = offset
-                    while chunk := src.read(_CHUNK):
-                        dst.write(chunk)
-                        done += len(chunk)
-                        if progress:
-                            progress(done, total)
-                sftp.posix_rename(part, remote)
-            finally:
-                sftp.close()
+                offset = sftp.stat(part).st_size or 0
+            except FileNotFoundError:
+                offset = 0
+            if offset > total:
+                offset = 0
+            with open(local, "rb") as src, sftp.open(part, "ab" if offset else "wb") as dst:
+                dst.set_pipelined(True)
+                src.seek(offset)
+                done = offset
+                while chunk := src.read(_CHUNK):
+                    dst.write(chunk)
+                    done += len(chunk)
+                    last[0] = time.monotonic()
+                    if progress:
+                        progress(done, total)
+            sftp.posix_rename(part, remote)
         except (paramiko.SSHException, OSError, EOFError) as e:
+            self._sftp = None
+            self._client.close()  # the session is unusable after a timeout mid-write
             raise ConnectionFailed(
-                f"{self.device.name}: upload of {local.name} failed ({e})",
+                f"{self.device.name}: upload of {local.name} failed ({e or type(e).__name__})",
                 hint="run the push again: the upload resumes where it stopped",
             ) from None
+        finally:
+            done_event.set()
 
     def close(self) -> None:
+        if self._sftp is not None:
+            self._sftp.close()
+            self._sftp = None
         self._client.close()

@@ -1,0 +1,168 @@
+"""The rollout executor: runs a RolloutState wave by wave, threads within a wave, state on disk.
+
+One bad device never hides the others: each device's failure is caught and recorded with its reason
+and code. The rollout halts (devices not started stay untouched) when a canary fails or more
+devices failed than the budget allows. The state file is rewritten after every device.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..errors import DeviceError, EdgeDeployError, HostKeyError
+from ..inventory import Inventory
+from ..paths import state_dir
+from .agent_client import AgentClient
+from .blobs import BundleBlobs
+from .connect import open_transport
+from .execute import HealthPolicy, get_facts, push
+from .rollout import FINAL_OUTCOMES, OK_OUTCOMES, RolloutState
+
+# (device, status, detail) after every change; the renderer draws it
+Listener = Callable[[str, str, str], None]
+
+
+@dataclass(frozen=True)
+class Network:
+    connect_timeout: float = 10.0
+    io_timeout: float = 30.0
+
+
+def rollouts_dir() -> Path:
+    return state_dir() / "rollouts"
+
+
+def device_log(device: str, line: str) -> None:
+    """Append to the host's log of what was done on one device."""
+    path = state_dir() / "logs" / "devices" / f"{device}.log"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    stamp = dt.datetime.now(dt.timezone.utc).isoformat(timespec="milliseconds")
+    with open(path, "a", encoding="utf-8") as f:
+        f.write(f"{stamp} {line}\n")
+
+
+def error_code(e: EdgeDeployError) -> str:
+    if isinstance(e, DeviceError):
+        return e.code
+    if isinstance(e, HostKeyError):
+        return "host-key"
+    return type(e).__name__
+
+
+def read_release(inv: Inventory, name: str, net: Network) -> str | None:
+    """What the device runs now, as it says (None when it cannot be asked)."""
+    try:
+        t = open_transport(inv.get(name), inv.known_hosts, net.connect_timeout, net.io_timeout)
+    except EdgeDeployError:
+        return None
+    try:
+        return get_facts(AgentClient(t, inv.get(name))).current_release
+    except EdgeDeployError:
+        return None
+    finally:
+        t.close()
+
+
+class RolloutRunner:
+    def __init__(
+        self,
+        inv: Inventory,
+        state: RolloutState,
+        blobs: BundleBlobs,
+        path: Path,
+        health: HealthPolicy,
+        net: Network = Network(),
+        listener: Listener = lambda d, s, m: None,
+    ) -> None:
+        self.inv, self.state, self.blobs, self.path = inv, state, blobs, path
+        self.health, self.net, self.listener = health, net, listener
+        self._lock = threading.Lock()
+        self._halt: str | None = None
+
+    def _set(self, name: str, status: str, detail: str, **extra: object) -> None:
+        with self._lock:
+            d = self.state.devices[name]
+            d.status, d.detail = status, detail
+            for k, v in extra.items():
+                setattr(d, k, v)
+            self.state.save(self.path)
+        device_log(name, f"rollout {self.state.id}: {status}: {detail}")
+        self.listener(name, status, detail)
+
+    def _step(self, name: str, step: str) -> None:
+        device_log(name, f"rollout {self.state.id}: {step}")
+        self.listener(name, "running", step)
+
+    def _one(self, name: str, wave: int) -> None:
+        if self._halt:
+            self._set(name, "skipped", f"not started: rollout halted ({self._halt})")
+            return
+        self._set(name, "running", "connecting")
+        t0 = time.monotonic()
+        dev = self.inv.get(name)
+        try:
+            t = open_transport(dev, self.inv.known_hosts, self.net.connect_timeout, self.net.io_timeout)
+            try:
+                r = push(t, dev, self.blobs, health=self.health, step=lambda s: self._step(name, s))
+            finally:
+                t.close()
+            detail = f"{r.outcome} {r.release} (was {r.previous or 'none'}), sent {r.uploaded_bytes / 1e6:.2f} MB"
+            self._set(name, r.outcome, detail, code=None, release_after=r.release, seconds=_secs(t0))
+        except EdgeDeployError as e:
+            after = read_release(self.inv, name, self.net)
+            self._set(name, "failed", e.message, code=error_code(e), release_after=after, seconds=_secs(t0))
+            self._check_threshold(wave)
+
+    def _check_threshold(self, wave: int) -> None:
+        with self._lock:
+            failed = len(self.state.failed)
+            if self._halt:
+                return
+            if wave == 0 and self.state.canary > 0:
+                self._halt = f"canary device failed ({failed} failed)"
+            elif failed > self.state.fail_budget:
+                self._halt = f"{failed} devices failed, more than --max-fail allows ({self.state.fail_budget})"
+
+    def run(self) -> RolloutState:
+        self.state.status = "running"
+        self.state.save(self.path)
+        try:
+            for w, names in enumerate(self.state.waves):
+                todo = [n for n in names if self.state.devices[n].status not in FINAL_OUTCOMES]
+                with ThreadPoolExecutor(max_workers=self.state.concurrency) as pool:
+                    futures = [pool.submit(self._one, n, w) for n in todo]
+                    try:
+                        for f in futures:
+                            f.result()
+                    except KeyboardInterrupt:
+                        # devices already in flight finish their step (each is atomic on the device);
+                        # the rest are not started, and `rollout --resume` picks them up
+                        self._halt = "interrupted"
+                        raise
+        except KeyboardInterrupt:
+            self.state.status, self.state.halted_reason = "interrupted", "interrupted (Ctrl-C)"
+            self.state.save(self.path)
+            raise
+        self.state.status = "halted" if self._halt else "done"
+        self.state.halted_reason = self._halt
+        self.state.save(self.path)
+        return self.state
+
+
+def prepare_resume(state: RolloutState) -> RolloutState:
+    """Devices that did not end ok (interrupted, failed, skipped) run again; the halt is lifted."""
+    for d in state.devices.values():
+        if d.status not in OK_OUTCOMES:
+            d.status = "pending"
+    state.halted_reason = None
+    return state
+
+
+def _secs(t0: float) -> float:
+    return round(time.monotonic() - t0, 3)

@@ -1,0 +1,127 @@
+"""Fleet signing keys (ed25519) and signing a bundle: serial, expiry, `manifest.sig`.
+
+CONFIG/keys/<name>.key   private key (PKCS#8 PEM, mode 0600): keep it on the signing machine
+CONFIG/keys/<name>.pub   public key, `ed25519:<base64>`: what devices pin
+CONFIG/keys/serial       the last serial this host signed (serials only grow)
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime as dt
+import os
+import re
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+from edgedeploy_agent.bundle import Manifest, canonical_json, extract_bundle, write_bundle
+from edgedeploy_agent.errors import AgentError
+from edgedeploy_agent.trust import KEY_PREFIX, key_id, parse_public_key
+
+from .errors import InputError
+from .paths import config_dir
+
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
+
+
+def keys_dir() -> Path:
+    return config_dir() / "keys"
+
+
+@dataclass(frozen=True)
+class SigningKey:
+    name: str
+    key_id: str
+    public: str  # ed25519:<base64>
+    has_private: bool
+
+
+def generate_key(name: str, force: bool = False) -> SigningKey:
+    if not _NAME.match(name):
+        raise InputError(f"invalid key name {name!r}", hint="letters, digits, '.', '_', '-'")
+    d = keys_dir()
+    d.mkdir(parents=True, exist_ok=True)
+    priv_path, pub_path = d / f"{name}.key", d / f"{name}.pub"
+    if (priv_path.exists() or pub_path.exists()) and not force:
+        raise InputError(f"key {name} already exists in {d}", hint="pick another name (or --force to overwrite)")
+    key = Ed25519PrivateKey.generate()
+    pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+    fd = os.open(priv_path.with_suffix(".tmp"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        f.write(pem)
+    os.replace(priv_path.with_suffix(".tmp"), priv_path)
+    raw = key.public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+    pub_path.write_text(KEY_PREFIX + base64.b64encode(raw).decode() + "\n", encoding="ascii")
+    return SigningKey(name, key_id(raw), pub_path.read_text().strip(), True)
+
+
+def list_keys() -> list[SigningKey]:
+    d = keys_dir()
+    out = []
+    for pub in sorted(d.glob("*.pub")) if d.is_dir() else []:
+        text = pub.read_text(encoding="ascii").strip()
+        try:
+            raw = parse_public_key(text)
+        except AgentError as e:
+            raise InputError(f"{pub}: {e.message}") from None
+        out.append(SigningKey(pub.stem, key_id(raw), text, pub.with_suffix(".key").is_file()))
+    return out
+
+
+def fleet_public_keys() -> list[str]:
+    """Every public key in the keys folder: what enrolment pins on a device (current + next)."""
+    return [k.public for k in list_keys()]
+
+
+def _load_private(name: str) -> Ed25519PrivateKey:
+    path = keys_dir() / f"{name}.key"
+    try:
+        key = serialization.load_pem_private_key(path.read_bytes(), password=None)
+    except FileNotFoundError:
+        raise InputError(f"no private key {name} in {keys_dir()}", hint="`edgedeploy keys list` shows them") from None
+    except ValueError as e:
+        raise InputError(f"{path} is not a readable private key: {e}") from None
+    if not isinstance(key, Ed25519PrivateKey):
+        raise InputError(f"{path} is not an ed25519 key")
+    return key
+
+
+def next_serial(explicit: int | None = None) -> int:
+    """One more than the last serial signed here, and at least the Unix time; recorded on use."""
+    state = keys_dir() / "serial"
+    last = int(state.read_text()) if state.is_file() else 0
+    serial = explicit if explicit is not None else max(last + 1, int(time.time()))
+    state.parent.mkdir(parents=True, exist_ok=True)
+    state.write_text(f"{max(serial, last)}\n")
+    return serial
+
+
+def sign_manifest(manifest: Manifest, key_name: str) -> bytes:
+    """The `manifest.sig` member for `manifest` (which already carries its serial and expiry)."""
+    key = _load_private(key_name)
+    raw = key.public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+    sig = key.sign(manifest.canonical_bytes())
+    return canonical_json({"key": key_id(raw), "ed25519": base64.b64encode(sig).decode()})
+
+
+def sign_bundle(
+    bundle: Path, key_name: str, out: Path, expires_days: float = 90.0, serial: int | None = None
+) -> Manifest:
+    """Write a signed copy of `bundle`: new serial and expiry in the manifest, then `manifest.sig`."""
+    key = _load_private(key_name)  # fail before any work if the key is missing
+    del key
+    with tempfile.TemporaryDirectory(prefix="edgedeploy-sign-") as tmp:
+        try:
+            manifest = extract_bundle(bundle, Path(tmp) / "b")  # verifies every artifact hash
+        except AgentError as e:
+            raise InputError(e.message, hint=e.hint) from None
+        expires = dt.datetime.now(dt.timezone.utc).replace(microsecond=0) + dt.timedelta(days=expires_days)
+        signed = manifest.model_copy(update={"serial": next_serial(serial), "expires": expires})
+        files = {a.path: Path(tmp) / "b" / a.path for a in signed.artifacts}
+        write_bundle(out, signed, files, signature=sign_manifest(signed, key_name))
+    return signed
