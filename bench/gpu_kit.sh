@@ -16,7 +16,7 @@ cp "$data/models/mobilenet_v1_0.25_224.onnx" "$kit/"
 cp "$data/video/bikes.mp4" "$kit/video.mp4"
 for prec in fp32 fp16; do
   for bs in 1 64; do
-    $ed build "$data/models/mobilenet_v1_0.25_224.onnx" --profile h200 --card bench/cards/mobilenet_v1.toml \
+    $ed build "$data/models/mobilenet_v1_0.25_224.onnx" --profile h200 --card examples/cards/mobilenet_v1_0.25_224.toml \
       --precision "$prec" --batch "$bs" -o "$kit/bundles/mobilenet_v1_0.25_224.$prec.bs$bs.edb"
   done
 done
