@@ -14,10 +14,11 @@ cp "$tvmlib/libtvm_runtime.so" "$tvmlib/libtvm_runtime_cuda.so" "$kit/lib/"
 cp -L "${CUDA_PATH:-/usr/local/cuda}/lib64/libcudart.so.13" "$kit/lib/"
 cp "$data/models/mobilenet_v1_0.25_224.onnx" "$kit/"
 cp "$data/video/bikes.mp4" "$kit/video.mp4"
-for prec in fp32 fp16; do
+for prec in fp32 fp16 int8; do
+  calib=(); [ "$prec" = int8 ] && calib=(--calibration "$data/imagenet-sample")
   for bs in 1 64; do
     $ed build "$data/models/mobilenet_v1_0.25_224.onnx" --profile h200 --card examples/cards/mobilenet_v1_0.25_224.toml \
-      --precision "$prec" --batch "$bs" -o "$kit/bundles/mobilenet_v1_0.25_224.$prec.bs$bs.edb"
+      --precision "$prec" "${calib[@]}" --batch "$bs" -o "$kit/bundles/mobilenet_v1_0.25_224.$prec.bs$bs.edb"
   done
 done
 du -sh "$kit"

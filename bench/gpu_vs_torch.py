@@ -91,7 +91,7 @@ def main() -> int:
     for batch in (1, 64):
         x = np.random.default_rng(0).uniform(-1, 1, (batch, 3, 224, 224)).astype(np.float32)
         cases: dict[str, tuple[Callable[[], Any], np.ndarray]] = {}
-        for prec in ("fp32", "fp16"):
+        for prec in ("fp32", "fp16", "int8"):
             b = args.bundles / f"{stem}.{prec}.bs{batch}.edb"
             if b.exists():
                 cases[f"edgedeploy {prec}"] = tvm_case(b, x)

@@ -19,7 +19,7 @@ from edgedeploy.compile.package import ModelCard
 from edgedeploy.compile.pipeline import BuildContext, run_pipeline
 from edgedeploy.errors import BuildError
 from edgedeploy.profiles import get_profile
-from edgedeploy_agent.bundle import extract_bundle
+from edgedeploy_agent.bundle import Preprocess, extract_bundle
 
 GPU_PROFILES = {"t4": (75, "x86_64", "nvcc"), "h200": (90, "x86_64", "nvcc"), "xavier-agx": (72, "aarch64", "nvrtc")}
 
@@ -76,6 +76,34 @@ def test_gpu_bundle_has_device_code_for_its_sm(profile: str, data_dir: Path, tmp
             pytest.skip("cuobjdump not installed (pip install nvidia-cuda-cuobjdump)")
         listing = subprocess.run([cuobjdump, "--list-elf", str(f)], capture_output=True, text=True).stdout
         assert f"sm_{sm}" in listing, listing
+
+
+def test_int8_on_gpu_computes_with_dp4a(data_dir: Path, tmp_path: Path) -> None:
+    """The QDQ -> integer rewrite on the CUDA pipeline: nvcc emits dp4a (IDP.4A) for the int8 MACs."""
+    _toolchain_or_skip("t4")
+    cuobjdump = _cuobjdump()
+    if cuobjdump is None or not (Path(cuobjdump).parent / "nvdisasm").exists():
+        pytest.skip("cuobjdump/nvdisasm not installed (pip install nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm)")
+    (Path(cuobjdump).parent / "nvdisasm").chmod(0o755)
+    from edgedeploy.compile.int8_build import Int8Config
+    from edgedeploy.compile.quantize import QuantizeOptions
+
+    cfg = Int8Config(calibration=data_dir / "mnist", options=QuantizeOptions(samples=32))
+    card = ModelCard(name="mnist", preprocess=Preprocess(color="gray"))
+    res = build(data_dir / "models" / "mnist-8_opset13.onnx", "t4", tmp_path / "i8.edb", card, int8=cfg)
+    assert res.manifest.quantization.precision == "int8"
+    assert any(a.role == "qdq-onnx" for a in res.manifest.artifacts)
+    rel = tmp_path / "rel"
+    extract_bundle(res.bundle, rel)
+    [(kind, blob)] = device_blobs((rel / "model.so").read_bytes())
+    (tmp_path / "dev.fatbin").write_bytes(blob)
+    sass = subprocess.run(
+        [cuobjdump, "--dump-sass", str(tmp_path / "dev.fatbin")],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "NVDISASM_PATH": str(Path(cuobjdump).parent)},
+    ).stdout
+    assert sass.count("IDP.4A.S8.S8") > 0, sass[:2000]
 
 
 def test_cuda_source_instead_of_binary_fails_loudly(data_dir: Path, tmp_path: Path) -> None:

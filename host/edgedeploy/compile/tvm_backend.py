@@ -93,8 +93,32 @@ def mixed_precision(ctx: BuildContext) -> None:
     """fp16 compute with fp32 inputs and outputs (the bundle's interface does not change)."""
     if ctx.precision == "fp16":
         ctx.ir = relax.transform.ToMixedPrecision(out_dtype="float16")(ctx.ir)
-    elif ctx.precision != "fp32":
+    elif ctx.precision not in ("fp32", "int8"):
         raise BuildError(f"precision {ctx.precision} is not supported by the CUDA pipeline yet (fp32, fp16)")
+
+
+def _rules_fall_through() -> None:
+    """A dlight rule that raises on a kernel it cannot schedule lets the next rule (at worst Fallback) try.
+
+    TVM 0.27's gpu rules raise ScheduleError instead of returning None for some fused kernels, e.g. an
+    int8 depthwise convolution with its requantize epilogue ("consumers of the cache-write stage are not
+    properly inlined"), which aborts the whole build.
+    """
+    from tvm.s_tir.dlight import gpu
+
+    for rule in (gpu.Matmul, gpu.GEMV, gpu.LowBatchGEMV, gpu.Reduction, gpu.GeneralReduction):
+        if getattr(rule.apply, "_falls_through", False):
+            continue
+        original = rule.apply
+
+        def apply(self: Any, *args: Any, _original: Any = original, **kwargs: Any) -> Any:
+            try:
+                return _original(self, *args, **kwargs)
+            except Exception:  # tvm.s_tir.schedule.ScheduleError and friends
+                return None
+
+        apply._falls_through = True  # type: ignore[attr-defined]
+        rule.apply = apply
 
 
 @stage("compile-cuda")
@@ -104,6 +128,7 @@ def compile_cuda(ctx: BuildContext) -> None:
     from tvm.s_tir.dlight.gpu.matmul import MatmulInt8Tensorization
 
     MatmulInt8Tensorization.apply = lambda self, *a, **k: None
+    _rules_fall_through()
     target = make_target(ctx)
     config = {"relax.backend.use_cuda_graph": ctx.cuda_graph}
     try:
