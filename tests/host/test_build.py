@@ -72,3 +72,52 @@ def test_cli_build_and_inspect_json(data_dir: Path, tmp_path: Path, cli: Cli) ->
     data = json.loads(r.out)
     assert data["profile"] == "cpu-x86_64" and data["preprocess"]["color"] == "gray"
     assert data["postprocess"]["top_k"] == 3 and len(data["bundle_id"]) == 16
+
+
+def test_known_models_find_their_card(data_dir: Path, tmp_path: Path, cli: Cli) -> None:
+    from edgedeploy.compile.package import card_for
+
+    card, path = card_for(data_dir / "models" / "mobilenet_v1_0.25_224.onnx", None)
+    assert path is not None and path.name == "mobilenet_v1_0.25_224.toml"
+    assert (card.preprocess.resize, card.postprocess.label_offset) == ("center_crop", 1)
+    unknown = tmp_path / "other.onnx"
+    unknown.write_bytes((data_dir / "models" / "mnist-8_opset13.onnx").read_bytes() + b"\0")
+    assert card_for(unknown, None) == (ModelCard(), None)
+    r = cli(
+        "build",
+        str(data_dir / "models" / "mnist-8_opset13.onnx"),
+        "--profile",
+        "cpu-x86_64",
+        "-o",
+        str(tmp_path / "m.edb"),
+    )
+    assert r.code == 0 and "mnist-8.toml (it names this model's sha256)" in r.err, r.err
+
+
+def test_int8_gate_refuses_to_judge_nonsense(data_dir: Path, tmp_path: Path, cli: Cli) -> None:
+    """Preprocessing that does not fit the labels (FP32 scores 0%) must not pass an accuracy gate."""
+    card = tmp_path / "wrong.toml"
+    card.write_text('name = "mnv1"\n[postprocess]\nlabel_offset = 500\n')
+    r = cli(
+        "build",
+        str(data_dir / "models" / "mobilenet_v1_0.25_224.onnx"),
+        "--profile",
+        "cpu-x86_64",
+        "--card",
+        str(card),
+        "--int8",
+        "--calibration",
+        str(data_dir / "imagenet-sample"),
+        "--samples",
+        "8",
+        "--eval",
+        str(data_dir / "imagenet-sample"),
+        "--eval-limit",
+        "20",
+        "--max-top1-drop",
+        "1.0",
+        "-o",
+        str(tmp_path / "x.edb"),
+    )
+    assert r.code != 0 and "scores 0% top-1" in r.err, r.err
+    assert not (tmp_path / "x.edb").exists()

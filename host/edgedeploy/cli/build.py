@@ -13,7 +13,7 @@ from edgedeploy_agent.bundle import Manifest, Postprocess, Preprocess
 
 from .. import api
 from ..compile.int8_build import Int8Config
-from ..compile.package import ModelCard, load_card, read_labels
+from ..compile.package import ModelCard, card_for, read_labels
 from ..compile.tensorrt_artifacts import TensorRTOptions, parse_batch
 from ..errors import InputError
 from . import render
@@ -151,7 +151,9 @@ def register(app: typer.Typer) -> None:
             max_top1_drop=max_top1_drop,
             auto_fallback=auto_fallback,
         )
-        base = load_card(card) if card else ModelCard()
+        base, card_path = card_for(model, card)
+        if card_path is not None and card is None:
+            render.info(f"model card: {card_path} (it names this model's sha256)")
         pre = {
             k: v
             for k, v in {

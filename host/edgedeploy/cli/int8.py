@@ -11,7 +11,7 @@ from edgedeploy_agent.bundle import Quantization
 
 from .. import api
 from ..compile.int8_build import Int8Config
-from ..compile.package import ModelCard, load_card
+from ..compile.package import card_for
 from ..compile.quantize import Method, QuantizeOptions
 from ..errors import InputError
 from . import render
@@ -103,7 +103,7 @@ def register(app: typer.Typer) -> None:
         """Top-1/top-5 on a labeled set; for an INT8 bundle also the agreement with FP32 and onnxruntime INT8."""
         if split not in ("auto", "all", "calibration", "evaluation"):
             raise InputError(f"unknown split {split!r}", hint="choose auto, all, calibration or evaluation")
-        result = api.evaluate(target, data, load_card(card) if card else ModelCard(), split, limit, synsets)
+        result = api.evaluate(target, data, card_for(target, card)[0], split, limit, synsets)
         if json_:
             render.print_json(result)
             return

@@ -111,6 +111,12 @@ def quantize_model(
     fp32 = OrtClassifier(model.proto)
     result.comparison = compare(fp32, OrtClassifier(report.model), data, cfg.label_offset)
     result.eval_split = eval_split
+    if result.comparison.fp32.top1 == 0.0:  # a gate measured on nonsense would pass every time
+        raise AccuracyGateError(
+            f"the FP32 model scores 0% top-1 on {len(data)} images of {cfg.eval_data}: its preprocessing or label "
+            "offset does not match these labels, so INT8 accuracy cannot be judged",
+            hint="give --card (preprocessing, label_offset) or the preprocessing flags",
+        )
     if cfg.max_top1_drop is None or result.comparison.drop <= cfg.max_top1_drop:
         return result
     if not cfg.auto_fallback:

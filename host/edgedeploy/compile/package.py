@@ -32,7 +32,7 @@ from edgedeploy_agent.bundle import (
 
 from .. import __version__
 from ..errors import InputError
-from ..paths import cache_dir
+from ..paths import cache_dir, config_dir
 from ..profiles import DeviceProfile
 from .cuda_toolchain import resolve_toolchain
 from .cuda_worker import run_cuda_build
@@ -51,6 +51,7 @@ class ModelCard(BaseModel):
     name: str | None = None
     version: str = "1"
     description: str = ""
+    source_sha256: str | None = Field(default=None, description="sha256 of the model file the card describes")
     labels: list[str] | None = None
     labels_file: str | None = Field(default=None, description="path relative to the card, one label per line")
     preprocess: Preprocess = Field(default_factory=Preprocess)
@@ -73,6 +74,34 @@ def load_card(path: Path) -> ModelCard:
     if card.labels_file:
         card = card.model_copy(update={"labels": read_labels(path.parent / card.labels_file), "labels_file": None})
     return card
+
+
+def card_dirs() -> list[Path]:
+    """Where cards are looked up by model hash: the user's config folder, then the built-in ones."""
+    from importlib import resources
+
+    return [config_dir() / "cards", Path(str(resources.files("edgedeploy.builtin_cards")))]
+
+
+def find_card(model_sha256: str) -> tuple[Path, ModelCard] | None:
+    """The card whose `source_sha256` is this model's, if any (so a known model needs no --card)."""
+    for d in card_dirs():
+        for path in sorted(d.glob("*.toml")) if d.is_dir() else []:
+            card = load_card(path)
+            if card.source_sha256 == model_sha256:
+                return path, card
+    return None
+
+
+def card_for(model: Path, card: Path | None) -> tuple[ModelCard, Path | None]:
+    """The card given, else the one that names this model file's sha256, else an empty card."""
+    if card is not None:
+        return load_card(card), card
+    if model.is_file():
+        found = find_card(hashlib.sha256(model.read_bytes()).hexdigest())
+        if found:
+            return found[1], found[0]
+    return ModelCard(), None
 
 
 def read_labels(path: Path) -> list[str]:

@@ -1,0 +1,1 @@
+"""Built-in model cards (TOML data), installed as package data of edgedeploy."""
