@@ -15,7 +15,7 @@ from edgedeploy_agent.runtime.tvm import find_runtime_lib
 from ..errors import InputError
 
 PROJECT_ROOT = Path(__file__).resolve().parents[3]
-SOURCE_PARTS = ("pyproject.toml", "README.md", "agent", "host", "profiles")
+SOURCE_PARTS = ("pyproject.toml", "README.md", "agent", "host", "profiles", "examples")  # what pyproject packages
 
 
 def agent_wheels(out: Path, wheelhouse: Path | None) -> list[Path]:
