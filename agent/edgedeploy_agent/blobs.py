@@ -17,8 +17,9 @@ from pathlib import Path
 from typing import Optional
 
 from .bundle import MANIFEST_NAME, SIGNATURE_NAME, Manifest, read_signed_manifest
+from .durable import fsync_dir
 from .errors import BundleError
-from .store import DeviceStore, fsync_dir
+from .store import DeviceStore
 
 _SHA = re.compile(r"^[0-9a-f]{64}$")
 _CHUNK = 1 << 20

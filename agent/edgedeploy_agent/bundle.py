@@ -25,6 +25,7 @@ from typing import IO, Any, Literal, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, ValidationError, model_serializer
 
+from .durable import fsync_dir
 from .errors import BundleError, IncompatibleBundle
 from .gpu import CudaDevice, version_tuple
 
@@ -414,7 +415,7 @@ def _walk(path: Path, dest: Optional[Path]) -> Manifest:
             raise BundleError(f"{path}: bundle is truncated, missing {', '.join(missing)}")
     if dest is not None:
         (dest / MANIFEST_NAME).write_bytes(manifest.canonical_bytes())
-        _fsync_tree(dest)
+        fsync_dir(dest)
     return manifest
 
 
@@ -445,14 +446,6 @@ def _write_exclusive(target: Path, f: IO[bytes], size: int, sha256: Optional[str
     except (tarfile.TarError, EOFError) as e:
         raise BundleError(f"{path}: corrupt bundle archive ({e})") from None
     return h.hexdigest()
-
-
-def _fsync_tree(d: Path) -> None:
-    fd = os.open(d, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def load_labels(release_dir: Path, manifest: Manifest) -> tuple[str, ...]:

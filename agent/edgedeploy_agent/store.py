@@ -21,6 +21,7 @@ from typing import Any, Optional
 
 from .bundle import MANIFEST_NAME, Manifest, extract_bundle, read_manifest, sha256_file, verify_bundle
 from .config import AgentConfig
+from .durable import fsync_dir
 from .errors import BundleError, InsufficientSpace, StateError
 
 SPACE_MARGIN_BYTES = 16 << 20
@@ -39,14 +40,6 @@ def write_json_atomic(path: Path, data: Any) -> None:
         os.fsync(f.fileno())
     os.replace(tmp, path)
     fsync_dir(path.parent)
-
-
-def fsync_dir(d: Path) -> None:
-    fd = os.open(d, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 class DeviceStore:

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from ..bundle import Manifest, TensorRTSettings, canonical_json
+from ..durable import fsync_dir
 
 # Bump when the key's fields or the cache layout change: old entries are then simply not found.
 ENGINE_CACHE_SCHEMA = 1
@@ -105,7 +106,7 @@ class EngineCache:
             os.replace(final, old)
             _rmtree(old)
         os.replace(tmp, final)
-        _fsync_dir(self.root)
+        fsync_dir(self.root)
         return final
 
     def mark_bad(self, key: str, reason: str, details: dict[str, Any]) -> None:
@@ -135,14 +136,6 @@ def _write_synced(path: Path, data: bytes) -> None:
         f.write(data)
         f.flush()
         os.fsync(f.fileno())
-
-
-def _fsync_dir(d: Path) -> None:
-    fd = os.open(d, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _rmtree(d: Path) -> None:
