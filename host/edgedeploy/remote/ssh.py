@@ -170,7 +170,7 @@ class SshTransport:
                 raise paramiko.SSHException("the session closed before the command finished")
         except TimeoutError:
             raise ConnectionFailed(
-                f"{self.device.name}: `{argv[0]} {argv[1] if len(argv) > 1 else ''}` timed out after {timeout} s"
+                f"{self.device.name}: `{shlex.join(argv)[:120]}` timed out after {timeout} s"
             ) from None
         except (paramiko.SSHException, OSError, EOFError) as e:
             raise ConnectionFailed(
