@@ -9,34 +9,24 @@ each a blob. A release folder holds hard links to the blobs, so a blob shared by
 stored once, and a blob with one link left (only the store's) belongs to no release: pruning removes it.
 """
 
-import hashlib
 import os
 import re
 import shutil
 from pathlib import Path
 from typing import Optional
 
-from .bundle import MANIFEST_NAME, SIGNATURE_NAME, Manifest, read_signed_manifest
+from .bundle import MANIFEST_NAME, SIGNATURE_NAME, Manifest, check_artifact_name, read_signed_manifest, sha256_file
 from .durable import fsync_dir
 from .errors import BundleError
 from .store import DeviceStore
 
 _SHA = re.compile(r"^[0-9a-f]{64}$")
-_CHUNK = 1 << 20
 
 
 def _check_sha(sha: str) -> str:
     if not _SHA.match(sha):
         raise BundleError(f"not a sha256 blob name: {sha[:80]!r}")
     return sha
-
-
-def hash_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(_CHUNK), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 class BlobStore:
@@ -58,7 +48,7 @@ class BlobStore:
         upload = self.incoming / sha
         if not upload.is_file():
             return False
-        if hash_file(upload) != sha:
+        if sha256_file(upload) != sha:
             upload.unlink()  # corrupt upload: the host sends it again
             return False
         os.chmod(upload, 0o444)
@@ -146,13 +136,12 @@ class BlobSource:
             if self.signature_sha:
                 links[SIGNATURE_NAME] = self.signature_sha
             for a in manifest.artifacts:
+                check_artifact_name(a.path)  # the same rule as unpacking a bundle file
                 blob = self.blobs.require(a.sha256, a.path)
                 if blob.stat().st_size != a.size:
                     raise BundleError(f"blob for {a.path} is {blob.stat().st_size} bytes, manifest says {a.size}")
                 links[a.path] = a.sha256
             for name, sha in links.items():
-                if "/" in name or name.startswith("."):
-                    raise BundleError(f"unsafe artifact name {name!r}")
                 os.link(self.blobs.path(sha), tmp / name)
             fsync_dir(tmp)
         except BaseException:

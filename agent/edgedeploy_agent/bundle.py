@@ -229,7 +229,7 @@ def write_bundle(out: Path, manifest: Manifest, files: Mapping[str, Path], signa
     if set(listed) != set(files):
         raise BundleError(f"artifacts {sorted(listed)} do not match files {sorted(files)}")
     for name, art in listed.items():
-        _check_name(name)
+        check_artifact_name(name)
         if sha256_file(files[name]) != art.sha256:
             raise BundleError(f"{files[name]} changed while the bundle was being written")
     body = manifest.canonical_bytes()
@@ -331,7 +331,8 @@ def _tarinfo(name: str, size: int) -> tarfile.TarInfo:
     return ti
 
 
-def _check_name(name: str) -> None:
+def check_artifact_name(name: str) -> None:
+    """A flat, safe file name that is not reserved for the manifest or its signature."""
     if not _SAFE_NAME.match(name) or name in (MANIFEST_NAME, SIGNATURE_NAME):
         raise BundleError(f"unsafe or reserved artifact name {name!r}")
 
@@ -383,7 +384,7 @@ def _walk(path: Path, dest: Optional[Path]) -> Manifest:
         manifest = _parse_manifest(_read_small(tar, first, path), path)
         expected = {a.path: a for a in manifest.artifacts}
         for name in expected:
-            _check_name(name)
+            check_artifact_name(name)
         seen: dict[str, bool] = {}
         while True:
             member = _next_member(tar, path)

@@ -25,7 +25,7 @@ from .inventory import Device, Inventory
 from .profiles import get_profile
 from .remote.agent_client import AgentClient
 from .remote.blobs import bundle_blobs
-from .remote.connect import open_transport
+from .remote.connect import connected
 from .remote.execute import HealthPolicy, PushResult, get_facts, init_agent, install_keys, push
 from .remote.execute import rollback as _rollback
 from .remote.facts import DeviceFacts
@@ -141,14 +141,11 @@ def enroll(
             if not confirm(fp):
                 raise InputError(f"{name}: host key not accepted; nothing pinned")
             pin_host_key(inv.known_hosts, dev.host, dev.port, key)
-    t = open_transport(dev, inv.known_hosts)
-    try:
+    with connected(dev, inv.known_hosts) as t:
         info = init_agent(t, dev)
         keys = fleet_public_keys()
         trusted = install_keys(t, dev, keys) if keys else []
         facts = get_facts(AgentClient(t, dev))
-    finally:
-        t.close()
     return {
         "device": name,
         "fingerprint": fp,
@@ -162,11 +159,8 @@ def enroll(
 
 def facts(inv: Inventory, name: str) -> DeviceFacts:
     dev = inv.get(name)
-    t = open_transport(dev, inv.known_hosts)
-    try:
+    with connected(dev, inv.known_hosts) as t:
         return get_facts(AgentClient(t, dev))
-    finally:
-        t.close()
 
 
 def push_bundle(
@@ -186,11 +180,8 @@ def push_bundle(
     step("connect")
     device_log(name, f"push {blobs.manifest.release_name}{' (dry run)' if dry_run else ''}")
     try:
-        t = open_transport(dev, inv.known_hosts, net.connect_timeout, net.io_timeout)
-        try:
+        with connected(dev, inv.known_hosts, net.connect_timeout, net.io_timeout) as t:
             r = push(t, dev, blobs, dry_run=dry_run, force=force, health=health, progress=progress, step=step)
-        finally:
-            t.close()
     except EdgeDeployError as e:
         device_log(name, f"push failed [{error_code(e)}]: {e.message}")
         raise
@@ -206,11 +197,8 @@ def _existing(bundle: Path) -> Path:
 
 def rollback(inv: Inventory, name: str, timeout: float = 60.0) -> dict[str, Any]:
     dev = inv.get(name)
-    t = open_transport(dev, inv.known_hosts)
-    try:
+    with connected(dev, inv.known_hosts) as t:
         result = _rollback(t, dev, timeout)
-    finally:
-        t.close()
     device_log(name, f"manual rollback to {result.get('release')} (was {result.get('previous')})")
     return result
 
@@ -235,11 +223,8 @@ def install_fleet_keys(inv: Inventory, names: list[str]) -> FleetResult[list[str
         raise InputError("no signing keys on this host", hint="run `edgedeploy keys generate NAME` first")
 
     def one(dev: Device) -> list[str]:
-        t = open_transport(dev, inv.known_hosts)
-        try:
+        with connected(dev, inv.known_hosts) as t:
             pinned: list[str] = install_keys(t, dev, keys)
-        finally:
-            t.close()
         device_log(dev.name, f"pinned signing keys {pinned}")
         return pinned
 
@@ -258,11 +243,8 @@ def select_devices(inv: Inventory, names: list[str] | None, tag: str | None) -> 
 def _gather_facts(inv: Inventory, names: list[str], net: Network) -> dict[str, DeviceFacts | str]:
     def one(name: str) -> DeviceFacts | str:
         try:
-            t = open_transport(inv.get(name), inv.known_hosts, net.connect_timeout, net.io_timeout)
-            try:
+            with connected(inv.get(name), inv.known_hosts, net.connect_timeout, net.io_timeout) as t:
                 return get_facts(AgentClient(t, inv.get(name)))
-            finally:
-                t.close()
         except EdgeDeployError as e:
             return e.message
 
@@ -369,12 +351,9 @@ def plot_device_reports(device: str, reports: list[dict[str, Any]], out: Path) -
 
 def _device_status(inv: Inventory, dev: Device, dest: Path | None) -> DeviceStatus:
     d = dest or reports_dir(dev.name)
-    t = open_transport(dev, inv.known_hosts)
-    try:
+    with connected(dev, inv.known_hosts) as t:
         f = get_facts(AgentClient(t, dev))
         new = pull_reports(t, dev, d)
-    finally:
-        t.close()
     return DeviceStatus(dev, f, new, load_local_reports(d))
 
 
@@ -415,8 +394,7 @@ def install_agent(
             login_user=dev.user,
         )
         step("connect")
-        t = open_transport(dev, inv.known_hosts)
-        try:
+        with connected(dev, inv.known_hosts) as t:
             facts = probe(t, spec)
             if spec.runtime_lib is None:
                 spec = replace(spec, runtime_lib=default_runtime_lib(facts.arch))
@@ -424,8 +402,6 @@ def install_agent(
                 steps = plan_install(facts, spec, *write_install_files(spec, Path(tmp)))
                 return {"device": name, "dry_run": True, "steps": [s.name for s in steps], "facts": facts.__dict__}
             result = execute_install(t, dev, spec, step=step, work_dir=Path(tmp))
-        finally:
-            t.close()
     if dev.agent_command != result.agent_command:
         inv.add(dev.model_copy(update={"agent_command": result.agent_command}), replace=True)
     return {

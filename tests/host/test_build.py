@@ -1,7 +1,6 @@
 """Real TVM builds (CPU), the build cache, and the manifest they produce."""
 
 import json
-import time
 from pathlib import Path
 
 import numpy as np
@@ -36,9 +35,9 @@ def test_mnist_bundle_runs_like_onnxruntime(data_dir: Path, tmp_path: Path) -> N
 def test_rebuild_is_cached(data_dir: Path, tmp_path: Path) -> None:
     model = data_dir / "models" / "mnist-8_opset13.onnx"
     first = build(model, "cpu-x86_64", tmp_path / "a.edb", ModelCard(name="mnist-cache"))
-    t = time.perf_counter()
     again = build(model, "cpu-x86_64", tmp_path / "b.edb", ModelCard(name="mnist-cache"))
-    assert again.cached and not first.cached and time.perf_counter() - t < 2.0
+    assert again.cached and not first.cached  # behaviour, not a timing: no pipeline ran
+    assert again.timings == {} and (tmp_path / "b.edb").read_bytes() == (tmp_path / "a.edb").read_bytes()
     assert again.manifest.bundle_id == first.manifest.bundle_id
     changed = build(model, "cpu-x86_64", tmp_path / "c.edb", ModelCard(name="mnist-cache", version="2"))
     assert not changed.cached

@@ -1,23 +1,18 @@
 """Which CUDA device is here, asked of the driver through ctypes, before anything touches TensorRT.
 
 TensorRT's lean runtime segfaults when it deserializes with no usable driver (reference notes §5), so
-the TensorRT runtime calls `probe_cuda()` first. Only the standard library is used here.
+the TensorRT runtime calls `probe_cuda()` first. The driver query is gpu.py's (the one the bundle
+compatibility check uses); this adds the CUDA runtime version and TensorRT's engine-key form.
 """
 
 import ctypes
 import ctypes.util
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
 from ..errors import RuntimeLoadError
 from ..gpu import CudaDevice as GpuFacts
-
-_CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR = 75
-_CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR = 76
-
-
-def _load_default(name: str) -> Any:
-    return ctypes.CDLL(name)
+from ..gpu import probe_cuda as query_driver
 
 
 class CudaDevice:
@@ -43,53 +38,34 @@ class CudaDevice:
         }
 
 
-def _version(v: int) -> str:
-    return f"{v // 1000}.{(v % 1000) // 10}"
-
-
-def probe_cuda(load: Callable[[str], Any] = _load_default) -> CudaDevice:
+def probe_cuda(libcuda: str = "libcuda.so.1") -> CudaDevice:
     """Device 0's name, compute capability and CUDA versions; RuntimeLoadError when there is no usable GPU."""
-    try:
-        cuda = load("libcuda.so.1")
-    except OSError as e:
+    gpu, reason = query_driver(libcuda)
+    if gpu is None:
         raise RuntimeLoadError(
-            f"no CUDA driver on this device ({e})",
-            hint="TensorRT bundles need an NVIDIA GPU with its driver; build a TVM bundle for a CPU profile instead",
-        ) from None
-    rc = cuda.cuInit(0)
-    count = ctypes.c_int(0)
-    if rc != 0 or cuda.cuDeviceGetCount(ctypes.byref(count)) != 0 or count.value < 1:
-        raise RuntimeLoadError(
-            f"the CUDA driver reports no usable device (cuInit returned {rc}, {count.value} devices)",
-            hint="check nvidia-smi (or tegrastats on Jetson) and that the agent's user may open /dev/nvidia*",
+            f"no usable CUDA GPU on this device: {reason}",
+            hint="TensorRT bundles need an NVIDIA GPU with its driver (check nvidia-smi, or tegrastats on Jetson, "
+            "and that the agent's user may open /dev/nvidia*); or build a TVM bundle for a CPU profile",
         )
-    dev = ctypes.c_int(0)
-    cuda.cuDeviceGet(ctypes.byref(dev), 0)
-    name = ctypes.create_string_buffer(256)
-    cuda.cuDeviceGetName(name, 256, dev)
-    major, minor, drv = ctypes.c_int(0), ctypes.c_int(0), ctypes.c_int(0)
-    cuda.cuDeviceGetAttribute(ctypes.byref(major), _CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev)
-    cuda.cuDeviceGetAttribute(ctypes.byref(minor), _CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev)
-    cuda.cuDriverGetVersion(ctypes.byref(drv))
     return CudaDevice(
-        name=name.value.decode("utf-8", "replace"),
-        compute_capability=f"{major.value}.{minor.value}",
-        driver_version=_version(drv.value),
-        runtime_version=_cudart_version(load),
+        name=gpu.name,
+        compute_capability=f"{gpu.sm // 10}.{gpu.sm % 10}",
+        driver_version=gpu.driver_api,
+        runtime_version=_cudart_version(),
     )
 
 
-def _cudart_version(load: Callable[[str], Any]) -> Optional[str]:
+def _cudart_version() -> Optional[str]:
     """The CUDA runtime TensorRT will use, when a libcudart can be found (None otherwise)."""
     found = ctypes.util.find_library("cudart")
     for name in ([found] if found else []) + ["libcudart.so"]:
         try:
-            lib = load(name)
+            lib: Any = ctypes.CDLL(name)
         except OSError:
             continue
         v = ctypes.c_int(0)
         if lib.cudaRuntimeGetVersion(ctypes.byref(v)) == 0:
-            return _version(v.value)
+            return f"{v.value // 1000}.{(v.value % 1000) // 10}"
     return None
 
 

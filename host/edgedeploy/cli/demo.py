@@ -16,7 +16,7 @@ from ..demo import MODEL_DESCRIPTION, accuracy, train_digits_model
 from ..inventory import Device, Inventory
 from ..localdevice import LoopbackSshd, sshd_available
 from ..remote.agent_client import AgentClient
-from ..remote.connect import open_transport
+from ..remote.connect import connected
 from . import render
 from .status import show_report
 
@@ -124,8 +124,7 @@ def register(app: typer.Typer) -> None:
 
 
 def _wait_finished(inv: Inventory, dev: Device, timeout: float) -> None:
-    t = open_transport(dev, inv.known_hosts)
-    try:
+    with connected(dev, inv.known_hosts) as t:
         client = AgentClient(t, dev)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
@@ -133,16 +132,11 @@ def _wait_finished(inv: Inventory, dev: Device, timeout: float) -> None:
             if health.get("state") in ("finished", "failed", "stopped"):
                 return
             time.sleep(0.3)
-    finally:
-        t.close()
 
 
 def _stop_agent(inv: Inventory, dev: Device) -> None:
     try:
-        t = open_transport(dev, inv.known_hosts)
-        try:
+        with connected(dev, inv.known_hosts) as t:
             AgentClient(t, dev).call("stop")
-        finally:
-            t.close()
     except Exception:  # best effort at exit; the device folder is temporary
         pass

@@ -214,22 +214,13 @@ def build_bundle(
             files["model.qdq.onnx"] = compiled.path
         shutil.copyfile(model_path, work / "model.onnx")
         files["model.onnx"] = work / "model.onnx"
-        labels_name = None
-        if card.labels:
-            (work / "labels.txt").write_text("\n".join(card.labels) + "\n", encoding="utf-8")
-            files["labels.txt"] = work / "labels.txt"
-            labels_name = "labels.txt"
-        roles = {
-            "model.so": "tvm-library",
-            "model.onnx": "onnx-model",
-            "labels.txt": "labels",
-            "model.qdq.onnx": "qdq-onnx",
-        }
-        manifest = Manifest(
-            model=ModelInfo(name=name, version=card.version, description=card.description, source_sha256=model.sha256),
-            created=dt.datetime.now(dt.timezone.utc).replace(microsecond=0),
-            profile=profile.name,
-            target=Target(
+        write_labels(work, card, files)
+        manifest = card_manifest(
+            card,
+            model,
+            name,
+            profile,
+            Target(
                 arch=profile.arch,
                 device=profile.device,
                 cuda_sm=profile.cuda_sm,
@@ -241,24 +232,68 @@ def build_bundle(
                 cuda_graph=cuda_graph,
                 cuda_codegen=toolchain.describe() if toolchain else None,
             ),
-            inputs=model.inputs,
-            outputs=outputs,
-            preprocess=card.preprocess,
-            postprocess=card.postprocess,
-            labels=labels_name,
-            quantization=_quantization(int8, int8_result, float_left) if int8 else Quantization(precision=precision),  # type: ignore[arg-type]
-            health=card.health,
-            provenance=Provenance(
+            outputs,
+            files,
+            _quantization(int8, int8_result, float_left) if int8 else Quantization(precision=precision),  # type: ignore[arg-type]
+            Provenance(
                 tools={"edgedeploy": __version__, "python": platform.python_version(), **tool_versions()},
                 build_host=f"{platform.node()} ({platform.machine()})",
                 options={"pipeline": ",".join(timings), "cache_key": key},
             ),
-            artifacts=[describe_artifact(p, roles[n], n) for n, p in sorted(files.items())],
         )
         cached.parent.mkdir(parents=True, exist_ok=True)
         write_bundle(cached, manifest, files)
     _copy_atomic(cached, out)
     return BuildResult(out, manifest, cached=False, timings=timings)
+
+
+# Every artifact file name a bundle writer may use, and its role in the manifest.
+ARTIFACT_ROLES = {
+    "model.so": "tvm-library",
+    "model.onnx": "onnx-model",
+    "model.qdq.onnx": "qdq-onnx",
+    "labels.txt": "labels",
+    "reference.npz": "tensorrt-reference",
+}
+
+
+def write_labels(work: Path, card: ModelCard, files: dict[str, Path]) -> None:
+    """labels.txt from the card, when it has labels."""
+    if card.labels:
+        files["labels.txt"] = work / "labels.txt"
+        files["labels.txt"].write_text("\n".join(card.labels) + "\n", encoding="utf-8")
+
+
+def card_manifest(
+    card: ModelCard,
+    model: OnnxModel,
+    name: str,
+    profile: DeviceProfile,
+    target: Target,
+    outputs: list[Any],
+    files: dict[str, Path],
+    quantization: Quantization,
+    provenance: Provenance,
+    **extra: Any,
+) -> Manifest:
+    """The manifest every bundle writer makes: model facts, the card's pre/post-processing, labels and
+    health objectives, the target and the artifacts (described from `files`)."""
+    return Manifest(
+        model=ModelInfo(name=name, version=card.version, description=card.description, source_sha256=model.sha256),
+        created=dt.datetime.now(dt.timezone.utc).replace(microsecond=0),
+        profile=profile.name,
+        target=target,
+        inputs=model.inputs,
+        outputs=outputs,
+        preprocess=card.preprocess,
+        postprocess=card.postprocess,
+        labels="labels.txt" if "labels.txt" in files else None,
+        quantization=quantization,
+        health=card.health,
+        provenance=provenance,
+        artifacts=[describe_artifact(p, ARTIFACT_ROLES[n], n) for n, p in sorted(files.items())],
+        **extra,
+    )
 
 
 def _default_name(path: Path) -> str:

@@ -13,7 +13,6 @@ builder settings and acceptance tolerances. The bundle carries TensorRT artifact
 from __future__ import annotations
 
 import dataclasses
-import datetime as dt
 import platform
 import shutil
 import tempfile
@@ -25,15 +24,12 @@ import numpy as np
 import onnx
 
 from edgedeploy_agent.bundle import (
-    Manifest,
-    ModelInfo,
     Provenance,
     Quantization,
     ShapeProfile,
     Target,
     TensorRTSettings,
     TensorSpec,
-    describe_artifact,
     write_bundle,
 )
 
@@ -42,7 +38,7 @@ from ..errors import InputError
 from ..profiles import DeviceProfile
 from .int8_build import Int8Config, calibration_inputs
 from .onnx_model import OnnxModel, load_onnx
-from .package import BuildResult, ModelCard, _default_name
+from .package import BuildResult, ModelCard, _default_name, card_manifest, write_labels
 from .quantize import tensorrt_qdq
 
 REFERENCE_SAMPLES = 8
@@ -130,12 +126,6 @@ def build_tensorrt_bundle(
     with tempfile.TemporaryDirectory(prefix="edgedeploy-trt-") as tmp:
         work = Path(tmp)
         files = _write_artifacts(work, model, report.model, ref_inputs, ref_outputs, out_names, card)
-        roles = {
-            "model.qdq.onnx": "qdq-onnx",
-            "reference.npz": "tensorrt-reference",
-            "model.onnx": "onnx-model",
-            "labels.txt": "labels",
-        }
         settings = TensorRTSettings(
             onnx="model.qdq.onnx",
             fp16=options.fp16,
@@ -147,16 +137,12 @@ def build_tensorrt_bundle(
             atol=options.atol,
         )
         o = report.options
-        manifest = Manifest(
-            model=ModelInfo(
-                name=card.name or _default_name(model_path),
-                version=card.version,
-                description=card.description,
-                source_sha256=model.sha256,
-            ),
-            created=dt.datetime.now(dt.timezone.utc).replace(microsecond=0),
-            profile=profile.name,
-            target=Target(
+        manifest = card_manifest(
+            card,
+            model,
+            card.name or _default_name(model_path),
+            profile,
+            Target(
                 arch=profile.arch,
                 device=profile.device,
                 cuda_sm=profile.cuda_sm,
@@ -164,12 +150,9 @@ def build_tensorrt_bundle(
                 runtime="tensorrt",
                 runtime_abi=f"tensorrt-{profile.platform.tensorrt or 'any'}",
             ),
-            inputs=model.inputs,
-            outputs=outputs,
-            preprocess=card.preprocess,
-            postprocess=card.postprocess,
-            labels="labels.txt" if "labels.txt" in files else None,
-            quantization=Quantization(
+            outputs,
+            files,
+            Quantization(
                 precision="int8",
                 method=o.method + (f"(percentile={o.percentile})" if o.method == "percentile" else ""),
                 calibration_samples=report.samples,
@@ -177,7 +160,7 @@ def build_tensorrt_bundle(
                 calibration=f"{int8.calibration.resolve()} (split: {split})",
                 options={"symmetric_activations": "true", "per_channel": "true", "producer": "tensorrt_qdq"},
             ),
-            provenance=Provenance(
+            Provenance(
                 tools={
                     "edgedeploy": __version__,
                     "python": platform.python_version(),
@@ -187,7 +170,6 @@ def build_tensorrt_bundle(
                 build_host=f"{platform.node()} ({platform.machine()})",
                 options={"runtime": "tensorrt", "batch": ":".join(map(str, options.batch))},
             ),
-            artifacts=[describe_artifact(p, roles[n], n) for n, p in sorted(files.items())],
             tensorrt=settings,
         )
         write_bundle(out, manifest, files)
@@ -213,9 +195,7 @@ def _write_artifacts(
         np.savez_compressed(f, **arrays)  # type: ignore[arg-type]
     files["model.onnx"] = work / "model.onnx"
     shutil.copyfile(model.path, files["model.onnx"])
-    if card.labels:
-        files["labels.txt"] = work / "labels.txt"
-        files["labels.txt"].write_text("\n".join(card.labels) + "\n", encoding="utf-8")
+    write_labels(work, card, files)
     return files
 
 

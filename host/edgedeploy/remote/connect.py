@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from ..inventory import Device
@@ -16,3 +18,15 @@ def open_transport(
     from .ssh import SshTransport
 
     return SshTransport(device, known_hosts, connect_timeout=connect_timeout, io_timeout=io_timeout)
+
+
+@contextmanager
+def connected(
+    device: Device, known_hosts: Path, connect_timeout: float = 10.0, io_timeout: float = 30.0
+) -> Iterator[Transport]:
+    """open_transport() for a `with` block: the connection is closed however the block ends."""
+    t = open_transport(device, known_hosts, connect_timeout, io_timeout)
+    try:
+        yield t
+    finally:
+        t.close()

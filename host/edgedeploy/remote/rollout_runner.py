@@ -20,7 +20,7 @@ from ..inventory import Inventory
 from ..paths import state_dir
 from .agent_client import AgentClient
 from .blobs import BundleBlobs
-from .connect import open_transport
+from .connect import connected
 from .execute import HealthPolicy, get_facts, push
 from .rollout import FINAL_OUTCOMES, OK_OUTCOMES, RolloutState
 
@@ -58,15 +58,10 @@ def error_code(e: EdgeDeployError) -> str:
 def read_release(inv: Inventory, name: str, net: Network) -> str | None:
     """What the device runs now, as it says (None when it cannot be asked)."""
     try:
-        t = open_transport(inv.get(name), inv.known_hosts, net.connect_timeout, net.io_timeout)
+        with connected(inv.get(name), inv.known_hosts, net.connect_timeout, net.io_timeout) as t:
+            return get_facts(AgentClient(t, inv.get(name))).current_release
     except EdgeDeployError:
         return None
-    try:
-        return get_facts(AgentClient(t, inv.get(name))).current_release
-    except EdgeDeployError:
-        return None
-    finally:
-        t.close()
 
 
 class RolloutRunner:
@@ -107,11 +102,8 @@ class RolloutRunner:
         t0 = time.monotonic()
         dev = self.inv.get(name)
         try:
-            t = open_transport(dev, self.inv.known_hosts, self.net.connect_timeout, self.net.io_timeout)
-            try:
+            with connected(dev, self.inv.known_hosts, self.net.connect_timeout, self.net.io_timeout) as t:
                 r = push(t, dev, self.blobs, health=self.health, step=lambda s: self._step(name, s))
-            finally:
-                t.close()
             detail = f"{r.outcome} {r.release} (was {r.previous or 'none'}), sent {r.uploaded_bytes / 1e6:.2f} MB"
             self._set(name, r.outcome, detail, code=None, release_after=r.release, seconds=_secs(t0))
         except EdgeDeployError as e:
