@@ -120,3 +120,23 @@ def test_int8_gate_refuses_to_judge_nonsense(data_dir: Path, tmp_path: Path, cli
     )
     assert r.code != 0 and "scores 0% top-1" in r.err, r.err
     assert not (tmp_path / "x.edb").exists()
+
+
+def test_every_bundle_writer_carries_the_card(data_dir: Path, tmp_path: Path) -> None:
+    """card_manifest is the one place a card becomes manifest fields (TVM and TensorRT writers both use it)."""
+    from edgedeploy.compile.onnx_model import load_onnx
+    from edgedeploy.compile.package import card_manifest, write_labels
+    from edgedeploy.profiles import get_profile
+    from edgedeploy_agent.bundle import HealthSpec, Provenance, Quantization, Target
+
+    model = load_onnx(data_dir / "models" / "mnist-8_opset13.onnx")
+    card = ModelCard(labels=["a", "b"], health=HealthSpec(min_inferences=5), preprocess=Preprocess(color="gray"))
+    files = {"model.onnx": model.path}
+    write_labels(tmp_path, card, files)
+    m = card_manifest(
+        card, model, "mnist", get_profile("t4"),
+        Target(arch="x86_64", device="cuda", cuda_sm=75, runtime="tensorrt", runtime_abi="tensorrt-10"),
+        [], files, Quantization(precision="int8"), Provenance(tools={}, build_host="test"),
+    )  # fmt: skip
+    assert m.health == HealthSpec(min_inferences=5) and m.labels == "labels.txt"
+    assert m.preprocess.color == "gray" and {a.role for a in m.artifacts} == {"onnx-model", "labels"}
