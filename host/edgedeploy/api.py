@@ -18,8 +18,9 @@ from edgedeploy_agent.bundle import Manifest, read_manifest
 from edgedeploy_agent.errors import AgentError
 
 from .compile.int8_build import Int8Config
-from .compile.package import BuildResult, ModelCard, build_bundle
+from .compile.package import BuildResult, ModelCard, TuneResult, build_bundle
 from .compile.tensorrt_artifacts import TensorRTOptions
+from .compile.tuning import TuneRequest
 from .errors import ConnectionFailed, EdgeDeployError, InputError
 from .inventory import Device, Inventory
 from .profiles import get_profile
@@ -59,7 +60,6 @@ def build(
     cuda_graph: bool = True,
     batch: int = 1,
     int8: Int8Config | None = None,
-    tune_trials: int = 0,
 ) -> BuildResult:
     profile = get_profile(profile_name)
     return build_bundle(
@@ -73,8 +73,25 @@ def build(
         cuda_graph=cuda_graph,
         batch=batch,
         int8=int8,
-        tune_trials=tune_trials,
     )
+
+
+def tune(bundle: Path, request: TuneRequest, progress: Callable[[str], None] = lambda s: None) -> TuneResult:
+    """Tune the kernels of what `bundle` was built from; the database is applied by later builds."""
+    from .compile.package import tune_model
+
+    try:
+        return tune_model(bundle, request, progress)
+    except AgentError as e:
+        raise InputError(e.message, hint=e.hint) from None
+
+
+def import_tuning(folder: Path, database: Path | None = None) -> tuple[Path, int]:
+    """Store the database that tune_offline wrote into `folder` (default: the user's database for the
+    exported profile and model); returns where, and how many records it holds now."""
+    from .compile.tuning import import_database
+
+    return import_database(folder, database)
 
 
 def build_tensorrt(

@@ -115,9 +115,6 @@ def register(app: typer.Typer) -> None:
             typer.Option(help="TVM: the static batch N the library is compiled for; tensorrt: MIN:OPT:MAX"),
         ] = None,
         workspace_mib: Annotated[int, typer.Option(help="tensorrt: builder workspace limit in MiB")] = 1024,
-        tune_trials: Annotated[
-            int, typer.Option(help="MetaSchedule trials; the database is stored and reused by later builds")
-        ] = 0,
         json_: JsonOpt = False,
     ) -> None:
         """Compile a model for a device profile and write a bundle (INT8 with --int8 --calibration)."""
@@ -131,8 +128,6 @@ def register(app: typer.Typer) -> None:
                     hint="batch ranges (MIN:OPT:MAX) are for --runtime tensorrt",
                 )
             static_batch = int(batch)
-        if runtime == "tensorrt" and tune_trials:
-            raise InputError("--tune-trials tunes TVM schedules; TensorRT picks its tactics on the device")
         int8_cfg = int8_config(
             int8 or precision == "int8",
             calibration,
@@ -208,7 +203,6 @@ def register(app: typer.Typer) -> None:
                     cuda_graph=cuda_graph,
                     batch=static_batch,
                     int8=int8_cfg,
-                    tune_trials=tune_trials,
                 )
         secs = time.perf_counter() - t
         m = result.manifest

@@ -10,7 +10,7 @@ import typer
 
 from ..errors import EdgeDeployError
 from ..paths import state_dir
-from . import agent, build, demo, devices, int8, keys, profiles, push, render, report, rollout, status
+from . import agent, build, demo, devices, int8, keys, profiles, push, render, report, rollout, status, tune
 
 app = typer.Typer(
     name="edgedeploy",
@@ -24,6 +24,7 @@ app.add_typer(devices.app, name="devices")
 app.add_typer(agent.app, name="agent")
 app.add_typer(keys.app, name="keys")
 build.register(app)
+tune.register(app)
 int8.register(app)
 push.register(app)
 keys.register(app)

@@ -21,6 +21,7 @@ from ..errors import BuildError, EdgeDeployError
 from ..profiles import DeviceProfile
 from .cuda_toolchain import CudaToolchain
 from .onnx_model import OnnxModel
+from .tuning import TuneRequest
 
 
 def run_cuda_build(
@@ -30,6 +31,9 @@ def run_cuda_build(
     toolchain: CudaToolchain,
     precision: str,
     cuda_graph: bool,
+    tuning_key: str,
+    tuning_db: Path | None,
+    tune: TuneRequest | None,
     progress: Callable[[str], None],
 ) -> dict[str, Any]:
     request = work / "cuda-request.json"
@@ -42,6 +46,9 @@ def run_cuda_build(
                 "precision": precision,
                 "cuda_graph": cuda_graph,
                 "batch": model.inputs[0].shape[0],
+                "tuning_key": tuning_key,
+                "tuning_db": str(tuning_db) if tuning_db else None,
+                "tune": tune.to_json() if tune else None,
             }
         )
     )
@@ -89,6 +96,9 @@ def main(request_path: str) -> int:
                 progress=lambda s: print(f"stage {s}", flush=True),
                 precision=req["precision"],
                 cuda_graph=req["cuda_graph"],
+                tuning_key=req["tuning_key"],
+                tuning_db=Path(req["tuning_db"]) if req["tuning_db"] else None,
+                tune=TuneRequest.from_json(req["tune"]) if req["tune"] else None,
             )
         )
     except EdgeDeployError as e:
@@ -98,7 +108,8 @@ def main(request_path: str) -> int:
         "result "
         + json.dumps(
             {
-                "library": str(ctx.library),
+                "library": str(ctx.library) if ctx.library else None,
+                "tuned_kernels": list(ctx.tuned_kernels),
                 "outputs": [o.model_dump() for o in ctx.outputs],
                 "timings": ctx.timings,
                 "device_code": ctx.device_code,

@@ -38,6 +38,7 @@ from .cuda_toolchain import resolve_toolchain
 from .cuda_worker import run_cuda_build
 from .onnx_model import OnnxModel, load_onnx
 from .pipeline import PIPELINE_REVISION, BuildContext, pipeline_for, run_pipeline
+from .tuning import TuneRequest, find_database, tuning_key
 
 if TYPE_CHECKING:
     from .int8_build import Int8Config, Int8Result
@@ -135,7 +136,6 @@ def build_bundle(
     cuda_graph: bool = True,
     batch: int = 1,
     int8: Int8Config | None = None,
-    tune_trials: int = 0,
 ) -> BuildResult:
     """Compile `model_path` for `profile` and write a bundle to `out` (INT8 when `int8` is given)."""
     progress("load-model")
@@ -146,29 +146,22 @@ def build_bundle(
     if profile.device != "cuda":
         cuda_graph = False
     stages = pipeline_for(profile, precision)  # refuses combinations that have no pipeline, before any work
-    if tune_trials > 0 and profile.device == "cuda":
-        raise InputError("tuning (--tune-trials) is built for CPU profiles only so far")
     extra: dict[str, Any] = {
         "precision": precision,
         "cuda_graph": cuda_graph,
         "batch": batch,
         "pipeline": [PIPELINE_REVISION, *stages],
     }
+    calib = None
     if int8 is not None:
-        from .int8_build import calibration_inputs
-
-        int8 = dataclasses.replace(int8, label_offset=card.postprocess.label_offset)
-        progress("calibration-data")
-        calib, _ = calibration_inputs(model, card.preprocess, int8)
+        int8, calib = _calibration(model, card, int8, progress)
         extra |= {"int8": int8.describe(), "calibration_sha256": hashlib.sha256(calib.tobytes()).hexdigest()}
-    from .tuning import database_dir, has_database
-
-    db = database_dir(profile.name, f"{model.sha256[:16]}-{'int8' if int8 else 'fp32'}")
-    if has_database(db):  # a changed database means different code: part of the cache key
+    db = find_database(profile.name, tuning_key(model.sha256, precision))
+    if db is not None:  # a changed database means different code: part of the cache key
         extra["tuning_db"] = hashlib.sha256((db / "database_tuning_record.json").read_bytes()).hexdigest()
     key = _cache_key(model.sha256, profile, card, name, extra)
     cached = cache_dir() / "builds" / key / "bundle.edb"
-    if use_cache and cached.is_file() and tune_trials <= 0:
+    if use_cache and cached.is_file():
         progress("cache-hit")
         _copy_atomic(cached, out)
         from edgedeploy_agent.bundle import read_manifest
@@ -177,39 +170,15 @@ def build_bundle(
 
     from .tvm_backend import runtime_abi, tool_versions
 
-    toolchain = None
-    if profile.device == "cuda":
-        progress("check-toolchain")
-        toolchain = resolve_toolchain(profile)
     with tempfile.TemporaryDirectory(prefix="edgedeploy-build-") as tmp:
         work = Path(tmp)
-        compiled, int8_result = model, None
-        if int8 is not None:
-            from .int8_build import quantize_model
-
-            int8_result = quantize_model(model, card.preprocess, int8, calib, progress)
-            compiled = _save_qdq(int8_result.qdq, work / "model.qdq.onnx", model)
-        if toolchain is None:
-            ctx = run_pipeline(
-                BuildContext(
-                    model=compiled,
-                    profile=profile,
-                    work_dir=work,
-                    progress=progress,
-                    precision=precision,
-                    tuning_key=f"{model.sha256[:16]}-{'int8' if int8 else 'fp32'}",
-                    tune_trials=tune_trials,
-                )
-            )
-            assert ctx.library is not None
-            library, outputs, timings, float_left = ctx.library, ctx.outputs, ctx.timings, ctx.float_left
-            device_code, host_machine = ctx.device_code, ctx.host_machine
-        else:
-            res = run_cuda_build(compiled, profile, work, toolchain, precision, cuda_graph, progress)
-            library, outputs, timings, float_left = Path(res["library"]), res["outputs"], res["timings"], []
-            device_code, host_machine = res["device_code"], res["host_machine"]
+        compiled, int8_result = _quantized(model, card, int8, calib, work, progress)
+        res = _compile(
+            compiled, profile, work, precision, cuda_graph, tuning_key(model.sha256, precision), db, None, progress
+        )
+        assert res.library is not None
         progress("package")
-        files: dict[str, Path] = {"model.so": library}
+        files: dict[str, Path] = {"model.so": res.library}
         if int8 is not None:
             files["model.qdq.onnx"] = compiled.path
         shutil.copyfile(model_path, work / "model.onnx")
@@ -227,24 +196,156 @@ def build_bundle(
                 min_cuda_driver=profile.platform.min_cuda_driver,
                 runtime="tvm",
                 runtime_abi=runtime_abi(),
-                host_machine=host_machine,
-                device_code=device_code,
+                host_machine=res.host_machine,
+                device_code=res.device_code,
                 cuda_graph=cuda_graph,
-                cuda_codegen=toolchain.describe() if toolchain else None,
+                cuda_codegen=res.cuda_codegen,
             ),
-            outputs,
+            res.outputs,
             files,
-            _quantization(int8, int8_result, float_left) if int8 else Quantization(precision=precision),  # type: ignore[arg-type]
+            _quantization(int8, int8_result, res.float_left) if int8 else Quantization(precision=precision),  # type: ignore[arg-type]
             Provenance(
                 tools={"edgedeploy": __version__, "python": platform.python_version(), **tool_versions()},
                 build_host=f"{platform.node()} ({platform.machine()})",
-                options={"pipeline": ",".join(timings), "cache_key": key},
+                options={
+                    "pipeline": ",".join(res.timings),
+                    "cache_key": key,
+                    "tuned_kernels": f"{res.tuned_kernels[0]}/{res.tuned_kernels[1]}",
+                },
             ),
         )
         cached.parent.mkdir(parents=True, exist_ok=True)
         write_bundle(cached, manifest, files)
     _copy_atomic(cached, out)
-    return BuildResult(out, manifest, cached=False, timings=timings)
+    return BuildResult(out, manifest, cached=False, timings=res.timings)
+
+
+@dataclass
+class TuneResult:
+    database: Path
+    key: str
+    tuned_kernels: tuple[int, int]  # after tuning: (kernels scheduled from the database, all kernels)
+    exported: Path | None  # runner "export": the folder holding the tuning module
+    timings: dict[str, float]
+
+
+def tune_model(bundle: Path, request: TuneRequest, progress: Callable[[str], None] = lambda step: None) -> TuneResult:
+    """Tune what a bundle was built from: its profile, precision, batch and exact (Q/DQ) model. The build's
+    own stages run up to apply-tuning, which tunes (or exports the tuning module); then the library is
+    compiled with the database as a check. Later builds of the same model apply `request.database`."""
+    from edgedeploy_agent.bundle import read_manifest
+
+    from ..profiles import get_profile
+
+    m = read_manifest(bundle)
+    if m.target.runtime != "tvm":
+        raise InputError(f"{bundle} is a {m.target.runtime} bundle: TensorRT picks its tactics on the device")
+    profile = get_profile(m.profile)
+    source = "model.qdq.onnx" if m.quantization.precision == "int8" else "model.onnx"
+    key = tuning_key(m.model.source_sha256, m.quantization.precision)
+    with tempfile.TemporaryDirectory(prefix="edgedeploy-tune-") as tmp:
+        work = Path(tmp)
+        extracted = _extract_artifact(bundle, source, work)
+        model = load_onnx(extracted, batch=m.inputs[0].shape[0])
+        res = _compile(
+            model, profile, work, m.quantization.precision, m.target.cuda_graph, key, None, request, progress
+        )
+    exported = request.export_dir if res.library is None else None
+    return TuneResult(request.database, key, res.tuned_kernels, exported, res.timings)
+
+
+def _extract_artifact(bundle: Path, name: str, dest: Path) -> Path:
+    """One artifact of a bundle, checked against the manifest's sha256 (bundle.extract_bundle checks all)."""
+    from edgedeploy_agent.bundle import extract_bundle
+
+    extract_bundle(bundle, dest / "bundle")
+    path = dest / "bundle" / name
+    if not path.is_file():
+        raise InputError(f"{bundle} has no {name}: rebuild it with this edgedeploy")
+    return path
+
+
+@dataclass
+class Compiled:
+    library: Path | None  # None when the pipeline stopped early (tuning export)
+    outputs: list[Any]
+    timings: dict[str, float]
+    float_left: list[str]
+    device_code: list[str]
+    host_machine: str | None
+    tuned_kernels: tuple[int, int]
+    cuda_codegen: str | None
+
+
+def _calibration(model: OnnxModel, card: ModelCard, int8: Int8Config, progress: Callable[[str], None]) -> Any:
+    from .int8_build import calibration_inputs
+
+    int8 = dataclasses.replace(int8, label_offset=card.postprocess.label_offset)
+    progress("calibration-data")
+    calib, _ = calibration_inputs(model, card.preprocess, int8)
+    return int8, calib
+
+
+def _quantized(
+    model: OnnxModel, card: ModelCard, int8: Int8Config | None, calib: Any, work: Path, progress: Callable[[str], None]
+) -> tuple[OnnxModel, Int8Result | None]:
+    """The model the pipeline compiles: the source, or its calibrated Q/DQ form."""
+    if int8 is None:
+        return model, None
+    from .int8_build import quantize_model
+
+    result = quantize_model(model, card.preprocess, int8, calib, progress)
+    return _save_qdq(result.qdq, work / "model.qdq.onnx", model), result
+
+
+def _compile(
+    model: OnnxModel,
+    profile: DeviceProfile,
+    work: Path,
+    precision: str,
+    cuda_graph: bool,
+    key: str,
+    db: Path | None,
+    tune: TuneRequest | None,
+    progress: Callable[[str], None],
+) -> Compiled:
+    """The compile pipeline, in this process (CPU) or in the CUDA worker process (GPU profiles)."""
+    if profile.device == "cuda":
+        progress("check-toolchain")
+        toolchain = resolve_toolchain(profile)
+        r = run_cuda_build(model, profile, work, toolchain, precision, cuda_graph, key, db, tune, progress)
+        return Compiled(
+            Path(r["library"]) if r["library"] else None,
+            r["outputs"],
+            r["timings"],
+            [],
+            r["device_code"],
+            r["host_machine"],
+            tuple(r["tuned_kernels"]),
+            toolchain.describe(),
+        )
+    ctx = run_pipeline(
+        BuildContext(
+            model=model,
+            profile=profile,
+            work_dir=work,
+            progress=progress,
+            precision=precision,
+            tuning_key=key,
+            tuning_db=db,
+            tune=tune,
+        )
+    )
+    return Compiled(
+        ctx.library,
+        ctx.outputs,
+        ctx.timings,
+        ctx.float_left,
+        ctx.device_code,
+        ctx.host_machine,
+        ctx.tuned_kernels,
+        None,
+    )
 
 
 # Every artifact file name a bundle writer may use, and its role in the manifest.

@@ -11,13 +11,16 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from edgedeploy_agent.bundle import TensorSpec
 
 from ..errors import BuildError
 from ..profiles import DeviceProfile
 from .onnx_model import OnnxModel
+
+if TYPE_CHECKING:
+    from .tuning import TuneRequest
 
 
 @dataclass
@@ -37,7 +40,10 @@ class BuildContext:
     host_machine: str | None = None  # ELF machine of the exported library
     float_left: list[str] = field(default_factory=list)  # int8 builds: layers TVM still computes in float
     tuning_key: str = ""  # names the stored MetaSchedule database: "<source model sha[:16]>-<precision>"
-    tune_trials: int = 0  # > 0: tune (and extend the stored database) before compiling
+    tuning_db: Path | None = None  # the database apply-tuning applies (tuning.find_database), if any
+    tune: TuneRequest | None = None  # `edgedeploy tune`: tune (or export the tuning module) in apply-tuning
+    tuned_kernels: tuple[int, int] = (0, 0)  # (kernels scheduled from the database, all kernels)
+    stop: bool = False  # a stage ended the build early (tuning export: nothing left to compile)
 
 
 StageFn = Callable[[BuildContext], None]
@@ -53,7 +59,7 @@ def stage(name: str) -> Callable[[StageFn], StageFn]:
 
 
 # Part of every build-cache key, with the stage names: bump it when a stage changes what it produces.
-PIPELINE_REVISION = 4
+PIPELINE_REVISION = 5
 
 PIPELINES: dict[str, tuple[str, ...]] = {
     "cpu": (
@@ -80,6 +86,7 @@ PIPELINES: dict[str, tuple[str, ...]] = {
         "decompose-for-inference",
         "clip-as-relax-ops",
         "mixed-precision",
+        "apply-tuning",
         "compile-cuda",
         "export-library",
         "check-library",
@@ -90,6 +97,7 @@ PIPELINES: dict[str, tuple[str, ...]] = {
         "decompose-for-inference",
         "int8-rewrite",
         "clip-as-relax-ops",
+        "apply-tuning",
         "compile-cuda",
         "export-library",
         "check-library",
@@ -124,4 +132,6 @@ def run_pipeline(ctx: BuildContext) -> BuildContext:
         t = time.perf_counter()
         STAGES[name](ctx)
         ctx.timings[name] = round(time.perf_counter() - t, 3)
+        if ctx.stop:
+            break
     return ctx

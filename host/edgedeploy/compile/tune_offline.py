@@ -1,0 +1,162 @@
+"""Tune an exported tuning module where a full TVM and the device are:
+
+    python -m edgedeploy.compile.tune_offline DIR [--trials 200] [--cost-model random]
+
+DIR is what `edgedeploy tune BUNDLE --export DIR` wrote (tuning-module.json, tuning.json). The database
+goes to DIR (database_workload.json, database_tuning_record.json); bring DIR back and store it with
+`edgedeploy tune --import DIR`. Needs only tvm (with its compiler) and numpy, plus psutil and
+cloudpickle for MetaSchedule, and xgboost for the default cost model: the machine that measures need
+not have edgedeploy's other dependencies (run it with PYTHONPATH pointing at this repository's host/).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+
+def open_database(folder: Path) -> Any:
+    """A MetaSchedule JSON database. Records of tensor-core schedules name tensor intrinsics (e.g.
+    wmma_fill_16x16x16_f16) that TVM registers only when tvm.s_tir.tensor_intrin is imported; without it
+    loading fails with "TensorIntrin ... is not registered"."""
+    import tvm.s_tir.tensor_intrin  # noqa: F401
+    from tvm.s_tir import meta_schedule as ms
+
+    return ms.database.JSONDatabase(work_dir=str(folder))
+
+
+def build_in_target(mod: Any, target: Any, params: Any) -> Any:
+    """MetaSchedule's default build, inside `with target`: TVM's CUDA compile callback reads the SM from
+    Target.current() and otherwise asks the GPU, which a build host does not have."""
+    from tvm.s_tir.meta_schedule.builder.local_builder import default_build
+
+    with target:
+        return default_build(mod, target, params)
+
+
+def persistent_builder(timeout_sec: float = 120.0, f_export: Any = None) -> Any:
+    """MetaSchedule's LocalBuilder starts a fresh pool of worker processes for every batch; each imports
+    TVM's 259 MB compiler library. Under gVisor (the GPU machine) and on busy 2-core hosts that start-up
+    alone passed the default 30 s timeout, so every candidate "failed to build". One pool, kept."""
+    from tvm.s_tir.meta_schedule.builder import BuilderResult, LocalBuilder
+    from tvm.s_tir.meta_schedule.builder.local_builder import _serialize_params, _worker_func
+    from tvm.support.popen_pool import PopenPoolExecutor, StatusKind
+
+    class PersistentLocalBuilder(LocalBuilder):  # type: ignore[misc]
+        pool: Any = None
+
+        def build(self, build_inputs: list[Any]) -> list[Any]:
+            if self.pool is None:
+                self.pool = PopenPoolExecutor(max_workers=self.max_workers, timeout=self.timeout_sec)
+            jobs = [(self.f_build, self.f_export, b.mod, b.target, _serialize_params(b.params)) for b in build_inputs]
+            results = []
+            for r in self.pool.map_with_error_catching(lambda x: _worker_func(*x), jobs):
+                if r.status == StatusKind.COMPLETE:
+                    results.append(BuilderResult(r.value, None))
+                elif r.status == StatusKind.TIMEOUT:
+                    results.append(BuilderResult(None, f"LocalBuilder: timeout after {self.timeout_sec} s"))
+                else:
+                    results.append(BuilderResult(None, f"LocalBuilder: {r.value}"))
+            return results
+
+    return PersistentLocalBuilder(timeout_sec=timeout_sec, f_build=build_in_target, f_export=f_export)
+
+
+def run_tuning(
+    mod: Any,
+    target: Any,
+    db: Path,
+    trials: int,
+    builder: Any = None,
+    runner: Any = None,
+    cost_model: str = "xgb",
+    tasks: int = 0,
+) -> int:
+    """The one call into MetaSchedule (also `edgedeploy tune`'s): extends the database in `db`, returns its
+    record count. `tasks` > 0 tunes only that many kernels, the heaviest by FLOPs x calls, with the trials
+    split evenly between them. MetaSchedule collects a batch's measurements only when it returns to that
+    task or ends, so a run that is stopped loses its last round: size the trials to end in time.
+    Without a learned cost model, evolutionary search only costs time: sample the design space instead."""
+    from tvm.s_tir import meta_schedule as ms
+    from tvm.s_tir.analysis import estimate_tir_flops
+
+    open_database(db)  # registers the tensor intrinsics that stored records may name
+    extracted = list(ms.relax_integration.extract_tasks(mod, target))
+    if tasks > 0:
+        extracted.sort(key=lambda t: -estimate_tir_flops(t.dispatched[0]) * t.weight)
+        extracted = extracted[:tasks]
+    per_task = max(1, trials // len(extracted))
+    db.mkdir(parents=True, exist_ok=True)
+    contexts, weights = ms.relax_integration.extracted_tasks_to_tune_contexts(
+        extracted, str(db), strategy="replay-trace" if cost_model == "random" else "evolutionary"
+    )
+    ms.tune.tune_tasks(
+        tasks=contexts,
+        task_weights=weights,
+        work_dir=str(db),
+        max_trials_global=per_task * len(extracted),
+        max_trials_per_task=per_task,
+        # random sampling: small batches reach every kernel sooner; a learned model wants larger ones
+        num_trials_per_iter=min(per_task, 8 if cost_model == "random" else 16),
+        builder=builder or persistent_builder(),
+        runner=runner or ms.runner.LocalRunner(timeout_sec=60),
+        cost_model=cost_model,
+    )
+    shutil.rmtree(db / "logs", ignore_errors=True)
+    return len(open_database(db))
+
+
+def keep_whole_lines(folder: Path) -> None:
+    """A tuning run stopped mid-write can leave a torn last line in a database file: drop it."""
+    for name in ("database_workload.json", "database_tuning_record.json"):
+        path = folder / name
+        if not path.is_file():
+            continue
+        lines = path.read_text().splitlines()
+        whole = []
+        for line in lines:
+            try:
+                json.loads(line)
+            except ValueError:
+                continue
+            whole.append(line)
+        if len(whole) != len(lines):
+            path.write_text("".join(line + "\n" for line in whole))
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m edgedeploy.compile.tune_offline", description=__doc__.splitlines()[0])
+    ap.add_argument("dir", type=Path)
+    ap.add_argument("--trials", type=int, default=200, help="0: only repair and count the database")
+    ap.add_argument("--cost-model", choices=("xgb", "random"), default="xgb")
+    ap.add_argument("--tasks", type=int, default=0, help="tune only the N heaviest kernels (0: all)")
+    args = ap.parse_args(argv)
+    meta_file, module_file = args.dir / "tuning.json", args.dir / "tuning-module.json"
+    if not meta_file.is_file() or not module_file.is_file():
+        print(f"error: {args.dir} has no tuning.json / tuning-module.json (edgedeploy tune --export)", file=sys.stderr)
+        return 2
+    keep_whole_lines(args.dir)
+    import tvm
+    from tvm.s_tir import meta_schedule as ms
+
+    if args.trials == 0:
+        print(f"{args.dir}: {len(open_database(args.dir))} records", flush=True)
+        return 0
+    meta = json.loads(meta_file.read_text())
+    target = tvm.target.Target(meta["target"])
+    mod = tvm.ir.load_json(module_file.read_text())
+    tasks = ms.relax_integration.extract_tasks(mod, target)
+    print(f"{meta['profile']} {meta['key']}: {len(tasks)} tasks, {args.trials} trials, target {target}", flush=True)
+    t = time.perf_counter()
+    records = run_tuning(mod, target, args.dir, args.trials, cost_model=args.cost_model, tasks=args.tasks)
+    print(f"tuned in {time.perf_counter() - t:.0f} s: {records} records in {args.dir}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
