@@ -35,6 +35,7 @@ def register(app: typer.Typer) -> None:
             Path | None, typer.Option(help="database folder (default: yours, for the bundle's profile and model)")
         ] = None,
         cost_model: Annotated[str, typer.Option(help="xgb | random")] = "xgb",
+        tasks: Annotated[int, typer.Option(help="tune only the N heaviest kernels (FLOPs x calls); 0: all")] = 0,
         json_: JsonOpt = False,
     ) -> None:
         """Tune a bundle's kernels; later builds of the same model, profile and precision apply the database.
@@ -51,8 +52,8 @@ def register(app: typer.Typer) -> None:
             return
         if bundle is None:
             raise InputError("name a bundle to tune, or --import DIR")
-        if trials < 1:
-            raise InputError(f"--trials must be positive, got {trials}")
+        if trials < 1 or tasks < 0:
+            raise InputError(f"--trials must be positive and --tasks not negative, got {trials} and {tasks}")
         if cost_model not in ("xgb", "random"):
             raise InputError(f"unknown --cost-model {cost_model!r}", hint="choose xgb or random")
         if tracker and export:
@@ -81,6 +82,7 @@ def register(app: typer.Typer) -> None:
             key=key or "",
             export_dir=export,
             cost_model=cost_model,
+            tasks=tasks,
         )
         t = time.perf_counter()
         with render.steps(f"tune {bundle.name} for {manifest.profile} ({runner})") as step:

@@ -85,13 +85,13 @@ def run_tuning(
     from tvm.s_tir import meta_schedule as ms
     from tvm.s_tir.analysis import estimate_tir_flops
 
+    db.mkdir(parents=True, exist_ok=True)
     open_database(db)  # registers the tensor intrinsics that stored records may name
     extracted = list(ms.relax_integration.extract_tasks(mod, target))
     if tasks > 0:
         extracted.sort(key=lambda t: -estimate_tir_flops(t.dispatched[0]) * t.weight)
         extracted = extracted[:tasks]
     per_task = max(1, trials // len(extracted))
-    db.mkdir(parents=True, exist_ok=True)
     contexts, weights = ms.relax_integration.extracted_tasks_to_tune_contexts(
         extracted, str(db), strategy="replay-trace" if cost_model == "random" else "evolutionary"
     )

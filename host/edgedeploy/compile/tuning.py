@@ -17,9 +17,12 @@ How a database is made (`edgedeploy tune`, cli/tune.py), by who measures the can
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
+import sys
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -56,6 +59,7 @@ class TuneRequest:
     key: str = ""  # rpc: the device key the RPC servers registered with
     export_dir: Path | None = None
     cost_model: str = "xgb"  # xgb | random
+    tasks: int = 0  # > 0: only the N heaviest kernels
 
     def to_json(self) -> dict[str, Any]:
         return {**self.__dict__, "database": str(self.database), "export_dir": str(self.export_dir or "")}
@@ -239,7 +243,23 @@ def tune(mod: Any, target: Any, req: TuneRequest, profile: DeviceProfile, progre
         runner = ms.runner.RPCRunner(
             ms.runner.RPCConfig(tracker_host=host, tracker_port=port, tracker_key=req.key, session_timeout_sec=60)
         )
-    run_tuning(mod, target, req.database, req.trials, builder, runner, req.cost_model)
+    with stdout_to_stderr():
+        run_tuning(mod, target, req.database, req.trials, builder, runner, req.cost_model, req.tasks)
+
+
+@contextlib.contextmanager
+def stdout_to_stderr() -> Iterator[None]:
+    """MetaSchedule prints its progress tables on stdout (from C++ too), where `--json` output and the CUDA
+    worker's protocol go: send file descriptor 1 to stderr while it runs."""
+    sys.stdout.flush()
+    saved = os.dup(1)
+    os.dup2(2, 1)
+    try:
+        yield
+    finally:
+        sys.stdout.flush()
+        os.dup2(saved, 1)
+        os.close(saved)
 
 
 def parse_tracker(text: str) -> tuple[str, int]:
