@@ -231,6 +231,7 @@ def build_bundle(
                 device_code=device_code,
                 cuda_graph=cuda_graph,
                 cuda_codegen=toolchain.describe() if toolchain else None,
+                cpu_features=list(profile.compiler.cpu_features),
             ),
             outputs,
             files,
