@@ -45,9 +45,10 @@ def _value(expr: Any) -> np.ndarray | None:
 
 @relax.expr_functor.mutator
 class _Rewriter(relax.PyExprMutator):  # type: ignore[misc]
-    def __init__(self, mod: Any, names: list[str]) -> None:
+    def __init__(self, mod: Any, names: list[str], float_exact: bool = False) -> None:
         super().__init__(mod)
         self.names = names
+        self.float_exact = float_exact
         self.count = 0
         self.report = RewriteReport()
         # int32 accumulator (with zero-point term) -> (raw accumulator, correction, per-channel sx*sw)
@@ -138,17 +139,16 @@ class _Rewriter(relax.PyExprMutator):  # type: ignore[misc]
         if any(pad):
             width = [0, 0, 0, 0, pad[0], pad[2], pad[1], pad[3]]
             xq = self.builder_.emit(relax.op.nn.pad(xq, width, pad_value=float(z)))
-        acc = self.builder_.emit(
-            relax.op.nn.conv2d(
-                xq,
-                relax.const(w, "int8"),
-                strides=a.strides,
-                padding=[0, 0, 0, 0],
-                dilation=a.dilation,
-                groups=int(a.groups),
-                out_dtype="int32",
-            )
-        )
+        conv: dict[str, Any] = {"strides": a.strides, "dilation": a.dilation, "groups": int(a.groups)}
+        conv["padding"] = [0, 0, 0, 0]
+        if self.float_exact and _exact_in_float32(w[0].size, str(xq.ty.dtype)):
+            # integer products and sums below 2**24 are exact in float32: the same int32 result on the FMA units
+            xf = self.builder_.emit(relax.op.astype(xq, "float32"))
+            wf = relax.const(w.astype(np.float32))
+            accf = self.builder_.emit(relax.op.nn.conv2d(xf, wf, out_dtype="float32", **conv))
+            acc = self.builder_.emit(relax.op.astype(accf, "int32"))
+        else:
+            acc = self.builder_.emit(relax.op.nn.conv2d(xq, relax.const(w, "int8"), out_dtype="int32", **conv))
         o = w.shape[0]
         corr = (-z * w.reshape(o, -1).astype(np.int64).sum(axis=1)).astype(np.int32).reshape(1, o, 1, 1)
         scale = (float(sx.reshape(())) * np.broadcast_to(sw.astype(np.float32).reshape(-1), (o,))).reshape(1, o, 1, 1)
@@ -231,9 +231,21 @@ def _shift_weights(wq: np.ndarray, zw: np.ndarray, axis: int) -> np.ndarray:
     return shifted
 
 
-def rewrite_int8(mod: Any, layer_names: list[str] | None = None) -> tuple[Any, RewriteReport]:
-    """Rewrite `mod["main"]`; returns the new module and what became integer or stayed float."""
-    rw = _Rewriter(mod, layer_names or [])
+def _exact_in_float32(k: int, x_dtype: str) -> bool:
+    """A sum of `k` products of int8 weights (|w| <= 128) and activations stays below 2**24."""
+    x_max = 255 if x_dtype == "uint8" else 128
+    return k * 128 * x_max < 2**24
+
+
+def rewrite_int8(
+    mod: Any, layer_names: list[str] | None = None, float_exact: bool = False
+) -> tuple[Any, RewriteReport]:
+    """Rewrite `mod["main"]`; returns the new module and what became integer or stayed float.
+
+    `float_exact`: convolutions whose int32 accumulator provably stays below 2**24 multiply and add
+    in float32 (exact, and on CPUs without 8-bit dot-product instructions faster than int32 multiplies).
+    """
+    rw = _Rewriter(mod, layer_names or [], float_exact)
     func = rw.visit_expr(mod["main"])
     mod = mod.clone() if hasattr(mod, "clone") else mod
     mod["main"] = func
@@ -243,5 +255,8 @@ def rewrite_int8(mod: Any, layer_names: list[str] | None = None) -> tuple[Any, R
 @stage("int8-rewrite")
 def int8_rewrite_stage(ctx: BuildContext) -> None:
     """Turn the imported QDQ graph's fake-quant conv/matmul into integer compute."""
-    ctx.ir, report = rewrite_int8(ctx.ir, quantizable_layers(ctx.model.proto))
+    # CPUs: float32-exact accumulation (x86 without a tensorized 8-bit dot product multiplies int32 at half the
+    # rate of float32 FMAs); GPUs: int8 operands, which nvcc turns into dp4a
+    exact = ctx.profile.device == "cpu"
+    ctx.ir, report = rewrite_int8(ctx.ir, quantizable_layers(ctx.model.proto), float_exact=exact)
     ctx.float_left = report.float_left

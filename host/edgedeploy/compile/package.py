@@ -183,7 +183,7 @@ def build_bundle(
         toolchain = resolve_toolchain(profile)
     with tempfile.TemporaryDirectory(prefix="edgedeploy-build-") as tmp:
         work = Path(tmp)
-        compiled, int8_result = model, None
+        compiled, int8_result, tuning = model, None, ""
         if int8 is not None:
             from .int8_build import quantize_model
 
@@ -203,6 +203,8 @@ def build_bundle(
             )
             assert ctx.library is not None
             library, outputs, timings, float_left = ctx.library, ctx.outputs, ctx.timings, ctx.float_left
+            if ctx.tuned_kernels:
+                tuning = f"{db.parent.name}/{db.name}: {', '.join(ctx.tuned_kernels)}"
             device_code, host_machine = ctx.device_code, ctx.host_machine
         else:
             res = run_cuda_build(compiled, profile, work, toolchain, precision, cuda_graph, progress)
@@ -239,7 +241,7 @@ def build_bundle(
             Provenance(
                 tools={"edgedeploy": __version__, "python": platform.python_version(), **tool_versions()},
                 build_host=f"{platform.node()} ({platform.machine()})",
-                options={"pipeline": ",".join(timings), "cache_key": key},
+                options={"pipeline": ",".join(timings), "cache_key": key} | ({"tuning": tuning} if tuning else {}),
             ),
         )
         cached.parent.mkdir(parents=True, exist_ok=True)

@@ -38,6 +38,7 @@ class BuildContext:
     float_left: list[str] = field(default_factory=list)  # int8 builds: layers TVM still computes in float
     tuning_key: str = ""  # names the stored MetaSchedule database: "<source model sha[:16]>-<precision>"
     tune_trials: int = 0  # > 0: tune (and extend the stored database) before compiling
+    tuned_kernels: list[str] = field(default_factory=list)  # kernels whose schedule came from the database
 
 
 StageFn = Callable[[BuildContext], None]
@@ -53,7 +54,7 @@ def stage(name: str) -> Callable[[StageFn], StageFn]:
 
 
 # Part of every build-cache key, with the stage names: bump it when a stage changes what it produces.
-PIPELINE_REVISION = 4
+PIPELINE_REVISION = 5
 
 PIPELINES: dict[str, tuple[str, ...]] = {
     "cpu": (
