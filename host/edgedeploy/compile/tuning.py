@@ -74,8 +74,9 @@ def apply_tuning(ctx: BuildContext) -> None:
 
 
 def _is_scheduled(func: Any) -> bool:
+    """MetaScheduleApplyDatabase marks the functions it scheduled (TVM 0.27 spells the attribute tirx.)"""
     attrs = func.attrs
-    return attrs is not None and "tir.is_scheduled" in attrs and bool(attrs["tir.is_scheduled"])
+    return attrs is not None and any(k in attrs and bool(attrs[k]) for k in ("tirx.is_scheduled", "tir.is_scheduled"))
 
 
 def tune(mod: Any, target: Any, db: Path, trials: int, progress: Any) -> None:
