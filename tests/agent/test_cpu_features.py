@@ -5,12 +5,14 @@ from __future__ import annotations
 import platform
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from edgedeploy_agent.bundle import Target, check_compatible, cpu_flags, read_manifest
 from edgedeploy_agent.config import AgentConfig
 from edgedeploy_agent.errors import IncompatibleBundle
 from edgedeploy_agent.lifecycle import Deployment
+from edgedeploy_agent.runtime.tvm import aligned
 from edgedeploy_agent.store import DeviceStore
 from tests.agent.bundles import make_bundle
 from tests.agent.test_lifecycle import ScriptedService, copy
@@ -75,3 +77,13 @@ def test_deploy_refuses_a_bundle_needing_a_flag_this_cpu_lacks(tmp_path: Path) -
     assert "\n" not in str(err.value) and store.current() is None and svc.restarts == 0
     r = Deployment(store, svc).deploy(copy(needing(tmp_path / "ok", "sse2"), store.incoming), timeout=2)
     assert r["outcome"] == "committed"
+
+
+def test_inputs_are_handed_to_tvm_64_byte_aligned() -> None:
+    raw = np.zeros(4 * 100 + 64, dtype=np.uint8)
+    start = -raw.ctypes.data % 64 + 4
+    odd = raw[start : start + 400].view(np.float32).reshape(4, 25)
+    odd[...] = np.linspace(-1, 1, 100, dtype=np.float32).reshape(4, 25)
+    got = aligned(odd)
+    assert got.ctypes.data % 64 == 0 and got.shape == (4, 25) and got.dtype == np.float32
+    assert np.array_equal(got, odd) and aligned(got) is got
