@@ -25,6 +25,7 @@ from edgedeploy.compile.int8_build import Int8Config
 from edgedeploy.compile.package import load_card
 from edgedeploy.compile.quantize import QuantizeOptions
 from edgedeploy.datasets import load_calibration
+from edgedeploy.profiles import get_profile
 from edgedeploy_agent.bundle import extract_bundle
 from edgedeploy_agent.runtime.tvm import TvmRuntime
 
@@ -79,8 +80,12 @@ def main() -> None:
             "onnxruntime FP32": median_ms(lambda x: ort_f.run(None, {name: x}), inputs, args.runs),
             "onnxruntime INT8 (QDQ)": median_ms(lambda x: ort_i.run(None, {name: x}), inputs, args.runs),
         }
-    tuned = [p.name for p in (REPO / "profiles" / "tuning" / "cpu-x86_64").glob(f"{mf.model.source_sha256[:16]}-*")]
-    print(f"{file}, batch 1, median of {args.runs} runs; stored tuning databases: {', '.join(tuned) or 'none'}")
+    target = get_profile("cpu-x86_64").compiler.target
+    print(f"{file}, batch 1, median of {args.runs} runs; cpu-x86_64 target {dict(target)}")
+    for label, m in (("FP32", mf), ("INT8", mi)):
+        db, _, names = m.provenance.options.get("tuning", "").partition(": ")
+        used = f"{len(names.split(', '))} kernels from {db}" if names else "none (default schedules)"
+        print(f"  {label} bundle, kernels from a tuning database: {used}")
     for k, v in rows.items():
         print(f"  {k:24s} {v:9.3f} ms")
     r = rows

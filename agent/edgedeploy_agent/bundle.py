@@ -85,6 +85,18 @@ class Target(_Model):
     device_code: list[str] = Field(default_factory=list, description="device images found in the library")
     cuda_codegen: Optional[str] = Field(default=None, description="what produced the device code, e.g. nvcc 13.0.88")
     cuda_graph: bool = False
+    cpu_features: list[str] = Field(
+        default_factory=list,
+        description="CPU flags the host code needs, as /proc/cpuinfo names them (e.g. avx2, fma)",
+    )
+
+    @model_serializer(mode="wrap")
+    def _omit_empty_cpu_features(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        # a target without required CPU flags serialises as before the field existed: same bundle id
+        data: dict[str, Any] = handler(self)
+        if not data.get("cpu_features"):
+            data.pop("cpu_features", None)
+        return data
 
 
 class Artifact(_Model):
@@ -288,12 +300,33 @@ def check_schema(manifest: Manifest) -> None:
         )
 
 
+CPUINFO = Path("/proc/cpuinfo")
+
+
+def cpu_flags(cpuinfo: Path = CPUINFO) -> Optional[frozenset[str]]:
+    """The CPU feature flags of this machine (the `flags` line of /proc/cpuinfo), or None when unreadable."""
+    try:
+        text = cpuinfo.read_text(errors="replace")
+    except OSError:
+        return None
+    for line in text.splitlines():
+        key, sep, value = line.partition(":")
+        if sep and key.strip() in ("flags", "Features"):  # x86 | aarch64
+            return frozenset(value.split())
+    return None
+
+
 def check_compatible(
-    manifest: Manifest, machine: Optional[str] = None, gpu: Optional[CudaDevice] = None, gpu_reason: str = ""
+    manifest: Manifest,
+    machine: Optional[str] = None,
+    gpu: Optional[CudaDevice] = None,
+    gpu_reason: str = "",
+    cpuinfo: Path = CPUINFO,
 ) -> None:
     """Refuse a bundle this device cannot run, before any byte of it is unpacked or loaded.
 
     `gpu` is what the device's CUDA driver reports (gpu.probe_cuda); None means no usable GPU.
+    `cpuinfo` is where the CPU's feature flags are read from when the bundle needs any.
     """
     check_schema(manifest)
     arch = machine or platform.machine()
@@ -302,6 +335,19 @@ def check_compatible(
         raise IncompatibleBundle(
             f"bundle {manifest.model.name} is built for profile {manifest.profile} ({t.arch}), this device is {arch}"
         )
+    if t.cpu_features:
+        have = cpu_flags(cpuinfo)
+        if have is None:
+            raise IncompatibleBundle(
+                f"bundle for {manifest.profile} needs CPU features {', '.join(t.cpu_features)}; "
+                f"{cpuinfo} lists no CPU flags"
+            )
+        missing = [f for f in t.cpu_features if f not in have]
+        if missing:
+            raise IncompatibleBundle(
+                f"bundle for {manifest.profile} needs CPU features this device lacks: {', '.join(missing)}",
+                hint="build the bundle for a profile whose CPU features this device has (edgedeploy profiles list)",
+            )
     if t.device != "cuda":
         return
     if gpu is None:

@@ -25,6 +25,10 @@ class CompilerSpec(BaseModel):
     host_triple: str = Field(description="triple of the device's CPU, e.g. x86_64-linux-gnu")
     cross_compiler: str | None = Field(default=None, description="C compiler used to link the library")
     cuda_codegen: Literal["nvcc", "nvrtc-12"] | None = None
+    cpu_features: list[str] = Field(
+        default_factory=list,
+        description="CPU flags (/proc/cpuinfo names) the host code needs; agents without them refuse",
+    )
 
 
 class PlatformSpec(BaseModel):

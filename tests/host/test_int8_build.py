@@ -101,6 +101,29 @@ def test_rewrite_makes_integer_convolutions(data_dir: Path) -> None:
             assert report.float_left == ["Times212: operands are not dequantized (kept in float)"]
 
 
+def test_float_exact_accumulation_is_bit_identical_to_int32(data_dir: Path) -> None:
+    """The CPU pipeline accumulates int8 products in float32 where the sum provably stays below 2**24:
+    compiled and run, both forms give the same bytes on real images."""
+    import tvm
+
+    model = onnx.load(data_dir / "models" / "mnist-8_opset13.onnx")
+    spec = TensorSpec(name="Input3", shape=[1, 1, 28, 28], layout="NCHW")
+    calib = load_calibration(data_dir / "mnist", Preprocess(color="gray"), spec, 32)
+    qdq = quantize_qdq(model, calib, QuantizeOptions()).model
+    imported = relax.transform.DecomposeOpsForInference()(
+        from_onnx(qdq, shape_dict={"Input3": [1, 1, 28, 28]}, keep_params_in_input=False)
+    )
+    outputs = []
+    for exact in (False, True):
+        mod, report = rewrite_int8(imported, quantizable_layers(qdq), float_exact=exact)
+        assert len(report.integer) == 3 and report.float_left == []  # 2 convs (float32-exact) and the MatMul
+        text = mod.script()
+        assert text.count('out_dtype="int32"') == (1 if exact else 3)  # exact: only the MatMul stays int32
+        vm = relax.VirtualMachine(tvm.compile(mod, target="llvm"), tvm.cpu())
+        outputs.append(np.concatenate([vm["main"](tvm.runtime.tensor(x[None])).numpy() for x in calib]))
+    assert np.array_equal(outputs[0], outputs[1])
+
+
 @pytest.fixture(scope="module")
 def mobilenet_int8(data_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("mnv1") / "mnv1-int8.edb"

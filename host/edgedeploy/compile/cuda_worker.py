@@ -109,7 +109,8 @@ def main(request_path: str) -> int:
         + json.dumps(
             {
                 "library": str(ctx.library) if ctx.library else None,
-                "tuned_kernels": list(ctx.tuned_kernels),
+                "tuned_kernels": ctx.tuned_kernels,
+                "kernel_count": ctx.kernel_count,
                 "outputs": [o.model_dump() for o in ctx.outputs],
                 "timings": ctx.timings,
                 "device_code": ctx.device_code,

@@ -200,6 +200,7 @@ def build_bundle(
                 device_code=res.device_code,
                 cuda_graph=cuda_graph,
                 cuda_codegen=res.cuda_codegen,
+                cpu_features=list(profile.compiler.cpu_features),
             ),
             res.outputs,
             files,
@@ -207,17 +208,21 @@ def build_bundle(
             Provenance(
                 tools={"edgedeploy": __version__, "python": platform.python_version(), **tool_versions()},
                 build_host=f"{platform.node()} ({platform.machine()})",
-                options={
-                    "pipeline": ",".join(res.timings),
-                    "cache_key": key,
-                    "tuned_kernels": f"{res.tuned_kernels[0]}/{res.tuned_kernels[1]}",
-                },
+                options={"pipeline": ",".join(res.timings), "cache_key": key} | _tuning_note(db, res),
             ),
         )
         cached.parent.mkdir(parents=True, exist_ok=True)
         write_bundle(cached, manifest, files)
     _copy_atomic(cached, out)
     return BuildResult(out, manifest, cached=False, timings=res.timings)
+
+
+def _tuning_note(db: Path | None, res: Compiled) -> dict[str, str]:
+    """provenance.options["tuning"]: which database, how many of the kernels, and which, came from it."""
+    if db is None or not res.tuned_kernels:
+        return {}
+    n, m = len(res.tuned_kernels), res.kernel_count
+    return {"tuning": f"{db.parent.name}/{db.name}: {n}/{m} kernels: {', '.join(res.tuned_kernels)}"}
 
 
 @dataclass
@@ -251,7 +256,7 @@ def tune_model(bundle: Path, request: TuneRequest, progress: Callable[[str], Non
             model, profile, work, m.quantization.precision, m.target.cuda_graph, key, None, request, progress
         )
     exported = request.export_dir if res.library is None else None
-    return TuneResult(request.database, key, res.tuned_kernels, exported, res.timings)
+    return TuneResult(request.database, key, (len(res.tuned_kernels), res.kernel_count), exported, res.timings)
 
 
 def _extract_artifact(bundle: Path, name: str, dest: Path) -> Path:
@@ -273,7 +278,8 @@ class Compiled:
     float_left: list[str]
     device_code: list[str]
     host_machine: str | None
-    tuned_kernels: tuple[int, int]
+    tuned_kernels: list[str]  # kernels whose schedule came from the database
+    kernel_count: int
     cuda_codegen: str | None
 
 
@@ -321,7 +327,8 @@ def _compile(
             [],
             r["device_code"],
             r["host_machine"],
-            tuple(r["tuned_kernels"]),
+            r["tuned_kernels"],
+            r["kernel_count"],
             toolchain.describe(),
         )
     ctx = run_pipeline(
@@ -344,6 +351,7 @@ def _compile(
         ctx.device_code,
         ctx.host_machine,
         ctx.tuned_kernels,
+        ctx.kernel_count,
         None,
     )
 

@@ -42,7 +42,8 @@ class BuildContext:
     tuning_key: str = ""  # names the stored MetaSchedule database: "<source model sha[:16]>-<precision>"
     tuning_db: Path | None = None  # the database apply-tuning applies (tuning.find_database), if any
     tune: TuneRequest | None = None  # `edgedeploy tune`: tune (or export the tuning module) in apply-tuning
-    tuned_kernels: tuple[int, int] = (0, 0)  # (kernels scheduled from the database, all kernels)
+    tuned_kernels: list[str] = field(default_factory=list)  # kernels whose schedule came from the database
+    kernel_count: int = 0  # all kernels, when a database was applied
     stop: bool = False  # a stage ended the build early (tuning export: nothing left to compile)
 
 
@@ -59,7 +60,7 @@ def stage(name: str) -> Callable[[StageFn], StageFn]:
 
 
 # Part of every build-cache key, with the stage names: bump it when a stage changes what it produces.
-PIPELINE_REVISION = 5
+PIPELINE_REVISION = 6
 
 PIPELINES: dict[str, tuple[str, ...]] = {
     "cpu": (

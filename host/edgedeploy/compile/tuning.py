@@ -22,6 +22,8 @@ import functools
 import json
 import os
 import sys
+import tempfile
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,6 +38,7 @@ from .tune_offline import keep_whole_lines, open_database, persistent_builder, r
 DB_FILES = ("database_workload.json", "database_tuning_record.json")
 EXPORT_MODULE = "tuning-module.json"
 EXPORT_META = "tuning.json"
+KEEP_BEST = 4  # records kept per kernel: the best applies, the rest seed the search when the database is extended
 
 # MetaSchedule's GPU search needs the thread and memory limits in the target; these hold for every
 # profile's GPU (sm_72, sm_75, sm_90): 1024 threads per block, 48 KiB static shared memory per block.
@@ -86,6 +89,10 @@ def user_root() -> Path:
     return config_dir() / "tuning"
 
 
+def database_dir(profile: str, key: str, root: Path | None = None) -> Path:
+    return (root or builtin_root()) / profile / key
+
+
 def has_database(path: Path) -> bool:
     return all((path / f).is_file() for f in DB_FILES)
 
@@ -93,8 +100,8 @@ def has_database(path: Path) -> bool:
 def find_database(profile: str, key: str) -> Path | None:
     """The database a build applies: the user's first, then the built-in one; None when neither exists."""
     for root in (user_root(), builtin_root()):
-        if has_database(root / profile / key):
-            return root / profile / key
+        if has_database(database_dir(profile, key, root)):
+            return database_dir(profile, key, root)
     return None
 
 
@@ -126,12 +133,13 @@ def tuning_module(mod: Any) -> Any:
     )(mod)
 
 
-def scheduled_kernels(mod: Any) -> tuple[int, int]:
-    """(kernels with a schedule from the database, all kernels) in `mod`."""
+def scheduled_kernels(mod: Any) -> tuple[list[str], int]:
+    """(names of the kernels scheduled from the database, number of kernels) in `mod`.
+    MetaScheduleApplyDatabase marks what it scheduled; TVM 0.27 spells the attribute tirx.is_scheduled."""
     import tvm
 
-    kernels = [f for f in mod.functions.values() if isinstance(f, tvm.tirx.PrimFunc)]
-    done = sum(1 for f in kernels if f.attrs is not None and bool(f.attrs.get("tirx.is_scheduled", False)))
+    kernels = {gv.name_hint: f for gv, f in mod.functions.items() if isinstance(f, tvm.tirx.PrimFunc)}
+    done = sorted(k for k, f in kernels.items() if f.attrs is not None and bool(f.attrs.get("tirx.is_scheduled", 0)))
     return done, len(kernels)
 
 
@@ -162,9 +170,9 @@ def apply_tuning(ctx: BuildContext) -> None:
         raise
     except Exception as e:  # MetaSchedule raises TVMError and friends
         raise BuildError(f"tuning with database {db} failed: {str(e).strip().splitlines()[-1]}") from None
-    done, total = scheduled_kernels(ctx.ir)
-    ctx.tuned_kernels = (done, total)
-    ctx.progress(f"apply-tuning: {done} of {total} kernels scheduled from {db}")
+    ctx.tuned_kernels, ctx.kernel_count = scheduled_kernels(ctx.ir)
+    ctx.tuning_db = db
+    ctx.progress(f"apply-tuning: {len(ctx.tuned_kernels)} of {ctx.kernel_count} kernels scheduled from {db}")
 
 
 def export(mod: Any, target: Any, ctx: BuildContext) -> None:
@@ -221,30 +229,70 @@ def export_shared(mod: Any, cc: str = "") -> str:
 
 
 def tune(mod: Any, target: Any, req: TuneRequest, profile: DeviceProfile, progress: Any) -> None:
-    """Extend `req.database` with `req.trials` measured candidates, spread over the tasks by MetaSchedule's
-    gradient task scheduler (it gives more trials to the kernels where they pay)."""
+    """Extend `req.database` with `req.trials` measured candidates.
+
+    Measured here (CPU): trials go to the kernels by their share of the measured time, and every tuned
+    kernel is checked against its default schedule (`tune_where_the_time_is`). Measured elsewhere (RPC):
+    MetaSchedule's gradient task scheduler spreads the trials (`run_tuning`), optionally over the
+    `req.tasks` heaviest kernels only.
+    """
     from tvm.s_tir import meta_schedule as ms
 
     if req.cost_model == "xgb":
         try:
             import xgboost  # noqa: F401
         except ImportError:
-            raise BuildError(
-                "tuning needs xgboost", hint="pip install 'edgedeploy[tune]' or --cost-model random"
-            ) from None
-    tasks = ms_tasks(mod, target)
-    progress(f"tune: {len(tasks)} tasks, {req.trials} trials, measured by {req.runner}")
-    builder: Any = None
-    runner: Any = None
-    if req.runner == "rpc":
+            hint = "pip install 'edgedeploy[tune]', or --cost-model random"
+            raise BuildError("tuning needs xgboost", hint=hint) from None
+    with stdout_to_stderr():
+        if req.runner == "local" and profile.device == "cpu":
+            tune_where_the_time_is(mod, target, req, progress)
+            return
         host, port = parse_tracker(req.tracker)
+        progress(f"tune: {len(ms_tasks(mod, target))} tasks, {req.trials} trials, measured by {req.runner}")
         cc = profile.compiler.cross_compiler or ""
         builder = persistent_builder(f_export=functools.partial(export_shared, cc=cc))
         runner = ms.runner.RPCRunner(
             ms.runner.RPCConfig(tracker_host=host, tracker_port=port, tracker_key=req.key, session_timeout_sec=60)
         )
-    with stdout_to_stderr():
         run_tuning(mod, target, req.database, req.trials, builder, runner, req.cost_model, req.tasks)
+
+
+def tune_where_the_time_is(mod: Any, target: Any, req: TuneRequest, progress: Any) -> None:
+    """Measure → allocate → one MetaSchedule search per kernel → verify → prune.
+
+    The module (with the database so far) is run once with per-kernel timing; trials go to the kernels by
+    their share of the measured time (`allocate_trials`). A tuned kernel whose outputs differ from the
+    default schedule's on the same inputs is dropped from the database (`verify_database`), and only the
+    best KEEP_BEST records per kernel are kept.
+    """
+    from tvm.s_tir import meta_schedule as ms
+
+    db = req.database
+    tasks = {t.task_name: t for t in ms_tasks(mod, target)}
+    costs = kernel_costs(mod, target, db if has_database(db) else None)
+    plan = allocate_trials({k: v for k, v in costs.items() if k in tasks}, req.trials)
+    shown = ", ".join(f"{k} {n}" for k, n in plan.items())
+    progress(f"tune: {len(tasks)} tasks, {sum(costs.values()):.2f} ms measured; trials: {shown}")
+    db.mkdir(parents=True, exist_ok=True)
+    database = open_database(db)
+    with tempfile.TemporaryDirectory(prefix="edgedeploy-tune-") as work:
+        for name, n in plan.items():
+            ms.tune_tir(
+                tasks[name].dispatched[0],
+                target,
+                work,
+                max_trials_global=n,
+                num_trials_per_iter=min(16, n),
+                database=database,
+                builder=persistent_builder(),
+                cost_model=req.cost_model,
+                strategy="replay-trace" if req.cost_model == "random" else "evolutionary",
+            )
+    dropped = verify_database(db, [tasks[name] for name in plan], target)
+    if dropped:
+        progress(f"tune: dropped the records of {', '.join(dropped)}: outputs differ from the default schedule")
+    _rewrite_database(db, keep_best=KEEP_BEST)
 
 
 @contextlib.contextmanager
@@ -291,3 +339,130 @@ def import_database(folder: Path, database: Path | None = None) -> tuple[Path, i
         workload = dst.commit_workload(r.workload.mod)
         dst.commit_tuning_record(ms.database.TuningRecord(r.trace, workload, r.run_secs, r.target, r.args_info))
     return dest, len(dst)
+
+
+def kernel_costs(mod: Any, target: Any, db: Path | None, runs: int = 5) -> dict[str, float]:
+    """Milliseconds per inference spent in each kernel (all its calls), with `db` applied when given."""
+    import numpy as np
+    import tvm
+    from tvm import relax
+
+    with target:
+        if db is not None:
+            mod = relax.transform.MetaScheduleApplyDatabase(str(db))(mod)
+        ex = tvm.compile(mod, target=target, relax_pipeline=relax.get_default_pipeline(target))
+    dev = tvm.cpu()
+    vm = relax.VirtualMachine(ex, dev)
+    rng = np.random.default_rng(0)
+    args = [tvm.runtime.tensor(_random(rng, p.ty), dev) for p in mod["main"].params]
+    vm["main"](*args)
+    spent: dict[str, float] = {}
+    started: dict[str, float] = {}
+
+    def instrument(func: Any, name: str, before: bool, ret: Any, *a: Any) -> int:
+        if before:
+            started[name] = time.perf_counter()
+        else:
+            spent[name] = spent.get(name, 0.0) + time.perf_counter() - started[name]
+        return 0
+
+    vm.set_instrument(instrument)
+    for _ in range(runs):
+        vm["main"](*args)
+    return {k: v * 1000 / runs for k, v in spent.items()}
+
+
+def allocate_trials(costs: dict[str, float], total: int, step: int = 8, min_share: float = 0.02) -> dict[str, int]:
+    """Trials per kernel in proportion to its measured time; kernels under `min_share` of the total get none.
+
+    Counts are multiples of `step` (one search round), at least one round each, most expensive first.
+    """
+    whole = sum(costs.values())
+    if whole <= 0 or total <= 0:
+        return {}
+    ranked = sorted(((v, k) for k, v in costs.items() if v >= min_share * whole), reverse=True)
+    chosen = sum(v for v, _ in ranked)
+    plan: dict[str, int] = {}
+    left = total
+    for v, k in ranked:
+        n = max(step, int(round(total * v / chosen / step)) * step)
+        if left < step:
+            break
+        plan[k] = min(n, left - left % step)
+        left -= plan[k]
+    return plan
+
+
+def verify_database(db: Path, tasks: list[Any], target: Any) -> list[str]:
+    """Run each task's tuned kernel and its default schedule on the same random inputs; drop the
+    records of every task whose outputs differ (bit-exact for integer outputs). Returns their names."""
+    import numpy as np
+    import tvm
+    from tvm.s_tir import meta_schedule as ms
+
+    database = open_database(db)
+    dev, rng = tvm.cpu(), np.random.default_rng(0)
+    bad: list[tuple[str, Any]] = []
+    for task in tasks:
+        workload = task.dispatched[0]
+        sch = ms.tir_integration.compile_tir(database, workload, target)
+        if sch is None:
+            continue
+        host = [_random(rng, a) for a in ms.arg_info.ArgInfo.from_prim_func(workload["main"])]
+        outs = []
+        for m in (workload, sch.mod):
+            lib = tvm.compile(m, target=target)
+            arrays = [tvm.runtime.tensor(a, dev) for a in host]
+            lib["main"](*arrays)
+            outs.append(arrays[-1].numpy())
+        ref, got = outs
+        same = np.array_equal(ref, got) if ref.dtype.kind in "iub" else np.allclose(got, ref, rtol=1e-4, atol=1e-5)
+        if not same:
+            bad.append((task.task_name, workload))
+    if bad:
+        _drop_workloads(db, [w for _, w in bad])
+    return [name for name, _ in bad]
+
+
+def _random(rng: Any, t: Any) -> Any:
+    """Random inputs for a buffer or tensor type: full range for 8-bit integers, moderate otherwise."""
+    import numpy as np
+
+    shape = [int(d) for d in (t.shape.values if hasattr(t.shape, "values") else t.shape)]
+    dtype = np.dtype(str(t.dtype))
+    if dtype.kind in "iu":
+        info = np.iinfo(dtype)
+        lo, hi = (int(info.min), int(info.max)) if dtype.itemsize == 1 else (-1000, 1000)
+        return rng.integers(lo, hi + 1, size=shape).astype(dtype)
+    return rng.standard_normal(shape).astype(dtype)
+
+
+def _drop_workloads(db: Path, workloads: list[Any]) -> None:
+    """Rewrite the database without the records of `workloads` (matched structurally)."""
+    _rewrite_database(db, drop=workloads)
+
+
+def _rewrite_database(db: Path, drop: list[Any] | None = None, keep_best: int | None = None) -> None:
+    """Rewrite the database without the records of `drop` and with at most `keep_best` records per workload."""
+    import tvm_ffi
+    from tvm.s_tir import meta_schedule as ms
+
+    old = open_database(db)
+    by_workload: dict[int, list[Any]] = {}
+    for r in old.get_all_tuning_records():
+        if drop and any(tvm_ffi.structural_equal(r.workload.mod, w) for w in drop):
+            continue
+        by_workload.setdefault(tvm_ffi.structural_hash(r.workload.mod), []).append(r)
+    for f in DB_FILES:
+        (db / f).unlink()
+    new = open_database(db)
+    for records in by_workload.values():
+        records.sort(key=lambda r: _mean_secs(r))
+        for r in records[:keep_best]:
+            workload = new.commit_workload(r.workload.mod)
+            new.commit_tuning_record(ms.database.TuningRecord(r.trace, workload, r.run_secs, r.target, r.args_info))
+
+
+def _mean_secs(record: Any) -> float:
+    secs = [float(s) for s in (record.run_secs or [])]
+    return sum(secs) / len(secs) if secs else float("inf")
