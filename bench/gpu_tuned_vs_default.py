@@ -15,22 +15,18 @@ from pathlib import Path
 
 import numpy as np
 import tvm
-import tvm.s_tir.tensor_intrin  # noqa: F401  (tensor-core records name these intrinsics)
 from tvm import relax
+
+from edgedeploy.compile.tune_offline import register_tensor_intrinsics, scheduled_kernels
 
 
 def compile_and_time(mod: object, target: object, db: Path | None) -> tuple[float, float, int]:
     t = time.perf_counter()
     with target, tvm.transform.PassContext(opt_level=3, config={"relax.backend.use_cuda_graph": True}):
         if db is not None:
+            register_tensor_intrinsics()
             mod = relax.transform.MetaScheduleApplyDatabase(str(db))(mod)
-        tuned = sum(
-            1
-            for f in mod.functions.values()
-            if isinstance(f, tvm.tirx.PrimFunc)
-            and f.attrs is not None
-            and bool(f.attrs.get("tirx.is_scheduled", False))
-        )
+        tuned = len(scheduled_kernels(mod)[0])
         ex = tvm.compile(mod, target=target)
     secs = time.perf_counter() - t
     dev = tvm.cuda()

@@ -9,7 +9,7 @@ from typing import Annotated
 import typer
 
 from .. import api
-from ..compile.tuning import TuneRequest, parse_tracker, user_root
+from ..compile.tuning import TuneRequest, database_dir, parse_tracker, tuning_key, user_root
 from ..errors import InputError
 from . import render
 from .options import JsonOpt
@@ -35,7 +35,9 @@ def register(app: typer.Typer) -> None:
             Path | None, typer.Option(help="database folder (default: yours, for the bundle's profile and model)")
         ] = None,
         cost_model: Annotated[str, typer.Option(help="xgb | random")] = "xgb",
-        tasks: Annotated[int, typer.Option(help="tune only the N heaviest kernels (FLOPs x calls); 0: all")] = 0,
+        tasks: Annotated[
+            int, typer.Option(help="only N kernels (measured here: the costliest; else most FLOPs x calls); 0: all")
+        ] = 0,
         json_: JsonOpt = False,
     ) -> None:
         """Tune a bundle's kernels; later builds of the same model, profile and precision apply the database.
@@ -69,11 +71,8 @@ def register(app: typer.Typer) -> None:
                 f"{bundle} is for a GPU ({manifest.profile}) and this machine measures only CPU code",
                 hint="measure on the device: --tracker HOST:PORT --key KEY, or --export DIR for tune_offline",
             )
-        from ..compile.tuning import tuning_key
-
-        db = database or user_root() / manifest.profile / tuning_key(
-            manifest.model.source_sha256, manifest.quantization.precision
-        )
+        key_ = tuning_key(manifest.model.source_sha256, manifest.quantization.precision)
+        db = database or database_dir(manifest.profile, key_, user_root())
         request = TuneRequest(
             trials=trials,
             database=db,
@@ -88,7 +87,7 @@ def register(app: typer.Typer) -> None:
         with render.steps(f"tune {bundle.name} for {manifest.profile} ({runner})") as step:
             result = api.tune(bundle, request, step)
         secs = round(time.perf_counter() - t, 1)
-        done, total = result.tuned_kernels
+        done, total = len(result.tuned_kernels), result.kernel_count
         if result.exported is not None:
             msg = (
                 f"wrote the tuning module to {result.exported} in {secs} s; next: "

@@ -156,7 +156,8 @@ def build_bundle(
     if int8 is not None:
         int8, calib = _calibration(model, card, int8, progress)
         extra |= {"int8": int8.describe(), "calibration_sha256": hashlib.sha256(calib.tobytes()).hexdigest()}
-    db = find_database(profile.name, tuning_key(model.sha256, precision))
+    key_db = tuning_key(model.sha256, precision)
+    db = find_database(profile.name, key_db)
     if db is not None:  # a changed database means different code: part of the cache key
         extra["tuning_db"] = hashlib.sha256((db / "database_tuning_record.json").read_bytes()).hexdigest()
     key = _cache_key(model.sha256, profile, card, name, extra)
@@ -189,18 +190,14 @@ def build_bundle(
             model,
             name,
             profile,
-            Target(
-                arch=profile.arch,
-                device=profile.device,
-                cuda_sm=profile.cuda_sm,
-                min_cuda_driver=profile.platform.min_cuda_driver,
+            profile_target(
+                profile,
                 runtime="tvm",
                 runtime_abi=runtime_abi(),
                 host_machine=res.host_machine,
                 device_code=res.device_code,
                 cuda_graph=cuda_graph,
                 cuda_codegen=res.cuda_codegen,
-                cpu_features=list(profile.compiler.cpu_features),
             ),
             res.outputs,
             files,
@@ -217,6 +214,18 @@ def build_bundle(
     return BuildResult(out, manifest, cached=False, timings=res.timings)
 
 
+def profile_target(profile: DeviceProfile, **runtime: Any) -> Target:
+    """What a device must provide: the profile's part (arch, GPU, driver, CPU flags) plus the runtime's."""
+    return Target(
+        arch=profile.arch,
+        device=profile.device,
+        cuda_sm=profile.cuda_sm,
+        min_cuda_driver=profile.platform.min_cuda_driver,
+        cpu_features=list(profile.compiler.cpu_features),
+        **runtime,
+    )
+
+
 def _tuning_note(db: Path | None, res: Compiled) -> dict[str, str]:
     """provenance.options["tuning"]: which database, how many of the kernels, and which, came from it."""
     if db is None or not res.tuned_kernels:
@@ -229,7 +238,8 @@ def _tuning_note(db: Path | None, res: Compiled) -> dict[str, str]:
 class TuneResult:
     database: Path
     key: str
-    tuned_kernels: tuple[int, int]  # after tuning: (kernels scheduled from the database, all kernels)
+    tuned_kernels: list[str]  # after tuning: the kernels scheduled from the database
+    kernel_count: int
     exported: Path | None  # runner "export": the folder holding the tuning module
     timings: dict[str, float]
 
@@ -256,7 +266,7 @@ def tune_model(bundle: Path, request: TuneRequest, progress: Callable[[str], Non
             model, profile, work, m.quantization.precision, m.target.cuda_graph, key, None, request, progress
         )
     exported = request.export_dir if res.library is None else None
-    return TuneResult(request.database, key, (len(res.tuned_kernels), res.kernel_count), exported, res.timings)
+    return TuneResult(request.database, key, res.tuned_kernels, res.kernel_count, exported, res.timings)
 
 
 def _extract_artifact(bundle: Path, name: str, dest: Path) -> Path:

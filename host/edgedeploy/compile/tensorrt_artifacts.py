@@ -27,7 +27,6 @@ from edgedeploy_agent.bundle import (
     Provenance,
     Quantization,
     ShapeProfile,
-    Target,
     TensorRTSettings,
     TensorSpec,
     write_bundle,
@@ -38,7 +37,7 @@ from ..errors import InputError
 from ..profiles import DeviceProfile
 from .int8_build import Int8Config, calibration_inputs
 from .onnx_model import OnnxModel, load_onnx
-from .package import BuildResult, ModelCard, _default_name, card_manifest, write_labels
+from .package import BuildResult, ModelCard, _default_name, card_manifest, profile_target, write_labels
 from .quantize import tensorrt_qdq
 
 REFERENCE_SAMPLES = 8
@@ -142,14 +141,7 @@ def build_tensorrt_bundle(
             model,
             card.name or _default_name(model_path),
             profile,
-            Target(
-                arch=profile.arch,
-                device=profile.device,
-                cuda_sm=profile.cuda_sm,
-                min_cuda_driver=profile.platform.min_cuda_driver,
-                runtime="tensorrt",
-                runtime_abi=f"tensorrt-{profile.platform.tensorrt or 'any'}",
-            ),
+            profile_target(profile, runtime="tensorrt", runtime_abi=f"tensorrt-{profile.platform.tensorrt or 'any'}"),
             outputs,
             files,
             Quantization(

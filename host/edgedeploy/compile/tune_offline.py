@@ -16,18 +16,34 @@ import json
 import shutil
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 
-def open_database(folder: Path) -> Any:
-    """A MetaSchedule JSON database. Records of tensor-core schedules name tensor intrinsics (e.g.
-    wmma_fill_16x16x16_f16) that TVM registers only when tvm.s_tir.tensor_intrin is imported; without it
-    loading fails with "TensorIntrin ... is not registered"."""
+def register_tensor_intrinsics() -> None:
+    """Records of tensor-core schedules name tensor intrinsics (e.g. wmma_fill_16x16x16_f16) that TVM
+    registers only when tvm.s_tir.tensor_intrin is imported; without it, reading a database that holds
+    such records fails with "TensorIntrin ... is not registered". Call before any database is read."""
     import tvm.s_tir.tensor_intrin  # noqa: F401
+
+
+def open_database(folder: Path) -> Any:
+    """A MetaSchedule JSON database, readable whatever intrinsics its records name."""
     from tvm.s_tir import meta_schedule as ms
 
+    register_tensor_intrinsics()
     return ms.database.JSONDatabase(work_dir=str(folder))
+
+
+def scheduled_kernels(mod: Any) -> tuple[list[str], int]:
+    """(names of the kernels scheduled from a database, number of kernels) in `mod`.
+    MetaScheduleApplyDatabase marks what it scheduled; TVM 0.27 spells the attribute tirx.is_scheduled."""
+    import tvm
+
+    kernels = {gv.name_hint: f for gv, f in mod.functions.items() if isinstance(f, tvm.tirx.PrimFunc)}
+    done = sorted(k for k, f in kernels.items() if f.attrs is not None and bool(f.attrs.get("tirx.is_scheduled", 0)))
+    return done, len(kernels)
 
 
 def build_in_target(mod: Any, target: Any, params: Any) -> Any:
@@ -76,6 +92,7 @@ def run_tuning(
     runner: Any = None,
     cost_model: str = "xgb",
     tasks: int = 0,
+    progress: Callable[[str], None] = print,
 ) -> int:
     """The one call into MetaSchedule (also `edgedeploy tune`'s): extends the database in `db`, returns its
     record count. `tasks` > 0 tunes only that many kernels, the heaviest by FLOPs x calls, with the trials
@@ -86,8 +103,9 @@ def run_tuning(
     from tvm.s_tir.analysis import estimate_tir_flops
 
     db.mkdir(parents=True, exist_ok=True)
-    open_database(db)  # registers the tensor intrinsics that stored records may name
+    register_tensor_intrinsics()  # records already in `db` may name them
     extracted = list(ms.relax_integration.extract_tasks(mod, target))
+    progress(f"tune: {len(extracted)} tasks, {trials} trials" + (f" on the {tasks} heaviest" if tasks > 0 else ""))
     if tasks > 0:
         extracted.sort(key=lambda t: -estimate_tir_flops(t.dispatched[0]) * t.weight)
         extracted = extracted[:tasks]
@@ -142,7 +160,6 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     keep_whole_lines(args.dir)
     import tvm
-    from tvm.s_tir import meta_schedule as ms
 
     if args.trials == 0:
         print(f"{args.dir}: {len(open_database(args.dir))} records", flush=True)
@@ -150,10 +167,12 @@ def main(argv: list[str] | None = None) -> int:
     meta = json.loads(meta_file.read_text())
     target = tvm.target.Target(meta["target"])
     mod = tvm.ir.load_json(module_file.read_text())
-    tasks = ms.relax_integration.extract_tasks(mod, target)
-    print(f"{meta['profile']} {meta['key']}: {len(tasks)} tasks, {args.trials} trials, target {target}", flush=True)
+    print(f"{meta['profile']} {meta['key']}: target {target}", flush=True)
     t = time.perf_counter()
-    records = run_tuning(mod, target, args.dir, args.trials, cost_model=args.cost_model, tasks=args.tasks)
+    records = run_tuning(
+        mod, target, args.dir, args.trials, cost_model=args.cost_model, tasks=args.tasks,
+        progress=lambda line: print(line, flush=True),
+    )  # fmt: skip
     print(f"tuned in {time.perf_counter() - t:.0f} s: {records} records in {args.dir}", flush=True)
     return 0
 
