@@ -7,6 +7,7 @@ device is exactly what it was measured with.
 import cv2
 import numpy as np
 
+from .aligned import aligned_empty
 from .bundle import Preprocess, TensorSpec
 
 _INTERP = {"area": cv2.INTER_AREA, "linear": cv2.INTER_LINEAR, "nearest": cv2.INTER_NEAREST}
@@ -47,16 +48,19 @@ def preprocess(frame_bgr: np.ndarray, pp: Preprocess, spec: TensorSpec) -> np.nd
     gain = (pp.scale / std).astype(np.float32)
     offset = (-mean / std).astype(np.float32)
     if spec.layout == "NCHW":
-        out = np.empty((1, c, h, w), dtype=np.float32)
+        out = aligned_empty((1, c, h, w), np.float32)
         src, gain_b, offset_b = img.transpose(2, 0, 1), gain[:, None, None], offset[:, None, None]
     else:
-        out = np.empty((1, h, w, c), dtype=np.float32)
+        out = aligned_empty((1, h, w, c), np.float32)
         src, gain_b, offset_b = img, gain, offset
     np.multiply(src, gain_b, out=out[0], dtype=np.float32)
     if np.any(offset != 0):
         out[0] += offset_b
-    dtype = np.dtype(spec.dtype)
-    return out if dtype == np.float32 else out.astype(dtype)
+    if np.dtype(spec.dtype) == np.float32:
+        return out
+    cast = aligned_empty(out.shape, spec.dtype)
+    cast[...] = out
+    return cast
 
 
 def _center_crop(img: np.ndarray, fraction: float) -> np.ndarray:

@@ -12,15 +12,13 @@ from typing import Any, Optional
 
 import numpy as np
 
+from ..aligned import aligned
 from ..bundle import Manifest, check_compatible
 from ..errors import RuntimeLoadError
 from ..gpu import probe_cuda
 
 _DEVICE_TYPE = {"cpu": 1, "cuda": 2}  # DLPack device types
 _POOLED_ALLOCATOR = 2
-# TVM declares every buffer 64-byte aligned; with AVX2/AVX-512 code the compiler uses aligned vector loads,
-# which fault on a numpy array that is only 16-byte aligned (the library is handed the array without a copy)
-TVM_ALIGNMENT = 64
 _loaded: set[str] = set()
 _RUNTIME_HINT = "likely causes: wrong CPU architecture, glibc older than 2.28, missing libstdc++"
 # The runtime-only mode does not autoload the CUDA backend (shared/reference/tvm.md §5): load it by hand.
@@ -129,17 +127,6 @@ class TvmRuntime:
             "gpu": self._gpu.model_dump() if self._gpu else None,
             "loaded_tvm_libraries": loaded_tvm_libraries(),
         }
-
-
-def aligned(x: np.ndarray, alignment: int = TVM_ALIGNMENT) -> np.ndarray:
-    """`x` itself when its data is `alignment`-byte aligned, else an aligned copy."""
-    if x.ctypes.data % alignment == 0:
-        return x
-    raw = np.empty(x.nbytes + alignment, dtype=np.uint8)
-    start = -raw.ctypes.data % alignment
-    out: np.ndarray = raw[start : start + x.nbytes].view(x.dtype).reshape(x.shape)
-    out[...] = x
-    return out
 
 
 def loaded_tvm_libraries() -> list[str]:

@@ -19,6 +19,7 @@ from tvm import relax
 
 from .pipeline import BuildContext, stage
 from .quantize import quantizable_layers
+from .x86_int8 import DotKind, dot_kind, pack_activations, pack_weights, pointwise_eligible, pointwise_kernel
 
 _DQ = tvm.ir.Op.get("relax.dequantize")
 _CONV = tvm.ir.Op.get("relax.nn.conv2d")
@@ -45,14 +46,20 @@ def _value(expr: Any) -> np.ndarray | None:
 
 @relax.expr_functor.mutator
 class _Rewriter(relax.PyExprMutator):  # type: ignore[misc]
-    def __init__(self, mod: Any, names: list[str], float_exact: bool = False) -> None:
+    def __init__(self, mod: Any, names: list[str], float_exact: bool = False, dot: DotKind | None = None) -> None:
         super().__init__(mod)
         self.names = names
         self.float_exact = float_exact
+        self.dot = dot
         self.count = 0
         self.report = RewriteReport()
         # int32 accumulator (with zero-point term) -> (raw accumulator, correction, per-channel sx*sw)
         self.accumulators: dict[Any, tuple[Any, np.ndarray, np.ndarray]] = {}
+        # accumulators of 1x1 convolutions that a tensorized x86 kernel computes once requantized:
+        # -> (integer input, int8 weights [O, C, 1, 1], input zero point)
+        self.pointwise: dict[Any, tuple[Any, np.ndarray, int]] = {}
+        # outputs of those kernels -> the call (to emit the same kernel with a float32 output for its consumer)
+        self.kernel_outputs: dict[Any, tuple[Any, list[Any], tuple[int, ...], int, str]] = {}
 
     def _const(self, expr: Any) -> np.ndarray | None:
         """A constant, or quantize(constant) evaluated here (ORT leaves some weights quantized at run time)."""
@@ -136,11 +143,13 @@ class _Rewriter(relax.PyExprMutator):  # type: ignore[misc]
         w = _shift_weights(wq, zw, int(self._dq(call.args[1]).attrs.axis))
         o = w.shape[0]
         conv: dict[str, Any] = {"strides": a.strides, "dilation": a.dilation, "groups": int(a.groups)}
+        pointwise = None
+        if self.dot is not None and pointwise_eligible(self.dot, a, w.shape):
+            pointwise = (x_dq.args[0], w, int(zx.reshape(())))
         if self.float_exact and _exact_in_float32(w[0].size):
             # (x - zx) * w summed in float32 is exact (every partial sum is an integer below 2**24): the same
             # int32 accumulator on the FMA units, and the convolution pads with 0 itself, as an FP32 graph does
-            z = int(zx.reshape(()))
-            x0 = relax.op.subtract(relax.op.astype(x_dq.args[0], "float32"), relax.const(float(z), "float32"))
+            x0 = self._float_input(x_dq.args[0], int(zx.reshape(())))
             accf = self.builder_.emit(
                 relax.op.nn.conv2d(self.builder_.emit(x0), relax.const(w.astype(np.float32)), padding=a.padding, **conv)
             )
@@ -156,7 +165,7 @@ class _Rewriter(relax.PyExprMutator):  # type: ignore[misc]
             acc = self.builder_.emit(relax.op.nn.conv2d(xq, relax.const(w, "int8"), out_dtype="int32", **conv))
         corr = (-z * w.reshape(o, -1).astype(np.int64).sum(axis=1)).astype(np.int32).reshape(1, o, 1, 1)
         scale = (float(sx.reshape(())) * np.broadcast_to(sw.astype(np.float32).reshape(-1), (o,))).reshape(1, o, 1, 1)
-        return self._requant(acc, corr, scale.astype(np.float32), call)
+        return self._requant(acc, corr, scale.astype(np.float32), call, pointwise)
 
     def _matmul(self, call: Any, x_dq: Any, wq: np.ndarray, sw: np.ndarray, zw: np.ndarray, sx: Any, zx: Any) -> Any:
         if wq.ndim != 2:
@@ -170,9 +179,11 @@ class _Rewriter(relax.PyExprMutator):  # type: ignore[misc]
         scale = float(sx.reshape(())) * np.broadcast_to(sw.astype(np.float32).reshape(-1), (n,))
         return self._requant(acc, corr, scale.astype(np.float32), call)
 
-    def _requant(self, acc: Any, corr: np.ndarray, scale: np.ndarray, call: Any) -> Any:
+    def _requant(self, acc: Any, corr: np.ndarray, scale: np.ndarray, call: Any, pointwise: Any = None) -> Any:
         summed = self.builder_.emit(relax.op.add(acc, relax.const(corr, "int32")))
         self.accumulators[summed] = (acc, corr, scale)
+        if pointwise is not None:
+            self.pointwise[summed] = pointwise
         out = relax.op.multiply(relax.op.astype(summed, "float32"), relax.const(scale, "float32"))
         dtype = str(call.ty.dtype)
         return out if dtype == "float32" else relax.op.astype(self.builder_.emit(out), dtype)
@@ -195,13 +206,50 @@ class _Rewriter(relax.PyExprMutator):  # type: ignore[misc]
         flat_scale = scale.reshape(-1)
         if b_q.size != flat_scale.size or not np.allclose(b_scale.reshape(-1), flat_scale, rtol=1e-5):
             return None
-        total = (corr.reshape(-1).astype(np.int64) + b_q.astype(np.int64)).astype(np.int32).reshape(corr.shape)
         mult = (flat_scale.astype(np.float32) / np.float32(sy.reshape(()))).astype(np.float32).reshape(scale.shape)
+        if cast.args[0] in self.pointwise:
+            return self._pointwise(*self.pointwise[cast.args[0]], b_q, mult.reshape(-1), int(zy.reshape(())), dtype)
+        total = (corr.reshape(-1).astype(np.int64) + b_q.astype(np.int64)).astype(np.int32).reshape(corr.shape)
         summed = self.builder_.emit(relax.op.add(acc, relax.const(total, "int32")))
         f = self.builder_.emit(relax.op.round(relax.op.multiply(relax.op.astype(summed, "float32"), relax.const(mult))))
         lo, hi = _INT_RANGE[dtype]
         shifted = relax.op.add(f, relax.const(float(zy.reshape(())), "float32"))
         return relax.op.astype(relax.op.clip(shifted, lo, hi), dtype)
+
+    def _pointwise(
+        self, xq: Any, w: np.ndarray, zx: int, b_q: np.ndarray, mult: np.ndarray, zy: int, dtype: str
+    ) -> Any:
+        """The whole 1x1 convolution and its requantize as one tensorized kernel (x86_int8.py)."""
+        assert self.dot is not None
+        n, c, h, wd = (int(d) for d in xq.ty.shape)
+        o = w.shape[0]
+        packed, z = pack_activations(self.builder_, xq, zx, self.dot)
+        total = (b_q.astype(np.int64) - z * w.reshape(o, -1).astype(np.int64).sum(axis=1)).astype(np.int32)
+        consts = [relax.const(pack_weights(w, self.dot)), relax.const(total), relax.const(mult, "float32")]
+        call = (packed, consts, (n, c, o, h, wd), zy, dtype)
+        flat = self._kernel_call(*call)
+        self.kernel_outputs[flat] = call
+        return relax.op.reshape(flat, [n, o, h, wd])
+
+    def _kernel_call(
+        self, packed: Any, consts: list[Any], shape: tuple[int, ...], zy: int, dtype: str, center: int | None = None
+    ) -> Any:
+        assert self.dot is not None
+        n, c, o, h, w = shape
+        kernel = pointwise_kernel(self.dot, n, c, o, h, w, zy, dtype, center=center)
+        gv = self.builder_.add_func(kernel, f"int8_conv1x1_{self.dot.name.replace('-', '_')}")
+        out = relax.TensorType((n, o, h * w), dtype if center is None else "float32")
+        return self.builder_.emit(relax.call_tir(gv, [packed, *consts], out))
+
+    def _float_input(self, xq: Any, z: int) -> Any:
+        """float32(xq) - z, the input of a float32-exact convolution. When xq comes from a pointwise kernel,
+        that kernel writes it directly (one kernel instead of two; the integer output goes if nothing else
+        reads it, by dead-code elimination)."""
+        reshaped = self._bound(xq, _RESHAPE)
+        call = self.kernel_outputs.get(reshaped.args[0]) if reshaped is not None else None
+        if call is None:
+            return relax.op.subtract(relax.op.astype(xq, "float32"), relax.const(float(z), "float32"))
+        return relax.op.reshape(self._kernel_call(*call, center=z), reshaped.args[1])
 
     def _bias_int32(self, expr: Any) -> tuple[np.ndarray, np.ndarray] | None:
         """(int32 values, scale) of a bias that is dequantize(int32 constant), possibly reshaped."""
@@ -241,17 +289,18 @@ def _exact_in_float32(k: int) -> bool:
 
 
 def rewrite_int8(
-    mod: Any, layer_names: list[str] | None = None, float_exact: bool = False
+    mod: Any, layer_names: list[str] | None = None, float_exact: bool = False, dot: DotKind | None = None
 ) -> tuple[Any, RewriteReport]:
     """Rewrite `mod["main"]`; returns the new module and what became integer or stayed float.
 
     `float_exact`: convolutions whose accumulator provably stays below 2**24 compute (x - zx) * w in float32:
     exact, twice as fast as int32 multiplies on x86 without a tensorized 8-bit dot product, and the padding
     stays inside the convolution (no pad fused into the producer's epilogue; see docs/int8.md, Tuning).
+    `dot`: requantized 1x1 convolutions become one tensorized x86 kernel with that 8-bit dot product.
     """
-    rw = _Rewriter(mod, layer_names or [], float_exact)
+    rw = _Rewriter(mod.clone(), layer_names or [], float_exact, dot)  # the caller's module stays as it is
     func = rw.visit_expr(mod["main"])
-    mod = mod.clone() if hasattr(mod, "clone") else mod
+    mod = rw.builder_.get()  # the module plus the kernels the rewrite added
     mod["main"] = func
     return relax.transform.DeadCodeElimination()(mod), rw.report
 
@@ -259,8 +308,10 @@ def rewrite_int8(
 @stage("int8-rewrite")
 def int8_rewrite_stage(ctx: BuildContext) -> None:
     """Turn the imported QDQ graph's fake-quant conv/matmul into integer compute."""
-    # CPUs: float32-exact accumulation (x86 without a tensorized 8-bit dot product multiplies int32 at half the
-    # rate of float32 FMAs); GPUs: int8 operands, which nvcc turns into dp4a
+    # CPUs: 1x1 convolutions on the profile's 8-bit dot product (x86_int8.py); the other convolutions in
+    # float32-exact accumulation (TVM's int8 convolution multiplies int32, at half the rate of float32 FMAs).
+    # GPUs: int8 operands, which nvcc turns into dp4a
     exact = ctx.profile.device == "cpu"
-    ctx.ir, report = rewrite_int8(ctx.ir, quantizable_layers(ctx.model.proto), float_exact=exact)
+    names = quantizable_layers(ctx.model.proto)
+    ctx.ir, report = rewrite_int8(ctx.ir, names, float_exact=exact, dot=dot_kind(ctx.profile))
     ctx.float_left = report.float_left

@@ -38,11 +38,13 @@ def open_database(folder: Path) -> Any:
 
 def scheduled_kernels(mod: Any) -> tuple[list[str], int]:
     """(names of the kernels scheduled from a database, number of kernels) in `mod`.
-    MetaScheduleApplyDatabase marks what it scheduled; TVM 0.27 spells the attribute tirx.is_scheduled."""
+    MetaScheduleApplyDatabase marks what it scheduled; TVM 0.27 spells the attribute tirx.is_scheduled.
+    Kernels that come scheduled by edgedeploy (attribute `edgedeploy.schedule`) are not from a database."""
     import tvm
 
     kernels = {gv.name_hint: f for gv, f in mod.functions.items() if isinstance(f, tvm.tirx.PrimFunc)}
-    done = sorted(k for k, f in kernels.items() if f.attrs is not None and bool(f.attrs.get("tirx.is_scheduled", 0)))
+    attrs = {k: f.attrs or {} for k, f in kernels.items()}
+    done = sorted(k for k, a in attrs.items() if bool(a.get("tirx.is_scheduled", 0)) and "edgedeploy.schedule" not in a)
     return done, len(kernels)
 
 
@@ -83,6 +85,17 @@ def persistent_builder(timeout_sec: float = 120.0, f_export: Any = None) -> Any:
     return PersistentLocalBuilder(timeout_sec=timeout_sec, f_build=build_in_target, f_export=f_export)
 
 
+def tunable_tasks(mod: Any, target: Any) -> list[Any]:
+    """MetaSchedule's tasks, without the kernels that come scheduled (x86_int8.py's tensorized convolutions).
+
+    TVM 0.27 means to skip those (relax_integration.extracted_tasks_to_tune_contexts), but it looks for
+    `tirx.is_scheduled` in the task module's attributes, where it never is: the flag is on the function."""
+    from tvm.s_tir import meta_schedule as ms
+
+    tasks = ms.relax_integration.extract_tasks(mod, target)
+    return [t for t in tasks if not t.dispatched[0]["main"].attrs.get("tirx.is_scheduled", False)]
+
+
 def run_tuning(
     mod: Any,
     target: Any,
@@ -104,7 +117,7 @@ def run_tuning(
 
     db.mkdir(parents=True, exist_ok=True)
     register_tensor_intrinsics()  # records already in `db` may name them
-    extracted = list(ms.relax_integration.extract_tasks(mod, target))
+    extracted = tunable_tasks(mod, target)
     progress(f"tune: {len(extracted)} tasks, {trials} trials" + (f" on the {tasks} heaviest" if tasks > 0 else ""))
     if tasks > 0:
         extracted.sort(key=lambda t: -estimate_tir_flops(t.dispatched[0]) * t.weight)
