@@ -86,13 +86,13 @@ def register_intrinsics() -> None:
         with T.sblock("root"):
             T.reads(C[0:16], A[0:16, 0:4], B[0:4])
             T.writes(C[0:16])
-            b = T.reinterpret(B.vload([0], "int8x4"), dtype="int32")
-            # LLVM 20 declares the byte operands as <64 x i8> (older LLVMs: <16 x i32>)
+            # LLVM 20 declares the byte operands as <64 x i8> (older LLVMs: <16 x i32>); no local variables here:
+            # each would become a heap workspace allocation per tile inside the parallel loop
             C[T.ramp(T.int32(0), 1, 16)] = T.call_llvm_pure_intrin(
                 T.llvm_lookup_intrinsic_id("llvm.x86.avx512.vpdpbusd.512"),
                 C.vload([0], "int32x16"),
                 A.vload([0, 0], "uint8x64"),
-                T.reinterpret(T.broadcast(b, 16), dtype="int8x64"),
+                T.reinterpret(T.broadcast(T.reinterpret(B.vload([0], "int8x4"), dtype="int32"), 16), dtype="int8x64"),
                 dtype="int32x16",
             )
 
@@ -105,11 +105,10 @@ def register_intrinsics() -> None:
         with T.sblock("root"):
             T.reads(C[0:8], A[0:8, 0:2], B[0:2])
             T.writes(C[0:8])
-            b = T.reinterpret(B.vload([0], "int16x2"), dtype="int32")
             C[T.ramp(T.int32(0), 1, 8)] = C.vload([0], "int32x8") + T.call_llvm_pure_intrin(
                 T.llvm_lookup_intrinsic_id("llvm.x86.avx2.pmadd.wd"),
                 A.vload([0, 0], "int16x16"),
-                T.reinterpret(T.broadcast(b, 8), dtype="int16x16"),
+                T.reinterpret(T.broadcast(T.reinterpret(B.vload([0], "int16x2"), dtype="int32"), 8), dtype="int16x16"),
                 dtype="int32x8",
             )
 
