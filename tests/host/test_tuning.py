@@ -22,8 +22,15 @@ from edgedeploy.api import build, evaluate
 from edgedeploy.compile.int8_build import Int8Config
 from edgedeploy.compile.package import ModelCard, load_card
 from edgedeploy.compile.quantize import QuantizeOptions
-from edgedeploy.compile.tune_offline import open_database
-from edgedeploy.compile.tuning import allocate_trials, database_dir, has_database
+from edgedeploy.compile.tune_offline import open_database, tunable_tasks
+from edgedeploy.compile.tuning import (
+    allocate_trials,
+    database_dir,
+    drop_slower_than_default,
+    has_database,
+    tuning_module,
+    tuning_target,
+)
 from edgedeploy.datasets import load_calibration
 from edgedeploy_agent.bundle import Preprocess, extract_bundle, read_manifest
 from edgedeploy_agent.runtime import load_runtime
@@ -152,6 +159,45 @@ def test_tune_refuses_what_it_cannot_measure(mnist_bundle: Path, tmp_path: Path,
     assert_one_line_error(cli("tune", "--import", str(tmp_path)), contains="no tuned database")
     assert_one_line_error(cli("tune", str(tmp_path / "missing.edb")), contains="missing.edb")
     assert_one_line_error(cli("tune"), contains="name a bundle")
+
+
+def test_records_not_faster_than_the_default_are_dropped(mnist_bundle: Path, tmp_path: Path) -> None:
+    """A real database with one record for each of two kernels; the model timings say one tuned kernel is
+    slower than its default schedule (timings are injected: a test must not depend on a machine's speed)."""
+    import onnx
+    import tvm
+    import tvm_ffi
+    from tvm.relax.frontend.onnx import from_onnx
+    from tvm.s_tir import Schedule
+    from tvm.s_tir import meta_schedule as ms
+
+    from edgedeploy.profiles import get_profile
+
+    m = read_manifest(mnist_bundle)
+    extract_bundle(mnist_bundle, tmp_path / "rel")
+    proto = onnx.load(tmp_path / "rel" / m.artifact("onnx-model").path)
+    target = tuning_target(get_profile("cpu-x86_64"))
+    with target:
+        mod = tuning_module(from_onnx(proto, shape_dict={m.inputs[0].name: m.inputs[0].shape}))
+        tasks = {t.task_name: t for t in tunable_tasks(mod, target)}
+    slow, fast = sorted(tasks)[:2]
+    db = tmp_path / "db"
+    db.mkdir()
+    database = open_database(db)
+    for name in (slow, fast):
+        workload = database.commit_workload(tasks[name].dispatched[0])
+        trace = Schedule(tasks[name].dispatched[0]).trace
+        database.commit_tuning_record(ms.database.TuningRecord(trace, workload, [tvm.runtime.convert(1e-5)], target))
+    measured: list[Path | None] = []
+
+    def measure(mod: object, target: object, with_db: Path | None) -> dict[str, float]:
+        measured.append(with_db)
+        return {slow: 2.0, fast: 0.5} if with_db else {slow: 1.0, fast: 1.0}
+
+    assert drop_slower_than_default(mod, target, db, tasks, measure) == [slow]
+    assert measured == [db, None]
+    left = [r.workload.mod for r in open_database(db).get_all_tuning_records()]
+    assert len(left) == 1 and tvm_ffi.structural_equal(left[0], tasks[fast].dispatched[0])
 
 
 # --- the stored databases (profiles/tuning) ---

@@ -24,7 +24,7 @@ import os
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -424,17 +424,21 @@ def verify_database(db: Path, tasks: list[Any], target: Any) -> list[str]:
     return [name for name, _ in bad]
 
 
-def drop_slower_than_default(mod: Any, target: Any, db: Path, tasks: dict[str, Any], runs: int = 20) -> list[str]:
-    """Run the whole model with and without the database (per-kernel timing) and drop the records of every
-    kernel that is not faster with its tuned schedule than with TVM's default one. MetaSchedule never
-    measures the default schedule: for small elementwise and depthwise kernels its best candidate can be
-    slower (measured: the input quantize 0.14 ms tuned against 0.04 ms default). Returns their names."""
+def drop_slower_than_default(
+    mod: Any, target: Any, db: Path, tasks: dict[str, Any], measure: Callable[..., dict[str, float]] | None = None
+) -> list[str]:
+    """Run the whole model with and without the database (per-kernel timing, `measure`: kernel_costs) and
+    drop the records of every kernel that is not faster with its tuned schedule than with TVM's default one.
+    MetaSchedule never measures the default schedule: for small elementwise and depthwise kernels its best
+    candidate can be slower (measured: the input quantize 0.14 ms tuned against 0.04 ms default).
+    Returns their names."""
     import tvm_ffi
 
+    measure = measure or functools.partial(kernel_costs, runs=20)
     recorded = {tvm_ffi.structural_hash(r.workload.mod) for r in open_database(db).get_all_tuning_records()}
     names = [k for k, t in tasks.items() if tvm_ffi.structural_hash(t.dispatched[0]) in recorded]
-    tuned = kernel_costs(mod, target, db, runs)
-    default = kernel_costs(mod, target, None, runs)
+    tuned = measure(mod, target, db)
+    default = measure(mod, target, None)
     slower = sorted(k for k in names if k in tuned and k in default and tuned[k] >= default[k])
     if slower:
         _drop_workloads(db, [tasks[k].dispatched[0] for k in slower])
