@@ -124,3 +124,60 @@ def test_mobilenet_pointwise_layers_on_the_dot_product(
         vm = relax.VirtualMachine(ex, tvm.cpu())
         outputs.append(np.concatenate([vm["main"](tvm.runtime.tensor(x[None])).numpy() for x in images[:4]]))
     assert np.array_equal(outputs[0], outputs[1])
+
+
+def _residual_block() -> onnx.ModelProto:
+    """conv-relu, conv-relu, conv, + the first relu's output (a residual add), relu, conv: 16 channels, 8x8."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(3)
+    inits = []
+    for i in range(4):
+        inits.append(numpy_helper.from_array(rng.normal(0, 0.3, (16, 16, 1, 1)).astype(np.float32), f"w{i}"))
+        inits.append(numpy_helper.from_array(rng.normal(0, 0.1, (16,)).astype(np.float32), f"b{i}"))
+    nodes = [
+        helper.make_node("Conv", ["x", "w0", "b0"], ["c0"], name="conv0"),
+        helper.make_node("Relu", ["c0"], ["r0"], name="relu0"),
+        helper.make_node("Conv", ["r0", "w1", "b1"], ["c1"], name="conv1"),
+        helper.make_node("Relu", ["c1"], ["r1"], name="relu1"),
+        helper.make_node("Conv", ["r1", "w2", "b2"], ["c2"], name="conv2"),
+        helper.make_node("Add", ["c2", "r0"], ["s"], name="residual"),
+        helper.make_node("Relu", ["s"], ["r2"], name="relu2"),
+        helper.make_node("Conv", ["r2", "w3", "b3"], ["y"], name="conv3"),
+    ]
+    io = [helper.make_tensor_value_info(n, TensorProto.FLOAT, ["N", 16, 8, 8]) for n in ("x", "y")]
+    graph = helper.make_graph(nodes, "residual", [io[0]], [io[1]], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+
+
+def test_residual_add_keeps_8_bit_tensors_between_layers() -> None:
+    """A residual add between integer layers: every tensor passed between kernels is 8-bit (or the next 1x1
+    kernel's packed int16), from the input's quantize to the last layer; the output matches onnxruntime's
+    INT8 run of the same QDQ model to within one output quantization step."""
+    import onnxruntime as ort
+    from onnx import numpy_helper
+
+    rng = np.random.default_rng(4)
+    calib = rng.normal(0, 1, (32, 16, 8, 8)).astype(np.float32)
+    qdq = quantize_qdq(_residual_block(), calib, QuantizeOptions(samples=32)).model
+    imported = relax.transform.DecomposeOpsForInference()(
+        from_onnx(qdq, shape_dict={"x": [1, 16, 8, 8]}, keep_params_in_input=False)
+    )
+    mod, report = rewrite_int8(imported, quantizable_layers(qdq), float_exact=True, dot=AVX2)
+    assert report.integer == ["conv0", "conv1", "conv2", "conv3"] and report.float_left == []
+    target = tvm.target.Target(TARGETS[AVX2])
+    with target:
+        fused = relax.get_pipeline("zero")(mod)
+        ex = tvm.compile(mod, target=target, relax_pipeline=relax.get_default_pipeline(target))
+    calls = [b.value for b in fused["main"].body.blocks[0].bindings]
+    between = [str(c.ty.dtype) for c in calls[:-1]]  # the last call dequantizes the model's float output
+    assert between and all(d in ("uint8", "int8", "int16") for d in between), between
+    assert any("add" in c.args[0].name_hint for c in calls)  # the residual add is one of these kernels
+    vm = relax.VirtualMachine(ex, tvm.cpu())
+    sess = ort.InferenceSession(qdq.SerializeToString())
+    x = rng.normal(0, 1, (1, 16, 8, 8)).astype(np.float32)
+    got = vm["main"](tvm.runtime.tensor(x)).numpy()
+    want = sess.run(None, {"x": x})[0]
+    out_dq = next(n for n in qdq.graph.node if n.output[0] == "y")
+    step = float(next(numpy_helper.to_array(i) for i in qdq.graph.initializer if i.name == out_dq.input[1]))
+    assert np.abs(got - want).max() <= step * 1.001
