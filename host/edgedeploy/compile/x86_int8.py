@@ -14,7 +14,10 @@ next to each other) and the K weights of an output channel are broadcast:
 Both are exact: the avx2 kind widens uint8/int8 to int16 first (pair sums stay in int32), which avoids the
 int16 saturation of `vpmaddubsw`. The requantize (bias, float32 multiplier, round half to even, zero point,
 clip, the arithmetic of onnxruntime's QLinearConv) runs on the accumulators while they are in registers.
-The packing is plain Relax ops (reshape, pad, permute), which TVM fuses into the producer's kernel.
+The packing is plain Relax ops: the widening cast fuses into the producer's kernel, the reshape/pad/permute
+become one small kernel of their own (Relax does not fuse them into a convolution's group).
+A profile gets the kind its `cpu_features` promise (the agent refuses devices without them); for VNNI its
+LLVM target should enable the instruction too (`mattr = ["+avx512vnni"]`).
 """
 
 from __future__ import annotations
