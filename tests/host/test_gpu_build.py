@@ -106,6 +106,18 @@ def test_int8_on_gpu_computes_with_dp4a(data_dir: Path, tmp_path: Path) -> None:
     assert sass.count("IDP.4A.S8.S8") > 0, sass[:2000]
 
 
+def test_int8_on_gpu_names_the_layers_left_in_float(data_dir: Path, tmp_path: Path) -> None:
+    """The CUDA worker reports what the int8 rewrite left in float, as the CPU pipeline does."""
+    _toolchain_or_skip("t4")
+    from edgedeploy.compile.int8_build import Int8Config
+    from edgedeploy.compile.quantize import QuantizeOptions
+
+    cfg = Int8Config(calibration=data_dir / "mnist", options=QuantizeOptions(samples=16, keep_float=("last",)))
+    card = ModelCard(name="mnist", preprocess=Preprocess(color="gray"))
+    res = build(data_dir / "models" / "mnist-8_opset13.onnx", "t4", tmp_path / "i8.edb", card, int8=cfg)
+    assert res.manifest.quantization.float_in_runtime == ["Times212: operands are not dequantized (kept in float)"]
+
+
 def test_cuda_source_instead_of_binary_fails_loudly(data_dir: Path, tmp_path: Path) -> None:
     """TVM's pitfall reproduced: compiled in a process without the CUDA toolchain environment (no
     libcuda), the library holds CUDA source; the check-library stage must refuse it."""

@@ -109,6 +109,7 @@ def main(request_path: str) -> int:
         + json.dumps(
             {
                 "library": str(ctx.library) if ctx.library else None,
+                "float_left": ctx.float_left,
                 "tuned_kernels": ctx.tuned_kernels,
                 "kernel_count": ctx.kernel_count,
                 "outputs": [o.model_dump() for o in ctx.outputs],

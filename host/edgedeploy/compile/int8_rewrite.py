@@ -30,6 +30,7 @@ _MUL = tvm.ir.Op.get("relax.multiply")
 _ASTYPE = tvm.ir.Op.get("relax.astype")
 _RESHAPE = tvm.ir.Op.get("relax.reshape")
 _INT_RANGE = {"int8": (-128, 127), "uint8": (0, 255)}
+Pointwise = tuple[Any, np.ndarray, int]  # (integer input, int8 weights [O, C, 1, 1], input zero point)
 
 
 @dataclass
@@ -53,11 +54,9 @@ class _Rewriter(relax.PyExprMutator):  # type: ignore[misc]
         self.dot = dot
         self.count = 0
         self.report = RewriteReport()
-        # int32 accumulator (with zero-point term) -> (raw accumulator, correction, per-channel sx*sw)
-        self.accumulators: dict[Any, tuple[Any, np.ndarray, np.ndarray]] = {}
-        # accumulators of 1x1 convolutions that a tensorized x86 kernel computes once requantized:
-        # -> (integer input, int8 weights [O, C, 1, 1], input zero point)
-        self.pointwise: dict[Any, tuple[Any, np.ndarray, int]] = {}
+        # int32 accumulator (with zero-point term) -> (raw accumulator, correction, per-channel sx*sw, and what
+        # a tensorized x86 kernel needs when the layer is a 1x1 convolution it computes once requantized)
+        self.accumulators: dict[Any, tuple[Any, np.ndarray, np.ndarray, Pointwise | None]] = {}
         # outputs of those kernels -> the call (to emit the same kernel with a float32 output for its consumer)
         self.kernel_outputs: dict[Any, tuple[Any, list[Any], tuple[int, ...], int, str]] = {}
 
@@ -179,11 +178,11 @@ class _Rewriter(relax.PyExprMutator):  # type: ignore[misc]
         scale = float(sx.reshape(())) * np.broadcast_to(sw.astype(np.float32).reshape(-1), (n,))
         return self._requant(acc, corr, scale.astype(np.float32), call)
 
-    def _requant(self, acc: Any, corr: np.ndarray, scale: np.ndarray, call: Any, pointwise: Any = None) -> Any:
+    def _requant(
+        self, acc: Any, corr: np.ndarray, scale: np.ndarray, call: Any, pointwise: Pointwise | None = None
+    ) -> Any:
         summed = self.builder_.emit(relax.op.add(acc, relax.const(corr, "int32")))
-        self.accumulators[summed] = (acc, corr, scale)
-        if pointwise is not None:
-            self.pointwise[summed] = pointwise
+        self.accumulators[summed] = (acc, corr, scale, pointwise)
         out = relax.op.multiply(relax.op.astype(summed, "float32"), relax.const(scale, "float32"))
         dtype = str(call.ty.dtype)
         return out if dtype == "float32" else relax.op.astype(self.builder_.emit(out), dtype)
@@ -196,7 +195,7 @@ class _Rewriter(relax.PyExprMutator):  # type: ignore[misc]
         cast = self._bound(mul.args[0], _ASTYPE) if mul is not None else None
         if cast is None or cast.args[0] not in self.accumulators:
             return None
-        acc, corr, scale = self.accumulators[cast.args[0]]
+        acc, corr, scale, pointwise = self.accumulators[cast.args[0]]
         bias = self._bias_int32(add.args[1]) if add is not None else (np.zeros(scale.size, np.int32), scale)
         sy, zy = self._const(q.args[1]), self._const(q.args[2])
         dtype = str(q.ty.dtype)
@@ -207,8 +206,8 @@ class _Rewriter(relax.PyExprMutator):  # type: ignore[misc]
         if b_q.size != flat_scale.size or not np.allclose(b_scale.reshape(-1), flat_scale, rtol=1e-5):
             return None
         mult = (flat_scale.astype(np.float32) / np.float32(sy.reshape(()))).astype(np.float32).reshape(scale.shape)
-        if cast.args[0] in self.pointwise:
-            return self._pointwise(*self.pointwise[cast.args[0]], b_q, mult.reshape(-1), int(zy.reshape(())), dtype)
+        if pointwise is not None:
+            return self._pointwise(*pointwise, b_q, mult.reshape(-1), int(zy.reshape(())), dtype)
         total = (corr.reshape(-1).astype(np.int64) + b_q.astype(np.int64)).astype(np.int32).reshape(corr.shape)
         summed = self.builder_.emit(relax.op.add(acc, relax.const(total, "int32")))
         f = self.builder_.emit(relax.op.round(relax.op.multiply(relax.op.astype(summed, "float32"), relax.const(mult))))

@@ -174,9 +174,7 @@ def build_bundle(
     with tempfile.TemporaryDirectory(prefix="edgedeploy-build-") as tmp:
         work = Path(tmp)
         compiled, int8_result = _quantized(model, card, int8, calib, work, progress)
-        res = _compile(
-            compiled, profile, work, precision, cuda_graph, tuning_key(model.sha256, precision), db, None, progress
-        )
+        res = _compile(compiled, profile, work, precision, cuda_graph, key_db, db, None, progress)
         assert res.library is not None
         progress("package")
         files: dict[str, Path] = {"model.so": res.library}
@@ -334,7 +332,7 @@ def _compile(
             Path(r["library"]) if r["library"] else None,
             r["outputs"],
             r["timings"],
-            [],
+            r["float_left"],
             r["device_code"],
             r["host_machine"],
             r["tuned_kernels"],

@@ -210,8 +210,6 @@ def without_weights(mod: Any) -> Any:
 
 def export_shared(mod: Any, cc: str = "") -> str:
     """MetaSchedule export for remote runners: a shared library the device loads without a compiler."""
-    import tempfile
-
     import tvm
 
     path = os.path.join(tempfile.mkdtemp(), "tvm_tmp_mod.so")
@@ -420,7 +418,7 @@ def verify_database(db: Path, tasks: list[Any], target: Any) -> list[str]:
         if not same:
             bad.append((task.task_name, workload))
     if bad:
-        _drop_workloads(db, [w for _, w in bad])
+        _rewrite_database(db, drop=[w for _, w in bad])
     return [name for name, _ in bad]
 
 
@@ -441,7 +439,7 @@ def drop_slower_than_default(
     default = measure(mod, target, None)
     slower = sorted(k for k in names if k in tuned and k in default and tuned[k] >= default[k])
     if slower:
-        _drop_workloads(db, [tasks[k].dispatched[0] for k in slower])
+        _rewrite_database(db, drop=[tasks[k].dispatched[0] for k in slower])
     return slower
 
 
@@ -456,11 +454,6 @@ def _random(rng: Any, t: Any) -> Any:
         lo, hi = (int(info.min), int(info.max)) if dtype.itemsize == 1 else (-1000, 1000)
         return rng.integers(lo, hi + 1, size=shape).astype(dtype)
     return rng.standard_normal(shape).astype(dtype)
-
-
-def _drop_workloads(db: Path, workloads: list[Any]) -> None:
-    """Rewrite the database without the records of `workloads` (matched structurally)."""
-    _rewrite_database(db, drop=workloads)
 
 
 def _rewrite_database(db: Path, drop: list[Any] | None = None, keep_best: int | None = None) -> None:
