@@ -1,10 +1,13 @@
-"""INT8 accuracy on the full evaluation halves: onnxruntime's default static QDQ against edgedeploy's.
+"""INT8 accuracy on both halves of the data: onnxruntime's default static QDQ against edgedeploy's recipes.
 
-    python bench/int8_accuracy.py [--data ../shared/data] [--samples 128]
+    python bench/int8_accuracy.py [--data ../shared/data] [--samples 128] [--model mobilenet|mnist|all]
 
-MobileNetV1-0.25: calibration on the `calibration` half of imagenet-sample, evaluation on the other half
-(split by sha1 of the file name, edgedeploy.datasets.split_of). mnist-8: the same split of the MNIST
-test set by sample index. Every number is top-1 in percent measured with onnxruntime in this run.
+MobileNetV1-0.25: calibration on the `calibration` half of imagenet-sample; every recipe is scored on that
+half (seen in calibration) and on the `evaluation` half (held out), split by sha1 of the file name
+(edgedeploy.datasets.split_of). mnist-8: the same split of the MNIST test set by sample index. FP32 is
+onnxruntime; every INT8 number is the exact INT8 reference of the Q/DQ model (compile/qdq_reference.py),
+so the table is the same on every CPU (onnxruntime's own INT8 kernels are not: they saturate on AVX2-only
+CPUs). Columns: top-1 in percent, drop against FP32 on the same half, top-1 agreement with FP32.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import onnx
 import onnxruntime as ort
 
 from edgedeploy.compile.package import load_card
+from edgedeploy.compile.qdq_reference import QdqReference
 from edgedeploy.compile.quantize import QuantizeOptions, quantize_qdq
 from edgedeploy.datasets import load_calibration, load_labeled
 from edgedeploy.evaluate import OrtClassifier, agreement, score
@@ -53,6 +57,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--data", type=Path, default=REPO.parent / "shared" / "data")
     ap.add_argument("--samples", type=int, default=128)
+    ap.add_argument("--model", choices=("mobilenet", "mnist", "all"), default="all")
+    ap.add_argument("--symmetric-only", action="store_true", help="only the symmetric (TensorRT-kind) recipes")
     args = ap.parse_args()
     logging.disable(logging.WARNING)
     ort.set_default_logger_severity(3)
@@ -65,31 +71,43 @@ def main() -> None:
         "edgedeploy minmax + bias correction": QuantizeOptions(samples=n),
         "edgedeploy entropy + bias correction": QuantizeOptions(samples=n, method="entropy"),
         "edgedeploy percentile 99.99 + bias corr.": QuantizeOptions(samples=n, method="percentile", percentile=99.99),
-        "edgedeploy symmetric (TensorRT) + bias corr.": QuantizeOptions(samples=n, symmetric_activations=True),
-        "edgedeploy symmetric + CLE + bias corr.": QuantizeOptions(
-            samples=n, symmetric_activations=True, equalize=True
-        ),
         "edgedeploy minmax, no bias correction": QuantizeOptions(samples=n, bias_correction=False),
     }
+    symmetric = {
+        "symmetric minmax + bias corr.": QuantizeOptions(samples=n, symmetric_activations=True),
+        "symmetric + CLE + bias corr.": QuantizeOptions(samples=n, symmetric_activations=True, equalize=True),
+        "symmetric entropy + bias corr.": QuantizeOptions(samples=n, symmetric_activations=True, method="entropy"),
+        "symmetric percentile 99.99 + bias corr.": QuantizeOptions(
+            samples=n, symmetric_activations=True, method="percentile", percentile=99.99
+        ),
+        "symmetric percentile 99.999 + bias corr.": QuantizeOptions(
+            samples=n, symmetric_activations=True, method="percentile", percentile=99.999
+        ),
+    }
+    if args.model != "all":
+        cases = [c for c in cases if c[0].startswith(args.model)]
     for name, data, card_path in cases:
         model_path = args.data / "models" / f"{name}.onnx"
         card = load_card(card_path)
         model = onnx.load(model_path)
-        spec_name = model.graph.input[0].name
         from edgedeploy.compile.onnx_model import load_onnx
 
         spec = load_onnx(model_path).inputs[0]
         calib = load_calibration(args.data / data, card.preprocess, spec, args.samples, "calibration")
-        ev = load_labeled(args.data / data, card.preprocess, spec, "evaluation")
+        halves = {h: load_labeled(args.data / data, card.preprocess, spec, h) for h in ("calibration", "evaluation")}
         off = card.postprocess.label_offset
-        fp32 = score(OrtClassifier(model), ev, off)
-        print(f"\n{name}: {len(calib)} calibration samples, {len(ev)} evaluation images ({spec_name})")
-        print(f"  {'variant':46s} {'top-1':>7s} {'drop':>6s} {'agree':>7s} {'time':>6s}")
-        print(f"  {'FP32 (onnxruntime)':46s} {fp32.top1:7.2f} {'':>6s} {'':>7s}")
+        fp32 = {h: score(OrtClassifier(model), d, off) for h, d in halves.items()}
+        sizes = ", ".join(f"{h} half {len(d)}" for h, d in halves.items())
+        print(f"\n{name}: {len(calib)} calibration samples; images: {sizes}")
+        print(f"  {'':46s} {'calibration half':>22s}   {'evaluation half (held out)':>26s}")
+        print(f"  {'variant':46s} {'top-1':>7s} {'drop':>6s} {'agree':>7s}   {'top-1':>7s} {'drop':>6s} {'agree':>7s}")
+        c, e = fp32["calibration"], fp32["evaluation"]
+        print(f"  {'FP32 (onnxruntime)':46s} {c.top1:7.2f} {'':>6s} {'':>7s}   {e.top1:7.2f}")
         variants: list[tuple[str, object]] = [
-            ("onnxruntime default, asymmetric", False),
+            *([] if args.symmetric_only else [("onnxruntime default, asymmetric", False)]),
             ("onnxruntime default, symmetric", True),
-            *ours.items(),
+            *([] if args.symmetric_only else ours.items()),
+            *symmetric.items(),
         ]
         for label, how in variants:
             t = time.perf_counter()
@@ -98,8 +116,11 @@ def main() -> None:
             else:
                 q = ort_default(model_path, calib, bool(how))
             secs = time.perf_counter() - t
-            s = score(OrtClassifier(q), ev, off)
-            print(f"  {label:46s} {s.top1:7.2f} {fp32.top1 - s.top1:6.2f} {agreement(fp32, s):6.2f}% {secs:5.1f}s")
+            cells = []
+            for h, d in halves.items():
+                s = score(QdqReference(q), d, off)
+                cells.append(f"{s.top1:7.2f} {fp32[h].top1 - s.top1:6.2f} {agreement(fp32[h], s):6.2f}%")
+            print(f"  {label:46s} {'   '.join(cells)}   (quantized in {secs:.1f} s)", flush=True)
 
 
 if __name__ == "__main__":

@@ -4,7 +4,9 @@
 
 The bundles are built (or taken from the build cache) exactly like `edgedeploy build`, so a stored tuning
 database under profiles/tuning/cpu-x86_64/ is applied when there is one; the TVM libraries run through the
-agent's runtime, as on a device. onnxruntime runs the bundle's own FP32 source and QDQ artifact.
+agent's runtime, as on a device. onnxruntime runs the bundle's own FP32 source and QDQ artifact: it is the
+peer a user would pick, measured for speed only. Its INT8 outputs are not a reference (its integer kernels
+depend on the CPU; compile/qdq_reference.py is the exact INT8 reference).
 """
 
 from __future__ import annotations

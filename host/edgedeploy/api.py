@@ -118,7 +118,7 @@ def evaluate(
     limit: int | None = None,
     synsets: Path | None = None,
 ) -> dict[str, Any]:
-    """Top-1/top-5 of a bundle (TVM library vs onnxruntime FP32 and INT8) or of an ONNX model."""
+    """Top-1/top-5 of a bundle (TVM library vs onnxruntime FP32 and the exact INT8 reference) or of an ONNX model."""
     from .evaluate import evaluate_target
 
     return evaluate_target(target, data, card.preprocess, card.postprocess.label_offset, split, limit, synsets)

@@ -1,7 +1,8 @@
 """Accuracy on a labeled set: top-1, top-5 and top-1 agreement between runtimes of one model.
 
-A classifier is anything with `predict(batch) -> scores`: onnxruntime on an ONNX model (the FP32 source
-or the QDQ artifact) or the TVM library of a bundle, run through the agent's own runtime.
+A classifier is anything with `predict(batch) -> scores`: onnxruntime on an FP32 ONNX model, the exact
+INT8 reference of a Q/DQ model (compile/qdq_reference.py: the same on every build host, unlike
+onnxruntime's CPU-dependent INT8 kernels), or the TVM library of a bundle, run through the agent's own runtime.
 """
 
 from __future__ import annotations
@@ -138,8 +139,10 @@ def evaluate_target(
     limit: int | None = None,
     synsets: Path | None = None,
 ) -> dict[str, Any]:
-    """Accuracy of a bundle (TVM library, FP32 source and QDQ model via onnxruntime) or of an ONNX model."""
+    """Accuracy of a bundle (its TVM library, its FP32 source via onnxruntime and, for INT8, the exact
+    reference of its Q/DQ model) or of an ONNX model."""
     from .compile.onnx_model import load_onnx
+    from .compile.qdq_reference import QdqReference
     from .datasets import load_labeled
 
     if not target.is_file():
@@ -178,9 +181,9 @@ def evaluate_target(
             "top1_agreement_fp32_vs_bundle": round(agreement(fp32, tvm), 2),
         }
         if any(a.role == "qdq-onnx" for a in manifest.artifacts):
-            qdq = score(OrtClassifier(release / manifest.artifact("qdq-onnx").path), labeled, offset)
-            out["int8_onnxruntime"] = qdq.as_dict()
-            out["top1_agreement_bundle_vs_onnxruntime_int8"] = round(agreement(tvm, qdq), 2)
+            qdq = score(QdqReference(onnx.load(release / manifest.artifact("qdq-onnx").path)), labeled, offset)
+            out["int8_reference"] = qdq.as_dict()
+            out["top1_agreement_bundle_vs_int8_reference"] = round(agreement(tvm, qdq), 2)
             out["float_layers"] = q.float_layers
             out["float_in_runtime"] = q.float_in_runtime
         return out

@@ -5,8 +5,10 @@ It behaves like the real thing where the runtime's logic depends on it:
     fails as it would), reports phases, and writes/extends the timing cache file it is given;
   * a plan records the TensorRT version and GPU it was built for, and `load` returns None for a plan of
     another version or GPU, or for garbage, as `deserialize_cuda_engine` does;
-  * the "engine" runs the bundle's Q/DQ ONNX with onnxruntime (the closest stand-in for INT8 TensorRT
-    this machine has), optionally perturbed to act like a broken engine.
+  * the "engine" runs the bundle's Q/DQ ONNX with onnxruntime, graph optimizations off (Q/DQ as float32
+    ops: like an engine, it rounds differently from the exact reference the bundle ships, and unlike
+    onnxruntime's optimized INT8 kernels it computes the same on every CPU), optionally perturbed to act
+    like a broken engine.
 """
 
 from __future__ import annotations
@@ -29,7 +31,9 @@ _MAGIC = b"FAKE-TRT-PLAN\n"
 
 class FakeEngine:
     def __init__(self, onnx: bytes, perturb: float) -> None:
-        self.session = ort.InferenceSession(onnx, providers=["CPUExecutionProvider"])
+        so = ort.SessionOptions()
+        so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+        self.session = ort.InferenceSession(onnx, so, providers=["CPUExecutionProvider"])
         self.perturb = perturb
         self.batches: list[int] = []
 

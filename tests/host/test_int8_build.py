@@ -52,7 +52,7 @@ def test_mnist_int8_bundle_gate_and_eval(cli: Cli, data_dir: Path, tmp_path: Pat
     res = json.loads(r.out)
     assert res["split"] == "evaluation" and res["images"] == q.accuracy["eval_images"]
     assert res["top1_drop"] <= 0.1
-    assert res["top1_agreement_bundle_vs_onnxruntime_int8"] >= 99.0
+    assert res["top1_agreement_bundle_vs_int8_reference"] >= 99.0
     assert res["tvm_bundle"]["top1"] > 98.0
 
 
@@ -143,7 +143,7 @@ def test_mobilenet_int8_bundle_matches_onnxruntime(mobilenet_int8: Path, data_di
     assert m.quantization.float_in_runtime == [] and m.quantization.accuracy["eval_images"] == 64
     res = evaluate(mobilenet_int8, data_dir / "imagenet-sample", ModelCard(), limit=100)
     assert res["split"] == "evaluation" and res["images"] == 100
-    assert res["top1_agreement_bundle_vs_onnxruntime_int8"] >= 99.0
+    assert res["top1_agreement_bundle_vs_int8_reference"] >= 99.0
     assert abs(res["top1_drop"]) < 10  # 100 images: a sanity bound; bench/int8_accuracy.py has the real numbers
 
 

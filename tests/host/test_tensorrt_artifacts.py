@@ -6,8 +6,10 @@ from pathlib import Path
 import numpy as np
 import onnx
 import onnxruntime as ort
+import pytest
 from onnx import numpy_helper
 
+from edgedeploy.compile.qdq_reference import reference_outputs
 from edgedeploy_agent.bundle import extract_bundle
 from tests.helpers import Cli, assert_one_line_error
 
@@ -47,18 +49,43 @@ def test_acceptance_command_writes_qdq_profiles_references_and_no_plan(
     assert zps and all(not inits[z].any() for z in zps)
     assert inits[zps[0]].dtype == np.int8
     assert not qdq.graph.input[0].type.tensor_type.shape.dim[0].HasField("dim_value")
-    # the reference outputs are onnxruntime's outputs of the shipped Q/DQ model on the shipped inputs
+    # the reference outputs are the exact INT8 outputs of the shipped Q/DQ model on the shipped inputs
     with np.load(rel / "reference.npz") as z:
         x = z["input:input"].astype(np.float32)
         want = z["output:MobilenetV1/Predictions/Reshape_1"]
     assert x.shape == (8, 3, 224, 224) and want.shape == (8, 1001)
-    sess = ort.InferenceSession(str(rel / "model.qdq.onnx"), providers=["CPUExecutionProvider"])
-    got = sess.run(None, {"input": x})[0]
-    np.testing.assert_allclose(got, want, atol=1e-5)
+    np.testing.assert_array_equal(reference_outputs(qdq, x)[0], want)
+    # checked a second way, on any CPU: onnxruntime's fake-quant float32 run of the same Q/DQ model (no
+    # integer kernels, so no CPU-dependent saturation) rounds differently, as an engine would, and passes the
+    # acceptance the device will apply
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    fake_quant = ort.InferenceSession(str(rel / "model.qdq.onnx"), so).run(None, {"input": x})[0]
+    assert np.abs(fake_quant - want).max() <= trt["atol"]
+    assert np.mean(np.argmax(fake_quant, axis=1) == np.argmax(want, axis=1)) >= trt["min_top1_agreement"]
+    # ... and mostly what the FP32 model predicts; the tolerance is the FP32 outputs' distance from them
+    fp32 = ort.InferenceSession(str(rel / "model.onnx")).run(None, {"input": x})[0]
+    assert np.mean(np.argmax(fp32, axis=1) == np.argmax(want, axis=1)) >= 0.6
+    assert trt["atol"] == pytest.approx(np.abs(fp32 - want).max(), abs=1e-6)
+    agree = trt["reference_fp32_top1_agreement"]
+    assert agree >= 0.6 and trt["reference_fp32_samples"] == 64
     assert len(set(np.argmax(want, axis=1).tolist())) > 1  # real images, not one constant answer
 
     r = cli("inspect", str(out))
     assert r.code == 0 and "engine built on the device" in r.out, r.out
+    assert f"reference vs FP32 top-1 at build: {agree:.0%}" in r.out
+
+
+def test_build_refuses_references_that_disagree_with_fp32(cli: Cli, data_dir: Path, tmp_path: Path) -> None:
+    """Activations clipped at their median: the Q/DQ model is garbage, so the build writes nothing."""
+    out = tmp_path / "bad.edb"
+    r = cli(
+        "build", str(data_dir / MODEL), "--profile", "t4", "--runtime", "tensorrt", "--int8",
+        "--calibration", str(data_dir / "imagenet-sample"), "--method", "percentile", "--percentile", "50",
+        "-o", str(out),
+    )  # fmt: skip
+    assert_one_line_error(r, 2, "reference samples")
+    assert not out.exists()
 
 
 def test_tensorrt_build_refuses_bad_options(cli: Cli, data_dir: Path, tmp_path: Path) -> None:

@@ -261,4 +261,4 @@ def test_tuned_int8_bundle_uses_the_database_and_agrees_with_onnxruntime(data_di
     assert tuning.startswith(f"cpu-x86_64/{db.name}: ") and "fused_conv2d" in tuning
     ev = evaluate(res.bundle, images, load_card(MNV1_CARD))
     assert ev["split"] == "evaluation" and ev["images"] == 230
-    assert ev["top1_agreement_bundle_vs_onnxruntime_int8"] >= 99.0
+    assert ev["top1_agreement_bundle_vs_int8_reference"] >= 99.0

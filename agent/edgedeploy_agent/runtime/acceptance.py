@@ -1,4 +1,4 @@
-"""Acceptance of a new TensorRT engine: its outputs on the bundle's reference samples vs onnxruntime's.
+"""Acceptance of a new TensorRT engine: its outputs on the bundle's reference samples vs the exact INT8 reference.
 
 The reference file (`TensorRTSettings.reference`) is an .npz written by the host with `input:<name>` and
 `output:<name>` arrays, one row per sample. The check is plain numpy rather than Polygraphy's Comparator
@@ -16,7 +16,7 @@ from ..errors import BundleError
 
 
 class References:
-    """Reference inputs and onnxruntime outputs, in the manifest's input/output order."""
+    """Reference inputs and exact INT8 reference outputs, in the manifest's input/output order."""
 
     def __init__(self, inputs: list[np.ndarray], outputs: list[np.ndarray]) -> None:
         self.inputs, self.outputs = inputs, outputs

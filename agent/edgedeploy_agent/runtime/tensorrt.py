@@ -3,7 +3,7 @@
 At activation (the agent's load step, never on a camera frame): probe CUDA, compute the engine-cache
 key, reuse a cached plan when the key matches and TensorRT deserializes it, otherwise build one under
 the cache lock with progress and duration reported. A new or reused engine serves frames only after
-its outputs on the bundle's reference samples agree with onnxruntime's (acceptance.py); an engine that
+its outputs on the bundle's reference samples agree with the exact INT8 reference (acceptance.py); an engine that
 fails is marked bad in the cache and never loaded again.
 """
 
@@ -25,7 +25,7 @@ Progress = Callable[[dict[str, Any]], None]
 
 
 class EngineRejected(RuntimeLoadError):
-    """The engine's outputs on the reference samples disagree with onnxruntime's."""
+    """The engine's outputs on the reference samples disagree with the exact INT8 reference."""
 
     code = "engine-rejected"
 

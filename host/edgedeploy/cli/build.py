@@ -267,5 +267,11 @@ def _tensorrt_summary(m: Manifest) -> str:
     return (
         f"{t.precision} from {t.onnx}, fp16 {t.fp16}, workspace {t.workspace_bytes >> 20} MiB, "
         f"opt level {t.builder_optimization_level}; profiles: {shapes}; acceptance on {t.reference}: "
-        f"top-1 >= {t.min_top1_agreement}, atol {t.atol}; engine built on the device"
+        f"top-1 >= {t.min_top1_agreement}, atol {t.atol}"
+        + (
+            f" (reference vs FP32 top-1 at build: {t.reference_fp32_top1_agreement:.0%})"
+            if t.reference_fp32_top1_agreement is not None
+            else ""
+        )
+        + "; engine built on the device"
     )

@@ -100,7 +100,7 @@ def register(app: typer.Typer) -> None:
         synsets: Annotated[Path | None, typer.Option(help="wnid list in class order (ImageNet-style folders)")] = None,
         json_: JsonOpt = False,
     ) -> None:
-        """Top-1/top-5 on a labeled set; for an INT8 bundle also the agreement with FP32 and onnxruntime INT8."""
+        """Top-1/top-5 on a labeled set; INT8 bundles also: agreement with FP32 and with the exact INT8 reference."""
         if split not in ("auto", "all", "calibration", "evaluation"):
             raise InputError(f"unknown split {split!r}", hint="choose auto, all, calibration or evaluation")
         result = api.evaluate(target, data, card_for(target, card)[0], split, limit, synsets)

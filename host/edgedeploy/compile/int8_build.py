@@ -1,5 +1,7 @@
 """The INT8 part of a build: calibrate, quantize to QDQ, measure, gate, and fall back layer by layer.
 
+INT8 accuracy is that of the exact reference of the Q/DQ model (qdq_reference.py), never onnxruntime's
+INT8 kernels, whose results depend on the build host's CPU.
 Calibration and evaluation never share an image: when both come from one folder, calibration uses the
 `calibration` half and evaluation the `evaluation` half of `datasets.split_of` (a hash of the file name).
 """
@@ -21,6 +23,7 @@ from ..datasets import LabeledSet, Split, load_calibration, load_labeled
 from ..errors import BuildError
 from ..evaluate import Comparison, OrtClassifier, compare
 from .onnx_model import OnnxModel
+from .qdq_reference import QdqReference
 from .quantize import QuantizeOptions, QuantizeReport, quantize_qdq, run_tensors
 
 
@@ -109,7 +112,7 @@ def quantize_model(
     progress("evaluate")
     data = load_labeled(cfg.eval_data, pp, model.inputs[0], eval_split, cfg.eval_limit, cfg.synsets)
     fp32 = OrtClassifier(model.proto)
-    result.comparison = compare(fp32, OrtClassifier(report.model), data, cfg.label_offset)
+    result.comparison = compare(fp32, QdqReference(report.model), data, cfg.label_offset)
     result.eval_split = eval_split
     if result.comparison.fp32.top1 == 0.0:  # a gate measured on nonsense would pass every time
         raise AccuracyGateError(
@@ -166,7 +169,7 @@ def _fallback(
         progress(f"fallback: {len(kept)} float layer(s)")
         opts = QuantizeOptions(**{**cfg.options.__dict__, "keep_float": (*cfg.options.keep_float, *kept)})
         report = quantize_qdq(model.proto, calib, opts)
-        cmp = compare(fp32, OrtClassifier(report.model), data, cfg.label_offset)
+        cmp = compare(fp32, QdqReference(report.model), data, cfg.label_offset)
         if cfg.max_top1_drop is not None and cmp.drop <= cfg.max_top1_drop:
             result.qdq, result.report, result.comparison, result.fallback_tried = report.model, report, cmp, list(kept)
             return result
