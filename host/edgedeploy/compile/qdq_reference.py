@@ -303,6 +303,15 @@ _ELEMENTWISE: dict[str, Callable[..., np.ndarray]] = {
 }
 
 
+@_op("Min", "Max")
+def _min_max(n: _Node) -> list[Any]:
+    fn = np.minimum if n.node.op_type == "Min" else np.maximum
+    out = n.f(0)
+    for i in range(1, len(n.ins)):
+        out = fn(out, n.f(i))
+    return [out]
+
+
 @_op(*_ELEMENTWISE)
 def _elementwise(n: _Node) -> list[Any]:
     return [_ELEMENTWISE[n.node.op_type](*[n.f(i) for i in range(len(n.ins))])]
