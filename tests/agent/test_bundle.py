@@ -8,12 +8,14 @@ import pytest
 
 from edgedeploy_agent.bundle import (
     MANIFEST_NAME,
+    SIGNATURE_NAME,
     Manifest,
     check_compatible,
     extract_bundle,
     manifest_json_schema,
     read_manifest,
     verify_bundle,
+    write_bundle,
 )
 from edgedeploy_agent.errors import BundleError, IncompatibleBundle
 from tests.agent.bundles import make_bundle
@@ -21,8 +23,17 @@ from tests.agent.bundles import make_bundle
 REPO = Path(__file__).resolve().parents[2]
 
 
-def _rewrite(src: Path, dst: Path, edit) -> Path:
-    """Copy a bundle member by member, letting `edit(name, data)` change or drop members."""
+def _rewrite(
+    src: Path, dst: Path, edit, repeat: str | None = None, after: str | None = None, extra: tuple = ("", b"")
+) -> Path:
+    """Copy a bundle member by member, letting `edit(name, data)` change or drop members; the member named
+    `repeat` is written twice, and `extra` is added after the member named `after`."""
+
+    def add(tout: tarfile.TarFile, name: str, data: bytes) -> None:
+        ti = tarfile.TarInfo(name)
+        ti.size = len(data)
+        tout.addfile(ti, io.BytesIO(data))
+
     with tarfile.open(src, "r|gz") as tin, gzip.open(dst, "wb") as gz, tarfile.open(fileobj=gz, mode="w") as tout:
         for m in tin:
             data = tin.extractfile(m).read()
@@ -30,9 +41,11 @@ def _rewrite(src: Path, dst: Path, edit) -> Path:
             if res is None:
                 continue
             name, data = res
-            ti = tarfile.TarInfo(name)
-            ti.size = len(data)
-            tout.addfile(ti, io.BytesIO(data))
+            add(tout, name, data)
+            if name == repeat:
+                add(tout, name, data)
+            if name == after:
+                add(tout, *extra)
     return dst
 
 
@@ -123,3 +136,23 @@ def test_newer_schema_and_other_arch_are_incompatible(tmp_path: Path) -> None:
 def test_docs_schema_is_generated_from_the_models() -> None:
     committed = json.loads((REPO / "docs" / "bundle-manifest.schema.json").read_text())
     assert committed == manifest_json_schema(), "regenerate docs/ with `python -m edgedeploy.schema`"
+
+
+def test_signature_member_twice_or_late_is_a_bad_bundle(tmp_path: Path) -> None:
+    """Not an OS error from writing the second copy: a refusal the host and the device name `bad-bundle`."""
+    src = make_bundle(tmp_path / "src")
+    signed = write_bundle(
+        tmp_path / "signed.edb",
+        read_manifest(src),
+        {"labels.txt": tmp_path / "src" / "labels.txt", "model.so": tmp_path / "src" / "model-1.so"},
+        signature=b"s" * 64,
+    )
+    extract_bundle(signed, tmp_path / "ok")  # one signature right after the manifest is fine
+    twice = _rewrite(signed, tmp_path / "twice.edb", lambda n, d: (n, d), repeat=SIGNATURE_NAME)
+    late = _rewrite(src, tmp_path / "late.edb", lambda n, d: (n, d), after="model.so", extra=(SIGNATURE_NAME, b"s"))
+    for bad in (twice, late):
+        with pytest.raises(BundleError, match="must appear once, right after manifest.json") as e:
+            extract_bundle(bad, tmp_path / bad.stem)
+        assert e.value.code == "bad-bundle"
+        with pytest.raises(BundleError, match="must appear once"):
+            verify_bundle(bad)
