@@ -106,9 +106,13 @@ class Artifact(_Model):
     size: int = Field(ge=0)
 
 
+MODEL_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
+MODEL_VERSION_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9.+_-]{0,31}$"
+
+
 class ModelInfo(_Model):
-    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
-    version: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9.+_-]{0,31}$")
+    name: str = Field(pattern=MODEL_NAME_PATTERN)
+    version: str = Field(pattern=MODEL_VERSION_PATTERN)
     description: str = ""
     source_sha256: str = Field(pattern=r"^[0-9a-f]{64}$", description="sha256 of the source model file")
 

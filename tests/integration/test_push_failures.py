@@ -67,7 +67,7 @@ def test_broken_bundle_rolls_back_to_the_previous_one(
     assert_one_line_error(r, 4, "failed its health check")
     assert "rolled back" in r.err and good in r.err
     assert current(device) == good
-    facts = json.loads(cli("devices", "facts", device.name, *device.args()).out)
+    facts = json.loads(cli("devices", "facts", device.name, "--json", *device.args()).out)
     assert facts["current_release"] == good and facts["healthy_release"] == good
 
 
