@@ -8,8 +8,7 @@ import pytest
 
 from edgedeploy.inventory import Device, Inventory
 from edgedeploy_agent.bundle import SIGNATURE_NAME, read_manifest, write_bundle
-from tests.agent.bundles import make_bundle
-from tests.agent.test_bundle import _rewrite
+from tests.agent.bundles import make_bundle, rewrite_bundle
 from tests.helpers import Cli, agent, assert_one_line_error
 
 
@@ -169,7 +168,7 @@ def test_a_bundle_with_two_signatures_is_refused_by_host_and_device(cli: Cli, tm
     src = make_bundle(tmp_path / "src")
     files = {"labels.txt": tmp_path / "src" / "labels.txt", "model.so": tmp_path / "src" / "model-1.so"}
     signed = write_bundle(tmp_path / "signed.edb", read_manifest(src), files, signature=b"{}")
-    twice = _rewrite(signed, tmp_path / "twice.edb", lambda n, d: (n, d), repeat=SIGNATURE_NAME)
+    twice = rewrite_bundle(signed, tmp_path / "twice.edb", lambda n, d: (n, d), repeat=SIGNATURE_NAME)
     inv = tmp_path / "devices.toml"
     _dead_device(inv)
     r = cli("push", "dead", str(twice), "--inventory", str(inv))
