@@ -61,6 +61,8 @@ class DeviceError(EdgeDeployError):
 def os_error_text(e: OSError) -> str:
     """One line for a file-system error, naming the path in words a technician acts on."""
     where = e.filename if e.filename is not None else "?"
+    if e.filename2 is not None:  # a rename: which side is wrong is only in the reason
+        return f"cannot move {where} to {e.filename2}: {e.strerror or e}"
     if isinstance(e, FileExistsError | NotADirectoryError):
         return f"{where} is not a folder (a file of that name is in the way)"
     if isinstance(e, IsADirectoryError):

@@ -145,6 +145,9 @@ def test_bad_output_path_name_and_unreadable_card_are_one_line(cli: Cli, tmp_pat
         assert "compile" not in r.err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file", "card.toml", "folder"]  # no out/, no logs
     assert not list(folder.iterdir()) and a_file.read_text() == "x"
+    bundle = make_bundle(tmp_path / "b")
+    assert_one_line_error(cli("sign", str(bundle), "--key", "k", "-o", str(folder)), 2, f"-o {folder} is a folder")
+    assert not list(folder.iterdir())
 
 
 def test_inventory_and_config_files_a_user_can_break(cli: Cli, tmp_path: Path, hermetic: Path) -> None:

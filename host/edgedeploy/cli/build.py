@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import time
 from pathlib import Path
 from typing import Annotated
@@ -19,7 +18,7 @@ from ..compile.tensorrt_artifacts import TensorRTOptions, parse_batch
 from ..errors import InputError, validation_text
 from . import render
 from .int8 import int8_config, int8_summary
-from .options import JsonOpt, in_range
+from .options import JsonOpt, bundle_path, in_range
 
 _CARD_HINT = "names and versions: letters, digits, '.', '_', '-' (a version may hold '+'); see edgedeploy build --help"
 
@@ -31,20 +30,6 @@ def _floats(text: str | None, what: str) -> list[float] | None:
         return [float(x) for x in text.split(",")]
     except ValueError:
         raise InputError(f"--{what} takes comma-separated numbers, got {text!r}") from None
-
-
-def _bundle_path(out: Path) -> Path:
-    """Refuse an -o the bundle cannot be written to, before anything is compiled."""
-    if out.is_dir():
-        raise InputError(f"-o {out} is a folder", hint=f"name the bundle file, e.g. {out / 'model.edb'}")
-    folder = out.parent
-    while not folder.exists():  # missing folders are created when the bundle is written
-        folder = folder.parent
-    if not folder.is_dir():
-        raise InputError(f"-o {out}: {folder} is a file, not a folder", hint="choose another bundle path")
-    if not os.access(folder, os.W_OK | os.X_OK):
-        raise InputError(f"-o {out}: cannot write into {folder}", hint="choose a folder you can write to")
-    return out
 
 
 def _tensorrt_int8(cfg: Int8Config | None) -> Int8Config:
@@ -203,7 +188,7 @@ def register(app: typer.Typer) -> None:
             )
         except ValidationError as e:
             raise InputError(validation_text(e), hint=_CARD_HINT) from None
-        target = _bundle_path(out or model.with_suffix(f".{profile}.edb"))
+        target = bundle_path(out or model.with_suffix(f".{profile}.edb"))
         t = time.perf_counter()
         with render.steps(f"build {model.name} for {profile}") as step:
             if runtime == "tensorrt":

@@ -11,7 +11,7 @@ import typer
 from .. import api, signing
 from ..inventory import Inventory
 from . import render
-from .options import POSITIVE, InventoryOpt, JsonOpt, in_range
+from .options import POSITIVE, InventoryOpt, JsonOpt, bundle_path, in_range
 
 app = typer.Typer(help="Bundle-signing keys (ed25519) and the keys devices pin.", no_args_is_help=True)
 
@@ -76,7 +76,7 @@ def register(root: typer.Typer) -> None:
     ) -> None:
         """Give a bundle a new serial and expiry and sign its manifest (a new bundle id)."""
         api.inspect_bundle(bundle)
-        m = signing.sign_bundle(bundle, key, out or bundle, expires_days=expires_days, serial=serial)
+        m = signing.sign_bundle(bundle, key, bundle_path(out or bundle), expires_days=expires_days, serial=serial)
         info = {"bundle": str(out or bundle), "release": m.release_name, "serial": m.serial, "expires": m.expires}
         if json_:
             render.print_json(info)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, TypeVar
@@ -38,6 +39,21 @@ def in_range(
 
 
 POSITIVE = in_range(0, low_open=True)
+
+
+def bundle_path(out: Path) -> Path:
+    """Refuse an -o the bundle cannot be written to, before any work is done."""
+    if out.is_dir():
+        raise InputError(f"-o {out} is a folder", hint=f"name the bundle file, e.g. {out / 'model.edb'}")
+    folder = out.parent
+    while not folder.exists():  # missing folders are created when the bundle is written
+        folder = folder.parent
+    if not folder.is_dir():
+        raise InputError(f"-o {out}: {folder} is a file, not a folder", hint="choose another bundle path")
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise InputError(f"-o {out}: cannot write into {folder}", hint="choose a folder you can write to")
+    return out
+
 
 InventoryOpt = Annotated[
     Path | None,
