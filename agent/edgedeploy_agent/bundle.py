@@ -106,9 +106,13 @@ class Artifact(_Model):
     size: int = Field(ge=0)
 
 
+MODEL_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
+MODEL_VERSION_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9.+_-]{0,31}$"
+
+
 class ModelInfo(_Model):
-    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
-    version: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9.+_-]{0,31}$")
+    name: str = Field(pattern=MODEL_NAME_PATTERN)
+    version: str = Field(pattern=MODEL_VERSION_PATTERN)
     description: str = ""
     source_sha256: str = Field(pattern=r"^[0-9a-f]{64}$", description="sha256 of the source model file")
 
@@ -440,15 +444,20 @@ def _walk(path: Path, dest: Optional[Path]) -> Manifest:
         for name in expected:
             check_artifact_name(name)
         seen: dict[str, bool] = {}
+        second = True  # the signature may only be the second member, as read_signed_manifest expects
         while True:
             member = _next_member(tar, path)
             if member is None:
                 break
             if member.name == SIGNATURE_NAME:
+                if not second:
+                    raise BundleError(f"{path}: {SIGNATURE_NAME} must appear once, right after {MANIFEST_NAME}")
+                second = False
                 sig = _read_small(tar, member, path)
                 if dest is not None:
                     _write_exclusive(dest / SIGNATURE_NAME, io.BytesIO(sig), len(sig), None, path)
                 continue
+            second = False
             art = expected.get(member.name)
             if art is None or member.name in seen:
                 raise BundleError(f"{path}: unexpected member {member.name!r} (not listed once in the manifest)")

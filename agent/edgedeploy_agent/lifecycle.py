@@ -158,7 +158,12 @@ class Deployment:
 
 
 def recover(store: DeviceStore, service: Service) -> Optional[str]:
-    """Finish an interrupted transition: anything not committed goes back to the last committed release."""
+    """Finish an interrupted transition: anything not committed goes back to the last committed release.
+
+    A stage killed with its SSH session (SIGKILL, SIGHUP: no `finally` runs) leaves releases/.tmp-<release>
+    behind; it goes too. Callers hold the store's `exclusive` lock, so no stage is in flight.
+    """
+    leftovers = store.remove_staging_leftovers()
     state = store.state()
     pending = state.get("pending")
     if not pending:
@@ -170,7 +175,8 @@ def recover(store: DeviceStore, service: Service) -> Optional[str]:
             service.restart()
         else:
             service.stop()
-    store.record(state, "recovered", pending.get("release"), f"interrupted in state {pending.get('state')}")
+    detail = f"interrupted in state {pending.get('state')}" + (f"; removed {', '.join(leftovers)}" if leftovers else "")
+    store.record(state, "recovered", pending.get("release"), detail)
     state["pending"] = None
     store.save_state(state)
     return old

@@ -167,6 +167,13 @@ class DeviceStore:
         fsync_dir(self.releases)
         return manifest
 
+    def remove_staging_leftovers(self) -> list[str]:
+        """Remove the releases/.tmp-* folders of a stage that was killed; only under `exclusive`."""
+        leftovers = sorted(d.name for d in self.releases.glob(".tmp-*"))
+        for name in leftovers:
+            shutil.rmtree(self.releases / name, ignore_errors=True)
+        return leftovers
+
     def load_release(self, name: str) -> Manifest:
         """Read a release's manifest and re-check its artifacts' hashes before any byte is used."""
         d = self.release_dir(name)

@@ -22,6 +22,7 @@ from edgedeploy_agent.bundle import Preprocess, TensorSpec
 from edgedeploy_agent.preprocess import preprocess
 
 from .errors import InputError
+from .userfiles import read_text
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".webp")
 VIDEO_SUFFIXES = (".mp4", ".avi", ".mkv", ".mov", ".webm")
@@ -182,10 +183,7 @@ def _find_synsets(data: Path) -> Path | None:
 
 
 def _class_names(path: Path) -> list[str]:
-    try:
-        return [line.split()[0] for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
-    except OSError as e:
-        raise InputError(f"cannot read synset list {path}: {e.strerror}") from None
+    return [line.split()[0] for line in read_text(path, "synset list").splitlines() if line.strip()]
 
 
 def _idx_pair(data: Path) -> tuple[Path, Path] | None:

@@ -17,12 +17,14 @@ from typing import Literal
 
 import tomli_w
 import tomllib
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from .errors import InventoryError
+from .errors import InventoryError, validation_text
 from .paths import config_dir
+from .userfiles import read_text, write_text_atomic
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 
 class Device(BaseModel):
@@ -41,6 +43,15 @@ class Device(BaseModel):
     agent_command: str = Field(default="edgedeploy-agent", description="path of edgedeploy-agent on the device")
     source: str | None = Field(default=None, description="frame source URI on the device")
     keep_releases: int = Field(default=3, ge=2, description="releases the device keeps (current + previous)")
+
+    @field_validator("host", "user", "key_file", "profile", "tags", "root", "agent_command", "source")
+    @classmethod
+    def _no_control_characters(cls, value: str | list[str] | None) -> str | list[str] | None:
+        # these end up in unit files, sudoers rules and command lines, where a newline starts a new entry
+        for text in [value] if isinstance(value, str) else value or []:
+            if _CONTROL.search(text):
+                raise ValueError(f"{text!r} holds a control character (newline, tab, ...)")
+        return value
 
     @property
     def address(self) -> str:
@@ -69,11 +80,9 @@ class Inventory:
         if not path.exists():
             return cls(path, {})
         try:
-            data = tomllib.loads(path.read_text(encoding="utf-8"))
+            data = tomllib.loads(read_text(path, "inventory"))
         except tomllib.TOMLDecodeError as e:
             raise InventoryError(f"inventory {path} is not valid TOML: {e}") from None
-        except OSError as e:
-            raise InventoryError(f"cannot read inventory {path}: {e.strerror}") from None
         devices: dict[str, Device] = {}
         table = data.get("devices", {})
         if not isinstance(table, dict) or set(data) - {"devices"}:
@@ -84,9 +93,7 @@ class Inventory:
             try:
                 devices[name] = Device.model_validate({**entry, "name": name})
             except ValidationError as e:
-                err = e.errors()[0]
-                loc = ".".join(str(x) for x in err["loc"])
-                raise InventoryError(f"inventory {path}: devices.{name}.{loc}: {err['msg']}") from None
+                raise InventoryError(f"inventory {path}: devices.{name}.{validation_text(e)}") from None
         return cls(path, devices)
 
     def get(self, name: str) -> Device:
@@ -116,10 +123,8 @@ class Inventory:
         return dev
 
     def save(self) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
         data = {
             "devices": {n: d.model_dump(exclude={"name"}, exclude_none=True) for n, d in sorted(self.devices.items())}
         }
-        tmp = self.path.with_name(self.path.name + ".tmp")
-        tmp.write_text(tomli_w.dumps(data), encoding="utf-8")
-        os.replace(tmp, self.path)
+        hint = "choose a writable place with --inventory (or EDGEDEPLOY_INVENTORY, EDGEDEPLOY_CONFIG_DIR)"
+        write_text_atomic(self.path, tomli_w.dumps(data), "inventory", hint)

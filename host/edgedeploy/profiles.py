@@ -14,8 +14,9 @@ from typing import Any, Literal
 import tomllib
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from .errors import ProfileError
+from .errors import ProfileError, validation_text
 from .paths import config_dir
+from .userfiles import read_text
 
 
 class CompilerSpec(BaseModel):
@@ -70,15 +71,13 @@ def profile_dirs() -> list[Path]:
 
 def load_profile_file(path: Path) -> DeviceProfile:
     try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
-    except (OSError, tomllib.TOMLDecodeError) as e:
+        data = tomllib.loads(read_text(path, "profile"))
+    except tomllib.TOMLDecodeError as e:
         raise ProfileError(f"profile {path}: {e}") from None
     try:
         return DeviceProfile.model_validate({**data, "source": str(path)})
     except ValidationError as e:
-        err = e.errors()[0]
-        loc = ".".join(str(x) for x in err["loc"])
-        raise ProfileError(f"profile {path}: {loc}: {err['msg']}") from None
+        raise ProfileError(f"profile {path}: {validation_text(e)}") from None
 
 
 def all_profiles() -> dict[str, DeviceProfile]:

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import datetime as dt
+import gzip
+import io
+import tarfile
 from pathlib import Path
 
 from edgedeploy_agent.bundle import (
@@ -69,3 +72,29 @@ def make_report(seq: int, **overrides: object) -> Report:
     }
     fields.update(overrides)
     return Report.model_validate(fields)
+
+
+def rewrite_bundle(
+    src: Path, dst: Path, edit, repeat: str | None = None, after: str | None = None, extra: tuple = ("", b"")
+) -> Path:
+    """Copy a bundle member by member, letting `edit(name, data)` change or drop members; the member named
+    `repeat` is written twice, and `extra` is added after the member named `after`."""
+
+    def add(tout: tarfile.TarFile, name: str, data: bytes) -> None:
+        ti = tarfile.TarInfo(name)
+        ti.size = len(data)
+        tout.addfile(ti, io.BytesIO(data))
+
+    with tarfile.open(src, "r|gz") as tin, gzip.open(dst, "wb") as gz, tarfile.open(fileobj=gz, mode="w") as tout:
+        for m in tin:
+            data = tin.extractfile(m).read()
+            res = edit(m.name, data)
+            if res is None:
+                continue
+            name, data = res
+            add(tout, name, data)
+            if name == repeat:
+                add(tout, name, data)
+            if name == after:
+                add(tout, *extra)
+    return dst

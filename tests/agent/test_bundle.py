@@ -1,5 +1,4 @@
 import gzip
-import io
 import json
 import tarfile
 from pathlib import Path
@@ -8,32 +7,19 @@ import pytest
 
 from edgedeploy_agent.bundle import (
     MANIFEST_NAME,
+    SIGNATURE_NAME,
     Manifest,
     check_compatible,
     extract_bundle,
     manifest_json_schema,
     read_manifest,
     verify_bundle,
+    write_bundle,
 )
 from edgedeploy_agent.errors import BundleError, IncompatibleBundle
-from tests.agent.bundles import make_bundle
+from tests.agent.bundles import make_bundle, rewrite_bundle
 
 REPO = Path(__file__).resolve().parents[2]
-
-
-def _rewrite(src: Path, dst: Path, edit) -> Path:
-    """Copy a bundle member by member, letting `edit(name, data)` change or drop members."""
-    with tarfile.open(src, "r|gz") as tin, gzip.open(dst, "wb") as gz, tarfile.open(fileobj=gz, mode="w") as tout:
-        for m in tin:
-            data = tin.extractfile(m).read()
-            res = edit(m.name, data)
-            if res is None:
-                continue
-            name, data = res
-            ti = tarfile.TarInfo(name)
-            ti.size = len(data)
-            tout.addfile(ti, io.BytesIO(data))
-    return dst
 
 
 def test_roundtrip_manifest_first_and_reproducible(tmp_path: Path) -> None:
@@ -54,7 +40,7 @@ def test_roundtrip_manifest_first_and_reproducible(tmp_path: Path) -> None:
 
 def test_tampered_artifact_is_refused(tmp_path: Path) -> None:
     b = make_bundle(tmp_path)
-    bad = _rewrite(
+    bad = rewrite_bundle(
         b, tmp_path / "bad.edb", lambda n, d: (n, d.replace(b"fake", b"evil")) if n == "model.so" else (n, d)
     )
     with pytest.raises(BundleError, match="sha256 mismatch for model.so"):
@@ -65,10 +51,12 @@ def test_tampered_artifact_is_refused(tmp_path: Path) -> None:
 
 def test_truncated_and_extra_members_are_refused(tmp_path: Path) -> None:
     b = make_bundle(tmp_path)
-    missing = _rewrite(b, tmp_path / "m.edb", lambda n, d: None if n == "labels.txt" else (n, d))
+    missing = rewrite_bundle(b, tmp_path / "m.edb", lambda n, d: None if n == "labels.txt" else (n, d))
     with pytest.raises(BundleError, match="missing labels.txt"):
         verify_bundle(missing)
-    traversal = _rewrite(b, tmp_path / "t.edb", lambda n, d: ("../labels.txt", d) if n == "labels.txt" else (n, d))
+    traversal = rewrite_bundle(
+        b, tmp_path / "t.edb", lambda n, d: ("../labels.txt", d) if n == "labels.txt" else (n, d)
+    )
     with pytest.raises(BundleError, match="unexpected member"):
         extract_bundle(traversal, tmp_path / "out")
     assert not (tmp_path / "labels.txt").exists() or (tmp_path / "labels.txt").read_text().startswith("0")
@@ -95,7 +83,9 @@ def test_garbage_and_bad_manifest(tmp_path: Path) -> None:
     with pytest.raises(BundleError, match="not a readable bundle|corrupt"):
         read_manifest(g)
     b = make_bundle(tmp_path)
-    bad = _rewrite(b, tmp_path / "bm.edb", lambda n, d: (n, b'{"schema_version": 1}') if n == MANIFEST_NAME else (n, d))
+    bad = rewrite_bundle(
+        b, tmp_path / "bm.edb", lambda n, d: (n, b'{"schema_version": 1}') if n == MANIFEST_NAME else (n, d)
+    )
     with pytest.raises(BundleError, match="invalid manifest"):
         read_manifest(bad)
     with pytest.raises(BundleError, match="no such bundle"):
@@ -113,7 +103,7 @@ def test_newer_schema_and_other_arch_are_incompatible(tmp_path: Path) -> None:
         return n, json.dumps(data).encode()
 
     with pytest.raises(IncompatibleBundle, match="schema 99"):
-        read_manifest(_rewrite(b, tmp_path / "s.edb", bump))
+        read_manifest(rewrite_bundle(b, tmp_path / "s.edb", bump))
     arm = read_manifest(make_bundle(tmp_path / "arm", arch="aarch64"))
     with pytest.raises(IncompatibleBundle, match="aarch64"):
         check_compatible(arm, machine="x86_64")
@@ -123,3 +113,25 @@ def test_newer_schema_and_other_arch_are_incompatible(tmp_path: Path) -> None:
 def test_docs_schema_is_generated_from_the_models() -> None:
     committed = json.loads((REPO / "docs" / "bundle-manifest.schema.json").read_text())
     assert committed == manifest_json_schema(), "regenerate docs/ with `python -m edgedeploy.schema`"
+
+
+def test_signature_member_twice_or_late_is_a_bad_bundle(tmp_path: Path) -> None:
+    """Not an OS error from writing the second copy: a refusal the host and the device name `bad-bundle`."""
+    src = make_bundle(tmp_path / "src")
+    signed = write_bundle(
+        tmp_path / "signed.edb",
+        read_manifest(src),
+        {"labels.txt": tmp_path / "src" / "labels.txt", "model.so": tmp_path / "src" / "model-1.so"},
+        signature=b"s" * 64,
+    )
+    extract_bundle(signed, tmp_path / "ok")  # one signature right after the manifest is fine
+    twice = rewrite_bundle(signed, tmp_path / "twice.edb", lambda n, d: (n, d), repeat=SIGNATURE_NAME)
+    late = rewrite_bundle(
+        src, tmp_path / "late.edb", lambda n, d: (n, d), after="model.so", extra=(SIGNATURE_NAME, b"s")
+    )
+    for bad in (twice, late):
+        with pytest.raises(BundleError, match="must appear once, right after manifest.json") as e:
+            extract_bundle(bad, tmp_path / bad.stem)
+        assert e.value.code == "bad-bundle"
+        with pytest.raises(BundleError, match="must appear once"):
+            verify_bundle(bad)

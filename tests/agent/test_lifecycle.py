@@ -2,6 +2,9 @@
 
 import json
 import os
+import signal
+import subprocess
+import time
 from pathlib import Path
 
 import pytest
@@ -146,3 +149,52 @@ def test_facts_never_recovers_a_deploy_in_flight(store: DeviceStore, tmp_path: P
         assert json.loads(r.out)["error"]["code"] == "state-error"
     r = agent("--root", str(store.root), "--json", "facts")
     assert json.loads(r.out)["busy"] is False and store.state()["pending"] is None  # recovered once free
+
+
+def _wait_for_staging(store: DeviceStore, proc: subprocess.Popen[str], timeout: float = 60) -> list[Path]:
+    """Bounded wait until the running deploy has started writing releases/.tmp-<release>."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and proc.poll() is None:
+        leftovers = list(store.releases.glob(".tmp-*"))
+        if leftovers and any(leftovers[0].iterdir()):
+            return leftovers
+        time.sleep(0.005)
+    return []
+
+
+def test_agent_killed_while_staging_is_cleaned_up_by_recovery(store: DeviceStore, tmp_path: Path) -> None:
+    """A real agent killed mid-unpack (as when its SSH session dies) leaves .tmp-<release>; recovery removes it."""
+    from tests.helpers import BIN, agent
+
+    b1 = make_bundle(tmp_path / "v1", version="1")
+    Deployment(store, ScriptedService(store)).deploy(copy(b1, store.incoming), timeout=2)
+    old = read_manifest(b1).release_name
+    big = make_bundle(tmp_path / "v2", version="2", lib_bytes=os.urandom(48 << 20))  # unpacking takes a while
+    proc = subprocess.Popen(
+        [str(BIN / "edgedeploy-agent"), "--root", str(store.root), "--json", "deploy", str(copy(big, store.incoming))],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    leftovers = _wait_for_staging(store, proc)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=30)
+    assert leftovers and all(p.exists() for p in leftovers), "the deploy finished before it could be killed"
+    assert store.state()["pending"]["state"] == "staged"
+
+    r = agent("--root", str(store.root), "--json", "facts")  # the next contact recovers the device
+    assert r.code == 0, r.err
+    assert not list(store.releases.glob(".tmp-*"))
+    state = store.state()
+    assert state["pending"] is None and state["current"] == old and store.current() == old
+    assert leftovers[0].name in state["history"][-1]["detail"]
+
+
+def test_recovery_removes_staging_leftovers_even_without_a_pending_transition(store: DeviceStore) -> None:
+    leftover = store.releases / ".tmp-toy-2-0123456789abcdef"
+    leftover.mkdir()
+    (leftover / "model.so").write_bytes(b"half")
+    kept = store.releases / "toy-1-0123456789abcdef"
+    kept.mkdir()
+    assert recover(store, ScriptedService(store)) is None
+    assert not leftover.exists() and kept.is_dir()

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from edgedeploy_agent.unit import render_unit
+from edgedeploy_agent.unit import DEFAULT_ROOT, render_unit
 
 MAX_EXPOSURE = 4.0
 
@@ -26,7 +26,8 @@ def analyze() -> str:
 
 def _unit_for_analysis(tmp_path: Path) -> Path:
     # verify insists that ExecStart exists: point it at this machine's python3, nothing else changes
-    text = render_unit(exec_start=f"{shutil.which('python3')} -m edgedeploy_agent --root /var/lib/edgedeploy run")
+    python = str(shutil.which("python3"))
+    text = render_unit(exec_start=[python, "-m", "edgedeploy_agent", "--root", DEFAULT_ROOT, "run"])
     path = tmp_path / "edgedeploy-agent.service"
     path.write_text(text)
     return path
@@ -64,8 +65,52 @@ def test_security_exposure_is_low(analyze: str, tmp_path: Path) -> None:
 
 
 def test_render_substitutes_paths_and_user() -> None:
-    text = render_unit(exec_start="/opt/x/bin/edgedeploy-agent --root /srv/ed run", user="cam", root="/srv/ed")
+    argv = ["/opt/x/bin/edgedeploy-agent", "--root", "/srv/ed", "run"]
+    text = render_unit(exec_start=argv, user="cam", root="/srv/ed")
     assert "ExecStart=/opt/x/bin/edgedeploy-agent --root /srv/ed run" in text
     assert "User=cam\nGroup=cam" in text
     assert "ReadWritePaths=/srv/ed" in text
     assert "StateDirectory=edgedeploy" not in text  # only for the default /var/lib/edgedeploy
+
+
+def test_paths_with_spaces_percent_and_dollar_are_quoted_as_systemd_reads_them(analyze: str, tmp_path: Path) -> None:
+    """`systemd-analyze verify` checks that ExecStart's first word is an executable file: an unquoted space
+    would cut the path short, an unescaped `%` would be a specifier."""
+    venv = tmp_path / "opt 100%" / "bin"
+    venv.mkdir(parents=True)
+    (venv / "python3").symlink_to(str(shutil.which("python3")))
+    root = "/srv/edge deploy/100%"
+    argv = [str(venv / "python3"), "-m", "edgedeploy_agent", "--root", root, "--source", "rtsp://cam/$x", "run"]
+    text = render_unit(exec_start=argv, root=root)
+    exec_line = next(ln for ln in text.splitlines() if ln.startswith("ExecStart="))
+    assert exec_line == (
+        f'ExecStart="{tmp_path}/opt 100%%/bin/python3" -m edgedeploy_agent --root "/srv/edge deploy/100%%" '
+        '--source "rtsp://cam/$$x" run'
+    )
+    assert 'ReadWritePaths="/srv/edge deploy/100%%"' in text
+    unit = tmp_path / "edgedeploy-agent.service"
+    unit.write_text(text)
+    p = subprocess.run([analyze, "verify", str(unit)], capture_output=True, text=True)
+    assert p.returncode == 0 and p.stdout == "" and p.stderr == "", p.stdout + p.stderr
+
+
+AGENT_ARGV = ["/opt/v/bin/edgedeploy-agent", "run"]
+
+
+@pytest.mark.parametrize(
+    ("argv", "user", "root", "refused"),
+    [
+        (AGENT_ARGV, "edgedeploy", "/x\nExecStartPre=/bin/sh", "agent root"),  # a newline would add a line
+        (AGENT_ARGV, "edgedeploy", "/x\\y", "agent root"),
+        (["/opt/v\n/bin/edgedeploy-agent", "run"], "edgedeploy", DEFAULT_ROOT, "ExecStart executable"),
+        (["/opt/v/bin/edgedeploy-agent", "--root", '/"v"'], "edgedeploy", DEFAULT_ROOT, "ExecStart argument"),
+        (["/opt/$v/bin/edgedeploy-agent", "run"], "edgedeploy", DEFAULT_ROOT, "holds a '\\$'"),
+        (AGENT_ARGV, "edge\ndeploy", DEFAULT_ROOT, "service user"),
+        (AGENT_ARGV, "root; rm", DEFAULT_ROOT, "service user"),
+    ],
+)
+def test_control_characters_quotes_and_odd_users_are_refused(
+    argv: list[str], user: str, root: str, refused: str
+) -> None:
+    with pytest.raises(ValueError, match=refused):
+        render_unit(exec_start=argv, user=user, root=root)

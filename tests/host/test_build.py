@@ -34,12 +34,13 @@ def test_mnist_bundle_runs_like_onnxruntime(data_dir: Path, tmp_path: Path) -> N
 
 def test_rebuild_is_cached(data_dir: Path, tmp_path: Path) -> None:
     model = data_dir / "models" / "mnist-8_opset13.onnx"
-    first = build(model, "cpu-x86_64", tmp_path / "a.edb", ModelCard(name="mnist-cache"))
-    again = build(model, "cpu-x86_64", tmp_path / "b.edb", ModelCard(name="mnist-cache"))
+    card = ModelCard(name="mnist-cache", preprocess=Preprocess(color="gray"))  # one channel, as the model wants
+    first = build(model, "cpu-x86_64", tmp_path / "a.edb", card)
+    again = build(model, "cpu-x86_64", tmp_path / "b.edb", card)
     assert again.cached and not first.cached  # behaviour, not a timing: no pipeline ran
     assert again.timings == {} and (tmp_path / "b.edb").read_bytes() == (tmp_path / "a.edb").read_bytes()
     assert again.manifest.bundle_id == first.manifest.bundle_id
-    changed = build(model, "cpu-x86_64", tmp_path / "c.edb", ModelCard(name="mnist-cache", version="2"))
+    changed = build(model, "cpu-x86_64", tmp_path / "c.edb", card.model_copy(update={"version": "2"}))
     assert not changed.cached
 
 

@@ -47,7 +47,8 @@ def _cuobjdump() -> str | None:
 def test_gpu_bundle_has_device_code_for_its_sm(profile: str, data_dir: Path, tmp_path: Path) -> None:
     _toolchain_or_skip(profile)
     sm, arch, codegen = GPU_PROFILES[profile]
-    res = build(data_dir / "models" / "mnist-8_opset13.onnx", profile, tmp_path / "b.edb", ModelCard(name="mnist"))
+    card = ModelCard(name="mnist", preprocess=Preprocess(color="gray"))
+    res = build(data_dir / "models" / "mnist-8_opset13.onnx", profile, tmp_path / "b.edb", card)
     t = res.manifest.target
     assert (t.device, t.cuda_sm, t.host_machine, t.arch) == ("cuda", sm, arch, arch)
     assert t.cuda_codegen and t.cuda_codegen.startswith(codegen) and t.cuda_graph

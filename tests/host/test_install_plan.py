@@ -95,3 +95,22 @@ def test_a_non_root_login_gets_the_group_and_a_sudoers_rule_for_this_unit_only(t
         f"sudoers_sha256={hashlib.sha256(sudoers.read_bytes()).hexdigest()}\n"
     )
     assert plan_install(parse_install_probe(done), spec, unit, sudoers) == []
+
+
+def test_a_root_with_spaces_is_quoted_and_unsafe_values_are_refused(tmp_path: Path) -> None:
+    from edgedeploy.errors import InputError
+    from edgedeploy.remote.install import write_install_files
+
+    spec = dataclasses.replace(_spec(tmp_path), root="/srv/edge deploy", login_user="deploy")
+    unit = spec.unit_text()
+    assert 'ExecStart=/opt/edgedeploy/venv/bin/edgedeploy-agent --root "/srv/edge deploy" run' in unit
+    assert 'ReadWritePaths="/srv/edge deploy"' in unit
+    for bad in (
+        dataclasses.replace(spec, venv="/opt/v\nExecStartPre=/bin/sh"),  # would be a second unit line
+        dataclasses.replace(spec, root='/srv/"x"'),
+    ):
+        with pytest.raises(InputError, match="cannot write the systemd unit"):
+            write_install_files(bad, tmp_path)
+    for login in ("deploy\nALL ALL=(ALL) NOPASSWD: ALL", "a,b", "ops team", "-x", "#0"):
+        with pytest.raises(InputError, match="sudoers rule"):
+            dataclasses.replace(spec, login_user=login).sudoers_text()

@@ -2,7 +2,7 @@ from pathlib import Path
 
 import pytest
 
-from edgedeploy.errors import InventoryError
+from edgedeploy.errors import InputError, InventoryError
 from edgedeploy.inventory import Device, Inventory
 
 
@@ -34,12 +34,16 @@ def test_env_override(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
         ('[devices.x]\nhost = "h"\nprofile = "t4"\nport = 70000\n', "devices.x.port"),
         ('[devices.x]\nhost = "h"\nprofile = "t4"\ncolour = "red"\n', "colour"),
         ('title = "fleet"\n', "expected only"),
+        ('[devices.x]\nhost = "h"\nprofile = "t4"\nroot = "/x\\nExecStartPre=/bin/sh"\n', "control character"),
+        ('[devices.x]\nhost = "h"\nprofile = "t4"\nuser = "ops\\tx"\n', "devices.x.user"),
+        ('[devices.x]\nhost = "h"\nprofile = "t4"\ntags = ["a\\u0000"]\n', "devices.x.tags"),
+        (b"\xff\xfe[devices]", "not UTF-8"),
     ],
 )
-def test_malformed_inventory(tmp_path: Path, text: str, match: str) -> None:
+def test_malformed_inventory(tmp_path: Path, text: str | bytes, match: str) -> None:
     p = tmp_path / "devices.toml"
-    p.write_text(text)
-    with pytest.raises(InventoryError, match=match):
+    p.write_bytes(text if isinstance(text, bytes) else text.encode())
+    with pytest.raises(InputError, match=match):  # InventoryError, or InputError for an unreadable file
         Inventory.load(p)
 
 
@@ -48,3 +52,11 @@ def test_unknown_device_names_known(tmp_path: Path) -> None:
     with pytest.raises(InventoryError) as e:
         inv.get("b")
     assert "known devices: a" in (e.value.hint or "")
+
+
+def test_an_inventory_that_cannot_be_written_is_an_input_error(tmp_path: Path) -> None:
+    (tmp_path / "config").write_text("a file where the config folder should be")
+    for path in (tmp_path / "config" / "devices.toml", Path("/proc/edgedeploy-devices.toml")):
+        with pytest.raises(InputError, match=f"cannot write inventory {path}"):
+            Inventory.load(path).add(Device(name="a", host="h", profile="t4"))
+    assert (tmp_path / "config").read_text().startswith("a file")

@@ -42,3 +42,12 @@ def test_unknown_profile_lists_known() -> None:
     with pytest.raises(ProfileError) as e:
         get_profile("jetson-nano")
     assert "xavier-agx" in (e.value.hint or "")
+
+
+def test_a_profile_file_that_is_not_utf8_is_an_input_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from edgedeploy.errors import InputError
+
+    (tmp_path / "latin1.toml").write_bytes('name = "caf\xe9"\n'.encode("latin-1"))
+    monkeypatch.setenv("EDGEDEPLOY_PROFILES", str(tmp_path))
+    with pytest.raises(InputError, match="latin1.toml is not UTF-8 text"):
+        all_profiles()

@@ -29,7 +29,7 @@ def wait_for_agent(cli: Cli, dev: Enrolled, timeout: float = 120) -> dict:
     deadline = time.monotonic() + timeout
     facts: dict = {}
     while time.monotonic() < deadline:
-        r = cli("devices", "facts", dev.name, *dev.args())
+        r = cli("devices", "facts", dev.name, "--json", *dev.args())
         assert r.code == 0, r.err
         facts = json.loads(r.out)
         if facts["healthy_release"] and not facts["running"]:

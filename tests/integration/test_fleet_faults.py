@@ -227,7 +227,7 @@ def test_sshd_killed_mid_deploy_recovers_to_the_old_bundle(fleet: NetFleet, mnis
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 3 and "connection lost" in err, err
     dev.sshd.start()
-    r = fleet.cli("devices", "facts", "cam-a", *fleet.args())  # the next contact recovers the device
+    r = fleet.cli("devices", "facts", "cam-a", "--json", *fleet.args())  # the next contact recovers the device
     assert r.code == 0, r.err
     facts = json.loads(r.out)
     old = read_manifest(mnist_bundle).release_name

@@ -26,7 +26,7 @@ def _push_and_wait(cli: Cli, dev: Enrolled, bundle: Path) -> None:
     assert cli("push", dev.name, str(bundle), *dev.args()).code == 0
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
-        facts = json.loads(cli("devices", "facts", dev.name, *dev.args()).out)
+        facts = json.loads(cli("devices", "facts", dev.name, "--json", *dev.args()).out)
         if facts["healthy_release"] and not facts["running"]:
             return
         time.sleep(0.3)

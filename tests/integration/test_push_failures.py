@@ -5,16 +5,23 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
+import threading
+import time
 from pathlib import Path
 
 import paramiko
 import pytest
 
+from edgedeploy.errors import EdgeDeployError
+from edgedeploy.inventory import Inventory
+from edgedeploy.remote.connect import connected
 from edgedeploy_agent.bundle import read_manifest
 from tests.agent.bundles import make_bundle
 from tests.helpers import Cli, agent, assert_one_line_error
-from tests.integration.conftest import Enrolled, add_device
+from tests.integration.conftest import AGENT, Enrolled, add_device
+from tests.integration.netfleet import padded_bundle
 
 pytestmark = pytest.mark.integration
 
@@ -67,7 +74,7 @@ def test_broken_bundle_rolls_back_to_the_previous_one(
     assert_one_line_error(r, 4, "failed its health check")
     assert "rolled back" in r.err and good in r.err
     assert current(device) == good
-    facts = json.loads(cli("devices", "facts", device.name, *device.args()).out)
+    facts = json.loads(cli("devices", "facts", device.name, "--json", *device.args()).out)
     assert facts["current_release"] == good and facts["healthy_release"] == good
 
 
@@ -111,3 +118,46 @@ def test_full_disk_is_detected_before_upload(cli: Cli, sshd, tmp_path: Path, mni
         assert not list((root / "incoming").iterdir())
     finally:
         subprocess.run(["umount", "-l", str(root)])
+
+
+def test_session_killed_while_the_device_stages_leaves_nothing_behind(
+    cli: Cli, device: Enrolled, mnist_bundle: Path, tmp_path: Path
+) -> None:
+    """The deploy dies with its SSH session mid-unpack (SIGKILL: no cleanup runs); the next contact's
+    recovery removes releases/.tmp-<release> and the device stays on its previous release."""
+    push_ok(cli, device, mnist_bundle)
+    old = read_manifest(mnist_bundle).release_name
+    big = padded_bundle(mnist_bundle, tmp_path / "big.edb", 64 << 20, version="9")  # unpacking takes a while
+    upload = device.root / "incoming" / big.name
+    shutil.copyfile(big, upload)  # the device is this machine: as if uploaded
+    inv = Inventory.load(device.inventory)
+    errors: list[Exception] = []
+
+    def deploy_over_ssh() -> None:
+        try:
+            with connected(inv.get(device.name), inv.known_hosts) as t:
+                t.run([AGENT, "--root", str(device.root), "--json", "deploy", str(upload)], timeout=120)
+        except EdgeDeployError as e:  # the session is killed under it
+            errors.append(e)
+
+    session = threading.Thread(target=deploy_over_ssh)
+    session.start()
+    staging = device.root / "releases" / f".tmp-{read_manifest(big).release_name}"
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and session.is_alive():  # bounded wait for the unpack to start
+        if staging.is_dir() and any(staging.iterdir()):
+            break
+        time.sleep(0.005)
+    device.sshd.kill()  # the session and the agent command in it die
+    session.join(timeout=60)
+    assert staging.is_dir(), "the deploy finished before its session could be killed"
+    assert errors and json.loads((device.root / "state.json").read_text())["pending"]["state"] == "staged"
+
+    device.sshd.start()
+    r = cli("devices", "facts", device.name, *device.args())  # the next contact recovers the device
+    assert r.code == 0, r.err
+    assert "current_release" in r.out and old in r.out  # a table without --json
+    assert not staging.exists() and not list((device.root / "releases").glob(".tmp-*"))
+    state = json.loads((device.root / "state.json").read_text())
+    assert state["pending"] is None and state["current"] == old and current(device) == old
+    push_ok(cli, device, mnist_bundle)  # and the device takes the next push

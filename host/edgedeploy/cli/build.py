@@ -15,10 +15,12 @@ from .. import api
 from ..compile.int8_build import Int8Config
 from ..compile.package import ModelCard, card_for, read_labels
 from ..compile.tensorrt_artifacts import TensorRTOptions, parse_batch
-from ..errors import InputError
+from ..errors import InputError, validation_text
 from . import render
 from .int8 import int8_config, int8_summary
-from .options import JsonOpt
+from .options import JsonOpt, bundle_path, in_range
+
+_CARD_HINT = "names and versions: letters, digits, '.', '_', '-' (a version may hold '+'); see edgedeploy build --help"
 
 
 def _floats(text: str | None, what: str) -> list[float] | None:
@@ -45,8 +47,6 @@ def _tensorrt_int8(cfg: Int8Config | None) -> Int8Config:
 
 
 def _tensorrt_options(batch: str | None, workspace_mib: int) -> TensorRTOptions:
-    if workspace_mib < 1:
-        raise InputError(f"--workspace-mib must be positive, got {workspace_mib}")
     return TensorRTOptions(batch=parse_batch(batch or "1"), workspace_mib=workspace_mib)
 
 
@@ -62,11 +62,14 @@ def register(app: typer.Typer) -> None:
         labels: Annotated[Path | None, typer.Option(help="labels file, one per line")] = None,
         color: Annotated[str | None, typer.Option(help="rgb | bgr | gray")] = None,
         resize: Annotated[str | None, typer.Option(help="stretch | center_crop")] = None,
-        crop_fraction: Annotated[float | None, typer.Option(help="center_crop: kept part of the short side")] = None,
+        crop_fraction: Annotated[
+            float | None,
+            typer.Option(help="center_crop: kept part of the short side", callback=in_range(0, 1, low_open=True)),
+        ] = None,
         scale: Annotated[float | None, typer.Option(help="multiply pixels (0..255) by this first")] = None,
         mean: Annotated[str | None, typer.Option(help="per-channel mean, e.g. 127.5,127.5,127.5")] = None,
         std: Annotated[str | None, typer.Option(help="per-channel std")] = None,
-        top_k: Annotated[int | None, typer.Option(help="predictions to report per frame")] = None,
+        top_k: Annotated[int | None, typer.Option(help="predictions to report per frame", callback=in_range(1))] = None,
         softmax: Annotated[bool | None, typer.Option("--softmax/--no-softmax", help="outputs are logits")] = None,
         label_offset: Annotated[int | None, typer.Option(help="output index minus this = label index")] = None,
         precision: Annotated[str, typer.Option(help="fp32 | fp16 (GPU profiles) | int8 (same as --int8)")] = "fp32",
@@ -79,12 +82,15 @@ def register(app: typer.Typer) -> None:
             Path | None, typer.Option(help="calibration data: image folder, video file or .npy batches")
         ] = None,
         method: Annotated[str, typer.Option(help="calibration: minmax | entropy | percentile")] = "minmax",
-        percentile: Annotated[float, typer.Option(help="percentile method: the kept percentile")] = 99.999,
+        percentile: Annotated[
+            float,
+            typer.Option(help="percentile method: the kept percentile", callback=in_range(0, 100, low_open=True)),
+        ] = 99.999,
         per_channel: Annotated[bool, typer.Option("--per-channel/--per-tensor", help="weight scales")] = True,
         symmetric: Annotated[
             bool, typer.Option("--symmetric", help="symmetric INT8 activations, zero point 0 (TensorRT)")
         ] = False,
-        samples: Annotated[int, typer.Option(help="calibration samples")] = 128,
+        samples: Annotated[int, typer.Option(help="calibration samples", callback=in_range(1))] = 128,
         keep_float: Annotated[
             list[str] | None,
             typer.Option(help="layer name, glob or preset (first, last, first-last) to keep in float; repeatable"),
@@ -99,10 +105,13 @@ def register(app: typer.Typer) -> None:
         eval_data: Annotated[
             Path | None, typer.Option("--eval", help="labeled images to measure FP32 vs INT8 top-1 on")
         ] = None,
-        eval_limit: Annotated[int | None, typer.Option(help="use at most this many evaluation images")] = None,
+        eval_limit: Annotated[
+            int | None, typer.Option(help="use at most this many evaluation images", callback=in_range(1))
+        ] = None,
         synsets: Annotated[Path | None, typer.Option(help="wnid list in class order (ImageNet-style folders)")] = None,
         max_top1_drop: Annotated[
-            float | None, typer.Option(help="fail the build when INT8 top-1 drops more points than this")
+            float | None,
+            typer.Option(help="fail the build when INT8 top-1 drops more points than this", callback=in_range(0, 100)),
         ] = None,
         auto_fallback: Annotated[
             bool, typer.Option("--auto-fallback", help="on a failed gate keep the most sensitive layers in float")
@@ -114,7 +123,9 @@ def register(app: typer.Typer) -> None:
             str | None,
             typer.Option(help="TVM: the static batch N the library is compiled for; tensorrt: MIN:OPT:MAX"),
         ] = None,
-        workspace_mib: Annotated[int, typer.Option(help="tensorrt: builder workspace limit in MiB")] = 1024,
+        workspace_mib: Annotated[
+            int, typer.Option(help="tensorrt: builder workspace limit in MiB", callback=in_range(1))
+        ] = 1024,
         json_: JsonOpt = False,
     ) -> None:
         """Compile a model for a device profile and write a bundle (INT8 with --int8 --calibration)."""
@@ -176,9 +187,8 @@ def register(app: typer.Typer) -> None:
                 }
             )
         except ValidationError as e:
-            err = e.errors()[0]
-            raise InputError(f"{'.'.join(map(str, err['loc']))}: {err['msg']}") from None
-        target = out or model.with_suffix(f".{profile}.edb")
+            raise InputError(validation_text(e), hint=_CARD_HINT) from None
+        target = bundle_path(out or model.with_suffix(f".{profile}.edb"))
         t = time.perf_counter()
         with render.steps(f"build {model.name} for {profile}") as step:
             if runtime == "tensorrt":

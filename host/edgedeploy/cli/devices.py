@@ -8,7 +8,7 @@ import typer
 from pydantic import ValidationError
 
 from .. import api
-from ..errors import InputError
+from ..errors import InputError, validation_text
 from ..inventory import Device, Inventory
 from ..profiles import get_profile
 from . import render
@@ -56,8 +56,7 @@ def add(
             }
         )
     except ValidationError as e:
-        err = e.errors()[0]
-        raise InputError(f"{'.'.join(map(str, err['loc']))}: {err['msg']}") from None
+        raise InputError(validation_text(e)) from None
     inv = Inventory.load(inventory)
     inv.add(dev, replace=replace)
     render.info(f"added {name} ({dev.address}, {profile}) to {inv.path}; next: edgedeploy devices enroll {name}")
@@ -117,7 +116,10 @@ def enroll(
 
 
 @app.command()
-def facts(name: str, inventory: InventoryOpt = None) -> None:
-    """What the device's agent reports about itself."""
+def facts(name: str, inventory: InventoryOpt = None, json_: JsonOpt = False) -> None:
+    """What the device's agent reports about itself (and recovers an interrupted deploy)."""
     f = api.facts(Inventory.load(inventory), name)
-    render.print_json(f.__dict__)
+    if json_:
+        render.print_json(f.__dict__)
+        return
+    render.table(name, ["fact", "value"], [[k, "-" if v in (None, ()) else v] for k, v in f.__dict__.items()])

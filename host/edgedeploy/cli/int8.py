@@ -15,7 +15,7 @@ from ..compile.package import card_for
 from ..compile.quantize import Method, QuantizeOptions
 from ..errors import InputError
 from . import render
-from .options import JsonOpt
+from .options import JsonOpt, in_range
 
 
 def int8_config(
@@ -45,8 +45,6 @@ def int8_config(
         raise InputError("--int8 needs --calibration (an image folder, a video file or .npy batches)")
     if method not in get_args(Method):
         raise InputError(f"unknown calibration method {method!r}", hint=f"choose one of {', '.join(get_args(Method))}")
-    if not 0 < percentile <= 100:
-        raise InputError(f"--percentile must be in (0, 100], got {percentile}")
     if (max_top1_drop is not None or auto_fallback) and eval_data is None:
         raise InputError("--max-top1-drop and --auto-fallback need --eval DIR (labeled images)")
     if auto_fallback and max_top1_drop is None:
@@ -96,7 +94,7 @@ def register(app: typer.Typer) -> None:
         split: Annotated[
             str, typer.Option(help="auto | all | calibration | evaluation (auto: skip the calibration half)")
         ] = "auto",
-        limit: Annotated[int | None, typer.Option(help="use at most this many images")] = None,
+        limit: Annotated[int | None, typer.Option(help="use at most this many images", callback=in_range(1))] = None,
         synsets: Annotated[Path | None, typer.Option(help="wnid list in class order (ImageNet-style folders)")] = None,
         json_: JsonOpt = False,
     ) -> None:

@@ -11,7 +11,7 @@ import typer
 from .. import api, signing
 from ..inventory import Inventory
 from . import render
-from .options import InventoryOpt, JsonOpt
+from .options import POSITIVE, InventoryOpt, JsonOpt, bundle_path, in_range
 
 app = typer.Typer(help="Bundle-signing keys (ed25519) and the keys devices pin.", no_args_is_help=True)
 
@@ -66,13 +66,17 @@ def register(root: typer.Typer) -> None:
         bundle: Annotated[Path, typer.Argument(help="bundle file to sign")],
         key: Annotated[str, typer.Option("--key", "-k", help="signing key name (`edgedeploy keys list`)")],
         out: Annotated[Path | None, typer.Option("--out", "-o", help="signed bundle (default: in place)")] = None,
-        expires_days: Annotated[float, typer.Option("--expires-days", help="the signature's validity")] = 90.0,
-        serial: Annotated[int | None, typer.Option(help="serial (default: higher than any signed here)")] = None,
+        expires_days: Annotated[
+            float, typer.Option("--expires-days", help="the signature's validity", callback=POSITIVE)
+        ] = 90.0,
+        serial: Annotated[
+            int | None, typer.Option(help="serial (default: higher than any signed here)", callback=in_range(1))
+        ] = None,
         json_: JsonOpt = False,
     ) -> None:
         """Give a bundle a new serial and expiry and sign its manifest (a new bundle id)."""
         api.inspect_bundle(bundle)
-        m = signing.sign_bundle(bundle, key, out or bundle, expires_days=expires_days, serial=serial)
+        m = signing.sign_bundle(bundle, key, bundle_path(out or bundle), expires_days=expires_days, serial=serial)
         info = {"bundle": str(out or bundle), "release": m.release_name, "serial": m.serial, "expires": m.expires}
         if json_:
             render.print_json(info)

@@ -5,10 +5,11 @@ from __future__ import annotations
 import datetime as dt
 import sys
 import traceback
+from typing import NoReturn
 
 import typer
 
-from ..errors import EdgeDeployError
+from ..errors import EdgeDeployError, InputError, os_error_text
 from ..paths import state_dir
 from . import agent, build, demo, devices, int8, keys, profiles, push, render, report, rollout, status, tune
 
@@ -45,16 +46,27 @@ def main() -> None:
     except KeyboardInterrupt:
         render.error("interrupted")
         sys.exit(130)
-    except Exception as e:  # the last resort: one line, the details in a log file
-        log = state_dir() / "logs" / "last-error.log"
-        try:
-            log.parent.mkdir(parents=True, exist_ok=True)
-            log.write_text(f"{dt.datetime.now().isoformat()} {' '.join(sys.argv)}\n{traceback.format_exc()}")
-            where = f"details in {log}"
-        except OSError:
-            where = "could not write a debug log"
-        render.error(f"internal error: {type(e).__name__}: {e}", f"{where}; please report it")
-        sys.exit(EXIT_INTERNAL)
+    except OSError as e:
+        if e.filename is None:  # not about a path the user named: a bug or the system, below
+            _internal(e)
+        # a folder that is a file, a path that cannot be written, a full disk: the user can fix it
+        render.error(os_error_text(e), "check the path, its parent folders and their permissions")
+        sys.exit(InputError.exit_code)
+    except Exception as e:
+        _internal(e)
+
+
+def _internal(e: Exception) -> NoReturn:
+    """The last resort: one line, the details in a log file."""
+    log = state_dir() / "logs" / "last-error.log"
+    try:
+        log.parent.mkdir(parents=True, exist_ok=True)
+        log.write_text(f"{dt.datetime.now().isoformat()} {' '.join(sys.argv)}\n{traceback.format_exc()}")
+        where = f"details in {log}"
+    except OSError:
+        where = "could not write a debug log"
+    render.error(f"internal error: {type(e).__name__}: {e}", f"{where}; please report it")
+    sys.exit(EXIT_INTERNAL)
 
 
 if __name__ == "__main__":

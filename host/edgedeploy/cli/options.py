@@ -1,11 +1,59 @@
-"""Options shared by several commands."""
+"""Options shared by several commands, and the range check every numeric option goes through."""
 
 from __future__ import annotations
 
+import math
+import os
+from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, TypeVar
 
 import typer
+
+from ..errors import InputError
+
+N = TypeVar("N", int, float)
+
+
+def in_range(
+    low: float | None = None, high: float | None = None, low_open: bool = False
+) -> Callable[[typer.Context, typer.CallbackParam, N | None], N | None]:
+    """A typer callback that refuses, while the command line is parsed (before anything moves), a value
+    below `low` (or equal to it when `low_open`), above `high`, NaN or infinite: one line, exit 2."""
+    if low is not None and high is not None:
+        wanted = f"between {low:g} and {high:g}" + (f" (not {low:g})" if low_open else "")
+    elif low is not None:
+        wanted = f"greater than {low:g}" if low_open else f"at least {low:g}"
+    else:
+        wanted = f"at most {high:g}"
+
+    def check(ctx: typer.Context, param: typer.CallbackParam, value: N | None) -> N | None:
+        if value is None:
+            return None
+        below = low is not None and (value < low or (low_open and value == low))
+        if not math.isfinite(value) or below or (high is not None and value > high):
+            raise InputError(f"{param.opts[0]} must be {wanted}, got {value}", hint=f"see {ctx.command_path} --help")
+        return value
+
+    return check
+
+
+POSITIVE = in_range(0, low_open=True)
+
+
+def bundle_path(out: Path) -> Path:
+    """Refuse an -o the bundle cannot be written to, before any work is done."""
+    if out.is_dir():
+        raise InputError(f"-o {out} is a folder", hint=f"name the bundle file, e.g. {out / 'model.edb'}")
+    folder = out.parent
+    while not folder.exists():  # missing folders are created when the bundle is written
+        folder = folder.parent
+    if not folder.is_dir():
+        raise InputError(f"-o {out}: {folder} is a file, not a folder", hint="choose another bundle path")
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise InputError(f"-o {out}: cannot write into {folder}", hint="choose a folder you can write to")
+    return out
+
 
 InventoryOpt = Annotated[
     Path | None,
@@ -19,13 +67,27 @@ InventoryOpt = Annotated[
 JsonOpt = Annotated[bool, typer.Option("--json", help="print JSON for scripts")]
 
 # health objectives checked on the device after activation (any miss rolls the device back)
-TimeoutOpt = Annotated[float, typer.Option(help="seconds to wait for the agent to report healthy")]
+TimeoutOpt = Annotated[float, typer.Option(help="seconds to wait for the agent to report healthy", callback=POSITIVE)]
 MinInferencesOpt = Annotated[
-    int, typer.Option("--min-inferences", help="successful inferences required after ready (0: ready is enough)")
+    int,
+    typer.Option(
+        "--min-inferences", help="successful inferences required after ready (0: ready is enough)", callback=in_range(0)
+    ),
 ]
-MaxP95Opt = Annotated[float | None, typer.Option("--max-p95-ms", help="health objective: inference p95 latency")]
-MinFpsOpt = Annotated[float | None, typer.Option("--min-fps", help="health objective: frames per second")]
-ConnectTimeoutOpt = Annotated[float, typer.Option("--connect-timeout", help="seconds to wait for SSH to connect")]
+MaxP95Opt = Annotated[
+    float | None, typer.Option("--max-p95-ms", help="health objective: inference p95 latency", callback=POSITIVE)
+]
+MinFpsOpt = Annotated[
+    float | None, typer.Option("--min-fps", help="health objective: frames per second", callback=POSITIVE)
+]
+ConnectTimeoutOpt = Annotated[
+    float, typer.Option("--connect-timeout", help="seconds to wait for SSH to connect", callback=POSITIVE)
+]
 IoTimeoutOpt = Annotated[
-    float, typer.Option("--io-timeout", help="seconds an upload may stall before it is given up (it resumes later)")
+    float,
+    typer.Option(
+        "--io-timeout",
+        help="seconds an upload may stall before it is given up (it resumes later)",
+        callback=POSITIVE,
+    ),
 ]

@@ -15,6 +15,7 @@ from ..remote.execute import HealthPolicy
 from ..remote.rollout_runner import Network
 from . import render
 from .options import (
+    POSITIVE,
     ConnectTimeoutOpt,
     InventoryOpt,
     IoTimeoutOpt,
@@ -42,7 +43,9 @@ def register(app: typer.Typer) -> None:
         prebuild: Annotated[
             bool, typer.Option("--prebuild", help="TensorRT: the health check waits for the engine build")
         ] = False,
-        build_timeout: Annotated[float, typer.Option(help="--prebuild: seconds allowed for the engine build")] = 1800.0,
+        build_timeout: Annotated[
+            float, typer.Option(help="--prebuild: seconds allowed for the engine build", callback=POSITIVE)
+        ] = 1800.0,
         inventory: InventoryOpt = None,
         json_: JsonOpt = False,
     ) -> None:
@@ -87,7 +90,7 @@ def register(app: typer.Typer) -> None:
     def rollback(
         device: Annotated[str | None, typer.Argument(help="device name (or --group)")] = None,
         group: Annotated[str | None, typer.Option("--group", help="every device with this tag")] = None,
-        timeout: float = 60.0,
+        timeout: TimeoutOpt = 60.0,
         inventory: InventoryOpt = None,
         json_: JsonOpt = False,
     ) -> None:

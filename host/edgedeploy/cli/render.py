@@ -9,6 +9,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
 from rich.table import Table
 
@@ -24,9 +25,10 @@ def print_json(data: Any) -> None:
 
 
 def error(message: str, hint: str | None = None) -> None:
-    err.print(f"[bold red]error:[/] {message}", markup=True)
+    # escaped: a message may quote user text or name a TOML table like [devices.NAME]
+    err.print(f"[bold red]error:[/] {escape(message)}", markup=True)
     if hint:
-        err.print(f"[dim]hint:[/] {hint}", markup=True)
+        err.print(f"[dim]hint:[/] {escape(hint)}", markup=True)
 
 
 def info(message: str) -> None:

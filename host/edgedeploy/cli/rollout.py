@@ -24,6 +24,7 @@ from .options import (
     MinFpsOpt,
     MinInferencesOpt,
     TimeoutOpt,
+    in_range,
 )
 
 
@@ -60,10 +61,14 @@ def register(app: typer.Typer) -> None:
         bundle: Annotated[Path | None, typer.Argument(help="bundle file (not with --resume)")] = None,
         group: Annotated[str | None, typer.Option("--group", help="every device with this tag")] = None,
         devices: Annotated[str | None, typer.Option("--devices", help="comma-separated device names")] = None,
-        canary: Annotated[int, typer.Option(help="devices updated first; any failure among them halts")] = 1,
+        canary: Annotated[
+            int, typer.Option(help="devices updated first; any failure among them halts", callback=in_range(0))
+        ] = 1,
         wave: Annotated[str | None, typer.Option(help="devices per wave after the canary: N or P%")] = None,
         max_fail: Annotated[str, typer.Option("--max-fail", help="halt once more than P% of devices failed")] = "0%",
-        concurrency: Annotated[int, typer.Option(help="devices updated at once within a wave")] = 4,
+        concurrency: Annotated[
+            int, typer.Option(help="devices updated at once within a wave", callback=in_range(1))
+        ] = 4,
         dry_run: Annotated[bool, typer.Option("--dry-run", help="print the plan from the devices' state")] = False,
         resume: Annotated[bool, typer.Option("--resume", help="continue the newest (or --id) rollout")] = False,
         show_: Annotated[bool, typer.Option("--show", help="print the newest (or --id) recorded rollout")] = False,

@@ -12,14 +12,16 @@ from .. import api
 from ..compile.tuning import TuneRequest, database_dir, parse_tracker, tuning_key, user_root
 from ..errors import InputError
 from . import render
-from .options import JsonOpt
+from .options import JsonOpt, in_range
 
 
 def register(app: typer.Typer) -> None:
     @app.command()
     def tune(
         bundle: Annotated[Path | None, typer.Argument(help="a TVM bundle from `edgedeploy build`")] = None,
-        trials: Annotated[int, typer.Option(help="measured candidates in all (MetaSchedule spreads them)")] = 200,
+        trials: Annotated[
+            int, typer.Option(help="measured candidates in all (MetaSchedule spreads them)", callback=in_range(1))
+        ] = 200,
         tracker: Annotated[
             str | None, typer.Option(help="HOST:PORT of a TVM RPC tracker; devices registered there measure")
         ] = None,
@@ -36,7 +38,11 @@ def register(app: typer.Typer) -> None:
         ] = None,
         cost_model: Annotated[str, typer.Option(help="xgb | random")] = "xgb",
         tasks: Annotated[
-            int, typer.Option(help="only N kernels (measured here: the costliest; else most FLOPs x calls); 0: all")
+            int,
+            typer.Option(
+                help="only N kernels (measured here: the costliest; else most FLOPs x calls); 0: all",
+                callback=in_range(0),
+            ),
         ] = 0,
         json_: JsonOpt = False,
     ) -> None:
@@ -54,8 +60,6 @@ def register(app: typer.Typer) -> None:
             return
         if bundle is None:
             raise InputError("name a bundle to tune, or --import DIR")
-        if trials < 1 or tasks < 0:
-            raise InputError(f"--trials must be positive and --tasks not negative, got {trials} and {tasks}")
         if cost_model not in ("xgb", "random"):
             raise InputError(f"unknown --cost-model {cost_model!r}", hint="choose xgb or random")
         if tracker and export:

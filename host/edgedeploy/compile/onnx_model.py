@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import hashlib
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
 import onnx
 
-from edgedeploy_agent.bundle import TensorSpec
+from edgedeploy_agent.bundle import Preprocess, TensorSpec
+from edgedeploy_agent.preprocess import input_hw
 
-from ..errors import ModelError
+from ..errors import InputError, ModelError
 
 _ONNX_DTYPES = {1: "float32", 2: "uint8", 3: "int8", 6: "int32", 7: "int64", 10: "float16", 11: "float64"}
 
@@ -65,3 +67,35 @@ def load_onnx(path: Path, batch: int = 1) -> OnnxModel:
     if not inputs:
         raise ModelError(f"{path}: the model has no inputs")
     return OnnxModel(path=path, proto=proto, sha256=hashlib.sha256(data).hexdigest(), inputs=inputs)
+
+
+COLOR_CHANNELS = {"gray": 1, "rgb": 3, "bgr": 3}
+
+
+def check_preprocess(model: OnnxModel, pp: Preprocess) -> None:
+    """Refuse, before anything is compiled or written, preprocessing that cannot feed the model's image
+    input (the device would only find out in its health check): channels, colour, finite non-zero numbers."""
+    hint = "set them with --color, --scale, --mean, --std or in the model card's preprocess table"
+    if not all(math.isfinite(v) for v in [pp.scale, *pp.mean, *pp.std]):
+        raise InputError("preprocess scale, mean and std must be finite numbers", hint=hint)
+    if pp.scale == 0 or 0 in pp.std:
+        raise InputError("preprocess scale and std must not be 0 (they scale every pixel)", hint=hint)
+    spec = model.inputs[0]
+    if len(spec.shape) != 4 or spec.layout is None:
+        return  # not an image tensor: there are no channels to match
+    channels = input_hw(spec)[2]
+    where = f"input {spec.name} of {model.path.name} has {_channels(channels)}"
+    if COLOR_CHANNELS[pp.color] != channels:
+        raise InputError(
+            f"preprocess color {pp.color} gives {_channels(COLOR_CHANNELS[pp.color])}, but {where}", hint=hint
+        )
+    for what, values in (("mean", pp.mean), ("std", pp.std)):
+        if len(values) not in (1, channels):
+            raise InputError(
+                f"preprocess {what} has {len(values)} values, but {where}",
+                hint=f"give one value for every channel or {channels}; {hint}",
+            )
+
+
+def _channels(n: int) -> str:
+    return f"{n} channel" + ("s" if n != 1 else "")

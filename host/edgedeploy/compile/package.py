@@ -18,6 +18,8 @@ import tomllib
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from edgedeploy_agent.bundle import (
+    MODEL_NAME_PATTERN,
+    MODEL_VERSION_PATTERN,
     HealthSpec,
     Manifest,
     ModelInfo,
@@ -31,12 +33,13 @@ from edgedeploy_agent.bundle import (
 )
 
 from .. import __version__
-from ..errors import InputError
+from ..errors import InputError, validation_text
 from ..paths import cache_dir, config_dir
 from ..profiles import DeviceProfile
+from ..userfiles import read_text
 from .cuda_toolchain import resolve_toolchain
 from .cuda_worker import run_cuda_build
-from .onnx_model import OnnxModel, load_onnx
+from .onnx_model import OnnxModel, check_preprocess, load_onnx
 from .pipeline import PIPELINE_REVISION, BuildContext, pipeline_for, run_pipeline
 from .tuning import TuneRequest, find_database, tuning_key
 
@@ -49,8 +52,8 @@ class ModelCard(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    name: str | None = None
-    version: str = "1"
+    name: str | None = Field(default=None, pattern=MODEL_NAME_PATTERN)  # checked here, not after the compile
+    version: str = Field(default="1", pattern=MODEL_VERSION_PATTERN)
     description: str = ""
     source_sha256: str | None = Field(default=None, description="sha256 of the model file the card describes")
     labels: list[str] | None = None
@@ -62,16 +65,13 @@ class ModelCard(BaseModel):
 
 def load_card(path: Path) -> ModelCard:
     try:
-        data = tomllib.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise InputError(f"model card {path} does not exist") from None
+        data = tomllib.loads(read_text(path, "model card"))
     except tomllib.TOMLDecodeError as e:
         raise InputError(f"model card {path} is not valid TOML: {e}") from None
     try:
         card = ModelCard.model_validate(data)
     except ValidationError as e:
-        err = e.errors()[0]
-        raise InputError(f"model card {path}: {'.'.join(map(str, err['loc']))}: {err['msg']}") from None
+        raise InputError(f"model card {path}: {validation_text(e)}") from None
     if card.labels_file:
         card = card.model_copy(update={"labels": read_labels(path.parent / card.labels_file), "labels_file": None})
     return card
@@ -106,10 +106,7 @@ def card_for(model: Path, card: Path | None) -> tuple[ModelCard, Path | None]:
 
 
 def read_labels(path: Path) -> list[str]:
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except OSError as e:
-        raise InputError(f"cannot read labels file {path}: {e.strerror}") from None
+    lines = read_text(path, "labels file").splitlines()
     while lines and not lines[-1].strip():
         lines.pop()
     if not lines:
@@ -140,6 +137,7 @@ def build_bundle(
     """Compile `model_path` for `profile` and write a bundle to `out` (INT8 when `int8` is given)."""
     progress("load-model")
     model = load_onnx(model_path, batch=batch)
+    check_preprocess(model, card.preprocess)
     name = card.name or _default_name(model_path)
     if int8 is not None:
         precision = "int8"
@@ -414,7 +412,7 @@ def card_manifest(
 
 
 def _default_name(path: Path) -> str:
-    stem = "".join(c if c.isalnum() or c in "._-" else "-" for c in path.stem)
+    stem = "".join(c if (c.isascii() and c.isalnum()) or c in "._-" else "-" for c in path.stem)
     return stem.lstrip("._-")[:64] or "model"
 
 

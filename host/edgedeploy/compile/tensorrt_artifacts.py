@@ -45,7 +45,7 @@ from .. import __version__
 from ..errors import InputError, ModelError
 from ..profiles import DeviceProfile
 from .int8_build import Int8Config, calibration_inputs
-from .onnx_model import OnnxModel, load_onnx
+from .onnx_model import OnnxModel, check_preprocess, load_onnx
 from .package import BuildResult, ModelCard, _default_name, card_manifest, profile_target, write_labels
 from .qdq_reference import reference_outputs
 from .quantize import tensorrt_qdq
@@ -130,6 +130,7 @@ def build_tensorrt_bundle(
         raise InputError(f"--runtime tensorrt needs a CUDA profile, {profile.name} is {profile.device}")
     progress("load-model")
     model = load_onnx(model_path)
+    check_preprocess(model, card.preprocess)
     timings: dict[str, float] = {}
     t = time.perf_counter()
     progress("calibration-data")

@@ -6,6 +6,7 @@ run changes nothing.
 from __future__ import annotations
 
 import hashlib
+import re
 import shlex
 import zipfile
 from collections.abc import Callable
@@ -15,7 +16,7 @@ from typing import Any
 
 from edgedeploy_agent.unit import UNIT_NAME, render_unit
 
-from ..errors import DeviceError
+from ..errors import DeviceError, InputError
 from ..inventory import Device
 from .transport import Transport
 
@@ -23,6 +24,7 @@ UNIT_PATH = f"/etc/systemd/system/{UNIT_NAME}"
 STAMP = ".edgedeploy-install"
 
 SUDOERS_PATH = "/etc/sudoers.d/edgedeploy"
+_PORTABLE_USER = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,31}")
 # Arguments arrive as $1..$8 (never spliced into the script text).
 PROBE = r"""
 py=$1; venv=$2; root=$3; user=$4; unit=$5; stamp=$6; login=$7; sudoers=$8
@@ -112,6 +114,14 @@ class InstallSpec:
 
     def sudoers_text(self) -> str:
         """Lets the deploying login restart/stop/start the agent's unit, and nothing else."""
+        # sudoers(5) escapes some characters with a backslash, treats '#' and whitespace specially and
+        # differs between sudo versions; a mistake in this file grants root. So the login is refused unless
+        # it is a POSIX portable user name (nothing to escape), and `visudo -cf` checks the file before use.
+        if not _PORTABLE_USER.fullmatch(str(self.login_user)):
+            raise InputError(
+                f"login {self.login_user!r} cannot be written into a sudoers rule safely",
+                hint="use a login made of letters, digits, '_', '.' and '-' (not starting with '-' or '.')",
+            )
         cmds = ", ".join(
             f"{d}/systemctl {verb} {UNIT_NAME}" for d in ("/usr/bin", "/bin") for verb in ("restart", "stop", "start")
         )
@@ -128,9 +138,17 @@ class InstallSpec:
         return h.hexdigest()[:32]
 
     def unit_text(self) -> str:
-        return render_unit(
-            exec_start=f"{self.venv}/bin/edgedeploy-agent --root {self.root} run", user=self.user, root=self.root
-        )
+        try:
+            return render_unit(
+                exec_start=[f"{self.venv}/bin/edgedeploy-agent", "--root", self.root, "run"],
+                user=self.user,
+                root=self.root,
+            )
+        except ValueError as e:
+            raise InputError(
+                f"cannot write the systemd unit: {e}",
+                hint="choose --venv and the device's --root without control characters, quotes, backslashes or '$'",
+            ) from None
 
 
 @dataclass(frozen=True)
