@@ -5,12 +5,15 @@
 #
 #   bash bench/gpu_bench.sh KIT OUT [MODELS] [BATCHES] [more gpu_vs_torch.py options]
 #
-# Carry: KIT only (e.g. ".gpu", < 60 MiB; the repo's tracked files travel anyway). With the device tool
-# (kind nvidia-h200, carry [".gpu"], timeout_s 600), three calls, back to back so the machine stays warm
-# (inductor's cache in /tmp then serves the later calls):
-#   bash bench/gpu_bench.sh .gpu $OUT resnet18 1
-#   bash bench/gpu_bench.sh .gpu $OUT resnet18 64
-#   bash bench/gpu_bench.sh .gpu $OUT mobilenet_v1_0.25_224 1,64
+# Carry (the repo's tracked files travel anyway): the kit's common part and ONE model's bundles, < 60 MiB:
+#   RESNET = [".gpu/wheels", ".gpu/lib", ".gpu/models", ".gpu/images", ".gpu/KIT.json", ".gpu/bundles/resnet18"]
+#   MOBILE = [".gpu/wheels", ".gpu/lib", ".gpu/models", ".gpu/images", ".gpu/KIT.json",
+#             ".gpu/bundles/mobilenet_v1_0.25_224"]
+# With the device tool (kind nvidia-h200, timeout_s 600), three calls, back to back so that the machine
+# stays warm (inductor's cache in /tmp then serves the later calls):
+#   carry RESNET: bash bench/gpu_bench.sh .gpu $OUT resnet18 1
+#   carry RESNET: bash bench/gpu_bench.sh .gpu $OUT resnet18 64
+#   carry MOBILE: bash bench/gpu_bench.sh .gpu $OUT mobilenet_v1_0.25_224 1,64
 # Each should take 3-6 minutes (not yet measured: most of it is torch.compile, max-autotune the longest);
 # gpu_vs_torch.py starts no compile after --deadline-s 450 less its reserve (printed as skipped; timing and
 # energy take ~1 min after the last compile), so a call ends before
@@ -31,7 +34,7 @@ run=/tmp/kit
 mkdir -p "$run/lib" "$run/models"
 cp "$kit"/lib/* "$run/lib/"
 cp "$kit"/models/*.onnx "$run/models/"
-for gz in "$kit"/models/*.onnx.gz; do gunzip -c "$gz" >"$run/models/$(basename "$gz" .gz)"; done
+for gz in "$kit"/models/*.onnx.gz; do [ -e "$gz" ] || continue; gunzip -c "$gz" >"$run/models/$(basename "$gz" .gz)"; done
 ln -sfn "$kit/bundles" "$run/bundles"
 ln -sfn "$kit/images" "$run/images"
 cp "$kit/KIT.json" "$run/" 2>/dev/null || true

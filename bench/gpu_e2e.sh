@@ -16,7 +16,7 @@ echo "== 1. the agent on a video (process mode, runtime-only TVM, CUDA)"
 root=/tmp/agent-root
 agent() { python3 -m edgedeploy_agent --root "$root" --json "$@"; }
 agent init --service process --tvm-runtime-lib "$TVM_RUNTIME_LIB" --source "file:$kit/images/video.mp4" --report-interval 60 >/dev/null
-cp "$kit/bundles/mobilenet_v1_0.25_224.fp32.bs1.edb" "$root/incoming/b.edb"
+cp "$kit/bundles/mobilenet_v1_0.25_224/mobilenet_v1_0.25_224.fp32.bs1.edb" "$root/incoming/b.edb"
 agent deploy "$root/incoming/b.edb" --timeout 300 | tee "$out/deploy.json"
 for _ in $(seq 1 300); do
   state=$(python3 -c "import json; print(json.load(open('$root/run/health.json'))['state'])")

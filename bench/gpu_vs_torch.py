@@ -5,7 +5,7 @@ Runs on the GPU machine (bench/gpu_bench.sh calls it with a kit from bench/gpu_k
     python bench/gpu_vs_torch.py --kit KIT --json OUT/gpu_vs_torch.json [--models resnet18,...] [--batches 1,64]
 
 What is measured, per model (KIT/models/<stem>.onnx) and batch size:
-  edgedeploy fp32|fp16|int8   KIT/bundles/<stem>.<precision>.bs<batch>.edb, unpacked with the agent's
+  edgedeploy fp32|fp16|int8   KIT/bundles/<stem>/<stem>.<precision>.bs<batch>.edb, unpacked with the agent's
                               extract_bundle and opened with its load_runtime (agent/edgedeploy_agent/runtime/),
                               exactly as a device opens it: TVM runtime only, no compiler in the process.
                               A bundle that is missing is skipped with the reason; one that was built
@@ -170,7 +170,7 @@ def bundle_case(path: Path, prec: str, batch: int, onnx_sha: str, lib: str, x: n
     m = read_manifest(path)
     facts = {
         "bundle": path.name,
-        "bundle_id": m.id,
+        "bundle_id": m.bundle_id,
         "profile": m.profile,
         "precision": m.quantization.precision,
         "input_shape": m.inputs[0].shape,
@@ -319,14 +319,16 @@ def compare(out: np.ndarray, ref: np.ndarray) -> dict[str, float]:
 # ---------------------------------------------------------------- one model, one batch size
 
 
-def load_inputs(images: Path, bundles: list[Path], batch: int, seed: int) -> tuple[np.ndarray, str]:
-    """A batch of real images through the agent's preprocess (the first bundle's manifest says how)."""
+def load_inputs(images: Path, bundles: list[Path], onnx_sha: str, batch: int, seed: int) -> tuple[np.ndarray, str]:
+    """A batch of real images through the agent's preprocess, as the manifest of the first bundle built
+    from this ONNX file says."""
+    from edgedeploy_agent.bundle import read_manifest
+
     files = sorted(images.glob("*.jpg")) if images.is_dir() else []
-    manifests = [b for b in bundles if b.is_file()]
+    manifests = [b for b in bundles if b.is_file() and read_manifest(b).model.source_sha256 == onnx_sha]
     if files and manifests:
         import cv2
 
-        from edgedeploy_agent.bundle import read_manifest
         from edgedeploy_agent.preprocess import preprocess
 
         m = read_manifest(manifests[0])
@@ -341,8 +343,8 @@ def load_inputs(images: Path, bundles: list[Path], batch: int, seed: int) -> tup
 def run_group(args: argparse.Namespace, gpu: Gpu, idle_w: float | None, stem: str, batch: int) -> dict[str, Any]:
     onnx_path = args.kit / "models" / f"{stem}.onnx"
     onnx_sha = sha256(onnx_path)
-    paths = {p: args.kit / "bundles" / f"{stem}.{p}.bs{batch}.edb" for p in PRECISIONS}
-    x, x_note = load_inputs(args.kit / "images", list(paths.values()), batch, args.seed)
+    paths = {p: args.kit / "bundles" / stem / f"{stem}.{p}.bs{batch}.edb" for p in PRECISIONS}
+    x, x_note = load_inputs(args.kit / "images", list(paths.values()), onnx_sha, batch, args.seed)
     torch._dynamo.reset()  # nothing compiled for another model or batch is reused
     log(f"== {stem} batch {batch}: inputs {x_note}")
     cases: list[Case] = []
@@ -497,7 +499,7 @@ def print_group(g: dict[str, Any], memory_source: str) -> None:
     if tv:
         src = g["torchvision"]["source"]
         print(f"torchvision ({src}) fp32 vs ONNX peer fp32: max rel diff {tv['max_rel_diff']:.1e}")
-    print("checks: " + ("; ".join(g["verdicts"]) if g["verdicts"] else "peer compiled in one graph, outputs agree"))
+    print("checks: " + ("; ".join(g["verdicts"]) if g["verdicts"] else "no MISMATCH, PEER BROKEN or PEER SUSPECT"))
     print(f"(alloc: torch.cuda.max_memory_allocated; dev: device-wide {memory_source} delta over setup)")
 
 
