@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# The GPU path end to end, on the GPU machine (H200, CUDA 13 driver, Python 3.12), from the repo root:
+# The agent end to end on the GPU machine (H200, CUDA 13 driver, Python 3.12), from the repo root:
 #   bash bench/gpu_e2e.sh KIT OUT
-# KIT (prepared on the build host by bench/gpu_kit.sh): wheels/ (apache-tvm-ffi, pydantic for cp312),
-# lib/ (libtvm_runtime.so, libtvm_runtime_cuda.so, libcudart.so.13), bundles/ (h200 bundles),
-# the ONNX model and a video. Writes gpu.txt, deploy.json, reports.json, gpu_vs_torch.{txt,json} to OUT.
+# KIT (prepared on the build host by bench/gpu_kit.sh, with at least mobilenet_v1_0.25_224.fp32.bs1):
+# wheels/, lib/, bundles/, images/video.mp4. Writes gpu.txt, deploy.json, reports.json to OUT.
+# The speed comparison with PyTorch is bench/gpu_bench.sh.
 set -euo pipefail
 kit=$(realpath "$1"); out=$(realpath "$2")
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site "$kit"/wheels/*.whl
@@ -15,8 +15,8 @@ nvidia-smi --query-gpu=name,driver_version,power.draw --format=csv | tee "$out/g
 echo "== 1. the agent on a video (process mode, runtime-only TVM, CUDA)"
 root=/tmp/agent-root
 agent() { python3 -m edgedeploy_agent --root "$root" --json "$@"; }
-agent init --service process --tvm-runtime-lib "$TVM_RUNTIME_LIB" --source "file:$kit/video.mp4" --report-interval 60 >/dev/null
-cp "$kit/bundles/mobilenet_v1_0.25_224.fp32.bs1.edb" "$root/incoming/b.edb"
+agent init --service process --tvm-runtime-lib "$TVM_RUNTIME_LIB" --source "file:$kit/images/video.mp4" --report-interval 60 >/dev/null
+cp "$kit/bundles/mobilenet_v1_0.25_224/mobilenet_v1_0.25_224.fp32.bs1.edb" "$root/incoming/b.edb"
 agent deploy "$root/incoming/b.edb" --timeout 300 | tee "$out/deploy.json"
 for _ in $(seq 1 300); do
   state=$(python3 -c "import json; print(json.load(open('$root/run/health.json'))['state'])")
@@ -27,6 +27,3 @@ echo "agent state: $state"
 agent reports > "$out/reports.json"
 tail -n 5 "$root/logs/agent.log" || true
 
-echo "== 2. speed against PyTorch on the same GPU"
-python3 bench/gpu_vs_torch.py --bundles "$kit/bundles" --model "$kit/mobilenet_v1_0.25_224.onnx" \
-  --json "$out/gpu_vs_torch.json" | tee "$out/gpu_vs_torch.txt"
