@@ -7,7 +7,7 @@ or the QDQ artifact) or the TVM library of a bundle, run through the agent's own
 from __future__ import annotations
 
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,6 +19,7 @@ import onnx
 from edgedeploy_agent.bundle import Manifest, extract_bundle
 from edgedeploy_agent.errors import AgentError
 
+from .build_store import has_file, host_file
 from .datasets import LabeledSet
 from .errors import InputError, ModelError
 
@@ -137,8 +138,10 @@ def evaluate_target(
     split: str = "auto",
     limit: int | None = None,
     synsets: Path | None = None,
+    sources: Sequence[Path] = (),
 ) -> dict[str, Any]:
-    """Accuracy of a bundle (TVM library, FP32 source and QDQ model via onnxruntime) or of an ONNX model."""
+    """Accuracy of a bundle (TVM library, FP32 source and QDQ model via onnxruntime) or of an ONNX model.
+    A bundle's source and QDQ model come from the build store, or `sources` (build_store.host_file)."""
     from .compile.onnx_model import load_onnx
     from .datasets import load_labeled
 
@@ -165,7 +168,7 @@ def evaluate_target(
         labeled = load_labeled(data, manifest.preprocess, manifest.inputs[0], chosen, limit, synsets)  # type: ignore[arg-type]
         offset = manifest.postprocess.label_offset
         tvm = score(TvmBundleClassifier(release, manifest), labeled, offset)
-        fp32 = score(OrtClassifier(release / manifest.artifact("onnx-model").path), labeled, offset)
+        fp32 = score(OrtClassifier(host_file(manifest, "onnx-model", release, sources)), labeled, offset)
         out: dict[str, Any] = {
             "bundle": str(target),
             "precision": q.precision,
@@ -177,8 +180,8 @@ def evaluate_target(
             "top1_drop": round(fp32.top1 - tvm.top1, 2),
             "top1_agreement_fp32_vs_bundle": round(agreement(fp32, tvm), 2),
         }
-        if any(a.role == "qdq-onnx" for a in manifest.artifacts):
-            qdq = score(OrtClassifier(release / manifest.artifact("qdq-onnx").path), labeled, offset)
+        if has_file(manifest, "qdq-onnx"):
+            qdq = score(OrtClassifier(host_file(manifest, "qdq-onnx", release, sources)), labeled, offset)
             out["int8_onnxruntime"] = qdq.as_dict()
             out["top1_agreement_bundle_vs_onnxruntime_int8"] = round(agreement(tvm, qdq), 2)
             out["float_layers"] = q.float_layers

@@ -39,7 +39,11 @@ def test_mnist_int8_bundle_gate_and_eval(cli: Cli, data_dir: Path, tmp_path: Pat
     assert r.code == 0, r.err
     assert "drop" in r.out and "float layers: none" in r.out
     m = read_manifest(out)
-    assert {a.role for a in m.artifacts} == {"tvm-library", "onnx-model", "qdq-onnx"}
+    assert {a.role for a in m.artifacts} == {"tvm-library"}  # source and Q/DQ model stay in the build store
+    assert {h.role: h.name for h in m.host_files} == {
+        "onnx-model": "mnist-8_opset13.onnx",
+        "qdq-onnx": "model.qdq.onnx",
+    }
     q = m.quantization
     assert (q.precision, q.method, q.calibration_samples, q.float_layers, q.float_in_runtime) == (
         "int8", "minmax", 64, [], [],

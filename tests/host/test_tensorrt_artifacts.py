@@ -28,7 +28,8 @@ def test_acceptance_command_writes_qdq_profiles_references_and_no_plan(
     m = json.loads(r.out)
     assert m["target"]["runtime"] == "tensorrt" and m["target"]["device"] == "cuda" and m["target"]["cuda_sm"] == 75
     roles = {a["role"]: a["path"] for a in m["artifacts"]}
-    assert roles == {"qdq-onnx": "model.qdq.onnx", "tensorrt-reference": "reference.npz", "onnx-model": "model.onnx"}
+    assert roles == {"qdq-onnx": "model.qdq.onnx", "tensorrt-reference": "reference.npz"}  # what the device needs
+    assert [h["role"] for h in m["host_files"]] == ["onnx-model"] and m["host_store"]["missing"] == []
     assert not any(a["path"].endswith((".plan", ".engine", ".trt", ".so")) for a in m["artifacts"])
     trt = m["tensorrt"]
     assert trt["onnx"] == "model.qdq.onnx" and trt["precision"] == "int8-qdq"

@@ -15,7 +15,7 @@ from ..compile.package import card_for
 from ..compile.quantize import Method, QuantizeOptions
 from ..errors import InputError
 from . import render
-from .options import JsonOpt
+from .options import JsonOpt, SourceOpt
 
 
 def int8_config(
@@ -98,12 +98,13 @@ def register(app: typer.Typer) -> None:
         ] = "auto",
         limit: Annotated[int | None, typer.Option(help="use at most this many images")] = None,
         synsets: Annotated[Path | None, typer.Option(help="wnid list in class order (ImageNet-style folders)")] = None,
+        source: SourceOpt = None,
         json_: JsonOpt = False,
     ) -> None:
         """Top-1/top-5 on a labeled set; for an INT8 bundle also the agreement with FP32 and onnxruntime INT8."""
         if split not in ("auto", "all", "calibration", "evaluation"):
             raise InputError(f"unknown split {split!r}", hint="choose auto, all, calibration or evaluation")
-        result = api.evaluate(target, data, card_for(target, card)[0], split, limit, synsets)
+        result = api.evaluate(target, data, card_for(target, card)[0], split, limit, synsets, source or ())
         if json_:
             render.print_json(result)
             return

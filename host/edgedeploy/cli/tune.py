@@ -12,7 +12,7 @@ from .. import api
 from ..compile.tuning import TuneRequest, database_dir, parse_tracker, tuning_key, user_root
 from ..errors import InputError
 from . import render
-from .options import JsonOpt
+from .options import JsonOpt, SourceOpt
 
 
 def register(app: typer.Typer) -> None:
@@ -38,6 +38,7 @@ def register(app: typer.Typer) -> None:
         tasks: Annotated[
             int, typer.Option(help="only N kernels (measured here: the costliest; else most FLOPs x calls); 0: all")
         ] = 0,
+        source: SourceOpt = None,
         json_: JsonOpt = False,
     ) -> None:
         """Tune a bundle's kernels; later builds of the same model, profile and precision apply the database.
@@ -85,7 +86,7 @@ def register(app: typer.Typer) -> None:
         )
         t = time.perf_counter()
         with render.steps(f"tune {bundle.name} for {manifest.profile} ({runner})") as step:
-            result = api.tune(bundle, request, step)
+            result = api.tune(bundle, request, step, source or ())
         secs = round(time.perf_counter() - t, 1)
         done, total = len(result.tuned_kernels), result.kernel_count
         if result.exported is not None:

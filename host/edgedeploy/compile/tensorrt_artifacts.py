@@ -5,16 +5,15 @@ has none of them). The bundle carries what the device needs to build, cache and 
   model.qdq.onnx   the symmetric INT8 Q/DQ model from `quantize.tensorrt_qdq` (zero points 0)
   reference.npz    `input:<name>` / `output:<name>`: a few calibration samples and onnxruntime's
                    outputs of the same Q/DQ model on them (the device's acceptance check)
-  model.onnx       the FP32 source, for provenance
 plus `manifest.tensorrt`: optimisation profiles (min/opt/max per input, from `--batch`), workspace,
-builder settings and acceptance tolerances. The bundle carries TensorRT artifacts only (no TVM library).
+builder settings and acceptance tolerances. The bundle carries TensorRT artifacts only (no TVM library);
+the FP32 source stays in the host's build store (`manifest.host_files`, written by `card_manifest`).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import platform
-import shutil
 import tempfile
 import time
 from collections.abc import Callable
@@ -185,8 +184,6 @@ def _write_artifacts(
     with open(files["reference.npz"], "wb") as f:
         # numpy's stub types **kwds as the allow_pickle flag; the arrays are plain float arrays
         np.savez_compressed(f, **arrays)  # type: ignore[arg-type]
-    files["model.onnx"] = work / "model.onnx"
-    shutil.copyfile(model.path, files["model.onnx"])
     write_labels(work, card, files)
     return files
 
