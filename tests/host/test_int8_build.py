@@ -129,7 +129,7 @@ def test_float_exact_accumulation_is_bit_identical_to_int32(data_dir: Path) -> N
 
 
 @pytest.fixture(scope="module")
-def mobilenet_int8(data_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+def mobilenet_int8(data_dir: Path, tmp_path_factory: pytest.TempPathFactory, build_cache: Path) -> Path:
     out = tmp_path_factory.mktemp("mnv1") / "mnv1-int8.edb"
     cfg = Int8Config(
         calibration=data_dir / "imagenet-sample",
@@ -137,7 +137,12 @@ def mobilenet_int8(data_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> 
         eval_data=data_dir / "imagenet-sample",
         eval_limit=64,
     )
-    build(data_dir / "models" / "mobilenet_v1_0.25_224.onnx", "cpu-x86_64", out, load_card(MNV1_CARD), int8=cfg)
+    # a module fixture runs before the autouse `hermetic` one: keep the user's cache and config out here too
+    # (the tests then find the bundle's source and Q/DQ model in the session's build store)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("EDGEDEPLOY_CACHE_DIR", str(build_cache))
+        mp.setenv("EDGEDEPLOY_CONFIG_DIR", str(tmp_path_factory.mktemp("mnv1-config")))
+        build(data_dir / "models" / "mobilenet_v1_0.25_224.onnx", "cpu-x86_64", out, load_card(MNV1_CARD), int8=cfg)
     return out
 
 
