@@ -15,6 +15,7 @@ import cv2
 import numpy as np
 import onnxruntime as ort
 
+from edgedeploy.build_store import host_file
 from edgedeploy_agent.bundle import extract_bundle
 from edgedeploy_agent.preprocess import preprocess
 
@@ -24,7 +25,7 @@ def main(reports_path: str, bundle: str, video: str) -> int:
     preds = {p["frame"]: p["top"] for r in reports for p in r["predictions"]}
     rel = Path(tempfile.mkdtemp()) / "rel"
     m = extract_bundle(Path(bundle), rel)
-    sess = ort.InferenceSession(str(rel / "model.onnx"))
+    sess = ort.InferenceSession(str(host_file(m, "onnx-model", rel)))  # the bundle's source, from the build store
     cap = cv2.VideoCapture(video)
     same, diffs, n = 0, [], 0
     while True:

@@ -4,9 +4,10 @@
 
 The bundles are built (or taken from the build cache) exactly like `edgedeploy build`, so a stored tuning
 database under profiles/tuning/cpu-x86_64/ is applied when there is one; the TVM libraries run through the
-agent's runtime, as on a device. onnxruntime runs the bundle's own FP32 source and QDQ artifact: it is the
-peer a user would pick, measured for speed only. Its INT8 outputs are not a reference (its integer kernels
-depend on the CPU; compile/qdq_reference.py is the exact INT8 reference).
+agent's runtime, as on a device. onnxruntime runs the bundle's own FP32 source and QDQ model (from the host's
+build store, where the build put them): it is the peer a user would pick, measured for speed only. Its INT8
+outputs are not a reference (its integer kernels depend on the CPU; compile/qdq_reference.py is the exact
+INT8 reference).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import numpy as np
 import onnxruntime as ort
 
 from edgedeploy.api import build
+from edgedeploy.build_store import host_file
 from edgedeploy.compile.int8_build import Int8Config
 from edgedeploy.compile.package import load_card
 from edgedeploy.compile.quantize import QuantizeOptions
@@ -72,8 +74,8 @@ def main() -> None:
         tvm_f, tvm_i = TvmRuntime(rel_f, mf), TvmRuntime(rel_i, mi)
         so = ort.SessionOptions()
         so.log_severity_level = 3
-        ort_f = ort.InferenceSession(str(rel_f / mf.artifact("onnx-model").path), so)
-        ort_i = ort.InferenceSession(str(rel_i / mi.artifact("qdq-onnx").path), so)
+        ort_f = ort.InferenceSession(str(host_file(mf, "onnx-model", rel_f)), so)
+        ort_i = ort.InferenceSession(str(host_file(mi, "qdq-onnx", rel_i)), so)
         name = mf.inputs[0].name
         inputs = load_calibration(args.data / data, card.preprocess, mf.inputs[0], 16, "evaluation")
         rows = {

@@ -52,3 +52,17 @@ def assert_one_line_error(r: Ran, code: int | None = None, contains: str = "") -
     errors = [ln for ln in lines if ln.startswith("error:")]
     assert len(errors) == 1, r.err
     assert contains.lower() in errors[0].lower(), r.err
+
+
+def schema1_bundle(bundle: Path, out: Path, host_files: dict[str, Path]) -> Path:
+    """`bundle` as edgedeploy wrote it before host-only files left bundles (schema 1): they ride along as
+    artifacts (`host_files`: role -> file; model.onnx, model.qdq.onnx) and the manifest has no host_files."""
+    from edgedeploy_agent.bundle import describe_artifact, extract_bundle, write_bundle
+
+    unpacked = out.with_name(out.stem + "-files")
+    m = extract_bundle(bundle, unpacked)
+    names = {"onnx-model": "model.onnx", "qdq-onnx": "model.qdq.onnx"}
+    files = {a.path: unpacked / a.path for a in m.artifacts} | {names[r]: p for r, p in host_files.items()}
+    arts = [*m.artifacts, *(describe_artifact(p, r, names[r]) for r, p in host_files.items())]
+    old = m.model_copy(update={"schema_version": 1, "artifacts": sorted(arts, key=lambda a: a.path), "host_files": []})
+    return write_bundle(out, old, files)

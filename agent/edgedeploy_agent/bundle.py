@@ -7,7 +7,11 @@ its sha256 and size, and unpacking checks each byte against them before anything
 Layout of a bundle file:
     manifest.json      canonical JSON (sorted keys, no spaces): the exact bytes a signature covers
     manifest.sig       optional; reserved for signed bundles (ed25519 over manifest.json)
-    <artifacts...>     flat file names listed in manifest.artifacts
+    <artifacts...>     flat file names listed in manifest.artifacts: what the device runs
+
+Files only the host needs (the source model, the Q/DQ model a TVM INT8 library was compiled from) are
+not in the bundle: `manifest.host_files` names them by sha256 in the host's build store. Schema 1
+bundles carried them as artifacts; they still unpack and deploy.
 """
 
 import datetime as _dt
@@ -29,7 +33,8 @@ from .durable import fsync_dir
 from .errors import BundleError, IncompatibleBundle
 from .gpu import CudaDevice, version_tuple
 
-SCHEMA_VERSION = 1
+# 2: host_files (host-only files leave the bundle); 1 manifests still parse
+SCHEMA_VERSION = 2
 MANIFEST_NAME = "manifest.json"
 SIGNATURE_NAME = "manifest.sig"
 BUNDLE_SUFFIX = ".edb"
@@ -100,6 +105,8 @@ class Target(_Model):
 
 
 class Artifact(_Model):
+    """A file in the bundle (schema 1 bundles also carried onnx-model here)."""
+
     path: str
     role: Literal["tvm-library", "onnx-model", "qdq-onnx", "labels", "other", "tensorrt-reference"]
     sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
@@ -108,6 +115,15 @@ class Artifact(_Model):
 
 MODEL_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
 MODEL_VERSION_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9.+_-]{0,31}$"
+
+
+class HostFile(_Model):
+    """A file the bundle was built from that only the host needs; kept in the host's build store by sha256."""
+
+    name: str = Field(description="file name when the bundle was built (informational)")
+    role: Literal["onnx-model", "qdq-onnx"]
+    sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
+    size: int = Field(ge=0)
 
 
 class ModelInfo(_Model):
@@ -191,6 +207,9 @@ class Manifest(_Model):
     quantization: Quantization = Field(default_factory=Quantization)
     provenance: Provenance
     artifacts: list[Artifact]
+    host_files: list[HostFile] = Field(
+        default_factory=list, description="not in the bundle: files in the host's build store (eval, tune, rebuilds)"
+    )
     tensorrt: Optional[TensorRTSettings] = Field(default=None, description="set when target.runtime is tensorrt")
     # Reserved for signed bundles: a monotonically increasing serial and an expiry.
     serial: Optional[int] = None
@@ -198,11 +217,14 @@ class Manifest(_Model):
     health: Optional[HealthSpec] = Field(default=None, description="health objectives; the command line may add")
 
     @model_serializer(mode="wrap")
-    def _omit_unset_health(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
-        # a manifest without objectives serialises exactly as before the field existed: same bundle id
+    def _omit_unset_fields(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        # a manifest without objectives or host files serialises exactly as before those fields existed:
+        # an older bundle unpacked by this agent keeps its bundle id (and its signed bytes)
         data: dict[str, Any] = handler(self)
         if data.get("health") is None:
             data.pop("health", None)
+        if not data.get("host_files"):
+            data.pop("host_files", None)
         return data
 
     def artifact(self, role: str) -> Artifact:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -76,12 +76,15 @@ def build(
     )
 
 
-def tune(bundle: Path, request: TuneRequest, progress: Callable[[str], None] = lambda s: None) -> TuneResult:
-    """Tune the kernels of what `bundle` was built from; the database is applied by later builds."""
+def tune(
+    bundle: Path, request: TuneRequest, progress: Callable[[str], None] = lambda s: None, sources: Sequence[Path] = ()
+) -> TuneResult:
+    """Tune the kernels of what `bundle` was built from (found in the build store, or `sources`); the
+    database is applied by later builds."""
     from .compile.package import tune_model
 
     try:
-        return tune_model(bundle, request, progress)
+        return tune_model(bundle, request, progress, sources)
     except AgentError as e:
         raise InputError(e.message, hint=e.hint) from None
 
@@ -117,11 +120,18 @@ def evaluate(
     split: str = "auto",
     limit: int | None = None,
     synsets: Path | None = None,
+    sources: Sequence[Path] = (),
 ) -> dict[str, Any]:
-    """Top-1/top-5 of a bundle (TVM library vs onnxruntime FP32 and the exact INT8 reference) or of an ONNX model."""
+    """Top-1/top-5 of a bundle (TVM library vs onnxruntime FP32 and the exact INT8 reference) or of an ONNX
+    model. A bundle's source and QDQ model come from the build store, or `sources` (checked by sha256)."""
+    from .build_store import check_given
     from .evaluate import evaluate_target
 
-    return evaluate_target(target, data, card.preprocess, card.postprocess.label_offset, split, limit, synsets)
+    if target.suffix != ".onnx":
+        check_given(inspect_bundle(target), sources)  # before any image is scored
+    elif sources:
+        raise InputError("--source is for bundles; an ONNX model is evaluated as it is")
+    return evaluate_target(target, data, card.preprocess, card.postprocess.label_offset, split, limit, synsets, sources)
 
 
 def inspect_bundle(path: Path) -> Manifest:

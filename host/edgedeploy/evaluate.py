@@ -8,7 +8,7 @@ onnxruntime's CPU-dependent INT8 kernels), or the TVM library of a bundle, run t
 from __future__ import annotations
 
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +20,7 @@ import onnx
 from edgedeploy_agent.bundle import Manifest, extract_bundle
 from edgedeploy_agent.errors import AgentError
 
+from .build_store import has_file, host_file
 from .datasets import LabeledSet
 from .errors import InputError, ModelError
 
@@ -138,9 +139,11 @@ def evaluate_target(
     split: str = "auto",
     limit: int | None = None,
     synsets: Path | None = None,
+    sources: Sequence[Path] = (),
 ) -> dict[str, Any]:
     """Accuracy of a bundle (its TVM library, its FP32 source via onnxruntime and, for INT8, the exact
-    reference of its Q/DQ model) or of an ONNX model."""
+    reference of its Q/DQ model) or of an ONNX model. A bundle's source and QDQ model come from the build
+    store, or `sources` (build_store.host_file)."""
     from .compile.onnx_model import load_onnx
     from .compile.qdq_reference import QdqReference
     from .datasets import load_labeled
@@ -168,7 +171,7 @@ def evaluate_target(
         labeled = load_labeled(data, manifest.preprocess, manifest.inputs[0], chosen, limit, synsets)  # type: ignore[arg-type]
         offset = manifest.postprocess.label_offset
         tvm = score(TvmBundleClassifier(release, manifest), labeled, offset)
-        fp32 = score(OrtClassifier(release / manifest.artifact("onnx-model").path), labeled, offset)
+        fp32 = score(OrtClassifier(host_file(manifest, "onnx-model", release, sources)), labeled, offset)
         out: dict[str, Any] = {
             "bundle": str(target),
             "precision": q.precision,
@@ -180,8 +183,9 @@ def evaluate_target(
             "top1_drop": round(fp32.top1 - tvm.top1, 2),
             "top1_agreement_fp32_vs_bundle": round(agreement(fp32, tvm), 2),
         }
-        if any(a.role == "qdq-onnx" for a in manifest.artifacts):
-            qdq = score(QdqReference(onnx.load(release / manifest.artifact("qdq-onnx").path)), labeled, offset)
+        if has_file(manifest, "qdq-onnx"):
+            qdq_model = onnx.load(host_file(manifest, "qdq-onnx", release, sources))
+            qdq = score(QdqReference(qdq_model), labeled, offset)
             out["int8_reference"] = qdq.as_dict()
             out["top1_agreement_bundle_vs_int8_reference"] = round(agreement(tvm, qdq), 2)
             out["float_layers"] = q.float_layers

@@ -21,3 +21,9 @@ def state_dir() -> Path:
 def cache_dir() -> Path:
     """Build cache: a rebuild of the same inputs is a copy."""
     return Path(os.environ.get("EDGEDEPLOY_CACHE_DIR") or platformdirs.user_cache_dir("edgedeploy"))
+
+
+def build_store_dir() -> Path:
+    """Files only the host needs (source models, Q/DQ models), by sha256. EDGEDEPLOY_STORE_DIR overrides;
+    the default follows the cache folder (EDGEDEPLOY_CACHE_DIR)."""
+    return Path(os.environ.get("EDGEDEPLOY_STORE_DIR") or cache_dir() / "store")

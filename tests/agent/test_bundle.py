@@ -7,7 +7,9 @@ import pytest
 
 from edgedeploy_agent.bundle import (
     MANIFEST_NAME,
+    SCHEMA_VERSION,
     SIGNATURE_NAME,
+    HostFile,
     Manifest,
     check_compatible,
     extract_bundle,
@@ -135,3 +137,23 @@ def test_signature_member_twice_or_late_is_a_bad_bundle(tmp_path: Path) -> None:
         assert e.value.code == "bad-bundle"
         with pytest.raises(BundleError, match="must appear once"):
             verify_bundle(bad)
+
+
+def test_schema_1_manifest_parses_and_keeps_its_bytes() -> None:
+    """A manifest captured from a bundle built before host files left the bundle (b744a8c, mnist-8 FP32,
+    model.onnx inside): this agent reads it and writes back the same bytes, so the bundle id is unchanged."""
+    body = (Path(__file__).parent / "fixtures" / "manifest-schema1-mnist.json").read_bytes()
+    m = Manifest.model_validate_json(body)
+    assert m.schema_version == 1 and m.host_files == []
+    assert {a.role for a in m.artifacts} == {"onnx-model", "tvm-library"}
+    assert m.canonical_bytes() == body
+
+
+def test_host_files_are_listed_but_never_unpacked(tmp_path: Path) -> None:
+    sha = "ab" * 32
+    hf = HostFile(name="model.onnx", role="onnx-model", sha256=sha, size=3)
+    b = make_bundle(tmp_path, host_files=[hf])
+    m = extract_bundle(b, tmp_path / "rel")
+    assert m.schema_version == SCHEMA_VERSION == 2 and m.host_files == [hf]
+    assert sorted(p.name for p in (tmp_path / "rel").iterdir()) == ["labels.txt", "manifest.json", "model.so"]
+    assert json.loads((tmp_path / "rel" / MANIFEST_NAME).read_bytes())["host_files"][0]["sha256"] == sha

@@ -22,7 +22,8 @@ def test_mnist_bundle_runs_like_onnxruntime(data_dir: Path, tmp_path: Path) -> N
     m = res.manifest
     assert (m.inputs[0].name, m.inputs[0].shape, m.inputs[0].layout) == ("Input3", [1, 1, 28, 28], "NCHW")
     assert (m.outputs[0].name, m.outputs[0].shape) == ("Plus214_Output_0", [1, 10])
-    assert {a.role for a in m.artifacts} == {"tvm-library", "onnx-model", "labels"}
+    assert {a.role for a in m.artifacts} == {"tvm-library", "labels"}  # the source stays on the host
+    assert [(h.role, h.name, h.sha256) for h in m.host_files] == [("onnx-model", model.name, m.model.source_sha256)]
     assert m.provenance.tools["tvm"].startswith("0.27") and m.target.runtime_abi == "tvm-ffi-0.1"
     rel = tmp_path / "rel"
     extract_bundle(res.bundle, rel)
@@ -132,7 +133,7 @@ def test_every_bundle_writer_carries_the_card(data_dir: Path, tmp_path: Path) ->
 
     model = load_onnx(data_dir / "models" / "mnist-8_opset13.onnx")
     card = ModelCard(labels=["a", "b"], health=HealthSpec(min_inferences=5), preprocess=Preprocess(color="gray"))
-    files = {"model.onnx": model.path}
+    files: dict[str, Path] = {}
     write_labels(tmp_path, card, files)
     m = card_manifest(
         card, model, "mnist", get_profile("t4"),
@@ -140,4 +141,5 @@ def test_every_bundle_writer_carries_the_card(data_dir: Path, tmp_path: Path) ->
         [], files, Quantization(precision="int8"), Provenance(tools={}, build_host="test"),
     )  # fmt: skip
     assert m.health == HealthSpec(min_inferences=5) and m.labels == "labels.txt"
-    assert m.preprocess.color == "gray" and {a.role for a in m.artifacts} == {"onnx-model", "labels"}
+    assert m.preprocess.color == "gray" and {a.role for a in m.artifacts} == {"labels"}
+    assert [(h.role, h.sha256) for h in m.host_files] == [("onnx-model", model.sha256)]

@@ -93,7 +93,7 @@ def test_int8_on_gpu_computes_with_dp4a(data_dir: Path, tmp_path: Path) -> None:
     card = ModelCard(name="mnist", preprocess=Preprocess(color="gray"))
     res = build(data_dir / "models" / "mnist-8_opset13.onnx", "t4", tmp_path / "i8.edb", card, int8=cfg)
     assert res.manifest.quantization.precision == "int8"
-    assert any(a.role == "qdq-onnx" for a in res.manifest.artifacts)
+    assert any(h.role == "qdq-onnx" for h in res.manifest.host_files)
     rel = tmp_path / "rel"
     extract_bundle(res.bundle, rel)
     [(kind, blob)] = device_blobs((rel / "model.so").read_bytes())

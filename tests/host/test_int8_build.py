@@ -39,7 +39,11 @@ def test_mnist_int8_bundle_gate_and_eval(cli: Cli, data_dir: Path, tmp_path: Pat
     assert r.code == 0, r.err
     assert "drop" in r.out and "float layers: none" in r.out
     m = read_manifest(out)
-    assert {a.role for a in m.artifacts} == {"tvm-library", "onnx-model", "qdq-onnx"}
+    assert {a.role for a in m.artifacts} == {"tvm-library"}  # source and Q/DQ model stay in the build store
+    assert {h.role: h.name for h in m.host_files} == {
+        "onnx-model": "mnist-8_opset13.onnx",
+        "qdq-onnx": "model.qdq.onnx",
+    }
     q = m.quantization
     assert (q.precision, q.method, q.calibration_samples, q.float_layers, q.float_in_runtime) == (
         "int8", "minmax", 64, [], [],
@@ -125,7 +129,7 @@ def test_float_exact_accumulation_is_bit_identical_to_int32(data_dir: Path) -> N
 
 
 @pytest.fixture(scope="module")
-def mobilenet_int8(data_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+def mobilenet_int8(data_dir: Path, tmp_path_factory: pytest.TempPathFactory, build_cache: Path) -> Path:
     out = tmp_path_factory.mktemp("mnv1") / "mnv1-int8.edb"
     cfg = Int8Config(
         calibration=data_dir / "imagenet-sample",
@@ -133,7 +137,12 @@ def mobilenet_int8(data_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> 
         eval_data=data_dir / "imagenet-sample",
         eval_limit=64,
     )
-    build(data_dir / "models" / "mobilenet_v1_0.25_224.onnx", "cpu-x86_64", out, load_card(MNV1_CARD), int8=cfg)
+    # a module fixture runs before the autouse `hermetic` one: keep the user's cache and config out here too
+    # (the tests then find the bundle's source and Q/DQ model in the session's build store)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("EDGEDEPLOY_CACHE_DIR", str(build_cache))
+        mp.setenv("EDGEDEPLOY_CONFIG_DIR", str(tmp_path_factory.mktemp("mnv1-config")))
+        build(data_dir / "models" / "mobilenet_v1_0.25_224.onnx", "cpu-x86_64", out, load_card(MNV1_CARD), int8=cfg)
     return out
 
 

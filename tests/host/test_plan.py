@@ -17,7 +17,7 @@ from tests.agent.bundles import make_bundle
 FACTS = {
     "ok": True,
     "agent_version": "0.1.0",
-    "bundle_schema": 1,
+    "bundle_schema": 2,
     "python": "3.11.7",
     "arch": "x86_64",
     "root": "/tmp/dev",
@@ -60,6 +60,18 @@ def test_plan_noop_when_already_running(manifest) -> None:
     )
     assert all(a.noop for a in plan_push(manifest, 1000, DEV, facts))
     assert not any(a.noop for a in plan_push(manifest, 1000, DEV, facts, force=True))
+
+
+def test_an_agent_of_schema_1_is_asked_to_upgrade_for_a_bundle_with_host_files(tmp_path: Path) -> None:
+    """Schema 2 (host files named in the manifest) is refused before any upload by an agent that reads 1;
+    a schema 1 bundle still goes to it."""
+    new = read_manifest(make_bundle(tmp_path / "new"))
+    old_agent = parse_facts({**FACTS, "bundle_schema": 1})
+    with pytest.raises(DeviceError, match="reads bundle schema 1, bundle is schema 2") as e:
+        plan_push(new, 1000, DEV, old_agent)
+    assert e.value.code == "incompatible-bundle" and e.value.hint == "upgrade the agent"
+    old = read_manifest(make_bundle(tmp_path / "old", schema_version=1))
+    assert [a.kind for a in plan_push(old, 1000, DEV, old_agent)] == ["upload", "deploy"]
 
 
 def test_plan_refusals(manifest) -> None:

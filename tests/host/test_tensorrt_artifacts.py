@@ -30,7 +30,8 @@ def test_acceptance_command_writes_qdq_profiles_references_and_no_plan(
     m = json.loads(r.out)
     assert m["target"]["runtime"] == "tensorrt" and m["target"]["device"] == "cuda" and m["target"]["cuda_sm"] == 75
     roles = {a["role"]: a["path"] for a in m["artifacts"]}
-    assert roles == {"qdq-onnx": "model.qdq.onnx", "tensorrt-reference": "reference.npz", "onnx-model": "model.onnx"}
+    assert roles == {"qdq-onnx": "model.qdq.onnx", "tensorrt-reference": "reference.npz"}  # what the device needs
+    assert [h["role"] for h in m["host_files"]] == ["onnx-model"] and m["host_store"]["missing"] == []
     assert not any(a["path"].endswith((".plan", ".engine", ".trt", ".so")) for a in m["artifacts"])
     trt = m["tensorrt"]
     assert trt["onnx"] == "model.qdq.onnx" and trt["precision"] == "int8-qdq"
@@ -64,7 +65,7 @@ def test_acceptance_command_writes_qdq_profiles_references_and_no_plan(
     assert np.abs(fake_quant - want).max() <= trt["atol"]
     assert np.mean(np.argmax(fake_quant, axis=1) == np.argmax(want, axis=1)) >= trt["min_top1_agreement"]
     # ... and mostly what the FP32 model predicts; the tolerance is the FP32 outputs' distance from them
-    fp32 = ort.InferenceSession(str(rel / "model.onnx")).run(None, {"input": x})[0]
+    fp32 = ort.InferenceSession(str(data_dir / MODEL)).run(None, {"input": x})[0]
     assert np.mean(np.argmax(fp32, axis=1) == np.argmax(want, axis=1)) >= 0.6
     assert trt["atol"] == pytest.approx(np.abs(fp32 - want).max(), abs=1e-6)
     agree = trt["reference_fp32_top1_agreement"]

@@ -19,6 +19,7 @@ import onnxruntime as ort
 import pytest
 
 from edgedeploy.api import build, evaluate
+from edgedeploy.build_store import host_file
 from edgedeploy.compile.int8_build import Int8Config
 from edgedeploy.compile.package import ModelCard, load_card
 from edgedeploy.compile.quantize import QuantizeOptions
@@ -175,7 +176,7 @@ def test_records_not_faster_than_the_default_are_dropped(mnist_bundle: Path, tmp
 
     m = read_manifest(mnist_bundle)
     extract_bundle(mnist_bundle, tmp_path / "rel")
-    proto = onnx.load(tmp_path / "rel" / m.artifact("onnx-model").path)
+    proto = onnx.load(host_file(m, "onnx-model", tmp_path / "rel"))
     target = tuning_target(get_profile("cpu-x86_64"))
     with target:
         mod = tuning_module(from_onnx(proto, shape_dict={m.inputs[0].name: m.inputs[0].shape}))
@@ -235,7 +236,7 @@ def test_tuned_fp32_bundle_uses_the_database_and_matches_onnxruntime(data_dir: P
     assert res.manifest.target.cpu_features and "avx2" in res.manifest.target.cpu_features
     m = extract_bundle(res.bundle, tmp_path / "rel")
     tvm_rt = TvmRuntime(tmp_path / "rel", m)
-    sess = ort.InferenceSession(str(tmp_path / "rel" / m.artifact("onnx-model").path))
+    sess = ort.InferenceSession(str(host_file(m, "onnx-model", tmp_path / "rel")))
     x = load_calibration(data_dir / "imagenet-sample", card.preprocess, m.inputs[0], 8, "evaluation")
     for i in range(len(x)):
         got = np.asarray(tvm_rt.run([x[i : i + 1]])[0])

@@ -70,9 +70,11 @@ MNIST_CARD = ModelCard(
 
 
 @pytest.fixture(scope="session")
-def mnist_bundle(data_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+def mnist_bundle(data_dir: Path, tmp_path_factory: pytest.TempPathFactory, build_cache: Path) -> Path:
     out = tmp_path_factory.mktemp("bundles") / "mnist.cpu-x86_64.edb"
-    build(data_dir / "models" / "mnist-8_opset13.onnx", "cpu-x86_64", out, MNIST_CARD, use_cache=False)
+    with pytest.MonkeyPatch.context() as mp:  # runs before the autouse `hermetic`: the user's cache stays out
+        mp.setenv("EDGEDEPLOY_CACHE_DIR", str(build_cache))
+        build(data_dir / "models" / "mnist-8_opset13.onnx", "cpu-x86_64", out, MNIST_CARD, use_cache=False)
     return out
 
 

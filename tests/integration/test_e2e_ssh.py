@@ -18,7 +18,7 @@ import pytest
 
 from edgedeploy_agent.bundle import read_manifest
 from edgedeploy_agent.preprocess import preprocess
-from tests.helpers import Cli
+from tests.helpers import Cli, schema1_bundle
 from tests.integration.conftest import Enrolled, LabeledVideo
 
 pytestmark = pytest.mark.integration
@@ -97,3 +97,22 @@ def test_push_run_status_matches_onnxruntime(
     assert again["new_reports"] == [] and again["reports_total"] == len(reports)
     r = cli("status", device.name, *device.args())
     assert r.code == 0 and "p95" in r.out and "infer" in r.out
+
+
+def test_a_schema_1_bundle_with_its_source_inside_still_pushes(
+    cli: Cli, device: Enrolled, mnist_bundle: Path, data_dir: Path, tmp_path: Path
+) -> None:
+    """A bundle built before host-only files left bundles (schema 1, model.onnx inside) deploys as it did."""
+    old = schema1_bundle(
+        mnist_bundle, tmp_path / "old.edb", {"onnx-model": data_dir / "models" / "mnist-8_opset13.onnx"}
+    )
+    manifest = read_manifest(old)
+    assert manifest.schema_version == 1 and not manifest.host_files
+    r = cli("push", device.name, str(old), "--json", *device.args())
+    assert r.code == 0, r.err
+    pushed = json.loads(r.out)
+    assert pushed["outcome"] == "committed" and pushed["release"] == manifest.release_name
+    assert (device.root / "current" / "model.onnx").read_bytes() == (
+        data_dir / "models" / "mnist-8_opset13.onnx"
+    ).read_bytes()
+    wait_for_agent(cli, device)

@@ -12,10 +12,12 @@ from pydantic import ValidationError
 from edgedeploy_agent.bundle import Manifest, Postprocess, Preprocess
 
 from .. import api
+from ..build_store import missing
 from ..compile.int8_build import Int8Config
 from ..compile.package import ModelCard, card_for, read_labels
 from ..compile.tensorrt_artifacts import TensorRTOptions, parse_batch
 from ..errors import InputError, validation_text
+from ..paths import build_store_dir
 from . import render
 from .int8 import int8_config, int8_summary
 from .options import JsonOpt, bundle_path, in_range
@@ -238,10 +240,15 @@ def register(app: typer.Typer) -> None:
 
     @app.command()
     def inspect(bundle: Annotated[Path, typer.Argument(help="bundle file")], json_: JsonOpt = False) -> None:
-        """Print a bundle's manifest (reads only the manifest)."""
+        """Print a bundle's manifest (reads only the manifest): `artifacts` is what the device gets, `host_files`
+        what stays in this host's build store (`host_store.missing`: what the store lacks)."""
         m = api.inspect_bundle(bundle)
+        lost = missing(m)
         if json_:
-            render.print_json({"bundle_id": m.bundle_id, "release": m.release_name, **m.model_dump(mode="json")})
+            store = {"path": str(build_store_dir()), "missing": [h.name for h in lost]}
+            render.print_json(
+                {"bundle_id": m.bundle_id, "release": m.release_name, **m.model_dump(mode="json"), "host_store": store}
+            )
             return
         t = m.target
         rows = [
@@ -266,8 +273,17 @@ def register(app: typer.Typer) -> None:
             ],
             *([["tensorrt", _tensorrt_summary(m)]] if m.tensorrt else []),
             ["tools", ", ".join(f"{k} {v}" for k, v in m.provenance.tools.items())],
-        ] + [[f"artifact {a.role}", f"{a.path} {a.size} B sha256 {a.sha256[:16]}…"] for a in m.artifacts]
+        ]
+        rows += [[f"artifact {a.role}", f"{a.path} {a.size} B sha256 {a.sha256[:16]}…"] for a in m.artifacts]
+        rows += [
+            [f"host file {h.role}", f"{h.name} {h.size} B sha256 {h.sha256[:16]}… " + _where(h in lost)]
+            for h in m.host_files
+        ]
         render.table(str(bundle), ["field", "value"], rows)
+
+
+def _where(lost: bool) -> str:
+    return f"MISSING from the build store {build_store_dir()}" if lost else "(in the build store)"
 
 
 def _tensorrt_summary(m: Manifest) -> str:

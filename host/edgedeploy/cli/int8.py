@@ -15,7 +15,7 @@ from ..compile.package import card_for
 from ..compile.quantize import Method, QuantizeOptions
 from ..errors import InputError
 from . import render
-from .options import JsonOpt, in_range
+from .options import JsonOpt, SourceOpt, in_range
 
 
 def int8_config(
@@ -96,12 +96,13 @@ def register(app: typer.Typer) -> None:
         ] = "auto",
         limit: Annotated[int | None, typer.Option(help="use at most this many images", callback=in_range(1))] = None,
         synsets: Annotated[Path | None, typer.Option(help="wnid list in class order (ImageNet-style folders)")] = None,
+        source: SourceOpt = None,
         json_: JsonOpt = False,
     ) -> None:
         """Top-1/top-5 on a labeled set; INT8 bundles also: agreement with FP32 and with the exact INT8 reference."""
         if split not in ("auto", "all", "calibration", "evaluation"):
             raise InputError(f"unknown split {split!r}", hint="choose auto, all, calibration or evaluation")
-        result = api.evaluate(target, data, card_for(target, card)[0], split, limit, synsets)
+        result = api.evaluate(target, data, card_for(target, card)[0], split, limit, synsets, source or ())
         if json_:
             render.print_json(result)
             return

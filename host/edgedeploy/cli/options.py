@@ -65,6 +65,14 @@ InventoryOpt = Annotated[
     ),
 ]
 JsonOpt = Annotated[bool, typer.Option("--json", help="print JSON for scripts")]
+SourceOpt = Annotated[
+    list[Path] | None,
+    typer.Option(
+        "--source",
+        help="a file the bundle was built from (source or Q/DQ model) when the build store lacks it; "
+        "checked by sha256, then stored again (repeatable)",
+    ),
+]
 
 # health objectives checked on the device after activation (any miss rolls the device back)
 TimeoutOpt = Annotated[float, typer.Option(help="seconds to wait for the agent to report healthy", callback=POSITIVE)]

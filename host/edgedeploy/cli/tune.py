@@ -12,7 +12,7 @@ from .. import api
 from ..compile.tuning import TuneRequest, database_dir, parse_tracker, tuning_key, user_root
 from ..errors import InputError
 from . import render
-from .options import JsonOpt, in_range
+from .options import JsonOpt, SourceOpt, in_range
 
 
 def register(app: typer.Typer) -> None:
@@ -44,6 +44,7 @@ def register(app: typer.Typer) -> None:
                 callback=in_range(0),
             ),
         ] = 0,
+        source: SourceOpt = None,
         json_: JsonOpt = False,
     ) -> None:
         """Tune a bundle's kernels; later builds of the same model, profile and precision apply the database.
@@ -89,7 +90,7 @@ def register(app: typer.Typer) -> None:
         )
         t = time.perf_counter()
         with render.steps(f"tune {bundle.name} for {manifest.profile} ({runner})") as step:
-            result = api.tune(bundle, request, step)
+            result = api.tune(bundle, request, step, source or ())
         secs = round(time.perf_counter() - t, 1)
         done, total = len(result.tuned_kernels), result.kernel_count
         if result.exported is not None:

@@ -9,7 +9,7 @@ import json
 import platform
 import shutil
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from edgedeploy_agent.bundle import (
     MODEL_NAME_PATTERN,
     MODEL_VERSION_PATTERN,
+    SCHEMA_VERSION,
     HealthSpec,
     Manifest,
     ModelInfo,
@@ -33,6 +34,7 @@ from edgedeploy_agent.bundle import (
 )
 
 from .. import __version__
+from ..build_store import check_given, host_file, keep, restore
 from ..errors import InputError, validation_text
 from ..paths import cache_dir, config_dir
 from ..profiles import DeviceProfile
@@ -149,6 +151,7 @@ def build_bundle(
         "cuda_graph": cuda_graph,
         "batch": batch,
         "pipeline": [PIPELINE_REVISION, *stages],
+        "bundle_schema": SCHEMA_VERSION,
     }
     calib = None
     if int8 is not None:
@@ -161,11 +164,14 @@ def build_bundle(
     key = _cache_key(model.sha256, profile, card, name, extra)
     cached = cache_dir() / "builds" / key / "bundle.edb"
     if use_cache and cached.is_file():
-        progress("cache-hit")
-        _copy_atomic(cached, out)
         from edgedeploy_agent.bundle import read_manifest
 
-        return BuildResult(out, read_manifest(out), cached=True)
+        hit = read_manifest(cached)
+        # the source is at hand; a Q/DQ model the build store lost means compiling again
+        if restore(hit, {model.sha256: model_path}):
+            progress("cache-hit")
+            _copy_atomic(cached, out)
+            return BuildResult(out, hit, cached=True)
 
     from .tvm_backend import runtime_abi, tool_versions
 
@@ -176,10 +182,6 @@ def build_bundle(
         assert res.library is not None
         progress("package")
         files: dict[str, Path] = {"model.so": res.library}
-        if int8 is not None:
-            files["model.qdq.onnx"] = compiled.path
-        shutil.copyfile(model_path, work / "model.onnx")
-        files["model.onnx"] = work / "model.onnx"
         write_labels(work, card, files)
         manifest = card_manifest(
             card,
@@ -203,6 +205,7 @@ def build_bundle(
                 build_host=f"{platform.node()} ({platform.machine()})",
                 options={"pipeline": ",".join(res.timings), "cache_key": key} | _tuning_note(db, res),
             ),
+            host_only={"model.qdq.onnx": compiled.path} if int8 is not None else None,
         )
         cached.parent.mkdir(parents=True, exist_ok=True)
         write_bundle(cached, manifest, files)
@@ -240,11 +243,17 @@ class TuneResult:
     timings: dict[str, float]
 
 
-def tune_model(bundle: Path, request: TuneRequest, progress: Callable[[str], None] = lambda step: None) -> TuneResult:
-    """Tune what a bundle was built from: its profile, precision, batch and exact (Q/DQ) model. The build's
-    own stages run up to apply-tuning, which tunes (or exports the tuning module); then the library is
-    compiled with the database as a check. Later builds of the same model apply `request.database`."""
-    from edgedeploy_agent.bundle import read_manifest
+def tune_model(
+    bundle: Path,
+    request: TuneRequest,
+    progress: Callable[[str], None] = lambda step: None,
+    sources: Sequence[Path] = (),
+) -> TuneResult:
+    """Tune what a bundle was built from: its profile, precision, batch and exact (Q/DQ) model, found in the
+    build store (or `sources`; schema 1 bundles carry it). The build's own stages run up to apply-tuning,
+    which tunes (or exports the tuning module); then the library is compiled with the database as a check.
+    Later builds of the same model apply `request.database`."""
+    from edgedeploy_agent.bundle import extract_bundle, read_manifest
 
     from ..profiles import get_profile
 
@@ -252,28 +261,19 @@ def tune_model(bundle: Path, request: TuneRequest, progress: Callable[[str], Non
     if m.target.runtime != "tvm":
         raise InputError(f"{bundle} is a {m.target.runtime} bundle: TensorRT picks its tactics on the device")
     profile = get_profile(m.profile)
-    source = "model.qdq.onnx" if m.quantization.precision == "int8" else "model.onnx"
+    role = "qdq-onnx" if m.quantization.precision == "int8" else "onnx-model"
+    check_given(m, sources, [role])
     key = tuning_key(m.model.source_sha256, m.quantization.precision)
     with tempfile.TemporaryDirectory(prefix="edgedeploy-tune-") as tmp:
         work = Path(tmp)
-        extracted = _extract_artifact(bundle, source, work)
-        model = load_onnx(extracted, batch=m.inputs[0].shape[0])
+        if any(a.role == role for a in m.artifacts):  # a schema 1 bundle carries it
+            extract_bundle(bundle, work / "bundle")
+        model = load_onnx(host_file(m, role, work / "bundle", sources), batch=m.inputs[0].shape[0])
         res = _compile(
             model, profile, work, m.quantization.precision, m.target.cuda_graph, key, None, request, progress
         )
     exported = request.export_dir if res.library is None else None
     return TuneResult(request.database, key, res.tuned_kernels, res.kernel_count, exported, res.timings)
-
-
-def _extract_artifact(bundle: Path, name: str, dest: Path) -> Path:
-    """One artifact of a bundle, checked against the manifest's sha256 (bundle.extract_bundle checks all)."""
-    from edgedeploy_agent.bundle import extract_bundle
-
-    extract_bundle(bundle, dest / "bundle")
-    path = dest / "bundle" / name
-    if not path.is_file():
-        raise InputError(f"{bundle} has no {name}: rebuild it with this edgedeploy")
-    return path
 
 
 @dataclass
@@ -362,10 +362,10 @@ def _compile(
     )
 
 
-# Every artifact file name a bundle writer may use, and its role in the manifest.
+# Every artifact file name a bundle writer may use, and its role in the manifest. The source model is
+# never an artifact: it stays in the host's build store (manifest.host_files).
 ARTIFACT_ROLES = {
     "model.so": "tvm-library",
-    "model.onnx": "onnx-model",
     "model.qdq.onnx": "qdq-onnx",
     "labels.txt": "labels",
     "reference.npz": "tensorrt-reference",
@@ -389,10 +389,14 @@ def card_manifest(
     files: dict[str, Path],
     quantization: Quantization,
     provenance: Provenance,
+    host_only: Mapping[str, Path] | None = None,
     **extra: Any,
 ) -> Manifest:
     """The manifest every bundle writer makes: model facts, the card's pre/post-processing, labels and
-    health objectives, the target and the artifacts (described from `files`)."""
+    health objectives, the target and the artifacts (described from `files`). The source model and the
+    `host_only` files (name -> path) go to the host's build store, named in `host_files`."""
+    host_files = [keep(model.path, "onnx-model", model.path.name, model.sha256)]
+    host_files += [keep(p, ARTIFACT_ROLES[n], n) for n, p in sorted((host_only or {}).items())]
     return Manifest(
         model=ModelInfo(name=name, version=card.version, description=card.description, source_sha256=model.sha256),
         created=dt.datetime.now(dt.timezone.utc).replace(microsecond=0),
@@ -407,6 +411,7 @@ def card_manifest(
         health=card.health,
         provenance=provenance,
         artifacts=[describe_artifact(p, ARTIFACT_ROLES[n], n) for n, p in sorted(files.items())],
+        host_files=host_files,
         **extra,
     )
 

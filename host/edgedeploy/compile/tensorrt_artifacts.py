@@ -7,9 +7,9 @@ has none of them). The bundle carries what the device needs to build, cache and 
                    reference outputs of the same Q/DQ model on them (qdq_reference.py; the device's
                    acceptance check: a TensorRT engine computes integer arithmetic, so it is compared
                    with exact integer arithmetic, never with onnxruntime's CPU-dependent INT8 kernels)
-  model.onnx       the FP32 source, for provenance
 plus `manifest.tensorrt`: optimisation profiles (min/opt/max per input, from `--batch`), workspace,
-builder settings and acceptance tolerances. The bundle carries TensorRT artifacts only (no TVM library).
+builder settings and acceptance tolerances. The bundle carries TensorRT artifacts only (no TVM library);
+the FP32 source stays in the host's build store (`manifest.host_files`, written by `card_manifest`).
 
 The build refuses a bundle whose reference outputs are not a usable INT8 version of the model: their top-1
 must agree with the FP32 model's on at least `min_reference_agreement` of up to 64 calibration samples, and
@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import dataclasses
 import platform
-import shutil
 import tempfile
 import time
 from collections.abc import Callable
@@ -218,8 +217,6 @@ def _write_artifacts(
     with open(files["reference.npz"], "wb") as f:
         # numpy's stub types **kwds as the allow_pickle flag; the arrays are plain float arrays
         np.savez_compressed(f, **arrays)  # type: ignore[arg-type]
-    files["model.onnx"] = work / "model.onnx"
-    shutil.copyfile(model.path, files["model.onnx"])
     write_labels(work, card, files)
     return files
 
