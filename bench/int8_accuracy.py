@@ -83,6 +83,9 @@ def main() -> None:
         "symmetric percentile 99.999 + bias corr.": QuantizeOptions(
             samples=n, symmetric_activations=True, method="percentile", percentile=99.999
         ),
+        "symmetric + first and last layer float": QuantizeOptions(
+            samples=n, symmetric_activations=True, keep_float=("first-last",)
+        ),
     }
     if args.model != "all":
         cases = [c for c in cases if c[0].startswith(args.model)]
