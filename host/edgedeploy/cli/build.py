@@ -113,7 +113,10 @@ def register(app: typer.Typer) -> None:
         synsets: Annotated[Path | None, typer.Option(help="wnid list in class order (ImageNet-style folders)")] = None,
         max_top1_drop: Annotated[
             float | None,
-            typer.Option(help="fail the build when INT8 top-1 drops more points than this", callback=in_range(0, 100)),
+            typer.Option(
+                help="fail the build when INT8 top-1 drops more points than this (negative: INT8 must gain)",
+                callback=in_range(-100, 100),
+            ),
         ] = None,
         auto_fallback: Annotated[
             bool, typer.Option("--auto-fallback", help="on a failed gate keep the most sensitive layers in float")
