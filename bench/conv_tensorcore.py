@@ -69,7 +69,6 @@ def conv_module(case: str, precision: str, layout: str, batch: int) -> Any:
 
 def build_one(args: argparse.Namespace) -> dict[str, Any]:
     import tvm
-
     from tc_sass import sass_counts
 
     from edgedeploy.compile.cuda_tensorcore import cuda_pipeline

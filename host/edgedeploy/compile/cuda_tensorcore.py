@@ -86,10 +86,27 @@ def _sm(target: Target) -> int:
     return int(arch[3:]) if arch.startswith("sm_") and arch[3:].isdigit() else 0
 
 
+def _drop_unit_reductions(sch: Any, block: Any) -> None:
+    iters = list(sch.get(block).iter_vars)
+    keep = [
+        i
+        for i, v in enumerate(iters)
+        if not (v.iter_type == tirx.IterVar.CommReduce and isinstance(v.dom.extent, tirx.IntImm) and v.dom.extent == 1)
+    ]
+    if len(keep) < len(iters):
+        sch.transform_block_layout(block, tirx.IndexMap.from_func(lambda *v: [v[i] for i in keep], ndim=len(iters)))
+
+
 class TensorCoreGemm(GPUScheduleRule):  # type: ignore[misc]
     """WMMA schedule for any single-reduction GEMM-shaped kernel (matmul, dense, conv2d as implicit GEMM)."""
 
-    def apply(self, func: Any, target: Target, _: bool) -> Any:  # noqa: C901 (one schedule, step by step)
+    def apply(self, func: Any, target: Target, _: bool) -> Any:
+        try:
+            return self._apply(func, target)
+        except Exception:  # a ScheduleError or TVM check on an unusual kernel: dlight's rules take it
+            return None
+
+    def _apply(self, func: Any, target: Target) -> Any:  # noqa: C901 (one schedule, step by step)
         if not isinstance(func, tirx.PrimFunc) or not self.is_target_available(target):
             return None
         if target.kind.name != "cuda" or "dlight.do_not_tensorize" in func.attrs.keys():
@@ -109,6 +126,8 @@ class TensorCoreGemm(GPUScheduleRule):  # type: ignore[misc]
         accumulators = {"float16": ("float32", "float16"), "int8": ("int32",)}[a_dtype]
         if out_dtype not in accumulators:
             return None
+        _drop_unit_reductions(sch, main)  # a 1x1 convolution's ky, kx (extent 1) break reindex's layouts
+        stmt = sch.get(main)
         maps = get_index_map(stmt)
         if maps is None:
             return None
