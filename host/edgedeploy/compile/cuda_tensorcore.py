@@ -19,7 +19,7 @@ shared-memory accumulator) with tiles chosen from the GEMM's shape, an inner K s
 for INT8, and no "> 64" gate. It runs before dlight's rules; what it declines (depthwise convolutions,
 which have no N axis; GEMMs with a dimension below 16; dynamic shapes; other dtypes) goes on to them.
 
-The `nhwc-layout` stage (fp32/fp16 CUDA pipeline) converts the convolutions of graphs without
+The `nhwc-layout` stage (fp16 CUDA builds) converts the convolutions of graphs without
 depthwise or grouped convolutions to NHWC activations and OHWI weights: the GEMM's K axis is then
 (ky, kx, c), contiguous in c, so the im2col gather loads vectors from global memory, and the output tile
 is stored channel-contiguous.
@@ -310,5 +310,6 @@ def to_nhwc(mod: Any) -> Any:
 
 @stage("nhwc-layout")
 def nhwc_layout(ctx: BuildContext) -> None:
-    if tensor_cores_enabled():
+    """fp16 only: fp32 has no tensor-core path here (no TF32 WMMA in 0.27), and its kernels stay as measured."""
+    if tensor_cores_enabled() and ctx.precision == "fp16":
         ctx.ir = to_nhwc(ctx.ir)
