@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Before/after kit for tensor-core convolutions (issue 12, item 2), on the build host (no GPU needed):
 #   bash bench/tc_kit.sh KIT [PRECISIONS] [BATCHES]      e.g. bash bench/tc_kit.sh .tc "fp16 int8" "64 1"
+# (.tc and .tc.tar.xz are git-ignored: carry .tc.tar.xz to the GPU machine explicitly)
 # Builds ResNet-18 (bench/resnet18_onnx.py, random weights) for --profile h200 twice per precision and
 # batch: with tensor cores (this branch's default) and without (EDGEDEPLOY_CUDA_TENSOR_CORES=0, the
 # previous kernels), names them resnet18.<prec>.bs<N>.<tc|default>.edb, adds the runtime libraries and
