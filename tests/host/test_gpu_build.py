@@ -9,6 +9,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from edgedeploy.api import build
@@ -139,3 +140,114 @@ def test_toolchain_refuses_what_it_cannot_target() -> None:
     with pytest.raises(BuildError, match="cannot target sm_72") as e:
         resolve_toolchain(nvcc_for_xavier)
     assert "nvrtc-12" in (e.value.hint or "")
+
+
+def _convnet(path: Path, width: int = 32) -> Path:
+    """A small ResNet-like block in ONNX: 3x3 stem, 3x3 conv, 1x1 conv with a residual add, pooling and
+    a classifier; channel counts are multiples of 16, so every convolution fits the tensor cores."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(7)
+    inits, nodes = [], []
+
+    def conv(name: str, x: str, cin: int, cout: int, k: int) -> str:
+        w = (rng.standard_normal((cout, cin, k, k)) * (2.0 / (cin * k * k)) ** 0.5).astype(np.float32)
+        b = (rng.standard_normal(cout) * 0.1).astype(np.float32)
+        inits.extend([numpy_helper.from_array(w, f"{name}.w"), numpy_helper.from_array(b, f"{name}.b")])
+        ins = [x, f"{name}.w", f"{name}.b"]
+        nodes.append(helper.make_node("Conv", ins, [f"{name}.y"], name=name, pads=[k // 2] * 4))
+        nodes.append(helper.make_node("Relu", [f"{name}.y"], [f"{name}.r"]))
+        return f"{name}.r"
+
+    h = conv("stem", "x", 3, width, 3)
+    h2 = conv("c1", h, width, width, 3)
+    h3 = conv("c2", h2, width, width, 1)
+    nodes.append(helper.make_node("Add", [h, h3], ["res"]))
+    nodes.append(helper.make_node("GlobalAveragePool", ["res"], ["gap"]))
+    nodes.append(helper.make_node("Flatten", ["gap"], ["flat"]))
+    inits.append(numpy_helper.from_array(rng.standard_normal((width, 10)).astype(np.float32), "fc.w"))
+    nodes.append(helper.make_node("MatMul", ["flat", "fc.w"], ["y"], name="fc"))
+    graph = helper.make_graph(
+        nodes,
+        "convnet",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3, 32, 32])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 10])],
+        inits,
+    )
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]), path)
+    return path
+
+
+def _sass(lib: Path, tmp_path: Path) -> str:
+    cuobjdump = _cuobjdump()
+    if cuobjdump is None or not (Path(cuobjdump).parent / "nvdisasm").exists():
+        pytest.skip("cuobjdump/nvdisasm not installed (pip install nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm)")
+    (Path(cuobjdump).parent / "nvdisasm").chmod(0o755)
+    [(kind, blob)] = device_blobs(lib.read_bytes())
+    (tmp_path / f"dev.{kind}").write_bytes(blob)
+    env = {**os.environ, "NVDISASM_PATH": str(Path(cuobjdump).parent)}
+    cmd = [cuobjdump, "--dump-sass", str(tmp_path / f"dev.{kind}")]
+    return subprocess.run(cmd, capture_output=True, text=True, env=env).stdout
+
+
+def _opcodes(sass: str, op: str) -> int:
+    return sum(1 for line in sass.splitlines() if f" {op}" in line)
+
+
+@pytest.mark.parametrize("precision", ["fp16", "int8"])
+def test_convolutions_run_on_tensor_cores(precision: str, data_dir: Path, tmp_path: Path) -> None:
+    """cuda_tensorcore.py: FP16 convolutions on HMMA, INT8 ones on IMMA (SASS of a t4 build)."""
+    _toolchain_or_skip("t4")
+    from edgedeploy.compile.int8_build import Int8Config
+    from edgedeploy.compile.quantize import QuantizeOptions
+
+    model = _convnet(tmp_path / "convnet.onnx")
+    card = ModelCard(name="convnet", preprocess=Preprocess(scale=1 / 255))
+    int8 = None
+    if precision == "int8":
+        int8 = Int8Config(calibration=data_dir / "imagenet-sample", options=QuantizeOptions(samples=16))
+    res = build(model, "t4", tmp_path / "c.edb", card, precision=precision, int8=int8)
+    assert res.manifest.quantization.float_in_runtime == []
+    extract_bundle(res.bundle, tmp_path / "rel")
+    sass = _sass(tmp_path / "rel" / "model.so", tmp_path)
+    if precision == "fp16":
+        assert _opcodes(sass, "HMMA") > 0, sass[:2000]
+    else:
+        assert _opcodes(sass, "IMMA") > 0 and _opcodes(sass, "HMMA") == 0, sass[:2000]
+
+
+def test_nhwc_layout_is_exact_on_cpu(tmp_path: Path) -> None:
+    """The nhwc-layout stage changes no result: the int8-rewritten graph gives the same bytes on llvm with
+    and without it, the float graph the same values within float32 rounding."""
+    import onnx
+    import tvm
+    from tvm import relax
+    from tvm.relax.frontend.onnx import from_onnx
+
+    from edgedeploy.compile.cuda_tensorcore import to_nhwc
+    from edgedeploy.compile.int8_rewrite import rewrite_int8
+    from edgedeploy.compile.quantize import QuantizeOptions, quantizable_layers, quantize_qdq
+
+    model = onnx.load(_convnet(tmp_path / "convnet.onnx"))
+    rng = np.random.default_rng(3)
+    calib = rng.uniform(0, 1, (8, 3, 32, 32)).astype(np.float32)
+    qdq = quantize_qdq(model, calib, QuantizeOptions(samples=8)).model
+    shape = {"x": [1, 3, 32, 32]}
+    fp32 = relax.transform.DecomposeOpsForInference()(from_onnx(model, shape, keep_params_in_input=False))
+    qdq_mod = relax.transform.DecomposeOpsForInference()(from_onnx(qdq, shape, keep_params_in_input=False))
+    int8, report = rewrite_int8(qdq_mod, quantizable_layers(qdq))
+    assert len(report.integer) == 4 and report.float_left == []
+
+    def run(mod: object) -> np.ndarray:
+        vm = relax.VirtualMachine(tvm.compile(mod, target="llvm"), tvm.cpu())
+        return np.concatenate([vm["main"](tvm.runtime.tensor(x[None])).numpy() for x in calib])
+
+    for mod, exact in ((int8, True), (fp32, False)):
+        nhwc = to_nhwc(mod)
+        assert nhwc.script().count('data_layout="NHWC"') == 3
+        before, after = run(mod), run(nhwc)
+        if exact:
+            assert np.array_equal(before, after)
+        else:
+            np.testing.assert_allclose(after, before, rtol=1e-4, atol=1e-4 * float(np.abs(before).max()))

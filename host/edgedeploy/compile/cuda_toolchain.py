@@ -11,6 +11,7 @@ the library load; without it TVM would silently store CUDA *source* in the bundl
 
 from __future__ import annotations
 
+import hashlib
 import importlib.metadata
 import importlib.util
 import os
@@ -136,15 +137,18 @@ def _nvrtc12_toolchain(profile: DeviceProfile, sm: int) -> CudaToolchain:
         raise BuildError(f"profile {profile.name} needs cuda-bindings 12.x, found {bindings}", hint=hint)
     spec = importlib.util.find_spec("nvidia")
     roots = [Path(p) for p in (spec.submodule_search_locations or [])] if spec else []
+    # cuda_nvcc: its headers only (crt/mma.h, which the tensor-core (WMMA) kernels include)
     parts = {
         name: next((r / name for r in roots if (r / name).is_dir()), None)
-        for name in ("cuda_nvrtc", "cuda_runtime", "cuda_cccl")
+        for name in ("cuda_nvrtc", "cuda_runtime", "cuda_cccl", "cuda_nvcc")
     }
     missing = [f"nvidia-{n.replace('_', '-')}-cu12" for n, p in parts.items() if p is None]
     if missing:
         raise BuildError(f"profile {profile.name} needs {', '.join(missing)}", hint=hint)
     nvrtc_version = importlib.metadata.version("nvidia-cuda-nvrtc-cu12")
-    include = cache_dir() / "cuda12-root" / "include"  # NVRTC wants one CUDA_PATH/include
+    # NVRTC wants one CUDA_PATH/include: symlinks into these packages, one folder per installation
+    where = hashlib.sha256("|".join(str(p) for p in parts.values()).encode()).hexdigest()[:12]
+    include = cache_dir() / f"cuda12-root-{where}" / "include"
     include.mkdir(parents=True, exist_ok=True)
     for p in parts.values():
         assert p is not None

@@ -42,7 +42,7 @@ from ..userfiles import read_text
 from .cuda_toolchain import resolve_toolchain
 from .cuda_worker import run_cuda_build
 from .onnx_model import OnnxModel, check_preprocess, load_onnx
-from .pipeline import PIPELINE_REVISION, BuildContext, pipeline_for, run_pipeline
+from .pipeline import PIPELINE_REVISION, BuildContext, pipeline_for, run_pipeline, tensor_cores_enabled
 from .tuning import TuneRequest, find_database, tuning_key
 
 if TYPE_CHECKING:
@@ -153,6 +153,8 @@ def build_bundle(
         "pipeline": [PIPELINE_REVISION, *stages],
         "bundle_schema": SCHEMA_VERSION,
     }
+    if profile.device == "cuda":
+        extra["tensor_cores"] = tensor_cores_enabled()
     calib = None
     if int8 is not None:
         int8, calib = _calibration(model, card, int8, progress)

@@ -7,6 +7,7 @@ the valid names, so adding a target means adding data here, not `if` chains else
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -60,7 +61,15 @@ def stage(name: str) -> Callable[[StageFn], StageFn]:
 
 
 # Part of every build-cache key, with the stage names: bump it when a stage changes what it produces.
-PIPELINE_REVISION = 8
+PIPELINE_REVISION = 9
+
+
+def tensor_cores_enabled() -> bool:
+    """CUDA builds put FP16/INT8 convolutions and matmuls on tensor cores (cuda_tensorcore.py) unless
+    EDGEDEPLOY_CUDA_TENSOR_CORES=0 asks for the previous kernels (before/after measurements); part of
+    the build-cache key."""
+    return os.environ.get("EDGEDEPLOY_CUDA_TENSOR_CORES", "1") != "0"
+
 
 PIPELINES: dict[str, tuple[str, ...]] = {
     "cpu": (
@@ -86,13 +95,17 @@ PIPELINES: dict[str, tuple[str, ...]] = {
         "import-onnx",
         "decompose-for-inference",
         "clip-as-relax-ops",
+        "nhwc-layout",
         "mixed-precision",
         "apply-tuning",
         "compile-cuda",
         "export-library",
         "check-library",
     ),
-    # the QDQ -> integer rewrite, then the same CUDA stages: nvcc turns the int8 MACs into dp4a (SASS IDP.4A)
+    # the QDQ -> integer rewrite, then the same CUDA stages: int8 convolutions on IMMA tensor cores
+    # (cuda_tensorcore.py); what cannot use them (depthwise) gets dp4a from nvcc (SASS IDP.4A). No
+    # nhwc-layout here yet: ConvertLayout stops at the requantize's clip and the zero-point pad, and would
+    # put float32 transposes between the layers (the rewrite should emit NHWC itself)
     "cuda-int8": (
         "import-onnx",
         "decompose-for-inference",
@@ -124,7 +137,7 @@ def pipeline_for(profile: DeviceProfile, precision: str = "fp32") -> tuple[str, 
 
 
 def run_pipeline(ctx: BuildContext) -> BuildContext:
-    from . import int8_rewrite, tuning, tvm_backend  # noqa: F401  (register the TVM stages)
+    from . import cuda_tensorcore, int8_rewrite, tuning, tvm_backend  # noqa: F401  (register the TVM stages)
 
     for name in pipeline_for(ctx.profile, ctx.precision):
         if name not in STAGES:

@@ -13,9 +13,10 @@ from tvm.relax.frontend.onnx import from_onnx
 from edgedeploy_agent.bundle import TensorSpec
 
 from ..errors import BuildError, ModelError
+from .cuda_tensorcore import cuda_pipeline
 from .devcode import inspect_library
 from .onnx_model import guess_layout
-from .pipeline import BuildContext, stage
+from .pipeline import BuildContext, stage, tensor_cores_enabled
 
 
 def tool_versions() -> dict[str, str]:
@@ -123,18 +124,20 @@ def _rules_fall_through() -> None:
 
 @stage("compile-cuda")
 def compile_cuda(ctx: BuildContext) -> None:
-    # dlight's INT8 tensor-core rule crashes or fails in 0.27 (shared/reference/tvm.md §6b); nvcc still
-    # turns int8 multiply-accumulate loops into dp4a without it.
+    # dlight's INT8 tensor-core rule fails in 0.27 (its inner pipelined K loop has extent 1; see
+    # cuda_tensorcore.py, whose TensorCoreGemm rule runs first and tensorizes INT8 GEMMs correctly): what
+    # that rule declines gets dp4a from nvcc instead.
     from tvm.s_tir.dlight.gpu.matmul import MatmulInt8Tensorization
 
     MatmulInt8Tensorization.apply = lambda self, *a, **k: None
     _rules_fall_through()
     target = make_target(ctx)
     config = {"relax.backend.use_cuda_graph": ctx.cuda_graph}
+    pipeline = cuda_pipeline(target, tensor_cores=tensor_cores_enabled())
     try:
         # the compile callback reads the arch from Target.current(): compile inside `with target`
         with target, tvm.transform.PassContext(opt_level=3, config=config):
-            ctx.executable = tvm.compile(ctx.ir, target=target)
+            ctx.executable = tvm.compile(ctx.ir, target=target, relax_pipeline=pipeline)
     except Exception as e:
         lines = [ln for ln in str(e).strip().splitlines() if ln.strip()]
         raise BuildError(

@@ -1,0 +1,315 @@
+"""Tensor cores (WMMA) for FP16 and INT8 convolutions and matmuls on the CUDA profiles.
+
+TVM 0.27's dlight `gpu.Matmul` rule already treats a convolution as an implicit GEMM: its iterator
+analysis classifies the output pixels as the M axis, the output channels as N and (channel, ky, kx) as
+K, and `reindex` then gathers the im2col operand on the fly into shared memory (no im2col tensor is
+ever stored). Three things kept convolutions off the tensor cores in the default pipeline:
+
+1. `Matmul` only tensorizes when every GEMM dimension is *larger than 64*: every 64-channel layer
+   (ResNet's stem and first stage, a fifth of its FLOPs) got the SIMT schedule.
+2. Its INT8 rule (`MatmulInt8Tensorization`) splits the K loop inside a shared-memory stage by 1 and
+   still annotates that inner loop as a 3-stage software pipeline; `InjectSoftwarePipeline` then fails
+   on the double-buffered WMMA fragments (`inject_software_pipeline.cc:173 GetWmmaFragmentSize`), so
+   INT8 had no tensor cores at all (edgedeploy switched the rule off; nvcc emitted dp4a instead).
+3. One tile shape for all: 128x128 output tiles, which wastes half of every tile when N = 64.
+
+`TensorCoreGemm` is the same WMMA schedule (shared-memory staging with a software pipeline, WMMA
+fragments, the epilogue - bias, ReLU, residual add, INT8 requantize - inlined into the store from the
+shared-memory accumulator) with tiles chosen from the GEMM's shape, an inner K split of at least 2
+for INT8, and no "> 64" gate. It runs before dlight's rules; what it declines (depthwise convolutions,
+which have no N axis; GEMMs with a dimension below 16; dynamic shapes; other dtypes) goes on to them.
+
+The `nhwc-layout` stage (fp16 CUDA builds) converts the convolutions of graphs without
+depthwise or grouped convolutions to NHWC activations and OHWI weights: the GEMM's K axis is then
+(ky, kx, c), contiguous in c, so the im2col gather loads vectors from global memory, and the output tile
+is stored channel-contiguous.
+`EDGEDEPLOY_CUDA_TENSOR_CORES=0` builds the way edgedeploy did before (for before/after measurements).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import tvm
+from tvm import relax, s_tir, tirx
+from tvm.s_tir.dlight.analysis import get_root_block
+from tvm.s_tir.dlight.gpu.base import GPUScheduleRule
+from tvm.s_tir.dlight.gpu.matmul import (
+    auto_inline_consumer_chain,
+    auto_inline_producers,
+    get_index_map,
+    get_reduction_blocks,
+)
+from tvm.target import Target
+
+from .pipeline import BuildContext, stage, tensor_cores_enabled
+
+WARP = 32
+FRAG = 16  # WMMA m16n16k16 for f16 and s8
+MIN_SM = {"float16": 70, "int8": 72}  # Volta HMMA; IMMA from Xavier/Turing on
+
+
+@dataclass(frozen=True)
+class Tiles:
+    """Fragments per warp (i3, j3), warps per block (i2, j2), K fragments per shared-memory stage (k1)."""
+
+    i2: int
+    i3: int
+    j2: int
+    j3: int
+    k1: int
+
+    @property
+    def m(self) -> int:
+        return FRAG * self.i2 * self.i3
+
+    @property
+    def n(self) -> int:
+        return FRAG * self.j2 * self.j3
+
+    @property
+    def k(self) -> int:
+        return FRAG * self.k1
+
+
+def choose_tiles(m: int, n: int, in_dtype: str) -> Tiles:
+    """Block tiles that do not waste most of a tile on padding: N 64 -> 128x64 tiles, small M -> 64 rows."""
+    k1 = 4 if in_dtype == "float16" else 2  # int8: 32 bytes per row and stage, like fp16's 64 halves / 2
+    j2, j3 = (4, 2) if n > 64 else (2, 2)
+    i2, i3 = (4, 2) if m > 64 else (2, 2)
+    return Tiles(i2, i3, j2, j3, k1)
+
+
+def _sm(target: Target) -> int:
+    arch = str(target.attrs.get("arch", ""))
+    return int(arch[3:]) if arch.startswith("sm_") and arch[3:].isdigit() else 0
+
+
+def _drop_unit_reductions(sch: Any, block: Any) -> None:
+    iters = list(sch.get(block).iter_vars)
+    keep = [
+        i
+        for i, v in enumerate(iters)
+        if not (v.iter_type == tirx.IterVar.CommReduce and isinstance(v.dom.extent, tirx.IntImm) and v.dom.extent == 1)
+    ]
+    if len(keep) < len(iters):
+        sch.transform_block_layout(block, tirx.IndexMap.from_func(lambda *v: [v[i] for i in keep], ndim=len(iters)))
+
+
+class TensorCoreGemm(GPUScheduleRule):  # type: ignore[misc]
+    """WMMA schedule for any single-reduction GEMM-shaped kernel (matmul, dense, conv2d as implicit GEMM)."""
+
+    def apply(self, func: Any, target: Target, _: bool) -> Any:
+        try:
+            return self._apply(func, target)
+        except Exception:  # a ScheduleError or TVM check on an unusual kernel: dlight's rules take it
+            return None
+
+    def _apply(self, func: Any, target: Target) -> Any:  # noqa: C901 (one schedule, step by step)
+        if not isinstance(func, tirx.PrimFunc) or not self.is_target_available(target):
+            return None
+        if target.kind.name != "cuda" or "dlight.do_not_tensorize" in func.attrs.keys():
+            return None
+        sch = s_tir.Schedule(func)
+        reductions = get_reduction_blocks(sch, sch.get_child_blocks(get_root_block(sch)))
+        if reductions is None:
+            return None
+        main = reductions[0]
+        stmt = sch.get(main)
+        if len(stmt.reads) != 2 or len(stmt.writes) != 1:
+            return None
+        a_dtype, b_dtype = (str(r.source.dtype) for r in stmt.reads)
+        out_dtype = str(stmt.writes[0].source.dtype)
+        if a_dtype != b_dtype or a_dtype not in MIN_SM or _sm(target) < MIN_SM[a_dtype]:
+            return None
+        accumulators = {"float16": ("float32", "float16"), "int8": ("int32",)}[a_dtype]
+        if out_dtype not in accumulators:
+            return None
+        _drop_unit_reductions(sch, main)  # a 1x1 convolution's ky, kx (extent 1) break reindex's layouts
+        stmt = sch.get(main)
+        maps = get_index_map(stmt)
+        if maps is None:
+            return None
+        matmul_map, a_map, b_map, c_map = maps
+
+        # C[S, I, J] += A[S, I, K] * B[S, J, K]: reindex the operands (for a convolution, the A reindex is
+        # the im2col gather, computed on the fly into shared memory) and fuse the axes of each kind
+        reindex_a = sch.reindex(main, ("read", 0))
+        reindex_b = sch.reindex(main, ("read", 1))
+        reindex_c = sch.reindex(main, ("write", 0))
+        sch.transform_layout(reindex_a, ("write", 0), a_map)
+        sch.transform_layout(reindex_b, ("write", 0), b_map)
+        sch.transform_layout(reindex_c, ("read", 0), c_map)
+        sch.transform_block_layout(main, matmul_map)
+        extents = [v.dom.extent for v in sch.get(main).iter_vars]
+        if not all(isinstance(e, tirx.IntImm) for e in extents):
+            return None  # dynamic shapes: leave them to dlight
+        _batch, m, n, k = (int(e.value) for e in extents)
+        if min(m, n, k) < FRAG:
+            return None
+        t = choose_tiles(m, n, a_dtype)
+        sch.pad_einsum(main, [1, t.m, t.n, t.k])
+
+        batch, i, j, kk = sch.get_loops(main)
+        i, i_frag = sch.split(i, factors=[None, FRAG])
+        j, j_frag = sch.split(j, factors=[None, FRAG])
+        kk, k_frag = sch.split(kk, factors=[None, FRAG])
+        sch.reorder(i, j, kk, i_frag, j_frag, k_frag)
+        inner = main
+        outer = sch.blockize(i_frag)
+
+        i0, i1, i2, i3 = sch.split(i, factors=[None, 1, t.i2, t.i3])
+        j0, j1, j2, j3 = sch.split(j, factors=[1, None, t.j2, t.j3])
+        k0, k1 = sch.split(kk, factors=[None, t.k1])
+        # two-stage pipelines: global -> shared over k0, shared -> fragments over k1 (k1 >= 2: an inner
+        # pipelined loop of extent 1 is what breaks dlight's INT8 rule)
+        sch.annotate(k0, "software_pipeline_order", [0, 3, 1, 4, 5, 2, 6])
+        sch.annotate(k0, "software_pipeline_stage", [0, 0, 0, 0, 0, 1, 1])
+        sch.annotate(k1, "software_pipeline_order", [0, 1, 2])
+        sch.annotate(k1, "software_pipeline_stage", [0, 0, 1])
+        sch.reorder(i0, j0, i1, j1, j2, i2, k0, k1, i3, j3)
+        sch.bind(batch, "blockIdx.z")
+        sch.bind(sch.fuse(i0, j0), "blockIdx.x")
+        sch.bind(sch.fuse(i1, j1), "blockIdx.y")
+        warp = sch.fuse(j2, i2)
+        sch.bind(warp, "threadIdx.y")
+        warps = t.i2 * t.j2
+        vector = 4
+        align = (16, 8) if a_dtype == "float16" else (32, 16)  # row padding against bank conflicts
+
+        def to_shared(index: int) -> Any:
+            block = sch.cache_read(outer, index, "shared.dyn")
+            sch.compute_at(block, k0)
+            fused = sch.fuse(*sch.get_loops(block)[-2:])
+            _, ty, tx, vec = sch.split(fused, factors=[None, warps, WARP, vector])
+            sch.bind(tx, "threadIdx.x")
+            sch.bind(ty, "threadIdx.y")
+            sch.vectorize(vec)
+            sch.storage_align(block, 0, axis=-2, factor=align[0], offset=align[1])
+            sch.annotate(block, "tirx.manifest_shared_memory_local_stage", 1)
+            sch.annotate(block, "double_buffer_scope", 0)
+            return block
+
+        a_shared, b_shared = to_shared(0), to_shared(1)
+        auto_inline_producers(sch, a_shared)  # padding and the im2col gather happen in the global load
+        auto_inline_producers(sch, b_shared)
+        a_frag = sch.cache_read(outer, 0, "wmma.matrix_a")
+        b_frag = sch.cache_read(outer, 1, "wmma.matrix_b")
+        sch.compute_at(a_frag, k1)
+        sch.compute_at(b_frag, k1)
+        acc_shared = sch.cache_write(outer, 0, "shared.dyn")
+        sch.storage_align(acc_shared, 0, -2, 16, 4)
+        store = sch.cache_write(outer, 0, "wmma.accumulator")
+        sch.reverse_compute_at(store, warp)
+        sch.reverse_compute_at(acc_shared, warp)
+        si, sj = sch.get_loops(store)[-2:]
+        si0, si1 = sch.split(si, factors=[None, FRAG])
+        sj0, sj1 = sch.split(sj, factors=[None, FRAG])
+        sch.reorder(si0, sj0, si1, sj1)
+        init = sch.get_child_blocks(sch.decompose_reduction(outer, k0))[0]
+
+        from tvm.s_tir.tensor_intrin.cuda import get_wmma_intrin_group
+
+        def fragment_loads(intrins: dict[str, str]) -> None:
+            for block, name in ((a_frag, "load_a"), (b_frag, "load_b")):
+                fi, fj = sch.get_loops(block)[-2:]
+                fi0, fi1 = sch.split(fi, factors=[None, FRAG])
+                fj0, fj1 = sch.split(fj, factors=[None, FRAG])
+                sch.reorder(fi0, fj0, fi1, fj1)
+                sch.unroll(fi0)
+                sch.unroll(fj0)
+                sch.tensorize(fi1, intrins[name])
+
+        for n_try, acc in enumerate(accumulators):
+            intrins = get_wmma_intrin_group("shared.dyn", "shared.dyn", a_dtype, acc, trans_b=True)
+            try:
+                if n_try == 0:
+                    fragment_loads(intrins)
+                sch.tensorize(sch.get_loops(init)[-2], intrins["init"])
+                sch.tensorize(sch.get_loops(store)[-2], intrins["store"])
+                sch.tensorize(sch.get_loops(inner)[-3], intrins["compute"])
+                break
+            except Exception:  # tvm.s_tir.ScheduleError: the intrinsic does not match this accumulator
+                if n_try == len(accumulators) - 1:
+                    return None
+        auto_inline_consumer_chain(sch, acc_shared)  # the epilogue runs on the way out to global memory
+        fused = sch.fuse(*sch.get_loops(acc_shared)[-2:])
+        _, tx, vec = sch.split(fused, factors=[None, WARP, vector])
+        sch.bind(tx, "threadIdx.x")
+        sch.vectorize(vec)
+        return sch
+
+
+def legalize_passes(target: Target) -> list[Any]:
+    """TVM's CUDA legalization passes with `TensorCoreGemm` ahead of dlight's default rules."""
+    from tvm.s_tir import dlight as dl
+
+    return [
+        tvm.relax.transform.LegalizeOps(),
+        tvm.relax.transform.AnnotateTIROpPattern(),
+        tvm.relax.transform.FoldConstant(),
+        tvm.relax.transform.FuseOps(),
+        tvm.relax.transform.FuseTIR(),
+        dl.ApplyDefaultSchedule(
+            TensorCoreGemm(),
+            dl.gpu.Matmul(),
+            dl.gpu.GEMV(),
+            dl.gpu.Reduction(),
+            dl.gpu.GeneralReduction(),
+            dl.gpu.Fallback(),
+        ),
+    ]
+
+
+def cuda_pipeline(target: Target, tensor_cores: bool = True) -> Any:
+    """`relax.backend.cuda.get_default_pipeline(target)`, with tensor-core convolutions when asked."""
+    from tvm.relax.backend.cuda import pipeline as cuda
+
+    if not tensor_cores:
+        return cuda.get_default_pipeline(target)
+
+    @tvm.transform.module_pass(opt_level=0)  # type: ignore[untyped-decorator]
+    def _pipeline(mod: Any, _ctx: Any) -> Any:
+        with target:
+            passes = (
+                cuda.library_dispatch_passes(target)
+                + legalize_passes(target)
+                + cuda.dataflow_lower_passes(target)
+                + cuda.finalize_passes(target)
+            )
+            return tvm.transform.Sequential(passes)(mod)
+
+    return _pipeline
+
+
+def _grouped_convs(mod: Any) -> int:
+    conv = tvm.ir.Op.get("relax.nn.conv2d")
+    count = 0
+
+    def visit(e: Any) -> None:
+        nonlocal count
+        if isinstance(e, relax.Call) and e.op == conv and int(e.attrs.groups) != 1:
+            count += 1
+
+    for f in mod.functions.values():
+        if isinstance(f, relax.Function):
+            relax.analysis.post_order_visit(f, visit)
+    return count
+
+
+def to_nhwc(mod: Any) -> Any:
+    """Every convolution (and the ops between them that follow) in NHWC/OHWI. A graph with depthwise or
+    grouped convolutions keeps NCHW: they get no tensor cores, and mixing layouts would put a transpose
+    between every pair of layers (MobileNet)."""
+    if _grouped_convs(mod):
+        return mod
+    mod = relax.transform.ConvertLayout({"relax.nn.conv2d": ["NHWC", "OHWI"]})(mod)
+    return relax.transform.DeadCodeElimination()(mod)
+
+
+@stage("nhwc-layout")
+def nhwc_layout(ctx: BuildContext) -> None:
+    """fp16 only: fp32 has no tensor-core path here (no TF32 WMMA in 0.27), and its kernels stay as measured."""
+    if tensor_cores_enabled() and ctx.precision == "fp16":
+        ctx.ir = to_nhwc(ctx.ir)
