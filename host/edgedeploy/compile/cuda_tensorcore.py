@@ -242,8 +242,11 @@ class TensorCoreGemm(GPUScheduleRule):  # type: ignore[misc]
 
 
 def legalize_passes(target: Target) -> list[Any]:
-    """TVM's CUDA legalization passes with `TensorCoreGemm` ahead of dlight's default rules."""
+    """TVM's CUDA legalization passes with `TensorCoreGemm` ahead of dlight's default rules, and
+    `WindowReduction` (pooling, depthwise convolutions) ahead of its reduction rules."""
     from tvm.s_tir import dlight as dl
+
+    from .cuda_window import WindowReduction
 
     return [
         tvm.relax.transform.LegalizeOps(),
@@ -254,6 +257,7 @@ def legalize_passes(target: Target) -> list[Any]:
         dl.ApplyDefaultSchedule(
             TensorCoreGemm(),
             dl.gpu.Matmul(),
+            WindowReduction(),
             dl.gpu.GEMV(),
             dl.gpu.Reduction(),
             dl.gpu.GeneralReduction(),

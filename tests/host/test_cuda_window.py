@@ -1,0 +1,54 @@
+"""CUDA schedules of window reductions (compile/cuda_window.py): pooling gets one thread per output, not one
+thread block per output (dlight's reduction rules did that: 12.97 ms of ResNet-18 INT8's 15.9 ms at batch 64)."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+tvm = pytest.importorskip("tvm")
+from tvm import relax  # noqa: E402
+
+from edgedeploy.compile.cuda_tensorcore import legalize_passes  # noqa: E402
+
+TARGET = {
+    "kind": "cuda",
+    "arch": "sm_75",
+    "max_threads_per_block": 1024,
+    "max_num_threads": 1024,
+    "max_shared_memory_per_block": 49152,
+    "thread_warp_size": 32,
+    "registers_per_block": 65536,
+}
+
+
+def _blocks(batch: int, classes: int) -> dict[str, list[int]]:
+    """Thread-block counts of each kernel of max pool + quantize, and of a softmax over `classes`."""
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((batch, 64, 112, 112), "float32"))
+    logits = relax.Var("logits", relax.TensorType((batch, classes), "float32"))
+    with bb.function("main", [x, logits]):
+        with bb.dataflow():
+            p = bb.emit(relax.op.nn.max_pool2d(x, pool_size=(3, 3), strides=(2, 2), padding=(1, 1, 1, 1)))
+            q = bb.emit(relax.op.quantize(p, relax.const(0.05), relax.const(0, "int8"), axis=1, out_dtype="int8"))
+            s = bb.emit(relax.op.nn.softmax(logits))
+            out = bb.emit_output((q, s))
+        bb.emit_func_output(out)
+    target = tvm.target.Target(TARGET)
+    with target:
+        mod = tvm.transform.Sequential(legalize_passes(target))(bb.get())
+    return {
+        gv.name_hint: [int(n) for n in re.findall(r'T.int64\((\d+)\), thread="blockIdx.x"', f.script())]
+        for gv, f in mod.functions.items()
+        if isinstance(f, tvm.tirx.PrimFunc)
+    }
+
+
+def test_pooling_gets_a_thread_per_output_and_long_reductions_keep_dlight() -> None:
+    blocks = _blocks(batch=8, classes=1000)
+    outputs = 8 * 64 * 56 * 56
+    pool = blocks["fused_max_pool2d_quantize"]
+    assert pool and max(pool) == -(-outputs // 1024), blocks  # not `outputs` blocks of 256 threads
+    # a softmax over 1000 classes is a long reduction: dlight's reduction rule, one block per row
+    assert max(blocks["softmax"]) == 8, blocks
