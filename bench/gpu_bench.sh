@@ -25,7 +25,7 @@ out=$(realpath "$2")
 models=${3:-resnet18,mobilenet_v1_0.25_224}
 batches=${4:-1,64}
 shift $(($# < 4 ? $# : 4))
-tag="$(echo "$models" | tr ',' '+').bs$(echo "$batches" | tr ',' '+')"
+tag="$(echo "$models" | tr ',' '_').bs$(echo "$batches" | tr ',' '_')"
 
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site "$kit"/wheels/*.whl
 export PYTHONPATH=/tmp/site:$PWD/agent:$PWD/bench PYTHONUNBUFFERED=1

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -40,6 +41,9 @@ def test_keys_sign_enroll_push(cli: Cli, device: Enrolled, mnist_bundle: Path, t
     assert cli("sign", str(mnist_bundle), "--key", "fleet-2", "-o", str(old), "--serial", str(serial - 1)).code == 0
     assert_one_line_error(cli("push", device.name, str(old), *device.args()), 4, "already ran serial")
     expired = tmp_path / "expired.edb"
-    assert cli("sign", str(mnist_bundle), "--key", "fleet-2", "-o", str(expired), "--expires-days", "-1").code == 0
+    sign = ("sign", str(mnist_bundle), "--key", "fleet-2", "-o", str(expired))
+    assert_one_line_error(cli(*sign, "--expires-days", "-1"), 2, "--expires-days must be greater than 0")
+    assert cli(*sign, "--expires-days", "0.00001").code == 0  # valid for 0.9 s
+    time.sleep(1.5)
     assert_one_line_error(cli("push", device.name, str(expired), *device.args()), 4, "expired")
     assert (device.root / "current").resolve().name == read_manifest(signed).release_name
