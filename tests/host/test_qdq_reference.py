@@ -91,21 +91,22 @@ def test_matches_an_independent_int64_computation(group: int, stride: int, pad: 
 
 
 def test_integer_sums_stay_exact_past_float32_precision() -> None:
-    """4096 input channels at full scale: the sums reach 2^26, where float32 cannot hold every integer."""
-    k, c = 4, 4096
+    """65536 input channels at full scale: the sum is an odd number near 2^31, so float32 (24-bit mantissa)
+    cannot hold it or the partial sums on the way, whatever order a BLAS adds them in."""
+    k, c = 4, 65536
     w_q = np.full((k, c, 1, 1), 127)
-    w_q[:, ::3] = -128 + 1
     model = _qdq_conv(w_q, np.zeros(k, np.int64), 1.0, 0, np.ones(k), 1.0, 0, group=1)
     x = np.full((1, c, 1, 1), 255.0, np.float32)
-    x[0, 1::7] = 254.0
+    x[0, 0::7] = 254.0  # 9363 of them: the total 127 * (255 * 65536 - 9363) is odd
     xq = np.clip(np.rint(x.astype(np.float64)), 0, 255)
-    acc = _int64_conv(xq, 0, w_q, 1, 0, 1)[0, :, 0, 0]
-    assert np.abs(acc).max() > 2**24  # float32 could not represent every partial sum exactly here
+    acc = (xq[0, :, 0, 0].astype(np.int64) * 127).sum()
+    assert acc % 2 == 1 and acc > 2**30
     # the model requantizes to uint8, so read the exact pre-activation sum from the Conv node itself
     conv_only = onnx.ModelProto.FromString(model.SerializeToString())
     conv_only.graph.output[0].name = "c"
-    got = QdqReference(conv_only).run({"x": x})[0].astype(np.float64)
-    np.testing.assert_array_equal(got.reshape(-1), acc.astype(np.float32))
+    got = QdqReference(conv_only, float64_outputs=True).run({"x": x})[0]
+    assert got.dtype == np.float64
+    np.testing.assert_array_equal(got.reshape(-1), np.full(k, acc, np.float64))
 
 
 @pytest.mark.parametrize("name", ["mnist-8_opset13.onnx", "mobilenet_v1_0.25_224.onnx"])

@@ -61,8 +61,9 @@ class IntForm:
 class QdqReference:
     """Runs a Q/DQ (or plain float) ONNX model exactly; `run({input: array}) -> [outputs]`."""
 
-    def __init__(self, model: onnx.ModelProto) -> None:
+    def __init__(self, model: onnx.ModelProto, float64_outputs: bool = False) -> None:
         self.graph = model.graph
+        self.float64_outputs = float64_outputs  # outputs as computed, for checks finer than float32
         self.opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 13)
         self.consts: dict[str, np.ndarray] = {t.name: numpy_helper.to_array(t) for t in self.graph.initializer}
         self.inputs = [i.name for i in self.graph.input if i.name not in self.consts]
@@ -86,7 +87,8 @@ class QdqReference:
                 ints[node.output[0]] = ctx.int_form
             for name, value in zip(node.output, outs, strict=False):
                 values[name] = value
-        return [np.asarray(values[o.name]).astype(np.float32) for o in self.graph.output]
+        dtype = np.float64 if self.float64_outputs else np.float32
+        return [np.asarray(values[o.name]).astype(dtype) for o in self.graph.output]
 
     def predict(self, batch: np.ndarray) -> np.ndarray:
         """Classifier protocol (evaluate.py): the first output, one row per sample, 16 samples at a time."""
