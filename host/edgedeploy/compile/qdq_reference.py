@@ -7,8 +7,8 @@ gate of `edgedeploy build --int8`, the benchmarks and the tests.
 Why not onnxruntime: its optimized CPU run fuses Q/DQ pairs into integer kernels (QLinearConv) whose
 arithmetic depends on the build host's CPU. On AVX2-only CPUs the U8S8/S8S8 kernels use `vpmaddubsw`,
 whose int16 pair sums saturate; on AVX-512 VNNI CPUs `vpdpbusd` does not. The same model then gives
-different outputs on different machines (a symmetric MobileNetV1 scored 10 % top-1 on one, 53 % on
-another). onnxruntime with graph optimizations off is fake-quant float32: its convolution sums scaled
+different outputs on different machines (issue 17 reports a symmetric MobileNetV1 at 10 % top-1 on one,
+53 % on another). onnxruntime with graph optimizations off is fake-quant float32: its convolution sums scaled
 values in float32, so its rounding depends on the summation order of the CPU's GEMM kernel.
 
 What this computes, and why it is exact:
@@ -202,7 +202,7 @@ def _conv_sum(x: np.ndarray, w: np.ndarray, n: _Node) -> np.ndarray:
     k = w.shape[0]
     if groups == 1:
         return np.asarray(np.tensordot(win, w, axes=([1, 4, 5], [1, 2, 3])).transpose(0, 3, 1, 2))
-    if groups == c and k == c:  # depthwise: one multiply-add per kernel tap (einsum is 4x slower here)
+    if groups == c and k == c:  # depthwise: one multiply-add per kernel tap
         out = np.zeros((nb, c, oh, ow))
         for i, j in np.ndindex(*w.shape[2:]):
             out += win[..., i, j] * w[:, 0, i, j].reshape(1, c, 1, 1)
