@@ -47,7 +47,7 @@ from .int8_build import Int8Config, calibration_inputs
 from .onnx_model import OnnxModel, check_preprocess, load_onnx
 from .package import BuildResult, ModelCard, _default_name, card_manifest, profile_target, write_labels
 from .qdq_reference import reference_outputs
-from .quantize import tensorrt_qdq
+from .quantize import run_tensors, tensorrt_qdq
 
 REFERENCE_SAMPLES = 8
 # The build-time gate, on up to GATE_SAMPLES calibration samples: the exact INT8 reference must give the FP32
@@ -143,7 +143,7 @@ def build_tensorrt_bundle(
     # Stored as float16 (half the bytes); the outputs are computed on exactly the values the device reads.
     gate_inputs = calib[:GATE_SAMPLES].astype(np.float16).astype(calib.dtype)
     exact = reference_outputs(report.model, gate_inputs)
-    fp32 = _fp32_outputs(model, gate_inputs)
+    fp32 = run_tensors(model.proto, gate_inputs, [o.name for o in model.proto.graph.output])
     gate = _reference_gate(exact[0], fp32[0], options.min_reference_agreement)
     n = options.reference_samples
     ref_inputs, ref_outputs = gate_inputs[:n], [o[:n] for o in exact]
@@ -220,14 +220,6 @@ def _write_artifacts(
         np.savez_compressed(f, **arrays)  # type: ignore[arg-type]
     write_labels(work, card, files)
     return files
-
-
-def _fp32_outputs(model: OnnxModel, x: np.ndarray) -> list[np.ndarray]:
-    import onnxruntime as ort
-
-    sess = ort.InferenceSession(model.proto.SerializeToString(), providers=["CPUExecutionProvider"])
-    chunks = [sess.run(None, {model.inputs[0].name: x[i : i + 16]}) for i in range(0, len(x), 16)]
-    return [np.concatenate([c[k] for c in chunks]) for k in range(len(chunks[0]))]
 
 
 def _reference_gate(exact: np.ndarray, fp32: np.ndarray, minimum: float) -> float:
