@@ -15,8 +15,10 @@ from typing import Any, Optional
 
 BEAT_INTERVAL_S = 1.0
 STALE_AFTER_S = 10.0
+# Reported while a TensorRT engine is built and accepted at activation (runtime/tensorrt.py).
+BUILD_STATES = ("building-engine", "engine-built", "accepting", "fallback")
 # health states written while the process runs; the others (finished, stopped, failed) are final
-LIVE_STATES = ("loading", "building-engine", "engine-built", "accepting", "fallback", "checking-frames", "ready")
+LIVE_STATES = ("loading", *BUILD_STATES, "checking-frames", "ready")
 # states in which the main loop beats (loading and engine builds can take minutes without a beat)
 BEATING_STATES = ("checking-frames", "ready")
 

@@ -16,12 +16,10 @@ from pathlib import Path
 from typing import Any, Optional, Protocol
 
 from .bundle import HealthSpec
-from .heartbeat import pid_alive
+from .heartbeat import BUILD_STATES, pid_alive
 from .store import DeviceStore, utcnow, write_json_atomic
 
 HEALTHY_STATES = ("ready", "finished")
-# Reported while a TensorRT engine is built and accepted at activation (runtime/tensorrt.py).
-BUILD_STATES = ("building-engine", "engine-built", "accepting", "fallback")
 
 
 class Service(Protocol):
