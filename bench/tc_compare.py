@@ -85,6 +85,7 @@ def main() -> int:
     ap.add_argument("--n", type=int, default=100)
     ap.add_argument("--profile", action="store_true")
     ap.add_argument("--json", type=Path)
+    ap.add_argument("--no-peer", action="store_true", help="skip the torchvision torch.compile peer")
     ap.add_argument("--variants", default="default,tc", help="BEFORE,AFTER: the bundles' name suffixes")
     args = ap.parse_args()
     before, after = args.variants.split(",")
@@ -124,7 +125,7 @@ def main() -> int:
             if pair.split(".")[1] == "int8" and not same:
                 verdict += "  <-- INT8 MUST BE IDENTICAL"
             print(f"  {pair}: {after} {speedup:.2f}x {before}; outputs {verdict}", flush=True)
-    for batch in sorted({r["batch"] for r in rows}):
+    for batch in sorted({r["batch"] for r in rows}) if not args.no_peer else []:
         peer = torchvision_peer(batch)
         if peer is not None:
             rows.append(
