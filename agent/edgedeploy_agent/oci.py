@@ -92,7 +92,8 @@ class OciPuller:
         try:
             doc = json.loads(body)
             config = doc["config"]
-            layers = doc["layers"]
+            if not isinstance(doc["layers"], list):
+                raise ValueError("layers is not a list")
             if config["mediaType"] != CONFIG_MEDIA_TYPE:
                 raise ValueError(f"config media type {config['mediaType']}")
         except (ValueError, KeyError, TypeError) as e:
@@ -110,7 +111,7 @@ class OciPuller:
         for sha, size in wanted:
             if self.blobs.has(sha):
                 continue
-            got, restarted = self._blob(ref, sha, size, lambda n, base=done: progress(base + n, total))
+            got, restarted = self._blob(ref, sha, size, _offset(progress, done, total))
             fetched += got
             restarts += restarted
             done += size
@@ -157,6 +158,10 @@ class OciPuller:
         if not self.blobs.has(sha):  # hashed; a mismatch is deleted, so the next try starts clean
             raise DigestMismatch(f"blob {sha[:16]} from {url} does not match its sha256; discarded")
         return fetched, restarted
+
+
+def _offset(progress: Progress, base: int, total: int) -> Callable[[int], None]:
+    return lambda n: progress(base + n, total)
 
 
 def _descriptor(d: Any) -> tuple[str, int]:

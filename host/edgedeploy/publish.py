@@ -193,7 +193,9 @@ def publish(
         raise RegistryError(f"registry stored the manifest as {answered}, expected {digest}")
     ref = f"{host}/{repo}@{digest}"
     parse_ref(ref)  # the agent's parser accepts what we print
-    result = Published(ref, digest, tag, blobs.manifest_sha, blobs.manifest.release_name, tuple(sent), tuple(skipped), nbytes)
+    result = Published(
+        ref, digest, tag, blobs.manifest_sha, blobs.manifest.release_name, tuple(sent), tuple(skipped), nbytes
+    )
     record_published(result)
     return result
 

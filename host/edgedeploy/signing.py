@@ -125,3 +125,10 @@ def sign_bundle(
         files = {a.path: Path(tmp) / "b" / a.path for a in signed.artifacts}
         write_bundle(out, signed, files, signature=sign_manifest(signed, key_name))
     return signed
+
+
+def sign_document(body: bytes, key_name: str) -> dict[str, str]:
+    """{"key", "ed25519"} over `body` (canonical JSON): how desired-state documents are signed."""
+    key = _load_private(key_name)
+    raw = key.public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+    return {"key": key_id(raw), "ed25519": base64.b64encode(key.sign(body)).decode()}

@@ -1,0 +1,105 @@
+"""Pull rollouts end to end: publish to a real registry, desired state through a real mosquitto, real
+`edgedeploy-agent watch` processes pulling from a pull-through cache and deploying real bundles."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from edgedeploy.fleet_servers import servers_available
+from edgedeploy_agent.bundle import read_manifest
+from tests.helpers import Cli, assert_one_line_error
+from tests.integration.conftest import LabeledVideo
+from tests.integration.pullfleet import PUBLISHER, PullFleet, start_pull_fleet
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def pull_fleet(cli: Cli, tmp_path: Path, hermetic: Path, mnist_video: LabeledVideo) -> Iterator[PullFleet]:
+    missing = servers_available()
+    if missing:
+        if __import__("os").environ.get("EDGEDEPLOY_REQUIRE_FLEET_SERVERS") == "1":
+            pytest.fail(missing)
+        pytest.skip(missing)
+    fleet = start_pull_fleet(tmp_path / "pull", cli, ["dev1", "dev2"])
+    try:
+        fleet.setup_host(hermetic)
+        for name in ("dev1", "dev2"):
+            fleet.add(name, f"file:{mnist_video.path}")
+        yield fleet
+    finally:
+        fleet.close()
+
+
+def signed(cli: Cli, bundle: Path, out: Path) -> Path:
+    r = cli("sign", str(bundle), "--key", "fleet-1", "-o", str(out))
+    assert r.code == 0, r.err
+    return out
+
+
+def wait_for(check: object, timeout: float = 60.0) -> None:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if check():  # type: ignore[operator]
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"not true within {timeout} s")
+
+
+def test_publish_rollout_status_via_mqtt(cli: Cli, pull_fleet: PullFleet, mnist_bundle: Path, tmp_path: Path) -> None:
+    fleet = pull_fleet
+    bundle = signed(cli, mnist_bundle, tmp_path / "signed.edb")
+    release = read_manifest(bundle).release_name
+    registry = f"{fleet.origin.address}/models/mnist"
+
+    # publishing needs the push account; without it the registry refuses, in one line
+    assert_one_line_error(cli("publish", str(bundle), "--registry", registry), 4, "401")
+    assert_one_line_error(cli("publish", str(bundle), "--registry", "no-repo"), 2, "HOST:PORT/REPO")
+    env = {"EDGEDEPLOY_REGISTRY_PASSWORD": PUBLISHER[1]}
+    r = cli("publish", str(bundle), "--registry", registry, "--user", PUBLISHER[0], "--json", env=env)
+    assert r.code == 0, r.err
+    pub = json.loads(r.out)
+    assert pub["ref"].startswith(f"{registry}@sha256:") and len(pub["uploaded"]) >= 3 and not pub["skipped"]
+    again = json.loads(
+        cli("publish", str(bundle), "--registry", registry, "--user", PUBLISHER[0], "--json", env=env).out
+    )
+    assert again["ref"] == pub["ref"] and not again["uploaded"]  # publish once: the registry has every blob
+
+    for name in fleet.devices:
+        fleet.start(name)
+    r = cli("status", "--group", "lab", "--via", "mqtt", "--json", *fleet.args())
+    wait_for(
+        lambda: all(
+            st and st["state"] == "idle"
+            for st in json.loads(cli("status", "--group", "lab", "--via", "mqtt", "--json", *fleet.args()).out)[
+                "devices"
+            ].values()
+        ),
+        20,
+    )
+
+    r = cli(
+        "rollout", str(bundle), "--group", "lab", "--via", "mqtt", "--canary", "1", "--wave", "50%",
+        "--max-fail", "10%", "--json", *fleet.args(), timeout=240,
+    )  # fmt: skip
+    assert r.code == 0, r.out + r.err + "".join(d.log() for d in fleet.devices.values())
+    state = json.loads(r.out)
+    assert state["options"]["via"] == "mqtt" and state["waves"] == [["dev1"], ["dev2"]]
+    assert {n: d["status"] for n, d in state["devices"].items()} == {"dev1": "committed", "dev2": "committed"}
+    assert all(d.current() == release for d in fleet.devices.values())
+
+    r = cli("status", "--group", "lab", "--via", "mqtt", "--json", *fleet.args())
+    assert r.code == 0, r.err
+    statuses = json.loads(r.out)["devices"]
+    assert {n: (st["state"], st["release"]) for n, st in statuses.items()} == {
+        "dev1": ("committed", release),
+        "dev2": ("committed", release),
+    }
+    # the devices' endpoint (the pull-through cache) served the bytes, and it refuses pushes
+    assert fleet.cache.requests().get("GET blobs", 0) >= 2 * 3
+    assert fleet.cache.requests().get("PUT blobs", 0) == 0
