@@ -5,35 +5,15 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from edgedeploy.fleet_servers import servers_available
 from edgedeploy_agent.bundle import read_manifest
 from tests.helpers import Cli, assert_one_line_error
-from tests.integration.conftest import LabeledVideo
-from tests.integration.pullfleet import PUBLISHER, PullFleet, start_pull_fleet
+from tests.integration.pullfleet import PUBLISHER, PullFleet
 
 pytestmark = pytest.mark.integration
-
-
-@pytest.fixture
-def pull_fleet(cli: Cli, tmp_path: Path, hermetic: Path, mnist_video: LabeledVideo) -> Iterator[PullFleet]:
-    missing = servers_available()
-    if missing:
-        if __import__("os").environ.get("EDGEDEPLOY_REQUIRE_FLEET_SERVERS") == "1":
-            pytest.fail(missing)
-        pytest.skip(missing)
-    fleet = start_pull_fleet(tmp_path / "pull", cli, ["dev1", "dev2"])
-    try:
-        fleet.setup_host(hermetic)
-        for name in ("dev1", "dev2"):
-            fleet.add(name, f"file:{mnist_video.path}")
-        yield fleet
-    finally:
-        fleet.close()
 
 
 def signed(cli: Cli, bundle: Path, out: Path) -> Path:
