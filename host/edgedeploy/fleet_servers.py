@@ -12,6 +12,7 @@ from __future__ import annotations
 import datetime as dt
 import os
 import pwd
+import re
 import shutil
 import signal
 import socket
@@ -133,14 +134,22 @@ class LocalRegistry(_Server):
 
     def requests(self) -> dict[str, int]:
         """Requests served so far, by method + kind (from the access log)."""
+        return self.traffic()[0]
+
+    def traffic(self) -> tuple[dict[str, int], int]:
+        """(requests by method + kind, response body bytes) from the access log (combined log format)."""
         counts: dict[str, int] = {}
+        sent = 0
         for line in self.log.read_text(errors="replace").splitlines():
-            for method in ("GET", "HEAD", "PUT", "POST", "PATCH"):
-                if f'"{method} /v2/' in line:
-                    kind = "blobs" if "/blobs/" in line else "manifests" if "/manifests/" in line else "other"
-                    key = f"{method} {kind}"
-                    counts[key] = counts.get(key, 0) + 1
-        return counts
+            m = re.search(r'"(GET|HEAD|PUT|POST|PATCH|DELETE) (/v2/\S*) [^"]*" (\d{3}) (\d+|-)', line)
+            if not m:
+                continue
+            path = m.group(2)
+            kind = "blobs" if "/blobs/" in path else "manifests" if "/manifests/" in path else "other"
+            key = f"{m.group(1)} {kind}"
+            counts[key] = counts.get(key, 0) + 1
+            sent += int(m.group(4)) if m.group(4).isdigit() else 0
+        return counts, sent
 
     def __enter__(self) -> LocalRegistry:
         return self.start()

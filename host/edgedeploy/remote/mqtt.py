@@ -95,7 +95,9 @@ class Controller:
 
         self.settings = settings
         self.statuses: dict[str, dict[str, Any]] = {}
-        self.changed = threading.Condition()
+        self._lock = threading.Lock()
+        self.changed = threading.Condition(self._lock)  # any status changed
+        self._device_changed: dict[str, threading.Condition] = {}  # one device's: a waiter wakes for its own only
         self._connected = threading.Event()
         self._refused: str | None = None
         self.client = mqtt.Client(
@@ -132,9 +134,11 @@ class Controller:
             status = json.loads(msg.payload) if msg.payload else {}
         except ValueError:
             status = {"state": "unreadable"}
-        with self.changed:
+        with self._lock:
             self.statuses[device] = status
             self.changed.notify_all()
+            if device in self._device_changed:
+                self._device_changed[device].notify_all()
 
     def __enter__(self) -> Controller:
         host, _, port = self.settings.broker.rpartition(":")
@@ -181,7 +185,8 @@ class Controller:
     def wait_status(self, device: str, done: Any, timeout: float, cancelled: Any = lambda: False) -> dict[str, Any]:
         """Wait until done(status) is true for this device; returns the last status (maybe not done)."""
         end = time.monotonic() + timeout
-        with self.changed:
+        with self._lock:
+            cond = self._device_changed.setdefault(device, threading.Condition(self._lock))
             while True:
                 st = self.statuses.get(device, {})
                 if done(st) or cancelled():
@@ -189,4 +194,4 @@ class Controller:
                 left = end - time.monotonic()
                 if left <= 0:
                     return st
-                self.changed.wait(min(left, 0.5))
+                cond.wait(min(left, 0.5))

@@ -71,6 +71,10 @@ class RateLimit:
 
 
 class MqttRolloutRunner(RolloutRunner):
+    # thousands of devices change state within seconds: rewrite the state file at most once a second (a
+    # crash loses at most that second; `--resume` publishes again, and a device that already did it says so)
+    save_interval = 1.0
+
     def __init__(
         self,
         inv: Inventory,
