@@ -36,7 +36,7 @@ from .desired import (
     verify_desired,
 )
 from .errors import AgentError, HealthCheckFailed, StateError
-from .lifecycle import Deployment
+from .lifecycle import Deployment, rollback
 from .oci import DigestMismatch, OciPuller, PullError, parse_ref
 from .service import HealthObjectives, make_service
 from .store import DeviceStore
@@ -240,9 +240,16 @@ class Watcher:
         objectives = HealthObjectives(doc.health.min_inferences, doc.health.max_p95_ms, doc.health.min_fps)
         try:
             with self.store.exclusive("deploy"):
-                result = Deployment(self.store, make_service(self.store)).deploy(
-                    BlobSource(self.store, pulled[0], pulled[1]), timeout=doc.health.timeout_s, objectives=objectives
-                )
+                source = BlobSource(self.store, pulled[0], pulled[1])
+                state = self.store.state()
+                if state["previous"] and source.read()[0].release_name == state["previous"][0]:
+                    # a fleet rollback names the release this device kept: swap back to it, as
+                    # `edgedeploy rollback` does over SSH (a deploy would meet the serial floor)
+                    result = rollback(self.store, make_service(self.store), doc.health.timeout_s)
+                else:
+                    result = Deployment(self.store, make_service(self.store)).deploy(
+                        source, timeout=doc.health.timeout_s, objectives=objectives
+                    )
         except StateError as e:
             if "another deploy" in e.message:  # someone (a technician over SSH) holds the lock: try again later
                 self._publish("downloading", **base, code=e.code, message=e.message)

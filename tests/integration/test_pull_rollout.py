@@ -80,6 +80,20 @@ def test_publish_rollout_status_via_mqtt(cli: Cli, pull_fleet: PullFleet, mnist_
         "dev1": ("committed", release),
         "dev2": ("committed", release),
     }
+    r = cli("status", "--group", "lab", "--via", "mqtt", *fleet.args())
+    assert r.code == 0 and "2 of 2 reported" in r.out and r.out.count("committed") == 2, r.out + r.err
+
+    # a second bundle, then a fleet rollback over MQTT: each device goes back to the release it kept
+    second = signed(cli, mnist_bundle, tmp_path / "second.edb")
+    assert cli("publish", str(second), "--registry", registry, "--user", PUBLISHER[0], env=env).code == 0
+    r = cli("rollout", str(second), "--group", "lab", "--via", "mqtt", "--canary", "0", *fleet.args(), timeout=240)
+    assert r.code == 0, r.out + r.err
+    assert all(d.current() == read_manifest(second).release_name for d in fleet.devices.values())
+    r = cli("rollback", "--group", "lab", "--via", "mqtt", "--json", *fleet.args(), timeout=240)
+    assert r.code == 0, r.out + r.err
+    assert {n: st["outcome"] for n, st in json.loads(r.out).items()} == {"dev1": "rolled-back", "dev2": "rolled-back"}
+    assert all(d.current() == release for d in fleet.devices.values())
+
     # the devices' endpoint (the pull-through cache) served the bytes, and it refuses pushes
     assert fleet.cache.requests().get("GET blobs", 0) >= 2 * 3
     assert fleet.cache.requests().get("PUT blobs", 0) == 0
