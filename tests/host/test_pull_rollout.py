@@ -19,6 +19,7 @@ from edgedeploy.signing import generate_key, sign_bundle
 from edgedeploy_agent.desired import DesiredHealth, rollout_trust, verify_desired
 from edgedeploy_agent.oci import CONFIG_MEDIA_TYPE, SIGNATURE_MEDIA_TYPE, parse_ref
 from tests.agent.bundles import make_bundle
+from tests.helpers import Cli, assert_one_line_error
 
 
 def test_bundle_maps_onto_an_oci_artifact_with_no_format_change(tmp_path: Path) -> None:
@@ -81,3 +82,24 @@ def test_rate_limit_spaces_publishes() -> None:
     for _ in range(11):
         limit.wait()
     assert time.monotonic() - t0 >= 10 / 50 - 0.01
+
+
+def test_pull_commands_fail_in_one_line(cli: Cli, tmp_path: Path, hermetic: Path) -> None:
+    from edgedeploy.localdevice import free_port
+
+    assert cli("keys", "generate", "k").code == 0
+    bundle = tmp_path / "s.edb"
+    assert cli("sign", str(make_bundle(tmp_path / "b")), "--key", "k", "-o", str(bundle)).code == 0
+    closed = f"127.0.0.1:{free_port()}"
+    assert_one_line_error(cli("publish", str(bundle), "--registry", f"{closed}/m"), 4, "cannot reach the registry")
+    assert_one_line_error(
+        cli("publish", str(make_bundle(tmp_path / "u")), "--registry", f"{closed}/m"), 2, "not signed"
+    )
+    inv = tmp_path / "devices.toml"
+    inv.write_text('[devices.d1]\nhost = "127.0.0.1"\nprofile = "cpu-x86_64"\ntags = ["lab"]\ntransport = "local"\n')
+    args = ("--group", "lab", "--via", "mqtt", "--inventory", str(inv))
+    assert_one_line_error(cli("rollout", str(bundle), *args), 2, "fleet.toml does not exist")
+    assert_one_line_error(cli("rollout", str(bundle), "--group", "lab", "--via", "carrier-pigeon"), 2, "--via")
+    (hermetic / "config" / "fleet.toml").write_text(f'[mqtt]\nbroker = "{closed}"\n[rollout]\nkey = "k"\n')
+    assert_one_line_error(cli("rollout", str(bundle), *args), 2, "has not been published")
+    assert_one_line_error(cli("status", *args), 3, "cannot reach the MQTT broker")
