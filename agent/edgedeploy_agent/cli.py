@@ -13,6 +13,8 @@ import sys
 from pathlib import Path
 from typing import Any, Callable, Optional, Union
 
+from pydantic import ValidationError
+
 from . import __version__
 from .blobs import BlobSource, BlobStore
 from .bundle import SCHEMA_VERSION, verify_bundle
@@ -168,7 +170,12 @@ def _watch_config(store: DeviceStore, args: argparse.Namespace) -> dict[str, Any
         "ca_file": args.ca_file,
         "poll_s": args.poll,
     }
-    cfg = WatchConfig.model_validate({k: v for k, v in fields.items() if v is not None})
+    try:
+        cfg = WatchConfig.model_validate({k: v for k, v in fields.items() if v is not None})
+    except ValidationError as e:
+        err = e.errors()[0]
+        where = ".".join(str(x) for x in err["loc"])
+        raise StateError(f"watch-config: {where}: {err['msg']} (got {err.get('input')!r})") from None
     trust = rollout_trust(store.root)
     if args.rollout_key:
         trust.replace(args.rollout_key)

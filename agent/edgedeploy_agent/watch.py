@@ -47,7 +47,7 @@ log = logging.getLogger("edgedeploy_agent.watch")
 class WatchConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    broker: str  # HOST:PORT
+    broker: str = Field(pattern=r"^[A-Za-z0-9.-]+:[0-9]{1,5}$")  # HOST:PORT
     registry_url: str  # the device's read-only endpoint, e.g. http://cache.site:5000
     username: Optional[str] = None  # default: the device name
     password_file: Optional[str] = None
@@ -133,7 +133,10 @@ class Watcher:
         )
         password = None
         if self.cfg.password_file:
-            password = Path(self.cfg.password_file).read_text(encoding="utf-8").strip()
+            try:
+                password = Path(self.cfg.password_file).read_text(encoding="utf-8").strip()
+            except OSError as e:
+                raise StateError(f"cannot read the broker password file: {e}") from None
         client.username_pw_set(self.cfg.username or self.device, password)
         if self.cfg.ca_file:
             client.tls_set(ca_certs=self.cfg.ca_file)

@@ -97,3 +97,26 @@ def test_backoff_grows_to_its_ceiling_with_jitter() -> None:
             ceiling = min(60.0, 2.0**a)
             assert ceiling / 2 <= d <= ceiling
     assert len({round(run[6], 6) for run in delays}) > 40  # a fleet does not reconnect in lock step
+
+
+def test_watch_bad_configuration_is_one_line(tmp_path: Path) -> None:
+    from tests.helpers import agent
+
+    root = str(tmp_path / "root")
+    assert agent("--root", root, "init", "--device-name", "cam-01").code == 0
+    r = agent("--root", root, "watch")
+    assert r.code == 9 and "watch.json does not exist" in r.err and "Traceback" not in r.err, r.err
+    r = agent("--root", root, "watch-config", "--broker", "no-port", "--registry", "http://cache:5000")
+    assert r.code == 9 and "broker" in r.err and "Traceback" not in r.err, r.err
+    ok = (
+        "watch-config",
+        "--broker",
+        "cache:1883",
+        "--registry",
+        "http://cache:5000",
+        "--password-file",
+        "/nonexistent",
+    )
+    assert agent("--root", root, *ok).code == 0
+    r = agent("--root", root, "watch")
+    assert r.code == 9 and "password file" in r.err and "Traceback" not in r.err, r.err
