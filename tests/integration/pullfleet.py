@@ -18,6 +18,7 @@ from pathlib import Path
 
 from edgedeploy.fleet_servers import CONTROLLER, LocalBroker, LocalRegistry
 from edgedeploy.localdevice import free_port
+from edgedeploy.signing import generate_key, list_keys
 from tests.helpers import BIN, Cli, agent
 
 PUBLISHER = ("publisher", "publisher-secret")
@@ -59,8 +60,7 @@ class PullFleet:
     def setup_host(self, home: Path) -> None:
         """Keys (bundle + rollout), fleet.toml and the inventory, as a pilot fleet's controller has them."""
         for key in ("fleet-1", "rollout-1"):
-            r = self.cli("keys", "generate", key)
-            assert r.code == 0, r.err
+            generate_key(key)  # in process: `keys generate` has its own tests (test_signed_push.py)
         pw = home / "config" / "mqtt-controller"
         pw.write_text(self.broker.controller_password)
         pw.chmod(0o600)
@@ -74,7 +74,7 @@ class PullFleet:
         dev = WatchDevice(name, self.base / name, self.broker.devices[name])
         init = ("init", "--device-name", name, "--service", "process", "--source", source, "--profile", "cpu-x86_64")
         assert agent("--root", str(dev.root), *init).code == 0
-        keys = {k["name"]: k["public"] for k in json.loads(self.cli("keys", "list", "--json").out)}
+        keys = {k.name: k.public for k in list_keys()}
         assert agent("--root", str(dev.root), "trust", "--set", keys["fleet-1"]).code == 0
         pw = dev.root / "mqtt-password"
         pw.write_text(dev.password)
