@@ -103,3 +103,12 @@ def test_pull_commands_fail_in_one_line(cli: Cli, tmp_path: Path, hermetic: Path
     (hermetic / "config" / "fleet.toml").write_text(f'[mqtt]\nbroker = "{closed}"\n[rollout]\nkey = "k"\n')
     assert_one_line_error(cli("rollout", str(bundle), *args), 2, "has not been published")
     assert_one_line_error(cli("status", *args), 3, "cannot reach the MQTT broker")
+
+
+def test_the_rollout_key_is_never_pinned_as_a_bundle_key(hermetic: Path) -> None:
+    from edgedeploy.signing import fleet_public_keys
+
+    bundle_key, rollout_key = generate_key("fleet-1"), generate_key("rollout-1")
+    assert sorted(fleet_public_keys()) == sorted([bundle_key.public, rollout_key.public])
+    (hermetic / "config" / "fleet.toml").write_text('[mqtt]\nbroker = "b:1883"\n[rollout]\nkey = "rollout-1"\n')
+    assert fleet_public_keys() == [bundle_key.public]

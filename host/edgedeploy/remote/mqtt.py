@@ -15,6 +15,8 @@ CONFIG/fleet.toml (written by hand or by the pilot set-up, docs/fleet.md):
 from __future__ import annotations
 
 import datetime as dt
+import os
+import secrets
 import threading
 import time
 from pathlib import Path
@@ -90,8 +92,12 @@ def desired_payload(
 class Controller:
     """One MQTT session as the controller: reads every retained status, publishes desired state."""
 
-    def __init__(self, settings: MqttSettings, client_id: str = "edgedeploy-controller") -> None:
+    def __init__(self, settings: MqttSettings, client_id: str | None = None) -> None:
         import paho.mqtt.client as mqtt
+
+        # one id per session: a second controller (`status --via mqtt` during a rollout) must not take over
+        # the first one's session; clean sessions, so these ids leave nothing behind on the broker
+        client_id = client_id or f"edgedeploy-controller-{os.getpid()}-{secrets.token_hex(3)}"
 
         self.settings = settings
         self.statuses: dict[str, dict[str, Any]] = {}
@@ -103,6 +109,7 @@ class Controller:
         self.client = mqtt.Client(
             mqtt.CallbackAPIVersion.VERSION2,  # type: ignore[attr-defined]
             client_id=client_id,
+            clean_session=True,
             protocol=mqtt.MQTTv311,
         )
         password = None
@@ -145,10 +152,12 @@ class Controller:
         try:
             self.client.connect(host, int(port), keepalive=30)
         except (OSError, ValueError) as e:
+            self._close_sockets()
             raise ConnectionFailed(f"cannot reach the MQTT broker {self.settings.broker}: {e}") from None
         self.client.loop_start()
         if not self._connected.wait(10):
             self.client.loop_stop()
+            self._close_sockets()
             why = f"it refused the login ({self._refused})" if self._refused else "no answer in 10 s"
             raise ConnectionFailed(f"MQTT broker {self.settings.broker}: {why}")
         return self
@@ -156,6 +165,14 @@ class Controller:
     def __exit__(self, *exc: object) -> None:
         self.client.disconnect()
         self.client.loop_stop()
+        self._close_sockets()
+
+    def _close_sockets(self) -> None:
+        # paho keeps a wake-up socket pair (and, after a failed handshake, the socket) open until garbage
+        # collection; it has no public close, so its own reset is called
+        reset = getattr(self.client, "_reset_sockets", None)
+        if reset is not None:
+            reset()
 
     def read_statuses(self, names: list[str], settle: float = 1.0) -> dict[str, dict[str, Any]]:
         """Retained statuses of these devices: waits until all arrived, or `settle` s without news."""
