@@ -9,6 +9,7 @@ pull the existing deploy path (BlobSource -> Deployment) checks signature, seria
 """
 
 import hashlib
+import http.client
 import json
 import os
 import re
@@ -76,7 +77,7 @@ class OciPuller:
             return urllib.request.urlopen(req, timeout=self.timeout)
         except urllib.error.HTTPError as e:
             raise PullError(f"registry answered {e.code} for {url}") from None
-        except (urllib.error.URLError, OSError) as e:
+        except (urllib.error.URLError, OSError, http.client.HTTPException) as e:
             raise PullError(f"cannot reach the registry at {url}: {getattr(e, 'reason', e)}") from None
 
     def manifest(self, ref: Ref) -> dict[str, Any]:
@@ -85,7 +86,7 @@ class OciPuller:
         try:
             with self._open(url, {"Accept": OCI_MANIFEST}) as r:
                 body = r.read(4 << 20)
-        except OSError as e:
+        except (OSError, http.client.HTTPException) as e:
             raise PullError(f"reading {url}: {e}") from None
         if hashlib.sha256(body).hexdigest() != ref.sha:
             raise DigestMismatch(f"manifest from {url} does not hash to sha256:{ref.sha[:16]}...")
@@ -147,7 +148,7 @@ class OciPuller:
                             progress(have)
                         f.flush()
                         os.fsync(f.fileno())
-                except OSError as e:
+                except (OSError, http.client.HTTPException) as e:
                     raise PullError(f"download of blob {sha[:16]} broke off at {have} of {size} bytes: {e}") from None
         if have != size:
             if have > size:

@@ -1,4 +1,4 @@
-"""Pull faults for real: a cut link, a cold cache answering 200 to a range request, a registry down, a corrupt
+"""Pull faults for real: a cut link, the registry killed mid-blob, a cold cache answering 200 to a range request, a registry down, a corrupt
 blob, a tampered config, desired state signed by a foreign key or for another device, the broker's ACL, a broker
 restarted mid-rollout and a device that reconnects after its wave was published. Each ends with the device on
 its old or its new release, never without one."""
@@ -237,3 +237,31 @@ def test_broker_restart_mid_rollout_and_a_late_device(
     r = cli("rollout", "--resume", "--json", *fleet.args(), timeout=180)
     assert r.code == 0, r.out + r.err
     assert json.loads(r.out)["devices"]["dev2"]["status"] in ("committed", "unchanged")
+
+
+def test_registry_killed_mid_blob_then_the_pull_resumes(pull_fleet: PullFleet, tmp_path: Path) -> None:
+    """SIGKILL to the registry process while a 48 MiB blob is flowing; restarted, the pull asks for the rest."""
+    import os
+
+    from edgedeploy.signing import sign_bundle
+    from tests.agent.bundles import make_bundle
+
+    fleet = pull_fleet
+    sign_bundle(make_bundle(tmp_path / "big", lib_bytes=os.urandom(48 << 20)), "fleet-1", tmp_path / "big.edb")
+    ref = parse_ref(_publish(fleet, tmp_path / "big.edb"))
+    big = max(bundle_blobs(tmp_path / "big.edb").blobs, key=lambda b: b.size)
+    store = BlobStore(tmp_path / "dev")
+    killed: list[int] = []
+
+    def kill_midway(done: int, total: int) -> None:
+        if done > 4 << 20 and not killed:
+            killed.append(done)
+            fleet.readonly.kill()
+
+    with pytest.raises(PullError):
+        OciPuller(fleet.readonly.url, store).pull(ref, kill_midway)
+    part = store.partial_bytes(big.sha256)
+    assert killed and 0 < part < big.size, (killed, part)
+    fleet.readonly.start()
+    pulled = OciPuller(fleet.readonly.url, store).pull(ref)
+    assert store.has(big.sha256) and pulled.restarts == 0 and pulled.fetched_bytes < big.size
