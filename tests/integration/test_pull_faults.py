@@ -1,7 +1,7 @@
-"""Pull faults for real: a cut link, the registry killed mid-blob, a cold cache answering 200 to a range request, a registry down, a corrupt
-blob, a tampered config, desired state signed by a foreign key or for another device, the broker's ACL, a broker
-restarted mid-rollout and a device that reconnects after its wave was published. Each ends with the device on
-its old or its new release, never without one."""
+"""Pull faults for real: a cut link, the registry killed mid-blob, a cold cache answering 200 to a range
+request, a registry down, a corrupt blob, a tampered config, desired state signed by a foreign key or for
+another device, the broker's ACL, a broker restarted mid-rollout and a device that reconnects after its wave
+was published. Each ends with the device on its old or its new release, never without one."""
 
 from __future__ import annotations
 
