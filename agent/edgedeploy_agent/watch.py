@@ -164,13 +164,19 @@ class Watcher:
         attempt = 0
         while not self.stop.is_set():
             self._connects = 0
-            # the will is set before every connect, so it carries the release the device runs now
-            offline = status_doc(self.device, "offline", release=self._release())
+            # the will is set before every connect, so it carries the release the device runs now; MQTT
+            # takes a will only with CONNECT, so a new release means a clean reconnect (no will fired)
+            will_release = self._release()
+            offline = status_doc(self.device, "offline", release=will_release)
             self.client.will_set(status_topic(self.device), offline, qos=1, retain=True)
             try:
                 self.client.connect(host, int(port), keepalive=self.cfg.keepalive_s)
                 while not self.stop.is_set():
                     if self.client.loop(timeout=0.5) != 0:
+                        break
+                    if self.connected.is_set() and self._release() != will_release:
+                        self.client.disconnect()
+                        self.client.loop(timeout=0.5)  # sends DISCONNECT: the broker drops the old will
                         break
             except (OSError, ValueError) as e:
                 log.warning("broker %s: %s", self.cfg.broker, e)

@@ -151,6 +151,11 @@ def test_refusals_leave_the_device_on_its_release(
         time.sleep(1)
         assert dev.current() == release and "malformed" not in json.dumps(c.statuses.get("dev1", {}))
 
+        # the watch process dies: the broker publishes its last will, which names the release it runs
+        fleet.stop("dev1", kill=True)
+        st = c.wait_status("dev1", lambda st: st.get("state") == "offline", 30)
+        assert (st.get("state"), st.get("release")) == ("offline", release), st
+
 
 def test_corrupt_blob_and_registry_down(
     cli: Cli, pull_fleet: PullFleet, two_releases: tuple[Path, Path], hermetic: Path
