@@ -31,7 +31,9 @@ def wait_for(check: object, timeout: float = 60.0) -> None:
     raise AssertionError(f"not true within {timeout} s")
 
 
-def test_publish_rollout_status_via_mqtt(cli: Cli, pull_fleet: PullFleet, mnist_bundle: Path, tmp_path: Path) -> None:
+def test_publish_rollout_status_via_mqtt(
+    cli: Cli, pull_fleet: PullFleet, mnist_bundle: Path, tmp_path: Path, hermetic: Path
+) -> None:
     fleet = pull_fleet
     bundle = signed(cli, mnist_bundle, tmp_path / "signed.edb")
     release = read_manifest(bundle).release_name
@@ -63,6 +65,10 @@ def test_publish_rollout_status_via_mqtt(cli: Cli, pull_fleet: PullFleet, mnist_
         20,
     )
 
+    r = cli("rollout", str(bundle), "--group", "lab", "--via", "mqtt", "--wave", "50%", "--dry-run", *fleet.args())
+    assert r.code == 0 and "canary   dev1" in r.out and "wave 1   dev2" in r.out, r.out + r.err
+    assert not list((hermetic / "state").glob("rollouts/*.json"))  # a dry run records (and publishes) nothing
+
     r = cli(
         "rollout", str(bundle), "--group", "lab", "--via", "mqtt", "--canary", "1", "--wave", "50%",
         "--max-fail", "10%", "--json", *fleet.args(), timeout=240,
@@ -70,6 +76,7 @@ def test_publish_rollout_status_via_mqtt(cli: Cli, pull_fleet: PullFleet, mnist_
     assert r.code == 0, r.out + r.err + "".join(d.log() for d in fleet.devices.values())
     state = json.loads(r.out)
     assert state["options"]["via"] == "mqtt" and state["waves"] == [["dev1"], ["dev2"]]
+    assert [p.stem for p in (hermetic / "state").glob("rollouts/*.json")] == [state["id"]]
     assert {n: d["status"] for n, d in state["devices"].items()} == {"dev1": "committed", "dev2": "committed"}
     assert all(d.current() == release for d in fleet.devices.values())
 
