@@ -270,3 +270,38 @@ def test_registry_killed_mid_blob_then_the_pull_resumes(pull_fleet: PullFleet, t
     fleet.readonly.start()
     pulled = OciPuller(fleet.readonly.url, store).pull(ref)
     assert store.has(big.sha256) and pulled.restarts == 0 and pulled.fetched_bytes < big.size
+
+
+def test_ctrl_c_stops_waiting_and_resume_finishes(
+    cli: Cli, pull_fleet: PullFleet, two_releases: tuple[Path, Path], hermetic: Path
+) -> None:
+    import signal
+
+    fleet = pull_fleet
+    bundle = two_releases[0]
+    _publish(fleet, bundle)
+    fleet.start("dev1")  # dev2 is off: its wait is what Ctrl-C interrupts
+    rollout = subprocess.Popen(
+        [str(BIN / "edgedeploy"), "rollout", str(bundle), "--group", "lab", "--via", "mqtt", "--canary", "0",
+         "--timeout", "120", "--json", *fleet.args()],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    release = read_manifest(bundle).release_name
+    wait_for(lambda: fleet.devices["dev1"].current() == release, 90)
+    time.sleep(1)
+    rollout.send_signal(signal.SIGINT)
+    out, err = rollout.communicate(timeout=30)
+    assert rollout.returncode == 130 and "interrupted" in err and "Traceback" not in err, out + err
+    (path,) = (hermetic / "state").glob("rollouts/*.json")
+    state = json.loads(path.read_text())
+    assert state["status"] == "interrupted", state
+    assert state["devices"]["dev2"]["status"] in ("failed", "running", "pending"), state["devices"]
+
+    fleet.start("dev2")
+    r = cli("rollout", "--resume", "--json", *fleet.args(), timeout=180)
+    assert r.code == 0, r.out + r.err
+    done = json.loads(r.out)["devices"]
+    # dev1 ended ok and is not asked again; dev2 found the retained state of the interrupted run when it came
+    # up, so the resumed publish may find it already there (unchanged)
+    assert done["dev1"]["status"] == "committed" and done["dev2"]["status"] in ("committed", "unchanged"), done
+    assert fleet.devices["dev2"].current() == release
