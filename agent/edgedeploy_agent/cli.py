@@ -13,6 +13,8 @@ import sys
 from pathlib import Path
 from typing import Any, Callable, Optional, Union
 
+from pydantic import ValidationError
+
 from . import __version__
 from .blobs import BlobSource, BlobStore
 from .bundle import SCHEMA_VERSION, verify_bundle
@@ -156,6 +158,36 @@ def _reports(store: DeviceStore, args: argparse.Namespace) -> dict[str, Any]:
     return {"reports": [{"file": f, "report": r} for f, r in pending_reports(store)[: args.limit]]}
 
 
+def _watch_config(store: DeviceStore, args: argparse.Namespace) -> dict[str, Any]:
+    """Where the device pulls from (broker, read-only registry) and which rollout keys it pins."""
+    store.require_initialised()
+    from .desired import rollout_trust
+    from .watch import WatchConfig
+
+    fields = {
+        "broker": args.broker,
+        "registry_url": args.registry,
+        "username": args.username,
+        "password_file": args.password_file,
+        "ca_file": args.ca_file,
+        "poll_s": args.poll,
+    }
+    try:
+        cfg = WatchConfig.model_validate({k: v for k, v in fields.items() if v is not None})
+    except ValidationError as e:
+        err = e.errors()[0]
+        where = ".".join(str(x) for x in err["loc"])
+        raise StateError(f"watch-config: {where}: {err['msg']} (got {err.get('input')!r})") from None
+    trust = rollout_trust(store.root)
+    if args.rollout_key:
+        trust.replace(args.rollout_key)
+    path = WatchConfig.path(store.root)
+    tmp = path.with_name(".watch.json.tmp")
+    tmp.write_text(cfg.model_dump_json(indent=1), encoding="utf-8")
+    os.replace(tmp, path)
+    return {"config": cfg.model_dump(mode="json"), "rollout_keys": sorted(trust.keys())}
+
+
 def _stop(store: DeviceStore, args: argparse.Namespace) -> dict[str, Any]:
     store.require_initialised()
     make_service(store).stop()
@@ -227,6 +259,20 @@ def _parser() -> argparse.ArgumentParser:
 
     sub.add_parser("stop", help="stop the running agent").set_defaults(fn=_stop)
 
+    s = sub.add_parser("watch-config", help="configure pull rollouts: MQTT broker, registry, rollout keys")
+    s.add_argument("--broker", required=True, help="MQTT broker HOST:PORT")
+    s.add_argument("--registry", required=True, help="read-only registry endpoint, e.g. http://cache:5000")
+    s.add_argument("--username", help="broker user (default: the device name)")
+    s.add_argument("--password-file", help="file holding the broker password (mode 0600)")
+    s.add_argument("--ca-file", help="fleet CA certificate: connect to the broker with TLS")
+    s.add_argument("--rollout-key", nargs="+", help="rollout public keys (ed25519:<base64>) to pin")
+    s.add_argument("--poll", type=float, help="seconds between retries of the last desired state")
+    s.set_defaults(fn=_watch_config)
+
+    s = sub.add_parser("watch", help="follow this device's desired state over MQTT (a service of its own)")
+    s.add_argument("--max-seconds", type=float, help="stop after this long (tests)")
+    s.set_defaults(fn=None)
+
     s = sub.add_parser("run", help="the service itself: load the current bundle and run the source")
     s.add_argument("--max-frames", type=int)
     s.set_defaults(fn=None)
@@ -236,9 +282,13 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: Optional[list[str]] = None) -> int:
     args = _parser().parse_args(argv)
     store = DeviceStore(Path(args.root).expanduser().absolute())
-    if args.command == "run":
+    if args.command in ("run", "watch"):
         try:
             store.require_initialised()
+            if args.command == "watch":
+                from .watch import run_watch
+
+                return run_watch(store, max_seconds=args.max_seconds)
         except AgentError as e:
             print(f"edgedeploy-agent: {e.message}", file=sys.stderr)
             return e.exit_code

@@ -16,6 +16,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import tomllib
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
@@ -74,8 +75,16 @@ def list_keys() -> list[SigningKey]:
 
 
 def fleet_public_keys() -> list[str]:
-    """Every public key in the keys folder: what enrolment pins on a device (current + next)."""
-    return [k.public for k in list_keys()]
+    """Every bundle-signing public key in the keys folder: what enrolment pins on a device (current + next).
+
+    The rollout key named in CONFIG/fleet.toml signs desired state, not bundles: it is left out, so a
+    device never accepts a bundle signed with it."""
+    rollout = None
+    try:
+        rollout = tomllib.loads((config_dir() / "fleet.toml").read_text(encoding="utf-8")).get("rollout", {}).get("key")
+    except (OSError, tomllib.TOMLDecodeError, AttributeError):
+        pass
+    return [k.public for k in list_keys() if k.name != rollout]
 
 
 def _load_private(name: str) -> Ed25519PrivateKey:
@@ -125,3 +134,10 @@ def sign_bundle(
         files = {a.path: Path(tmp) / "b" / a.path for a in signed.artifacts}
         write_bundle(out, signed, files, signature=sign_manifest(signed, key_name))
     return signed
+
+
+def sign_document(body: bytes, key_name: str) -> dict[str, str]:
+    """{"key", "ed25519"} over `body` (canonical JSON): how desired-state documents are signed."""
+    key = _load_private(key_name)
+    raw = key.public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+    return {"key": key_id(raw), "ed25519": base64.b64encode(key.sign(body)).decode()}

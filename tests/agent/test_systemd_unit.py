@@ -114,3 +114,20 @@ def test_control_characters_quotes_and_odd_users_are_refused(
 ) -> None:
     with pytest.raises(ValueError, match=refused):
         render_unit(exec_start=argv, user=user, root=root)
+
+
+def test_watch_unit_verifies_silently_and_is_locked_down(analyze: str, tmp_path: Path) -> None:
+    """The second unit (`edgedeploy-agent watch`, pull rollouts) beside the inference service."""
+    text = files("edgedeploy_agent").joinpath("systemd/edgedeploy-agent-watch.service").read_text()
+    python = str(shutil.which("python3"))
+    unit = tmp_path / "edgedeploy-agent-watch.service"
+    unit.write_text(
+        re.sub(
+            r"^ExecStart=.*$", f"ExecStart={python} -m edgedeploy_agent --root {DEFAULT_ROOT} watch", text, flags=re.M
+        )
+    )
+    p = subprocess.run([analyze, "verify", str(unit)], capture_output=True, text=True)
+    assert p.returncode == 0 and p.stdout == "" and p.stderr == "", p.stdout + p.stderr
+    p = subprocess.run([analyze, "security", "--offline=yes", "--no-pager", str(unit)], capture_output=True, text=True)
+    m = re.search(r"Overall exposure level for \S+: (\d+\.\d+)", p.stdout)
+    assert m and float(m.group(1)) <= MAX_EXPOSURE, p.stdout + p.stderr

@@ -15,9 +15,11 @@ import pytest
 
 from edgedeploy.api import build
 from edgedeploy.compile.package import ModelCard
+from edgedeploy.fleet_servers import servers_available
 from edgedeploy.localdevice import LoopbackSshd, sshd_available
 from edgedeploy_agent.bundle import Postprocess, Preprocess
 from tests.helpers import Cli, agent
+from tests.integration.pullfleet import PullFleet, start_pull_fleet
 
 AGENT = str(Path(sys.executable).parent / "edgedeploy-agent")
 
@@ -137,3 +139,22 @@ def device(cli: Cli, sshd: LoopbackSshd, tmp_path: Path, mnist_video: LabeledVid
     assert r.code == 0, r.err
     yield dev
     agent("--root", str(dev.root), "--json", "stop")  # leave no agent process behind
+
+
+@pytest.fixture
+def pull_fleet(  # a pull fleet: registry, cache, broker, two watch devices (tests/integration/pullfleet.py)
+    cli: Cli, tmp_path: Path, hermetic: Path, mnist_video: LabeledVideo
+) -> Iterator[PullFleet]:
+    missing = servers_available()
+    if missing:
+        if os.environ.get("EDGEDEPLOY_REQUIRE_FLEET_SERVERS") == "1":
+            pytest.fail(missing)
+        pytest.skip(missing)
+    fleet = start_pull_fleet(tmp_path / "pull", cli, ["dev1", "dev2"])
+    try:
+        fleet.setup_host(hermetic)
+        for name in ("dev1", "dev2"):
+            fleet.add(name, f"file:{mnist_video.path}")
+        yield fleet
+    finally:
+        fleet.close()

@@ -11,7 +11,7 @@ import typer
 
 from ..errors import EdgeDeployError, InputError, os_error_text
 from ..paths import state_dir
-from . import agent, build, demo, devices, int8, keys, profiles, push, render, report, rollout, status, tune
+from . import agent, build, demo, devices, int8, keys, profiles, publish, push, render, report, rollout, status, tune
 
 app = typer.Typer(
     name="edgedeploy",
@@ -28,6 +28,7 @@ build.register(app)
 tune.register(app)
 int8.register(app)
 push.register(app)
+publish.register(app)
 keys.register(app)
 rollout.register(app)
 status.register(app)

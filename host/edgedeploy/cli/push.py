@@ -9,7 +9,8 @@ from typing import Annotated
 
 import typer
 
-from .. import api
+from .. import api, pull_api
+from ..errors import InputError
 from ..inventory import Inventory
 from ..remote.execute import HealthPolicy
 from ..remote.rollout_runner import Network
@@ -91,11 +92,31 @@ def register(app: typer.Typer) -> None:
         device: Annotated[str | None, typer.Argument(help="device name (or --group)")] = None,
         group: Annotated[str | None, typer.Option("--group", help="every device with this tag")] = None,
         timeout: TimeoutOpt = 60.0,
+        via: Annotated[
+            str,
+            typer.Option(
+                help="ssh: ask each device; mqtt: publish the ref each device ran before the last mqtt rollout"
+            ),
+        ] = "ssh",
         inventory: InventoryOpt = None,
         json_: JsonOpt = False,
     ) -> None:
         """Put a device, or every device of a group, back on its previous bundle."""
         inv = Inventory.load(inventory)
+        if via == "mqtt":
+            names = api.select_devices(inv, [device] if device else None, group)
+            results = pull_api.rollback_via_mqtt(names, timeout=timeout + 300)
+            if json_:
+                render.print_json(results)
+            for name, st in results.items():
+                if not json_:
+                    render.out.print(f"{name}: {st.get('state')} {st.get('release') or ''} {st.get('message') or ''}")
+            ok = sum(1 for st in results.values() if st.get("state") == "committed")
+            if ok < len(results):
+                raise typer.Exit(1 if not ok else 2)
+            return
+        if via != "ssh":
+            raise InputError(f"--via must be ssh or mqtt, got {via!r}")
         if device and not group:  # one device: its failure is the command's error (one line, exit 3/4)
             result = api.rollback(inv, device, timeout)
             if json_:

@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from .. import api
+from .. import api, pull_api
 from ..errors import InputError
 from ..inventory import Inventory
 from ..remote.execute import HealthPolicy
@@ -79,10 +79,20 @@ def register(app: typer.Typer) -> None:
         min_fps: MinFpsOpt = None,
         connect_timeout: ConnectTimeoutOpt = 10.0,
         io_timeout: IoTimeoutOpt = 30.0,
+        via: Annotated[
+            str, typer.Option(help="ssh: push to each device; mqtt: publish desired state (bundle published first)")
+        ] = "ssh",
+        rate: Annotated[float, typer.Option(help="--via mqtt: desired-state publishes per second")] = 50.0,
+        jitter: Annotated[float, typer.Option(help="--via mqtt: devices spread downloads over this many s")] = 0.0,
+        pull_timeout: Annotated[
+            float, typer.Option("--pull-timeout", help="--via mqtt: download allowance per device, s")
+        ] = 300.0,
         inventory: InventoryOpt = None,
         json_: JsonOpt = False,
     ) -> None:
         """Ship a bundle to a group of devices: canary, then waves. Exit 0 all ok, 2 partial, 1 failed."""
+        if via not in ("ssh", "mqtt"):
+            raise InputError(f"--via must be ssh or mqtt, got {via!r}")
         inv = Inventory.load(inventory)
         if show_:
             state, path = api.load_rollout(rollout_id)
@@ -92,28 +102,47 @@ def register(app: typer.Typer) -> None:
                 raise InputError("--resume continues a recorded rollout; give no bundle")
             if dry_run:
                 raise InputError("--resume cannot be a dry run; use --show to see what is left")
-            state, _ = api.load_rollout(rollout_id)
+            state, path = api.load_rollout(rollout_id)
             with render.fleet(f"rollout {state.id} (resumed)", list(state.devices)) as listener:
-                state = api.resume_rollout(inv, rollout_id, listener=listener)
+                if state.options.get("via") == "mqtt":
+                    state = pull_api.resume_via_mqtt(inv, state, path, listener=listener)
+                else:
+                    state = api.resume_rollout(inv, rollout_id, listener=listener)
         else:
             if bundle is None:
                 raise InputError("give a bundle file, or --resume")
             names = api.select_devices(inv, devices.split(",") if devices else None, group)
             live = render.fleet(f"rollout {bundle.name}", names) if not dry_run else nullcontext(_quiet)
             with live as listener:
-                state = api.rollout(
-                    inv,
-                    bundle,
-                    names,
-                    canary=canary,
-                    wave=wave,
-                    max_fail=parse_fraction(max_fail, "--max-fail"),
-                    concurrency=concurrency,
-                    dry_run=dry_run,
-                    health=HealthPolicy(timeout, min_inferences, max_p95_ms, min_fps),
-                    net=Network(connect_timeout, io_timeout),
-                    listener=listener,
-                )
+                if via == "mqtt":
+                    state = pull_api.rollout_via_mqtt(
+                        inv,
+                        bundle,
+                        names,
+                        canary=canary,
+                        wave=wave,
+                        max_fail=parse_fraction(max_fail, "--max-fail"),
+                        health=HealthPolicy(timeout, min_inferences, max_p95_ms, min_fps),
+                        rate=rate,
+                        jitter_s=jitter,
+                        pull_timeout=pull_timeout,
+                        dry_run=dry_run,
+                        listener=listener,
+                    )
+                else:
+                    state = api.rollout(
+                        inv,
+                        bundle,
+                        names,
+                        canary=canary,
+                        wave=wave,
+                        max_fail=parse_fraction(max_fail, "--max-fail"),
+                        concurrency=concurrency,
+                        dry_run=dry_run,
+                        health=HealthPolicy(timeout, min_inferences, max_p95_ms, min_fps),
+                        net=Network(connect_timeout, io_timeout),
+                        listener=listener,
+                    )
         if json_:
             render.print_json(state.to_json())
         else:

@@ -6,7 +6,8 @@ from typing import Annotated, Any
 
 import typer
 
-from .. import api
+from .. import api, pull_api
+from ..errors import InputError
 from ..inventory import Inventory
 from . import render
 from .options import InventoryOpt, JsonOpt
@@ -84,6 +85,7 @@ def register(app: typer.Typer) -> None:
     def status(
         device: Annotated[str | None, typer.Argument(help="device name; leave out for the whole fleet")] = None,
         group: Annotated[str | None, typer.Option("--group", help="only devices with this tag")] = None,
+        via: Annotated[str, typer.Option(help="ssh: ask each device; mqtt: read the retained statuses")] = "ssh",
         inventory: InventoryOpt = None,
         json_: JsonOpt = False,
     ) -> None:
@@ -93,6 +95,11 @@ def register(app: typer.Typer) -> None:
         exit 0 when all answered, 2 when some failed, 1 when none did.
         """
         inv = Inventory.load(inventory)
+        if via == "mqtt":
+            _via_mqtt(api.select_devices(inv, [device] if device else None, group), group, json_)
+            return
+        if via != "ssh":
+            raise InputError(f"--via must be ssh or mqtt, got {via!r}")
         if device is not None and group is None:
             _one(inv, device, json_)
             return
@@ -113,6 +120,32 @@ def register(app: typer.Typer) -> None:
                 rows,
             )
         raise typer.Exit(fleet.exit_code)
+
+
+def _via_mqtt(names: list[str], group: str | None, json_: bool) -> None:
+    statuses = pull_api.fleet_status_via_mqtt(names)
+    if json_:
+        render.print_json({"devices": statuses})
+    else:
+        rows = [
+            [n, st.get("state", "?"), st.get("release") or "-", st.get("rollout") or "-", st.get("code") or "",
+             _progress(st), st.get("updated", "")]
+            if st else [n, "NO STATUS", "-", "-", "", "", ""]
+            for n, st in statuses.items()
+        ]  # fmt: skip
+        seen = sum(1 for st in statuses.values() if st)
+        render.table(
+            f"fleet{' ' + group if group else ''} via mqtt: {seen} of {len(names)} reported",
+            ["device", "state", "release", "rollout", "code", "progress", "updated"],
+            rows,
+        )
+    ok = sum(1 for st in statuses.values() if st and st.get("state") not in ("offline", "refused", "rolled-back"))
+    raise typer.Exit(0 if ok == len(names) else 2 if ok else 1)
+
+
+def _progress(st: dict[str, Any]) -> str:
+    p = st.get("progress") or {}
+    return f"{p['bytes'] / 1e6:.1f}/{p['total'] / 1e6:.1f} MB" if p.get("total") else ""
 
 
 def _one(inv: Inventory, device: str, json_: bool) -> None:

@@ -1,0 +1,175 @@
+"""Pull a bundle published as an OCI artifact: a small stdlib HTTP client with Range resume and sha256 checks.
+
+The artifact's config is the bundle's canonical manifest.json, its layers are manifest.sig and the
+artifacts (see the host's publish.py). Every blob goes to ROOT/blobs/incoming/<sha>.part, resumed with
+a Range request from the size already there; a server that answers a range request with a full 200
+(a cold pull-through cache) restarts that blob. A finished blob is renamed to incoming/<sha> and
+verified by BlobStore.has (hashed; deleted on mismatch), so nothing unverified is ever used. After the
+pull the existing deploy path (BlobSource -> Deployment) checks signature, serial, expiry and profile.
+"""
+
+import hashlib
+import http.client
+import json
+import os
+import re
+import urllib.error
+import urllib.request
+from typing import Any, Callable, NamedTuple, Optional
+
+from .blobs import BlobStore
+from .errors import AgentError, BundleError
+
+OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
+CONFIG_MEDIA_TYPE = "application/vnd.edgedeploy.manifest.v1+json"
+SIGNATURE_MEDIA_TYPE = "application/vnd.edgedeploy.signature.v1+json"
+ARTIFACT_MEDIA_TYPE = "application/vnd.edgedeploy.artifact.v1"
+TITLE = "org.opencontainers.image.title"
+
+_REF = re.compile(r"^(?P<host>[A-Za-z0-9.-]+(?::\d{1,5})?)/(?P<repo>[a-z0-9._/-]+)@sha256:(?P<sha>[0-9a-f]{64})$")
+CHUNK = 1 << 16
+
+
+class PullError(AgentError):
+    """The registry could not be reached or served something that does not match its digest."""
+
+    code = "pull-failed"
+    exit_code = 11
+
+
+class DigestMismatch(PullError):
+    code = "blob-digest-mismatch"
+
+
+class Ref(NamedTuple):
+    host: str
+    repo: str
+    sha: str
+
+
+class Pulled(NamedTuple):
+    manifest_sha: str  # the bundle manifest blob (= the OCI config)
+    signature_sha: Optional[str]
+    fetched_bytes: int
+    restarts: int  # blobs restarted because a range request got a full answer
+
+
+def parse_ref(ref: str) -> Ref:
+    m = _REF.match(ref)
+    if not m:
+        raise BundleError(f"not a digest reference HOST[:PORT]/REPO@sha256:<64 hex>: {ref[:120]!r}")
+    return Ref(m["host"], m["repo"], m["sha"])
+
+
+Progress = Callable[[int, int], None]  # (bytes on disk, total bytes)
+
+
+class OciPuller:
+    """Fetches one artifact from `base_url` (the device's read-only endpoint, e.g. a site cache)."""
+
+    def __init__(self, base_url: str, blobs: BlobStore, timeout: float = 30.0) -> None:
+        self.base = base_url.rstrip("/")
+        self.blobs, self.timeout = blobs, timeout
+
+    def _open(self, url: str, headers: dict[str, str]) -> Any:
+        req = urllib.request.Request(url, headers=headers)
+        try:
+            return urllib.request.urlopen(req, timeout=self.timeout)
+        except urllib.error.HTTPError as e:
+            raise PullError(f"registry answered {e.code} for {url}") from None
+        except (urllib.error.URLError, OSError, http.client.HTTPException) as e:
+            raise PullError(f"cannot reach the registry at {url}: {getattr(e, 'reason', e)}") from None
+
+    def manifest(self, ref: Ref) -> dict[str, Any]:
+        """The OCI manifest, checked against the digest in the reference."""
+        url = f"{self.base}/v2/{ref.repo}/manifests/sha256:{ref.sha}"
+        try:
+            with self._open(url, {"Accept": OCI_MANIFEST}) as r:
+                body = r.read(4 << 20)
+        except (OSError, http.client.HTTPException) as e:
+            raise PullError(f"reading {url}: {e}") from None
+        if hashlib.sha256(body).hexdigest() != ref.sha:
+            raise DigestMismatch(f"manifest from {url} does not hash to sha256:{ref.sha[:16]}...")
+        try:
+            doc = json.loads(body)
+            config = doc["config"]
+            if not isinstance(doc["layers"], list):
+                raise ValueError("layers is not a list")
+            if config["mediaType"] != CONFIG_MEDIA_TYPE:
+                raise ValueError(f"config media type {config['mediaType']}")
+        except (ValueError, KeyError, TypeError) as e:
+            raise BundleError(f"{ref.repo}@sha256:{ref.sha[:16]} is not an edgedeploy bundle artifact: {e}") from None
+        return dict(doc)
+
+    def pull(self, ref: Ref, progress: Progress = lambda done, total: None) -> Pulled:
+        doc = self.manifest(ref)
+        wanted = [_descriptor(doc["config"])] + [_descriptor(layer) for layer in doc["layers"]]
+        sig = [d[0] for d, layer in zip(wanted[1:], doc["layers"]) if layer.get("mediaType") == SIGNATURE_MEDIA_TYPE]
+        total = sum(size for _, size in wanted)
+        done = sum(size for sha, size in wanted if self.blobs.has(sha))
+        fetched = restarts = 0
+        self.blobs.init()
+        for sha, size in wanted:
+            if self.blobs.has(sha):
+                continue
+            got, restarted = self._blob(ref, sha, size, _offset(progress, done, total))
+            fetched += got
+            restarts += restarted
+            done += size
+            progress(done, total)
+        return Pulled(wanted[0][0], sig[0] if sig else None, fetched, restarts)
+
+    def _blob(self, ref: Ref, sha: str, size: int, progress: Callable[[int], None]) -> tuple[int, int]:
+        """Download one blob into incoming/<sha>.part (resuming), then verify it. Returns (bytes fetched, restarts)."""
+        part = self.blobs.incoming / f"{sha}.part"
+        have = part.stat().st_size if part.exists() else 0
+        if have > size:
+            part.unlink()
+            have = 0
+        url = f"{self.base}/v2/{ref.repo}/blobs/sha256:{sha}"
+        fetched = restarted = 0
+        if have < size:
+            headers = {"Range": f"bytes={have}-"} if have else {}
+            with self._open(url, headers) as r:
+                if have and r.status != 206:
+                    have, restarted = 0, 1  # the whole blob came back: start this blob again
+                mode = "ab" if have else "wb"
+                try:
+                    with open(part, mode) as f:
+                        while True:
+                            chunk = r.read(CHUNK)
+                            if not chunk:
+                                break
+                            f.write(chunk)
+                            have += len(chunk)
+                            fetched += len(chunk)
+                            if have > size:
+                                break
+                            progress(have)
+                        f.flush()
+                        os.fsync(f.fileno())
+                except (OSError, http.client.HTTPException) as e:
+                    raise PullError(f"download of blob {sha[:16]} broke off at {have} of {size} bytes: {e}") from None
+        if have != size:
+            if have > size:
+                part.unlink()
+                raise DigestMismatch(f"blob {sha[:16]} is longer than its {size} bytes; discarded")
+            raise PullError(f"download of blob {sha[:16]} ended at {have} of {size} bytes")
+        os.replace(part, self.blobs.incoming / sha)
+        if not self.blobs.has(sha):  # hashed; a mismatch is deleted, so the next try starts clean
+            raise DigestMismatch(f"blob {sha[:16]} from {url} does not match its sha256; discarded")
+        return fetched, restarted
+
+
+def _offset(progress: Progress, base: int, total: int) -> Callable[[int], None]:
+    return lambda n: progress(base + n, total)
+
+
+def _descriptor(d: Any) -> tuple[str, int]:
+    try:
+        digest, size = str(d["digest"]), int(d["size"])
+    except (KeyError, TypeError, ValueError):
+        raise BundleError(f"malformed OCI descriptor: {str(d)[:120]}") from None
+    if not digest.startswith("sha256:") or not re.match(r"^[0-9a-f]{64}$", digest[7:]) or size < 0:
+        raise BundleError(f"unsupported digest {digest[:80]!r}")
+    return digest[7:], size

@@ -1,0 +1,332 @@
+"""`edgedeploy-agent watch`: follow this device's desired state over MQTT, pull by digest, deploy, report.
+
+One network thread keeps the MQTT session (client id = device name; jittered exponential backoff, so a
+fleet reconnecting after a broker restart does not arrive all at once) and hands desired-state
+messages to the main thread, which verifies them (desired.py), downloads what the blob store lacks
+(oci.py) and hands over to the existing deploy path (Deployment + BlobSource, under the device lock).
+Every step is reported on the device's retained status topic; the broker's last will says "offline".
+
+If the broker is away the device keeps its release and, every `poll_s`, tries again the last desired
+document it accepted and has not finished (its registry may still be reachable).
+
+ROOT/watch.json        broker, read-only registry endpoint, credentials file, TLS CA (watch-config writes it)
+ROOT/watch/state.json  the serial floor and the last accepted document, so a restart resumes
+"""
+
+import json
+import logging
+import os
+import random
+import threading
+import time
+from pathlib import Path
+from typing import Any, Optional
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from .blobs import BlobSource, BlobStore
+from .desired import (
+    TERMINAL,
+    DesiredDoc,
+    DesiredRefused,
+    desired_topic,
+    rollout_trust,
+    status_doc,
+    status_topic,
+    verify_desired,
+)
+from .errors import AgentError, HealthCheckFailed, StateError
+from .lifecycle import Deployment, rollback
+from .oci import DigestMismatch, OciPuller, PullError, parse_ref
+from .service import HealthObjectives, make_service
+from .store import DeviceStore
+
+log = logging.getLogger("edgedeploy_agent.watch")
+
+
+class WatchConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    broker: str = Field(pattern=r"^[A-Za-z0-9.-]+:[0-9]{1,5}$")  # HOST:PORT
+    registry_url: str  # the device's read-only endpoint, e.g. http://cache.site:5000
+    username: Optional[str] = None  # default: the device name
+    password_file: Optional[str] = None
+    ca_file: Optional[str] = None  # TLS to the broker, checked against this fleet CA
+    keepalive_s: int = Field(default=30, ge=5)
+    backoff_min_s: float = Field(default=1.0, gt=0)
+    backoff_max_s: float = Field(default=60.0, gt=0)
+    poll_s: float = Field(default=300.0, gt=0)
+    max_digest_failures: int = Field(default=3, ge=1)
+
+    @classmethod
+    def path(cls, root: Path) -> Path:
+        return root / "watch.json"
+
+    @classmethod
+    def load(cls, root: Path) -> "WatchConfig":
+        try:
+            return cls.model_validate_json(cls.path(root).read_bytes())
+        except FileNotFoundError:
+            raise StateError(
+                f"{cls.path(root)} does not exist", hint="run `edgedeploy-agent watch-config --broker ...`"
+            ) from None
+        except ValueError as e:
+            raise StateError(f"{cls.path(root)} is invalid: {str(e).splitlines()[0]}") from None
+
+
+def backoff_delay(attempt: int, low: float, high: float, rng: random.Random) -> float:
+    """Exponential backoff with equal jitter: half the ceiling fixed, half random."""
+    ceiling = min(high, low * (2 ** min(attempt, 30)))
+    return float(ceiling / 2 + rng.uniform(0, ceiling / 2))
+
+
+class Watcher:
+    def __init__(self, store: DeviceStore, cfg: WatchConfig) -> None:
+        self.store, self.cfg = store, cfg
+        self.device = store.config().device_name
+        self.state_path = store.root / "watch" / "state.json"
+        self.rng = random.Random()
+        self.stop = threading.Event()
+        self.wake = threading.Event()
+        self.connected = threading.Event()
+        self._lock = threading.Lock()
+        self._inbox: Optional[bytes] = None
+        self._last_status = status_doc(self.device, "idle", release=self._release())
+        self.client: Any = None
+
+    # --- persisted state ------------------------------------------------------------------------
+    def _load(self) -> dict[str, Any]:
+        try:
+            data: dict[str, Any] = json.loads(self.state_path.read_text(encoding="utf-8"))
+            return data
+        except (FileNotFoundError, ValueError):
+            return {"serial": None, "last": None, "done": None}
+
+    def _save(self, data: dict[str, Any]) -> None:
+        self.state_path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.state_path.with_name(".state.json.tmp")
+        tmp.write_text(json.dumps(data), encoding="utf-8")
+        os.replace(tmp, self.state_path)
+
+    def _release(self) -> Optional[str]:
+        try:
+            current: Optional[str] = self.store.state()["current"]
+            return current
+        except AgentError:
+            return None
+
+    # --- MQTT -----------------------------------------------------------------------------------
+    def _publish(self, state: str, **fields: Any) -> None:
+        self._last_status = status_doc(self.device, state, release=self._release(), **fields)
+        log.info("status %s %s", state, {k: v for k, v in fields.items() if k != "progress"})
+        if self.client is not None and self.connected.is_set():
+            self.client.publish(status_topic(self.device), self._last_status, qos=1, retain=True)
+
+    def _make_client(self) -> Any:
+        import paho.mqtt.client as mqtt
+
+        client = mqtt.Client(
+            mqtt.CallbackAPIVersion.VERSION2,  # type: ignore[attr-defined]
+            client_id=self.device,
+            clean_session=True,
+            protocol=mqtt.MQTTv311,
+        )
+        password = None
+        if self.cfg.password_file:
+            try:
+                password = Path(self.cfg.password_file).read_text(encoding="utf-8").strip()
+            except OSError as e:
+                raise StateError(f"cannot read the broker password file: {e}") from None
+        client.username_pw_set(self.cfg.username or self.device, password)
+        if self.cfg.ca_file:
+            client.tls_set(ca_certs=self.cfg.ca_file)
+        client.on_connect = self._on_connect
+        client.on_message = self._on_message
+        client.on_disconnect = lambda c, u, flags, rc, props: self.connected.clear()
+        return client
+
+    def _on_connect(self, client: Any, userdata: Any, flags: Any, reason: Any, props: Any) -> None:
+        if reason.is_failure:
+            log.warning("broker refused the connection: %s", reason)
+            return
+        self.connected.set()
+        self._connects += 1
+        client.subscribe(desired_topic(self.device), qos=1)
+        client.publish(status_topic(self.device), self._last_status, qos=1, retain=True)
+
+    def _on_message(self, client: Any, userdata: Any, msg: Any) -> None:
+        with self._lock:
+            self._inbox = bytes(msg.payload)
+        self.wake.set()
+
+    def _network(self) -> None:
+        host, _, port = self.cfg.broker.rpartition(":")
+        attempt = 0
+        while not self.stop.is_set():
+            self._connects = 0
+            # the will is set before every connect, so it carries the release the device runs now; MQTT
+            # takes a will only with CONNECT, so a new release means a clean reconnect (no will fired)
+            will_release = self._release()
+            offline = status_doc(self.device, "offline", release=will_release)
+            self.client.will_set(status_topic(self.device), offline, qos=1, retain=True)
+            try:
+                self.client.connect(host, int(port), keepalive=self.cfg.keepalive_s)
+                while not self.stop.is_set():
+                    if self.client.loop(timeout=0.5) != 0:
+                        break
+                    if self.connected.is_set() and self._release() != will_release:
+                        self.client.disconnect()
+                        self.client.loop(timeout=0.5)  # sends DISCONNECT: the broker drops the old will
+                        break
+            except (OSError, ValueError) as e:
+                log.warning("broker %s: %s", self.cfg.broker, e)
+            self.connected.clear()
+            if self.stop.is_set():
+                break
+            attempt = 0 if self._connects else attempt + 1
+            self.stop.wait(backoff_delay(attempt, self.cfg.backoff_min_s, self.cfg.backoff_max_s, self.rng))
+
+    # --- the work -------------------------------------------------------------------------------
+    def run(self, max_seconds: Optional[float] = None) -> int:
+        self.client = self._make_client()
+        self._connects = 0
+        net = threading.Thread(target=self._network, name="mqtt", daemon=True)
+        net.start()
+        end = time.monotonic() + max_seconds if max_seconds else None
+        try:
+            while not self.stop.is_set():
+                wait = self.cfg.poll_s if end is None else max(0.0, min(self.cfg.poll_s, end - time.monotonic()))
+                fired = self.wake.wait(wait)
+                self.wake.clear()
+                with self._lock:
+                    payload, self._inbox = self._inbox, None
+                if payload is not None:
+                    self._handle(payload)
+                elif not fired:
+                    self._retry_last()
+                if end is not None and time.monotonic() >= end:
+                    break
+        finally:
+            self.stop.set()
+            if self.connected.is_set():
+                offline = status_doc(self.device, "offline", release=self._release())
+                self.client.publish(status_topic(self.device), offline, qos=1, retain=True).wait_for_publish(2)
+                self.client.disconnect()
+            net.join(5)
+        return 0
+
+    def _handle(self, payload: bytes) -> None:
+        data = self._load()
+        try:
+            doc = verify_desired(payload, self.device, rollout_trust(self.store.root), data["serial"])
+        except DesiredRefused as e:
+            self._publish("refused", code=e.code, message=e.message)
+            return
+        if doc is None:
+            return  # empty retained message: no instruction
+        done = data.get("done") or {}
+        if done.get("serial") == doc.serial and done.get("state") in TERMINAL:
+            self._publish(done["state"], **done.get("fields", {}))  # already acted on: say so again
+            return
+        data.update(serial=doc.serial, last=payload.decode())
+        self._save(data)
+        self._apply(doc)
+
+    def _retry_last(self) -> None:
+        data = self._load()
+        if not data.get("last") or (data.get("done") or {}).get("serial") == data.get("serial"):
+            return
+        self._handle(data["last"].encode())
+
+    def _apply(self, doc: DesiredDoc) -> None:
+        base = {"rollout": doc.rollout, "ref": doc.ref, "serial": doc.serial, "wave": doc.wave}
+        if doc.jitter_s and self.wake.wait(self.rng.uniform(0, doc.jitter_s)):
+            return  # a newer message arrived while waiting: the main loop takes it
+        pulled = self._download(doc, base)
+        if pulled is None:
+            return
+        self._publish("activating", **base)
+        objectives = HealthObjectives(doc.health.min_inferences, doc.health.max_p95_ms, doc.health.min_fps)
+        try:
+            with self.store.exclusive("deploy"):
+                source = BlobSource(self.store, pulled[0], pulled[1])
+                state = self.store.state()
+                if state["previous"] and source.read()[0].release_name == state["previous"][0]:
+                    # a fleet rollback names the release this device kept: swap back to it, as
+                    # `edgedeploy rollback` does over SSH (a deploy would meet the serial floor)
+                    result = rollback(self.store, make_service(self.store), doc.health.timeout_s)
+                else:
+                    result = Deployment(self.store, make_service(self.store)).deploy(
+                        source, timeout=doc.health.timeout_s, objectives=objectives
+                    )
+        except StateError as e:
+            if "another deploy" in e.message:  # someone (a technician over SSH) holds the lock: try again later
+                self._publish("downloading", **base, code=e.code, message=e.message)
+                return
+            self._finish(doc, "refused", base, code=e.code, message=e.message)
+        except HealthCheckFailed as e:
+            self._finish(doc, "rolled-back", base, code=e.code, message=e.message)
+        except AgentError as e:
+            self._finish(doc, "refused", base, code=e.code, message=e.message)
+        else:
+            self._finish(doc, "committed", base, outcome=result["outcome"])
+
+    def _download(self, doc: DesiredDoc, base: dict[str, Any]) -> Optional[tuple[str, Optional[str]]]:
+        """(manifest sha, signature sha) once every blob is verified here; None if a newer document came."""
+        try:
+            ref = parse_ref(doc.ref)
+        except AgentError as e:
+            self._finish(doc, "refused", base, code=e.code, message=e.message)
+            return None
+        blobs = BlobStore(self.store.root)
+        puller = OciPuller(self.cfg.registry_url, blobs)
+        last = [0.0]
+
+        def progress(done: int, total: int) -> None:
+            if time.monotonic() - last[0] >= 1.0:
+                last[0] = time.monotonic()
+                self._publish("downloading", **base, progress={"bytes": done, "total": total})
+
+        attempt = mismatches = 0
+        while not self.stop.is_set():
+            self._publish("downloading", **base, progress={"bytes": 0, "total": None})
+            try:
+                pulled = puller.pull(ref, progress)
+                return pulled.manifest_sha, pulled.signature_sha
+            except DigestMismatch as e:
+                mismatches += 1
+                if mismatches >= self.cfg.max_digest_failures:
+                    self._finish(doc, "refused", base, code=e.code, message=e.message)
+                    return None
+                err: AgentError = e
+            except PullError as e:
+                err = e
+            except AgentError as e:  # not an edgedeploy artifact
+                self._finish(doc, "refused", base, code=e.code, message=e.message)
+                return None
+            self._publish("downloading", **base, code=err.code, message=err.message)
+            attempt += 1
+            if self.wake.wait(backoff_delay(attempt, self.cfg.backoff_min_s, self.cfg.backoff_max_s, self.rng)):
+                return None  # a newer message: the main loop takes it (and may resume this download)
+        return None
+
+    def _finish(self, doc: DesiredDoc, state: str, base: dict[str, Any], **fields: Any) -> None:
+        data = self._load()
+        data["done"] = {"serial": doc.serial, "state": state, "fields": {**base, **fields}}
+        self._save(data)
+        self._publish(state, **base, **fields)
+
+
+def run_watch(store: DeviceStore, max_seconds: Optional[float] = None) -> int:
+    store.require_initialised()
+    cfg = WatchConfig.load(store.root)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s watch %(levelname)s %(message)s")
+    watcher = Watcher(store, cfg)
+    import signal
+
+    def stop(*_: Any) -> None:
+        watcher.stop.set()
+        watcher.wake.set()
+
+    signal.signal(signal.SIGTERM, stop)
+    return watcher.run(max_seconds)

@@ -1,0 +1,214 @@
+"""The controller's side of MQTT: fleet settings, signed desired-state documents, retained statuses.
+
+CONFIG/fleet.toml (written by hand or by the pilot set-up, docs/fleet.md):
+
+    [mqtt]
+    broker = "broker.example:8883"
+    username = "controller"             # the only broker user that may write desired state
+    password_file = "/etc/edgedeploy/mqtt-controller"
+    ca_file = "/etc/edgedeploy/fleet-ca.crt"   # optional: TLS, checked against the fleet CA
+    [rollout]
+    key = "rollout-2026"                # signing key (CONFIG/keys/<key>.key) devices pin as rollout key
+    expires_hours = 24
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import secrets
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import tomllib
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from edgedeploy_agent.bundle import canonical_json
+from edgedeploy_agent.desired import TOPIC_ROOT, DesiredDoc, DesiredHealth, desired_topic
+
+from ..errors import ConnectionFailed, InputError, validation_text
+from ..paths import config_dir
+from ..signing import sign_document
+
+
+class MqttSettings(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    broker: str
+    username: str = "controller"
+    password_file: str | None = None
+    ca_file: str | None = None
+
+
+class RolloutSettings(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    key: str
+    expires_hours: float = Field(default=24.0, gt=0)
+
+
+class FleetConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    mqtt: MqttSettings
+    rollout: RolloutSettings | None = None
+
+
+def fleet_config_path() -> Path:
+    return config_dir() / "fleet.toml"
+
+
+def load_fleet_config(path: Path | None = None) -> FleetConfig:
+    path = path or fleet_config_path()
+    try:
+        return FleetConfig.model_validate(tomllib.loads(path.read_text(encoding="utf-8")))
+    except FileNotFoundError:
+        raise InputError(
+            f"{path} does not exist: --via mqtt needs the broker and the rollout key",
+            hint="see docs/fleet.md, 'Pull rollouts'",
+        ) from None
+    except tomllib.TOMLDecodeError as e:
+        raise InputError(f"{path} is not valid TOML: {e}") from None
+    except ValidationError as e:
+        raise InputError(f"{path}: {validation_text(e)}") from None
+
+
+def desired_payload(
+    key: str, device: str, ref: str, release: str, rollout: str, wave: int, serial: int, *,
+    health: DesiredHealth, jitter_s: float = 0.0, expires_hours: float = 24.0,
+) -> bytes:  # fmt: skip
+    """A signed desired-state message for one device."""
+    now = dt.datetime.now(dt.timezone.utc).replace(microsecond=0)
+    doc = DesiredDoc(
+        device=device, ref=ref, release=release, rollout=rollout, wave=wave, serial=serial, issued=now,
+        expires=now + dt.timedelta(hours=expires_hours), jitter_s=jitter_s, health=health,
+    )  # fmt: skip
+    data = doc.model_dump(mode="json")
+    return canonical_json({"doc": data, "sig": sign_document(canonical_json(data), key)})
+
+
+class Controller:
+    """One MQTT session as the controller: reads every retained status, publishes desired state."""
+
+    def __init__(self, settings: MqttSettings, client_id: str | None = None) -> None:
+        import paho.mqtt.client as mqtt
+
+        # one id per session: a second controller (`status --via mqtt` during a rollout) must not take over
+        # the first one's session; clean sessions, so these ids leave nothing behind on the broker
+        client_id = client_id or f"edgedeploy-controller-{os.getpid()}-{secrets.token_hex(3)}"
+
+        self.settings = settings
+        self.statuses: dict[str, dict[str, Any]] = {}
+        self._lock = threading.Lock()
+        self.changed = threading.Condition(self._lock)  # any status changed
+        self._device_changed: dict[str, threading.Condition] = {}  # one device's: a waiter wakes for its own only
+        self._connected = threading.Event()
+        self._refused: str | None = None
+        self.client = mqtt.Client(
+            mqtt.CallbackAPIVersion.VERSION2,  # type: ignore[attr-defined]
+            client_id=client_id,
+            clean_session=True,
+            protocol=mqtt.MQTTv311,
+        )
+        password = None
+        if settings.password_file:
+            try:
+                password = Path(settings.password_file).read_text(encoding="utf-8").strip()
+            except OSError as e:
+                raise InputError(f"cannot read the broker password file {settings.password_file}: {e}") from None
+        self.client.username_pw_set(settings.username, password)
+        if settings.ca_file:
+            self.client.tls_set(ca_certs=settings.ca_file)
+        self.client.on_connect = self._on_connect
+        self.client.on_message = self._on_message
+        self.client.on_disconnect = lambda c, u, f, rc, p: self._connected.clear()
+        self.client.reconnect_delay_set(1, 10)
+
+    def _on_connect(self, client: Any, userdata: Any, flags: Any, reason: Any, props: Any) -> None:
+        if reason.is_failure:
+            self._refused = str(reason)
+            return
+        client.subscribe(f"{TOPIC_ROOT}/status/+", qos=1)
+        self._connected.set()
+
+    def _on_message(self, client: Any, userdata: Any, msg: Any) -> None:
+        import json
+
+        device = msg.topic.rsplit("/", 1)[-1]
+        try:
+            status = json.loads(msg.payload) if msg.payload else {}
+        except ValueError:
+            status = {"state": "unreadable"}
+        with self._lock:
+            self.statuses[device] = status
+            self.changed.notify_all()
+            if device in self._device_changed:
+                self._device_changed[device].notify_all()
+
+    def __enter__(self) -> Controller:
+        host, _, port = self.settings.broker.rpartition(":")
+        try:
+            self.client.connect(host, int(port), keepalive=30)
+        except (OSError, ValueError) as e:
+            self._close_sockets()
+            raise ConnectionFailed(f"cannot reach the MQTT broker {self.settings.broker}: {e}") from None
+        self.client.loop_start()
+        if not self._connected.wait(10):
+            self.client.loop_stop()
+            self._close_sockets()
+            why = f"it refused the login ({self._refused})" if self._refused else "no answer in 10 s"
+            raise ConnectionFailed(f"MQTT broker {self.settings.broker}: {why}")
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.client.disconnect()
+        self.client.loop_stop()
+        self._close_sockets()
+
+    def _close_sockets(self) -> None:
+        # paho keeps a wake-up socket pair (and, after a failed handshake, the socket) open until garbage
+        # collection; it has no public close, so its own reset is called
+        reset = getattr(self.client, "_reset_sockets", None)
+        if reset is not None:
+            reset()
+
+    def read_statuses(self, names: list[str], settle: float = 1.0) -> dict[str, dict[str, Any]]:
+        """Retained statuses of these devices: waits until all arrived, or `settle` s without news."""
+        end = time.monotonic() + settle
+        with self.changed:
+            while not all(n in self.statuses for n in names):
+                left = end - time.monotonic()
+                if left <= 0 or not self.changed.wait(left):
+                    break
+            return {n: self.statuses[n] for n in names if n in self.statuses}
+
+    def publish_desired(self, device: str, payload: bytes, timeout: float = 30.0) -> None:
+        """Retained, QoS 1; returns once the broker acknowledged it (survives a broker restart)."""
+        end = time.monotonic() + timeout
+        while True:
+            info = self.client.publish(desired_topic(device), payload, qos=1, retain=True)
+            try:
+                info.wait_for_publish(max(0.1, end - time.monotonic()))
+                if info.is_published():
+                    return
+            except RuntimeError:  # not connected right now: paho reconnects in its thread
+                pass
+            if time.monotonic() >= end:
+                raise ConnectionFailed(f"MQTT broker {self.settings.broker} did not take the desired state of {device}")
+            time.sleep(0.2)
+
+    def wait_status(self, device: str, done: Any, timeout: float, cancelled: Any = lambda: False) -> dict[str, Any]:
+        """Wait until done(status) is true for this device; returns the last status (maybe not done)."""
+        end = time.monotonic() + timeout
+        with self._lock:
+            cond = self._device_changed.setdefault(device, threading.Condition(self._lock))
+            while True:
+                st = self.statuses.get(device, {})
+                if done(st) or cancelled():
+                    return st
+                left = end - time.monotonic()
+                if left <= 0:
+                    return st
+                cond.wait(min(left, 0.5))

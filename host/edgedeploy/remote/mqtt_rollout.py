@@ -1,0 +1,132 @@
+"""Rollouts as desired state over MQTT: the same planner, waves and halt rules as SSH, other delivery.
+
+Facts come from the devices' retained statuses instead of SSH. Delivering to a device is publishing
+its signed desired state (retained, QoS 1) at no more than `rate` per second, then waiting for its
+status to say the outcome for that document's serial; no outcome within the device timeout counts
+as a failure (the device keeps whatever it runs). Fleet rollback publishes the previous ref.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from edgedeploy_agent.desired import TERMINAL, DesiredHealth
+
+from ..errors import DeviceError
+from ..inventory import Inventory
+from .blobs import BundleBlobs
+from .execute import HealthPolicy
+from .facts import DeviceFacts
+from .mqtt import Controller, desired_payload
+from .rollout import RolloutState
+from .rollout_runner import Listener, RolloutRunner
+
+# a device's status states -> the rollout's outcome for it
+OUTCOME = {"committed": "committed", "rolled-back": "failed", "refused": "failed"}
+
+
+def status_facts(st: dict[str, Any] | None) -> DeviceFacts | str:
+    """Pure: a retained status -> the facts the planner reads (or why there are none)."""
+    if not st:
+        return "no status on the broker (never connected)"
+    release = st.get("release")
+    healthy = release if st.get("state") in ("committed", "idle") else None
+    return DeviceFacts(
+        agent_version="?", bundle_schema=0, arch="?", python="?", initialised=True, free_bytes=None,
+        current_release=release, current_bundle_id=None, running=st.get("state") != "offline",
+        healthy_release=healthy, health_state=st.get("state"), previous=(),
+    )  # fmt: skip
+
+
+@dataclass(frozen=True)
+class PullPolicy:
+    ref: str
+    key: str
+    serial: int
+    rate: float = 50.0  # desired-state publishes per second
+    jitter_s: float = 0.0
+    pull_timeout: float = 300.0  # download allowance before the health timeout starts to count
+    expires_hours: float = 24.0
+
+
+class RateLimit:
+    """At most `rate` calls of wait() per second, across threads."""
+
+    def __init__(self, rate: float) -> None:
+        self.interval = 1.0 / rate if rate > 0 else 0.0
+        self.next = time.monotonic()
+        self.lock = threading.Lock()
+
+    def wait(self) -> None:
+        with self.lock:
+            now = time.monotonic()
+            at = max(now, self.next)
+            self.next = at + self.interval
+        if at > now:
+            time.sleep(at - now)
+
+
+class MqttRolloutRunner(RolloutRunner):
+    # thousands of devices change state within seconds: rewrite the state file at most once a second (a
+    # crash loses at most that second; `--resume` publishes again, and a device that already did it says so)
+    save_interval = 1.0
+
+    def __init__(
+        self,
+        inv: Inventory,
+        state: RolloutState,
+        blobs: BundleBlobs,
+        path: Path,
+        health: HealthPolicy,
+        controller: Controller,
+        pull: PullPolicy,
+        listener: Listener = lambda d, s, m: None,
+    ) -> None:
+        super().__init__(inv, state, blobs, path, health, listener=listener)
+        self.controller, self.pull = controller, pull
+        self.rate = RateLimit(pull.rate)
+
+    def _deliver(self, name: str) -> tuple[str, str, str | None]:
+        wave = self.state.devices[name].wave
+        h = self.health
+        payload = desired_payload(
+            self.pull.key, name, self.pull.ref, self.state.release, self.state.id, wave, self.pull.serial,
+            health=DesiredHealth(
+                timeout_s=h.timeout, min_inferences=h.min_inferences, max_p95_ms=h.max_p95_ms, min_fps=h.min_fps
+            ),
+            jitter_s=self.pull.jitter_s, expires_hours=self.pull.expires_hours,
+        )  # fmt: skip
+        self.rate.wait()
+        self.controller.publish_desired(name, payload)
+        self._step(name, f"desired state published (serial {self.pull.serial})")
+        timeout = self.pull.jitter_s + self.pull.pull_timeout + h.timeout
+
+        def done(st: dict[str, Any]) -> bool:
+            return st.get("serial") == self.pull.serial and st.get("state") in TERMINAL
+
+        st = self.controller.wait_status(name, done, timeout, cancelled=lambda: self._halt == "interrupted")
+        if not done(st):
+            seen = f"last status {st.get('state')}" if st else "no status"
+            if self._halt == "interrupted":
+                raise DeviceError(f"interrupted before {name} reported ({seen})", code="interrupted")
+            raise DeviceError(f"no outcome from {name} within {timeout:.0f} s ({seen})", code="timeout")
+        outcome = OUTCOME[st["state"]]
+        if outcome == "failed":
+            raise DeviceError(
+                f"{st['state']}: {st.get('message') or st.get('code')}", code=str(st.get("code") or st["state"])
+            )
+        if st.get("outcome") == "unchanged":
+            outcome = "unchanged"
+        return (
+            outcome,
+            f"{outcome} {st.get('release')} (pulled {self.pull.ref.rsplit('@', 1)[-1][:19]})",
+            st.get("release"),
+        )
+
+    def _release_after_failure(self, name: str) -> str | None:
+        release = self.controller.statuses.get(name, {}).get("release")
+        return str(release) if release else None

@@ -1,0 +1,114 @@
+"""Pull rollouts on the host: the OCI mapping, registry names, statuses as planner facts, signed desired state."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+from edgedeploy.errors import InputError
+from edgedeploy.publish import oci_manifest, parse_registry
+from edgedeploy.remote.blobs import bundle_blobs
+from edgedeploy.remote.mqtt import desired_payload, load_fleet_config
+from edgedeploy.remote.mqtt_rollout import RateLimit, status_facts
+from edgedeploy.remote.rollout import plan_rollout
+from edgedeploy.signing import generate_key, sign_bundle
+from edgedeploy_agent.desired import DesiredHealth, rollout_trust, verify_desired
+from edgedeploy_agent.oci import CONFIG_MEDIA_TYPE, SIGNATURE_MEDIA_TYPE, parse_ref
+from tests.agent.bundles import make_bundle
+from tests.helpers import Cli, assert_one_line_error
+
+
+def test_bundle_maps_onto_an_oci_artifact_with_no_format_change(tmp_path: Path) -> None:
+    generate_key("k")
+    signed = sign_bundle(make_bundle(tmp_path / "b"), "k", tmp_path / "s.edb")
+    blobs = bundle_blobs(tmp_path / "s.edb")
+    doc = json.loads(oci_manifest(blobs))
+    assert doc["config"] == {
+        "mediaType": CONFIG_MEDIA_TYPE, "digest": f"sha256:{hashlib.sha256(signed.canonical_bytes()).hexdigest()}",
+        "size": len(signed.canonical_bytes()),
+    }  # fmt: skip
+    assert doc["layers"][0]["mediaType"] == SIGNATURE_MEDIA_TYPE
+    assert {ly["digest"][7:] for ly in doc["layers"][1:]} == {a.sha256 for a in signed.artifacts}
+    assert oci_manifest(bundle_blobs(tmp_path / "s.edb")) == oci_manifest(blobs)  # one digest per bundle
+
+
+@pytest.mark.parametrize("spec", ["127.0.0.1:5000", "127.0.0.1:5000/", "/models", "h:5000/Models", "h:x/m"])
+def test_bad_registry_names_are_input_errors(spec: str) -> None:
+    with pytest.raises(InputError, match="HOST:PORT/REPO"):
+        parse_registry(spec)
+    assert parse_registry("127.0.0.1:5000/models/mnist") == ("127.0.0.1:5000", "models/mnist")
+    assert parse_ref("127.0.0.1:5000/models/mnist@sha256:" + "0" * 64).repo == "models/mnist"
+
+
+def test_retained_statuses_feed_the_same_planner() -> None:
+    facts = {
+        "a": status_facts({"state": "committed", "release": "r2"}),
+        "b": status_facts({"state": "committed", "release": "r1"}),
+        "c": status_facts({"state": "offline", "release": "r2"}),
+        "d": status_facts(None),
+    }
+    assert facts["d"] == "no status on the broker (never connected)"
+    state = plan_rollout("id", "b.edb", "r2", list(facts), facts, canary=1, wave="1")
+    assert state.devices["a"].detail == "already runs this bundle (no-op)"
+    assert [state.devices[n].wave for n in "bcd"] == [0, 1, 2]  # an offline device is planned, not a no-op
+
+
+def test_desired_payload_verifies_on_a_device_pinning_the_rollout_key(tmp_path: Path) -> None:
+    key = generate_key("rollout")
+    trust = rollout_trust(tmp_path)
+    trust.replace([key.public])
+    payload = desired_payload(
+        "rollout", "cam-01", "h:1/m@sha256:" + "1" * 64, "r", "id", 2, 7, health=DesiredHealth(min_inferences=5)
+    )
+    doc = verify_desired(payload, "cam-01", trust, 7)
+    assert doc is not None and (doc.wave, doc.serial, doc.health.min_inferences) == (2, 7, 5)
+
+
+def test_fleet_config_errors_are_one_line(tmp_path: Path) -> None:
+    with pytest.raises(InputError, match="does not exist"):
+        load_fleet_config(tmp_path / "fleet.toml")
+    (tmp_path / "fleet.toml").write_text('[mqtt]\nbrokr = "x"\n')
+    with pytest.raises(InputError, match="fleet.toml"):
+        load_fleet_config(tmp_path / "fleet.toml")
+
+
+def test_rate_limit_spaces_publishes() -> None:
+    limit = RateLimit(50.0)
+    t0 = time.monotonic()
+    for _ in range(11):
+        limit.wait()
+    assert time.monotonic() - t0 >= 10 / 50 - 0.01
+
+
+def test_pull_commands_fail_in_one_line(cli: Cli, tmp_path: Path, hermetic: Path) -> None:
+    from edgedeploy.localdevice import free_port
+
+    assert cli("keys", "generate", "k").code == 0
+    bundle = tmp_path / "s.edb"
+    assert cli("sign", str(make_bundle(tmp_path / "b")), "--key", "k", "-o", str(bundle)).code == 0
+    closed = f"127.0.0.1:{free_port()}"
+    assert_one_line_error(cli("publish", str(bundle), "--registry", f"{closed}/m"), 4, "cannot reach the registry")
+    assert_one_line_error(
+        cli("publish", str(make_bundle(tmp_path / "u")), "--registry", f"{closed}/m"), 2, "not signed"
+    )
+    inv = tmp_path / "devices.toml"
+    inv.write_text('[devices.d1]\nhost = "127.0.0.1"\nprofile = "cpu-x86_64"\ntags = ["lab"]\ntransport = "local"\n')
+    args = ("--group", "lab", "--via", "mqtt", "--inventory", str(inv))
+    assert_one_line_error(cli("rollout", str(bundle), *args), 2, "fleet.toml does not exist")
+    assert_one_line_error(cli("rollout", str(bundle), "--group", "lab", "--via", "carrier-pigeon"), 2, "--via")
+    (hermetic / "config" / "fleet.toml").write_text(f'[mqtt]\nbroker = "{closed}"\n[rollout]\nkey = "k"\n')
+    assert_one_line_error(cli("rollout", str(bundle), *args), 2, "has not been published")
+    assert_one_line_error(cli("status", *args), 3, "cannot reach the MQTT broker")
+
+
+def test_the_rollout_key_is_never_pinned_as_a_bundle_key(hermetic: Path) -> None:
+    from edgedeploy.signing import fleet_public_keys
+
+    bundle_key, rollout_key = generate_key("fleet-1"), generate_key("rollout-1")
+    assert sorted(fleet_public_keys()) == sorted([bundle_key.public, rollout_key.public])
+    (hermetic / "config" / "fleet.toml").write_text('[mqtt]\nbroker = "b:1883"\n[rollout]\nkey = "rollout-1"\n')
+    assert fleet_public_keys() == [bundle_key.public]

@@ -1,0 +1,191 @@
+"""A pull fleet for tests and bench: a real registry (origin + read-only endpoint + pull-through cache),
+a real mosquitto with per-device users, and real `edgedeploy-agent watch` processes on local device roots.
+Also a tiny HTTP proxy in front of the registry that injects faults (corrupt bytes, a cut link, no Range)."""
+
+from __future__ import annotations
+
+import http.server
+import json
+import os
+import secrets
+import signal
+import subprocess
+import threading
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from edgedeploy.fleet_servers import CONTROLLER, LocalBroker, LocalRegistry
+from edgedeploy.localdevice import free_port
+from edgedeploy.signing import generate_key, list_keys
+from tests.helpers import BIN, Cli, agent
+
+PUBLISHER = ("publisher", "publisher-secret")
+
+
+@dataclass
+class WatchDevice:
+    name: str
+    root: Path
+    password: str
+    proc: subprocess.Popen[bytes] | None = None
+
+    def current(self) -> str | None:
+        link = self.root / "current"
+        return os.readlink(link).split("/")[-1] if link.is_symlink() else None
+
+    def log(self) -> str:
+        p = self.root / "watch.log"
+        return p.read_text(errors="replace") if p.exists() else ""
+
+
+@dataclass
+class PullFleet:
+    base: Path
+    cli: Cli
+    origin: LocalRegistry
+    readonly: LocalRegistry
+    cache: LocalRegistry
+    broker: LocalBroker
+    devices: dict[str, WatchDevice] = field(default_factory=dict)
+
+    @property
+    def inventory(self) -> Path:
+        return self.base / "devices.toml"
+
+    def args(self) -> list[str]:
+        return ["--inventory", str(self.inventory)]
+
+    def setup_host(self, home: Path) -> None:
+        """Keys (bundle + rollout), fleet.toml and the inventory, as a pilot fleet's controller has them."""
+        for key in ("fleet-1", "rollout-1"):
+            generate_key(key)  # in process: `keys generate` has its own tests (test_signed_push.py)
+        pw = home / "config" / "mqtt-controller"
+        pw.write_text(self.broker.controller_password)
+        pw.chmod(0o600)
+        (home / "config" / "fleet.toml").write_text(
+            f'[mqtt]\nbroker = "{self.broker.address}"\nusername = "{CONTROLLER}"\npassword_file = "{pw}"\n'
+            '[rollout]\nkey = "rollout-1"\nexpires_hours = 1\n'
+        )
+
+    def add(self, name: str, source: str, tag: str = "lab", endpoint: str | None = None) -> WatchDevice:
+        """Initialise a device root, pin the bundle and rollout keys, configure watch; add it to the inventory."""
+        dev = WatchDevice(name, self.base / name, self.broker.devices[name])
+        init = ("init", "--device-name", name, "--service", "process", "--source", source, "--profile", "cpu-x86_64")
+        assert agent("--root", str(dev.root), *init).code == 0
+        keys = {k.name: k.public for k in list_keys()}
+        assert agent("--root", str(dev.root), "trust", "--set", keys["fleet-1"]).code == 0
+        pw = dev.root / "mqtt-password"
+        pw.write_text(dev.password)
+        pw.chmod(0o600)
+        r = agent(
+            "--root", str(dev.root), "watch-config", "--broker", self.broker.address,
+            "--registry", endpoint or self.cache.url, "--password-file", str(pw), "--rollout-key", keys["rollout-1"],
+        )  # fmt: skip
+        assert r.code == 0, r.err
+        cfg_path = dev.root / "watch.json"
+        cfg = json.loads(cfg_path.read_text())
+        cfg.update(backoff_min_s=0.2, backoff_max_s=2.0, poll_s=2.0)  # a test waits seconds, not minutes
+        cfg_path.write_text(json.dumps(cfg))
+        with open(self.inventory, "a") as f:
+            f.write(
+                f'[devices.{name}]\nhost = "127.0.0.1"\nprofile = "cpu-x86_64"\ntags = ["{tag}"]\n'
+                f'root = "{dev.root}"\nservice = "process"\ntransport = "local"\n'
+            )
+        self.devices[name] = dev
+        return dev
+
+    def start(self, name: str) -> WatchDevice:
+        dev = self.devices[name]
+        with open(dev.root / "watch.log", "ab") as log:
+            dev.proc = subprocess.Popen(
+                [str(BIN / "edgedeploy-agent"), "--root", str(dev.root), "watch"],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+            )
+        return dev
+
+    def stop(self, name: str, kill: bool = False) -> None:
+        dev = self.devices[name]
+        if dev.proc and dev.proc.poll() is None:
+            dev.proc.send_signal(signal.SIGKILL if kill else signal.SIGTERM)
+            dev.proc.wait(15)
+        dev.proc = None
+
+    def close(self) -> None:
+        for name, dev in self.devices.items():
+            self.stop(name)
+            agent("--root", str(dev.root), "--json", "stop")
+        for server in (self.cache, self.readonly, self.origin):
+            server.stop()
+        self.broker.close()
+
+
+def start_pull_fleet(base: Path, cli: Cli, names: list[str]) -> PullFleet:
+    base.mkdir(parents=True, exist_ok=True)
+    origin = LocalRegistry(base / "origin", users=dict([PUBLISHER])).start()
+    readonly = LocalRegistry(base / "readonly", read_only_of=origin).start()
+    cache = LocalRegistry(base / "cache", upstream=readonly.url).start()
+    broker = LocalBroker({n: secrets.token_hex(12) for n in names}, secrets.token_hex(12)).start()
+    return PullFleet(base, cli, origin, readonly, cache, broker)
+
+
+class FaultProxy:
+    """HTTP proxy in front of a registry endpoint: `corrupt` flips a byte of that blob, `cut_after` closes the
+    connection after N body bytes of any blob, `ignore_range` answers a range request with a full 200."""
+
+    def __init__(self, upstream: str) -> None:
+        self.upstream = upstream
+        self.corrupt: str | None = None
+        self.cut_after: int | None = None
+        self.ignore_range = False
+        self.seen: list[tuple[str, str | None, int]] = []  # (path, Range asked, status answered)
+        proxy = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def log_message(self, *a: object) -> None:
+                return None
+
+            def do_GET(self) -> None:
+                headers = {k: v for k, v in self.headers.items() if k.lower() in ("accept", "range")}
+                if proxy.ignore_range:
+                    headers.pop("Range", None)
+                req = urllib.request.Request(proxy.upstream + self.path, headers=headers)
+                try:
+                    up = urllib.request.urlopen(req, timeout=30)
+                except urllib.error.HTTPError as e:
+                    up = e
+                body = up.read()
+                proxy.seen.append((self.path, self.headers.get("Range"), up.status))
+                if proxy.corrupt and proxy.corrupt in self.path and body:
+                    body = bytes([body[0] ^ 0xFF]) + body[1:]
+                self.send_response(up.status)
+                for k, v in up.headers.items():
+                    if k.lower() in ("content-type", "content-range", "docker-content-digest"):
+                        self.send_header(k, v)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                if proxy.cut_after is not None and "/blobs/" in self.path:
+                    self.wfile.write(body[: proxy.cut_after])
+                    self.wfile.flush()
+                    self.connection.shutdown(2)  # the link goes down mid-blob
+                    return
+                self.wfile.write(body)
+
+        self.port = free_port()
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", self.port), Handler)
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def __enter__(self) -> FaultProxy:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.shutdown()
+        self.server.server_close()
