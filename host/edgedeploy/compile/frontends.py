@@ -9,11 +9,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from edgedeploy_agent.bundle import TensorSpec
 
 from ..errors import ModelError
-from .onnx_model import OnnxModel, load_onnx
+from .onnx_model import OnnxModel, guess_layout, load_onnx
 
 # file suffix -> frontend name (the pipeline key suffix and the import stage's name)
 FRONTENDS = {".onnx": "onnx", ".tflite": "tflite", ".pt2": "torch"}
@@ -33,6 +34,7 @@ class ForeignModel:
     sha256: str
     inputs: list[TensorSpec]
     frontend: str  # "tflite" | "torch"
+    quantized: bool = False  # a pre-quantized (QAT) model: its own INT8 scales, no calibration
 
 
 def frontend_of(path: Path) -> str:
@@ -61,3 +63,22 @@ def load_model(path: Path, batch: int = 1) -> OnnxModel | ForeignModel:
 
 def frontend_name(model: OnnxModel | ForeignModel) -> str:
     return model.frontend if isinstance(model, ForeignModel) else "onnx"
+
+
+def output_specs(mod: Any, names: list[str]) -> list[TensorSpec]:
+    """The outputs of `mod["main"]` with static shapes, named after the source model's outputs."""
+    from tvm import relax
+
+    ret = mod["main"].ret_ty
+    infos = list(ret.fields) if isinstance(ret, relax.TupleType) else [ret]
+    specs = []
+    for i, info in enumerate(infos):
+        name = names[i] if i < len(names) else f"output{i}"
+        if not isinstance(info, relax.TensorType) or info.shape is None:
+            raise ModelError(f"output {name} of the model has no static tensor shape")
+        try:
+            shape = [int(d) for d in info.shape.values]
+        except TypeError:
+            raise ModelError(f"output {name} has a symbolic shape") from None
+        specs.append(TensorSpec(name=name, shape=shape, dtype=str(info.dtype), layout=guess_layout(shape)))
+    return specs

@@ -219,9 +219,7 @@ class _Rewriter(relax.PyExprMutator):  # type: ignore[misc]
             acc = bb.emit(relax.op.astype(accf, "int32"))
         else:
             x = relax.op.subtract(relax.op.astype(xq, "int32"), relax.const(int(zx.reshape(())), "int32"))
-            acc = bb.emit(
-                relax.op.nn.conv2d(bb.emit(x), relax.const(w, "int32"), out_dtype="int32", **attrs, **layout)
-            )
+            acc = bb.emit(relax.op.nn.conv2d(bb.emit(x), relax.const(w, "int32"), out_dtype="int32", **attrs, **layout))
         acc = bb.emit(relax.op.add(acc, relax.const(bias.astype(np.int32), "int32")))
         # TFLite: uint8 kernels use the float32 product sx*sw; per-channel (int8) ones the float64 product
         per_channel = len(set(sw.tolist())) > 1 or dtype == "int8"

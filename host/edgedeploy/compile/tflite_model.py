@@ -16,7 +16,7 @@ from typing import Any
 from edgedeploy_agent.bundle import TensorSpec
 
 from ..errors import ModelError
-from .frontends import ForeignModel
+from .frontends import ForeignModel, output_specs
 from .onnx_model import guess_layout
 from .pipeline import BuildContext, stage
 
@@ -78,7 +78,15 @@ def load_tflite(path: Path, batch: int = 1) -> ForeignModel:
         inputs.append(TensorSpec(name=name, shape=shape, dtype=dtype, layout=guess_layout(shape)))
     if not inputs:
         raise ModelError(f"{path}: the model has no inputs", hint=_HINT)
-    return ForeignModel(path=path, sha256=hashlib.sha256(data).hexdigest(), inputs=inputs, frontend="tflite")
+    quantized = any(_is_quantized(subgraph.Tensors(i)) for i in range(subgraph.TensorsLength()))
+    sha = hashlib.sha256(data).hexdigest()
+    return ForeignModel(path=path, sha256=sha, inputs=inputs, frontend="tflite", quantized=quantized)
+
+
+def _is_quantized(tensor: Any) -> bool:
+    """An 8-bit tensor with a scale: the model is pre-quantized (QAT or post-training full integer)."""
+    q = tensor.Quantization()
+    return tensor.Type() in (3, 9) and q is not None and q.ScaleLength() > 0
 
 
 def _converter(model: Any) -> Any:
@@ -104,9 +112,7 @@ def check_operators(path: Path, model: Any) -> None:
         if kind not in conv.convert_map:
             bad.append((kind, i, node, "is not supported by TVM's TFLite frontend"))
             continue
-        quantized = any(
-            t.qnn_params is not None for t in [*conv.get_input_tensors(op), *conv.get_output_tensors(op)]
-        )
+        quantized = any(t.qnn_params is not None for t in [*conv.get_input_tensors(op), *conv.get_output_tensors(op)])
         if quantized and kind not in conv._SUPPORTED_QUANTIZED_OPS:
             bad.append((kind, i, node, "has no quantized (uint8/int8) converter in TVM's TFLite frontend"))
     if bad:
@@ -134,22 +140,3 @@ def import_tflite(ctx: BuildContext) -> None:
     subgraph = model.Subgraphs(0)
     names = [_name(subgraph, subgraph.Outputs(i)) for i in range(subgraph.OutputsLength())]
     ctx.outputs = output_specs(ctx.ir, names)
-
-
-def output_specs(mod: Any, names: list[str]) -> list[TensorSpec]:
-    """The outputs of `mod["main"]` with static shapes, named after the source model's outputs."""
-    from tvm import relax
-
-    ret = mod["main"].ret_ty
-    infos = list(ret.fields) if isinstance(ret, relax.TupleType) else [ret]
-    specs = []
-    for i, info in enumerate(infos):
-        name = names[i] if i < len(names) else f"output{i}"
-        if not isinstance(info, relax.TensorType) or info.shape is None:
-            raise ModelError(f"output {name} of the model has no static tensor shape")
-        try:
-            shape = [int(d) for d in info.shape.values]
-        except TypeError:
-            raise ModelError(f"output {name} has a symbolic shape") from None
-        specs.append(TensorSpec(name=name, shape=shape, dtype=str(info.dtype), layout=guess_layout(shape)))
-    return specs
