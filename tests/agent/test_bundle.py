@@ -8,8 +8,8 @@ import pytest
 from edgedeploy_agent.bundle import (
     MANIFEST_NAME,
     SCHEMA_VERSION,
-    WRITTEN_SCHEMA_VERSION,
     SIGNATURE_NAME,
+    WRITTEN_SCHEMA_VERSION,
     HostFile,
     Manifest,
     check_compatible,
