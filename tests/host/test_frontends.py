@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 from pathlib import Path
 
 import numpy as np
@@ -22,6 +23,14 @@ needs_litert = pytest.mark.skipif(
 needs_torch = pytest.mark.skipif(
     importlib.util.find_spec("torch") is None, reason="torch is not installed: pip install 'edgedeploy[torch]'"
 )
+
+
+def test_reference_runtimes_are_installed_where_required() -> None:
+    """CI (.ci/run) sets EDGEDEPLOY_REQUIRE_FRONTENDS=1: the tests below must run there, not skip."""
+    if os.environ.get("EDGEDEPLOY_REQUIRE_FRONTENDS") != "1":
+        pytest.skip("EDGEDEPLOY_REQUIRE_FRONTENDS is not set")
+    missing = [m for m in ("tflite", "ai_edge_litert", "torch") if importlib.util.find_spec(m) is None]
+    assert not missing, f"not installed: {', '.join(missing)} (make test installs them with .[dev])"
 
 
 def test_quantize_multiplier_matches_tflite() -> None:
