@@ -45,11 +45,12 @@ def frontend_of(path: Path) -> str:
     return frontend
 
 
-def load_model(path: Path, batch: int = 1) -> OnnxModel | ForeignModel:
-    """Read a model file with the frontend its type names (ONNX, TFLite or a PyTorch ExportedProgram)."""
+def load_model(path: Path, batch: int = 1, frontend: str | None = None) -> OnnxModel | ForeignModel:
+    """Read a model file with the frontend its type names (ONNX, TFLite or a PyTorch ExportedProgram), or
+    with `frontend` (a build-store file has no suffix)."""
     if not path.is_file():
         raise ModelError(f"model file {path} does not exist")
-    frontend = frontend_of(path)
+    frontend = frontend or frontend_of(path)
     if frontend == "tflite":
         from .tflite_model import load_tflite
 

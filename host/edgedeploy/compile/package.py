@@ -277,17 +277,21 @@ def tune_model(
     if m.target.runtime != "tvm":
         raise InputError(f"{bundle} is a {m.target.runtime} bundle: TensorRT picks its tactics on the device")
     profile = get_profile(m.profile)
-    role = "qdq-onnx" if m.quantization.precision == "int8" else "onnx-model"
+    # a TFLite / PyTorch source is compiled as it is (its build's precision key is fp32, as in build_bundle)
+    foreign = {r: f for f, r in SOURCE_ROLES.items() if f != "onnx"}
+    source = next((h.role for h in m.host_files if h.role in foreign), None)
+    precision = "fp32" if source is not None else m.quantization.precision
+    role = source or ("qdq-onnx" if precision == "int8" else "onnx-model")
     check_given(m, sources, [role])
-    key = tuning_key(m.model.source_sha256, m.quantization.precision)
+    key = tuning_key(m.model.source_sha256, precision)
     with tempfile.TemporaryDirectory(prefix="edgedeploy-tune-") as tmp:
         work = Path(tmp)
         if any(a.role == role for a in m.artifacts):  # a schema 1 bundle carries it
             extract_bundle(bundle, work / "bundle")
-        model = load_onnx(host_file(m, role, work / "bundle", sources), batch=m.inputs[0].shape[0])
-        res = _compile(
-            model, profile, work, m.quantization.precision, m.target.cuda_graph, key, None, request, progress
-        )
+        path, batch = host_file(m, role, work / "bundle", sources), m.inputs[0].shape[0]
+        # the store names files by sha256 (no suffix): the role says which frontend reads it
+        model = load_onnx(path, batch=batch) if source is None else load_model(path, batch, foreign[source])
+        res = _compile(model, profile, work, precision, m.target.cuda_graph, key, None, request, progress)
     exported = request.export_dir if res.library is None else None
     return TuneResult(request.database, key, res.tuned_kernels, res.kernel_count, exported, res.timings)
 
