@@ -201,6 +201,13 @@ def test_pytorch_exported_program_builds_and_runs_like_pytorch(tmp_path: Path, c
     want = net(x).detach().numpy()
     got = load_runtime(tmp_path / "rel", m).run([x.numpy()])[0]
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+    # `tune` reads the program back from the build store (a file without suffix) and tunes under the key the
+    # build applies (fp32)
+    r = cli("tune", str(tmp_path / "net.edb"), "--trials", "2", "--tasks", "1", "--cost-model", "random", "--json",
+            timeout=600)  # fmt: skip
+    assert r.code == 0, r.err
+    tuned = json.loads(r.out)
+    assert tuned["key"] == f"{m.model.source_sha256[:16]}-fp32" and tuned["kernels"] > 0
 
 
 @needs_torch
