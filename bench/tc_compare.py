@@ -1,11 +1,12 @@
-"""Runs on the GPU machine: ResNet-18 bundles with tensor-core convolutions against the same bundles
-built without them (bench/tc_kit.sh), one process, same inputs. Prints per pair the median time, the
-speed-up, and whether the outputs agree: INT8 must be bit-identical (both compute exact int32 sums and
-the same requantize), FP16 within fp16 rounding. With --profile, the top kernels by GPU time (CUPTI, via
-torch.profiler) for each bundle. A torchvision ResNet-18 (fp16, channels_last, torch.compile) is timed as
-a peer when torchvision is installed.
+"""Runs on the GPU machine: ResNet-18 bundles of two build variants, one process, same inputs: by
+default with tensor-core convolutions (`tc`) against the same bundles built without them (`default`,
+bench/tc_kit.sh); `--variants nchw,nhwc` compares `<stem>.nchw.edb` with `<stem>.nhwc.edb`.
+Prints per pair the median time, the speed-up, and whether the outputs agree: INT8 must be
+bit-identical (both compute exact int32 sums and the same requantize), FP16 within fp16 rounding. With
+--profile, the top kernels by GPU time (CUPTI, via torch.profiler) for each bundle. A torchvision
+ResNet-18 (fp16, channels_last, torch.compile) is timed as a peer when torchvision is installed.
 
-    python bench/tc_compare.py --bundles KIT/bundles [--profile] [--json OUT]
+    python bench/tc_compare.py --bundles KIT/bundles [--variants BEFORE,AFTER] [--profile] [--json OUT]
 """
 
 from __future__ import annotations
@@ -84,14 +85,17 @@ def main() -> int:
     ap.add_argument("--n", type=int, default=100)
     ap.add_argument("--profile", action="store_true")
     ap.add_argument("--json", type=Path)
+    ap.add_argument("--variants", default="default,tc", help="BEFORE,AFTER: the bundles' name suffixes")
     args = ap.parse_args()
+    before, after = args.variants.split(",")
     rows: list[dict[str, Any]] = []
-    pairs = sorted({re.sub(r"\.(tc|default)\.edb$", "", p.name) for p in args.bundles.glob("*.edb")})
+    suffix = re.compile(rf"\.({re.escape(before)}|{re.escape(after)})\.edb$")
+    pairs = sorted({suffix.sub("", p.name) for p in args.bundles.glob("*.edb") if suffix.search(p.name)})
     for pair in pairs:
         batch = int(pair.rsplit(".bs", 1)[1])
         x = np.random.default_rng(0).standard_normal((batch, 3, 224, 224)).astype(np.float32)
         outs: dict[str, np.ndarray] = {}
-        for variant in ("default", "tc"):
+        for variant in (before, after):
             b = args.bundles / f"{pair}.{variant}.edb"
             if not b.exists():
                 continue
@@ -110,7 +114,7 @@ def main() -> int:
             rows.append(row)
             print(f"{b.name:34s} {ms:9.3f} ms {row['images_per_s']:10.1f} img/s", flush=True)
         if len(outs) == 2:
-            d, t = outs["default"], outs["tc"]
+            d, t = outs[before], outs[after]
             same = bool(np.array_equal(d, t))
             diff = float(np.abs(d.astype(np.float64) - t).max())
             rel = diff / max(float(np.abs(d).max()), 1e-12)
@@ -119,7 +123,7 @@ def main() -> int:
             verdict = "bit-identical" if same else f"max|d| {diff:.3g} (rel {rel:.2g})"
             if pair.split(".")[1] == "int8" and not same:
                 verdict += "  <-- INT8 MUST BE IDENTICAL"
-            print(f"  {pair}: tensor cores {speedup:.2f}x the default kernels; outputs {verdict}", flush=True)
+            print(f"  {pair}: {after} {speedup:.2f}x {before}; outputs {verdict}", flush=True)
     for batch in sorted({r["batch"] for r in rows}):
         peer = torchvision_peer(batch)
         if peer is not None:

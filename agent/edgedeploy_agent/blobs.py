@@ -68,6 +68,13 @@ class BlobStore:
             raise BundleError(f"blob {sha[:16]} ({what}) is missing or corrupt on the device", hint="push again")
         return self.path(sha)
 
+    def remove_unused(self, sha: str) -> None:
+        """Remove one blob that no release links: a finished upload or a verified blob with one link."""
+        (self.incoming / _check_sha(sha)).unlink(missing_ok=True)
+        p = self.path(sha)
+        if p.is_file() and p.stat().st_nlink == 1:
+            p.unlink()
+
     def collect_garbage(self) -> list[str]:
         """Remove verified blobs no release links to any more (link count 1)."""
         removed = []
@@ -80,10 +87,11 @@ class BlobStore:
 
 
 class FileSource:
-    """A bundle uploaded as one .edb file."""
+    """A bundle uploaded as one .edb file; one in ROOT/incoming/ is the device's to remove, others are not."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, store: DeviceStore) -> None:
         self.file = path
+        self.uploaded = path.absolute().parent == store.incoming.absolute()
 
     def read(self) -> tuple[Manifest, bytes, Optional[bytes]]:
         return read_signed_manifest(self.file)
@@ -92,7 +100,11 @@ class FileSource:
         return store.stage(self.file)
 
     def discard(self) -> None:
-        self.file.unlink(missing_ok=True)
+        if self.uploaded:
+            self.file.unlink(missing_ok=True)
+
+    def remove_refused(self) -> None:
+        self.discard()
 
 
 class BlobSource:
@@ -153,3 +165,16 @@ class BlobSource:
 
     def discard(self) -> None:
         return None  # blobs stay until no release links them
+
+    def remove_refused(self) -> None:
+        """Remove this bundle's blobs that no release links (shared ones stay)."""
+        shas = [self.manifest_sha, *([self.signature_sha] if self.signature_sha else [])]
+        for where in (self.blobs.path(self.manifest_sha), self.blobs.incoming / self.manifest_sha):
+            try:
+                shas += [a.sha256 for a in Manifest.model_validate_json(where.read_bytes()).artifacts]
+                break
+            except (OSError, ValueError):
+                continue  # no readable manifest: only its own blobs are known
+        for sha in shas:
+            if _SHA.match(sha):
+                self.blobs.remove_unused(sha)

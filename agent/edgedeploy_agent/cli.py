@@ -18,6 +18,7 @@ from .blobs import BlobSource, BlobStore
 from .bundle import SCHEMA_VERSION, verify_bundle
 from .config import AgentConfig
 from .errors import AgentError, StateError
+from .heartbeat import present_health
 from .lifecycle import BundleSource, Deployment, describe_release, recover, rollback
 from .service import HealthObjectives, make_service, read_health
 from .store import DeviceStore
@@ -53,7 +54,7 @@ def _facts(store: DeviceStore, args: argparse.Namespace) -> dict[str, Any]:
             service=cfg.service,
             source=cfg.source,
             running=service.is_running(),
-            health=read_health(store),
+            health=present_health(store.run_dir, read_health(store)),  # `dead` when its writer is gone
             current=describe_release(store, state["current"]),
             previous=state["previous"],
             history=state["history"][-5:],
@@ -79,6 +80,7 @@ def _init(store: DeviceStore, args: argparse.Namespace) -> dict[str, Any]:
             "metrics_port": args.metrics_port,
             "profile": args.profile,
             "keep_releases": args.keep_releases,
+            "health_frames": args.health_frames,
         }.items()
         if v is not None
     }
@@ -180,6 +182,7 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on 127.0.0.1:PORT")
     s.add_argument("--profile", help="device profile; bundles for another profile are refused")
     s.add_argument("--keep-releases", type=int, help="releases kept on the device (current + previous)")
+    s.add_argument("--health-frames", type=int, help="real frames a deploy must serve to be healthy (default 3)")
     s.set_defaults(fn=_init)
 
     s = sub.add_parser("facts", help="what the host needs to plan a deploy")

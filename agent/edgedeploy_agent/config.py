@@ -18,6 +18,9 @@ class AgentConfig(BaseModel):
     record_predictions: bool = True
     keep_releases: int = Field(default=3, ge=2)
     health_timeout_s: float = Field(default=60.0, gt=0)
+    health_frames: int = Field(
+        default=3, ge=0, description="real frames a deploy must serve before it is healthy (with a source)"
+    )
     spool_max_bytes: int = Field(default=64 << 20, ge=1 << 16, description="disk cap of spool/ (oldest dropped)")
     idle_baseline_s: float = Field(default=2.0, ge=0, description="idle power measured before serving; 0: off")
     power_interval_s: float = Field(default=0.02, gt=0, description="power sampling period (sampled sensors)")

@@ -88,3 +88,17 @@ class ReplayedBundle(UntrustedBundle):
 
 class ExpiredBundle(UntrustedBundle):
     code = "expired-bundle"
+
+
+class FrameFailed(AgentError):
+    """A real frame failed in preprocessing, inference or postprocessing, or gave bad outputs."""
+
+    code = "frame-failed"
+    exit_code = 11
+
+
+class SourceUnavailable(AgentError):
+    """The frame source delivered no frame, so the bundle could not be shown to serve; rolled back."""
+
+    code = "source-unavailable"
+    exit_code = 12

@@ -5,6 +5,9 @@
 
 `pending` in state.json holds the transition in flight. If the agent dies mid-way, `recover()`
 (run before every deploy and at `facts`) puts the device back on the last committed release.
+
+A refused bundle (untrusted, incompatible, unreadable, failing to stage) leaves nothing behind: its
+uploaded file or blobs are removed at refusal, and `recover()` sweeps uploads nobody will use.
 """
 
 import time
@@ -13,11 +16,12 @@ from typing import Any, Optional, Protocol, Union
 
 from .blobs import BlobStore, FileSource
 from .bundle import Manifest, check_compatible
-from .errors import HealthCheckFailed, StateError
+from .errors import AgentError, HealthCheckFailed, SourceUnavailable, StateError
 from .gpu import probe_cuda
-from .service import HealthObjectives, Service, read_health, wait_healthy
+from .service import HealthObjectives, NoFrames, Service, read_health, wait_healthy
 from .store import DeviceStore, utcnow
 from .trust import TrustStore, check_trust
+from .uploads import remove_stale_uploads
 
 
 class BundleSource(Protocol):
@@ -27,7 +31,11 @@ class BundleSource(Protocol):
 
     def stage(self, store: DeviceStore) -> Manifest: ...
 
-    def discard(self) -> None: ...
+    def discard(self) -> None:
+        """Called once the bundle is staged (or unchanged): drop what the release no longer needs."""
+
+    def remove_refused(self) -> None:
+        """Called when the device refuses the bundle: remove everything its upload left."""
 
 
 TRANSITIONS = {
@@ -63,15 +71,19 @@ class Deployment:
         objectives: Optional[HealthObjectives] = None,
         build_timeout: Optional[float] = None,
     ) -> dict[str, Any]:
-        source = FileSource(bundle) if isinstance(bundle, Path) else bundle
+        source = FileSource(bundle, self.store) if isinstance(bundle, Path) else bundle
         recover(self.store, self.service)
         state = self.store.state()
-        manifest, body, signature = source.read()
-        gpu, reason = probe_cuda() if manifest.target.device == "cuda" else (None, "")
-        check_compatible(manifest, gpu=gpu, gpu_reason=reason)
-        check_trust(
-            TrustStore(self.store.root), manifest, body, signature, state.get("serial"), self.store.config().profile
-        )
+        try:
+            manifest, body, signature = source.read()
+            gpu, reason = probe_cuda() if manifest.target.device == "cuda" else (None, "")
+            check_compatible(manifest, gpu=gpu, gpu_reason=reason)
+            check_trust(
+                TrustStore(self.store.root), manifest, body, signature, state.get("serial"), self.store.config().profile
+            )
+        except AgentError:
+            source.remove_refused()
+            raise
         name = manifest.release_name
         old = state["current"]
         health = read_health(self.store)
@@ -92,11 +104,13 @@ class Deployment:
         try:
             source.stage(self.store)
         except Exception as e:
+            source.remove_refused()
             self._move(state, "failed")
             self.store.record(state, "stage-failed", name, str(e))
             state["pending"] = None
             self.store.save_state(state)
             raise
+        source.discard()  # the release holds the bundle now, whatever its health check says
         self.timings["verify_unpack_s"] = round(time.monotonic() - t, 3)
         self._move(state, "verified")
 
@@ -112,6 +126,11 @@ class Deployment:
             self.timings["health_wait_s"] = round(time.monotonic() - t, 3)
             reason = str(e)
             back = self._roll_back(state, old, reason, timeout)
+            if isinstance(e, NoFrames):  # the source failed, not the bundle: say so
+                raise SourceUnavailable(
+                    f"bundle {name} could not be shown serving: {reason}; device is back on {back or 'no bundle'}",
+                    hint="check the device's frame source (camera cable, stream URL, file), then push again",
+                ) from None
             raise HealthCheckFailed(
                 f"bundle {name} failed its health check: {reason}; device is back on {back or 'no bundle'}",
                 hint="see the agent log on the device (ROOT/logs/agent.log)",
@@ -136,7 +155,6 @@ class Deployment:
         state["previous"] = [p for p in state["previous"] if p not in removed]
         self.store.save_state(state)
         BlobStore(self.store.root).collect_garbage()
-        source.discard()
         return {"outcome": "committed", "release": name, "previous": old, "health": health, "timings": self.timings}
 
     def _roll_back(self, state: dict[str, Any], old: Optional[str], reason: str, timeout: float) -> Optional[str]:
@@ -161,9 +179,11 @@ def recover(store: DeviceStore, service: Service) -> Optional[str]:
     """Finish an interrupted transition: anything not committed goes back to the last committed release.
 
     A stage killed with its SSH session (SIGKILL, SIGHUP: no `finally` runs) leaves releases/.tmp-<release>
-    behind; it goes too. Callers hold the store's `exclusive` lock, so no stage is in flight.
+    behind; it goes too, and so do uploads no push in flight can still use (uploads.py). Callers hold the
+    store's `exclusive` lock, so no stage is in flight.
     """
     leftovers = store.remove_staging_leftovers()
+    remove_stale_uploads(store)
     state = store.state()
     pending = state.get("pending")
     if not pending:

@@ -3,6 +3,7 @@
 import datetime as _dt
 import signal
 import socket
+import sys
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -13,7 +14,8 @@ import numpy as np
 
 from .bundle import Manifest, load_labels
 from .config import AgentConfig
-from .errors import AgentError, RuntimeLoadError
+from .errors import AgentError, FrameFailed, RuntimeLoadError, SourceUnavailable
+from .heartbeat import Heartbeat
 from .notify import Notifier
 from .preprocess import preprocess
 from .report import STAGES, Prediction, Report, latency_histogram, stage_latency
@@ -49,19 +51,27 @@ def top_k(output: np.ndarray, manifest: Manifest, labels: Sequence[str]) -> list
     return out
 
 
+def output_problem(outs: Sequence[np.ndarray], manifest: Manifest) -> Optional[str]:
+    """Why these outputs break the manifest's promise (count, shapes, finite values), or None."""
+    if len(outs) != len(manifest.outputs):
+        return f"gave {len(outs)} outputs, manifest declares {len(manifest.outputs)}"
+    for o, spec in zip(outs, manifest.outputs):
+        if list(o.shape) != list(spec.shape):
+            return f"output {spec.name} has shape {list(o.shape)}, expected {spec.shape}"
+        if not np.all(np.isfinite(o)):
+            return f"output {spec.name} is not finite"
+    return None
+
+
 def warm_up(runtime: Runtime, manifest: Manifest) -> float:
     """One inference on zeros; checks output shapes and finiteness. Returns milliseconds."""
     inputs = [np.zeros(s.shape, dtype=np.dtype(s.dtype)) for s in manifest.inputs]
     t = time.perf_counter()
     outs = runtime.run(inputs)
     ms = (time.perf_counter() - t) * 1000.0
-    if len(outs) != len(manifest.outputs):
-        raise RuntimeLoadError(f"warm-up gave {len(outs)} outputs, manifest declares {len(manifest.outputs)}")
-    for o, spec in zip(outs, manifest.outputs):
-        if list(o.shape) != list(spec.shape):
-            raise RuntimeLoadError(f"warm-up output {spec.name} has shape {list(o.shape)}, expected {spec.shape}")
-        if not np.all(np.isfinite(o)):
-            raise RuntimeLoadError(f"warm-up output {spec.name} is not finite")
+    problem = output_problem(outs, manifest)
+    if problem:
+        raise RuntimeLoadError(f"warm-up {problem}")
     return ms
 
 
@@ -78,11 +88,15 @@ class InferenceLoop:
         notifier: Optional[Notifier] = None,
         thermal: Optional[ThermalZones] = None,
         metrics: Optional["PrometheusExporter"] = None,
+        health_frames: int = 0,
+        heartbeat: Optional[Heartbeat] = None,
     ) -> None:
         self.runtime, self.manifest, self.labels, self.cfg = runtime, manifest, labels, cfg
         self.spool, self.power, self.bundle_id = spool, power, bundle_id
         self.notifier = notifier or Notifier({})
         self.thermal, self.metrics = thermal, metrics
+        # the first `health_frames` real frames are the health check: their outputs are checked too
+        self.health_frames, self.heartbeat = health_frames, heartbeat
         self.stop_requested = False
         self._dropped_before = 0
         # the health check reads these through run/health.json (see progress())
@@ -107,13 +121,12 @@ class InferenceLoop:
         self._infer_ms.append(ms[2])
         self._busy_s += sum(ms) / 1e3
         now = time.monotonic()
-        if self._count == 1 or now - self._last_progress >= 0.5:
+        if self._count <= max(self.health_frames, 1) or now - self._last_progress >= 0.5:
             self._last_progress = now
             self.on_progress(self.stats())
 
     def run(self, source: CapturedSource, max_frames: Optional[int] = None) -> int:
         """Process frames until the source ends, a stop is requested or max_frames; returns reports written."""
-        spec = self.manifest.inputs[0]
         frame_index, reports = 0, 0
         self._count = 0
         while not self.stop_requested:
@@ -122,6 +135,8 @@ class InferenceLoop:
             ended = False
             while not self.stop_requested and window.elapsed() < self.cfg.report_interval_s:
                 self.notifier.ping()  # from the main loop: a hung loop is killed by the watchdog
+                if self.heartbeat is not None:
+                    self.heartbeat.beat()
                 if max_frames is not None and frame_index >= max_frames:
                     ended = True
                     break
@@ -134,12 +149,7 @@ class InferenceLoop:
                         break
                     continue  # no frame yet (camera lost or slow): keep the watchdog fed and wait again
                 age_ms = frame.age_ms
-                x = preprocess(frame.image, self.manifest.preprocess, spec)
-                t1 = time.perf_counter()
-                outs = self.runtime.run([x])
-                t2 = time.perf_counter()
-                top = top_k(outs[0], self.manifest, self.labels)
-                t3 = time.perf_counter()
+                top, (t1, t2, t3) = self._serve(frame.image, frame_index, source.uri)
                 ms = ((t0 - t_wait) * 1e3, (t1 - t0) * 1e3, (t2 - t1) * 1e3, (t3 - t2) * 1e3)
                 window.add(age_ms, *ms)
                 self._progress(ms)
@@ -160,6 +170,26 @@ class InferenceLoop:
             if ended:
                 break
         return reports
+
+    def _serve(self, image: np.ndarray, index: int, uri: str) -> tuple[list[list[Any]], tuple[float, float, float]]:
+        """preprocess -> infer -> postprocess one frame; any failure is a FrameFailed naming the stage."""
+        stage = "preprocessing"
+        try:
+            x = preprocess(image, self.manifest.preprocess, self.manifest.inputs[0])
+            t1 = time.perf_counter()
+            stage = "inference"
+            outs = self.runtime.run([x])
+            t2 = time.perf_counter()
+            problem = output_problem(outs, self.manifest) if self._count < self.health_frames else None
+            if problem:
+                raise FrameFailed(f"frame {index} from {uri}: {problem}")
+            stage = "postprocessing"
+            top = top_k(outs[0], self.manifest, self.labels)
+            return top, (t1, t2, time.perf_counter())
+        except AgentError:
+            raise
+        except Exception as e:  # a runtime fails in its FFI with any error type
+            raise FrameFailed(f"frame {index} from {uri}: {stage} failed: {type(e).__name__}: {e}") from e
 
     def _report(self, w: "_Window", uri: str, state: SourceState, final: bool) -> Report:
         end = _dt.datetime.now(_dt.timezone.utc)
@@ -217,10 +247,13 @@ def run_agent(
     sys_root: Path = Path("/"),
     tensorrt_options: Optional[dict[str, Any]] = None,
 ) -> int:
-    """The agent's main: load the current release (building its engine), warm up, report ready, serve frames.
+    """The agent's main: load the current release (building its engine), warm up, serve frames.
 
     A TensorRT engine is built and accepted here, at activation, so `health.json` says `building-engine`
-    (with elapsed seconds and build phases) until the engine passed its acceptance check.
+    (with elapsed seconds and build phases) until the engine passed its acceptance check. With a source,
+    `health.json` says `checking-frames` until the first `health_frames` real frames went through
+    preprocessing, inference (outputs of the declared shapes, finite) and postprocessing, then `ready`;
+    a frame that fails is `failed` with `frame-failed`. Without a source, `ready` follows the warm-up.
     """
     cfg = store.config()
     notifier = Notifier()
@@ -262,6 +295,7 @@ def run_agent(
         power.close()
         write_health(store, release, "failed", error={"code": "load-failed", "message": f"{type(e).__name__}: {e}"})
         return 1
+    heartbeat = Heartbeat(store.run_dir)
     loop = InferenceLoop(
         runtime,
         manifest,
@@ -273,6 +307,8 @@ def run_agent(
         notifier=notifier,
         thermal=ThermalZones(sys_root / "sys"),
         metrics=metrics,
+        health_frames=cfg.health_frames,
+        heartbeat=heartbeat,
     )
 
     def _stop(signum: int, frame: object) -> None:
@@ -281,16 +317,31 @@ def run_agent(
     signal.signal(signal.SIGTERM, _stop)
     signal.signal(signal.SIGINT, _stop)
     ready = {"warmup_ms": round(warm_ms, 3), "runtime": runtime.describe(), "source": cfg.source}
-    loop.on_progress = lambda stats: write_health(store, release, "ready", **ready, **stats)
-    write_health(store, release, "ready", **ready, inferences=0)
+    needed = cfg.health_frames if source is not None else 0
+
+    def progress(stats: dict[str, Any]) -> None:
+        state = "ready" if stats["inferences"] >= needed else "checking-frames"
+        write_health(store, release, state, **ready, **stats, health_frames=needed)
+
+    loop.on_progress = progress
+    heartbeat.beat()  # before the first state a reader checks it against
+    progress(loop.stats())
+    # READY=1 means loaded and warmed up: systemd must not give up on a device whose camera is unplugged
     notifier.ready(f"serving {release} on {cfg.source or 'no source'}")
     try:
         if source is None:
             while not loop.stop_requested:  # nothing to watch: stay loaded, healthy and pinging until stopped
                 notifier.ping()
+                heartbeat.beat()
                 time.sleep(0.2)
             return 0
         reports = loop.run(source, max_frames=max_frames)
+        if loop.stats()["inferences"] == 0 and not loop.stop_requested and max_frames != 0:
+            raise SourceUnavailable(f"source {cfg.source} ended without delivering a frame")
+    except AgentError as e:
+        print(f"edgedeploy-agent: {e.message}", file=sys.stderr, flush=True)  # into logs/agent.log
+        write_health(store, release, "failed", error=e.to_dict(), **ready, **loop.stats())
+        return e.exit_code
     finally:
         notifier.stopping()
         if source is not None:

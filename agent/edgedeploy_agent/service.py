@@ -2,7 +2,8 @@
 
 `process` mode runs a detached `edgedeploy-agent run` (containers, tests, devices without systemd);
 `systemd` mode restarts the unit. Either way the running agent writes run/health.json, and
-readiness means: bundle loaded and one warm-up inference passed.
+readiness means: bundle loaded, one warm-up inference passed and, with a source, the first real frames
+served (see loop.run_agent).
 """
 
 import json
@@ -15,11 +16,10 @@ from pathlib import Path
 from typing import Any, Optional, Protocol
 
 from .bundle import HealthSpec
+from .heartbeat import BUILD_STATES, pid_alive
 from .store import DeviceStore, utcnow, write_json_atomic
 
 HEALTHY_STATES = ("ready", "finished")
-# Reported while a TensorRT engine is built and accepted at activation (runtime/tensorrt.py).
-BUILD_STATES = ("building-engine", "engine-built", "accepting", "fallback")
 
 
 class Service(Protocol):
@@ -43,19 +43,12 @@ def read_health(store: DeviceStore) -> Optional[dict[str, Any]]:
         return None
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    # a zombie child of ours counts as dead
-    try:
-        with open(f"/proc/{pid}/stat", encoding="ascii") as f:
-            return f.read().split(") ", 1)[1][0] != "Z"
-    except OSError:
-        return True
+class NoFrames(TimeoutError):
+    """The source delivered no (or too few) frames to show the bundle serving: not the bundle's fault."""
+
+
+# health.json error codes that mean the source, not the bundle, failed
+SOURCE_ERROR_CODES = ("source-error", "source-unavailable")
 
 
 class ProcessService:
@@ -73,18 +66,18 @@ class ProcessService:
 
     def is_running(self) -> bool:
         pid = self._pid()
-        return pid is not None and _pid_alive(pid)
+        return pid is not None and pid_alive(pid)
 
     def stop(self, timeout: float = 10.0) -> None:
         pid = self._pid()
-        if pid is None or not _pid_alive(pid):
+        if pid is None or not pid_alive(pid):
             self.pidfile.unlink(missing_ok=True)
             return
         os.kill(pid, signal.SIGTERM)
         deadline = time.monotonic() + timeout
-        while _pid_alive(pid) and time.monotonic() < deadline:
+        while pid_alive(pid) and time.monotonic() < deadline:
             time.sleep(0.05)
-        if _pid_alive(pid):
+        if pid_alive(pid):
             os.kill(pid, signal.SIGKILL)
         self.pidfile.unlink(missing_ok=True)
 
@@ -201,7 +194,8 @@ def wait_healthy(
                 continue
             if health.get("state") == "failed":
                 err = health.get("error") or {}
-                raise RuntimeError(err.get("message", "agent reported failure"))
+                message = err.get("message", "agent reported failure")
+                raise NoFrames(message) if err.get("code") in SOURCE_ERROR_CODES else RuntimeError(message)
             if health.get("state") in BUILD_STATES:
                 building = health
                 if build_timeout is not None:
@@ -219,6 +213,11 @@ def wait_healthy(
         raise TimeoutError(
             f"ready, but {last.get('inferences') or 0} of {objectives.needs_inferences} required inferences "
             f"within {timeout:.0f} s"
+        )
+    if last.get("release") == release and last.get("state") == "checking-frames":
+        raise NoFrames(
+            f"source {last.get('source')} delivered {last.get('inferences') or 0} of the "
+            f"{last.get('health_frames')} frames of the health check within {timeout:.0f} s"
         )
     if building is not None:
         raise TimeoutError(

@@ -6,15 +6,18 @@ import hashlib
 from pathlib import Path
 
 import pytest
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from edgedeploy_agent.blobs import BlobSource, BlobStore
 from edgedeploy_agent.bundle import extract_bundle, read_signed_manifest
 from edgedeploy_agent.config import AgentConfig
-from edgedeploy_agent.errors import BundleError
+from edgedeploy_agent.errors import BundleError, UnsignedBundle
 from edgedeploy_agent.lifecycle import Deployment
 from edgedeploy_agent.store import DeviceStore
+from edgedeploy_agent.trust import TrustStore
 from tests.agent.bundles import make_bundle
 from tests.agent.test_lifecycle import ScriptedService
+from tests.agent.test_trust import public
 
 
 @pytest.fixture
@@ -63,3 +66,22 @@ def test_corrupt_upload_is_dropped_and_never_linked(store: DeviceStore, tmp_path
         Deployment(store, ScriptedService(store)).deploy(BlobSource(store, sha, None), timeout=2)
     assert not (store.root / "blobs" / "incoming" / lib).exists() and store.current() is None
     assert BlobStore(store.root).partial_bytes(lib) == 4
+
+
+def _blob_files(store: DeviceStore) -> set[str]:
+    return {str(p.relative_to(store.root)) for p in (store.root / "blobs").rglob("*") if p.is_file()}
+
+
+def test_a_refused_bundle_leaves_none_of_its_blobs_but_keeps_shared_ones(store: DeviceStore, tmp_path: Path) -> None:
+    ok = make_bundle(tmp_path / "1", version="1", lib_bytes=b"\x7fELF lib 1")
+    assert Deployment(store, ScriptedService(store)).deploy(BlobSource(store, upload(store, ok, tmp_path), None), 2)
+    before = _blob_files(store)
+    TrustStore(store.root).replace([public(Ed25519PrivateKey.generate())])  # from now on: signed bundles only
+    big = make_bundle(tmp_path / "2", version="2", lib_bytes=b"\x7fELF lib 2" + bytes(3 << 20))  # same labels
+    sha = upload(store, big, tmp_path)
+    BlobStore(store.root).has(sha)  # the host's `facts --blobs` verified the manifest blob meanwhile
+    with pytest.raises(UnsignedBundle):
+        Deployment(store, ScriptedService(store)).deploy(BlobSource(store, sha, None), timeout=2)
+    assert _blob_files(store) == before  # the shared labels blob stays: the committed release links it
+    rel = store.release_dir(store.current() or "")
+    assert (rel / "labels.txt").is_file() and store.load_release(rel.name)

@@ -80,11 +80,13 @@ def test_every_refusal_and_rotation(store: DeviceStore, tmp_path: Path) -> None:
             deploy(store, bundle)
         assert isinstance(e.value, UntrustedBundle) and e.value.to_dict()["code"].startswith(code)
         assert store.current() is None  # nothing was staged or activated
+        assert not list(store.incoming.iterdir())  # and the refused upload is gone
     ok = signed(base, tmp_path / "ok.edb", current, 10)
     assert deploy(store, ok)["outcome"] == "committed"
     assert store.state()["serial"]["serial"] == 10
     with pytest.raises(ReplayedBundle):
         deploy(store, signed(make_bundle(tmp_path / "c", version="0"), tmp_path / "old.edb", current, 9))
+    assert not list(store.incoming.iterdir())
     # the next key works before the current one is retired
     v2 = signed(make_bundle(tmp_path / "d", version="2"), tmp_path / "v2.edb", nxt, 11)
     assert deploy(store, v2)["outcome"] == "committed" and store.current() == read_manifest(v2).release_name

@@ -110,6 +110,7 @@ def test_preprocessing_that_does_not_fit_the_model_is_refused_before_writing(
     out = tmp_path / "out" / "m.edb"
     for args, message in [
         ([mnist, "--mean", "127.5,127.5,127.5"], "mean has 3 values, but input Input3 of mnist-8_opset13.onnx has 1"),
+        ([mnist, "--mean", "1,2,3", "--std", "1"], "mean has 3 values, but input Input3"),  # issue 18's command
         ([mobilenet, "--std", "1,2"], "std has 2 values, but input input of mobilenet_v1_0.25_224.onnx has 3"),
         ([mobilenet, "--color", "gray"], "color gray gives 1 channel, but input input"),
         ([mnist, "--std", "0"], "must not be 0"),
@@ -165,6 +166,15 @@ def test_inventory_and_config_files_a_user_can_break(cli: Cli, tmp_path: Path, h
     r = cli(*add, "--root", "/var/lib/x\nExecStartPre=/bin/sh", "--inventory", str(inv))
     assert_one_line_error(r, 2, "root: Value error, '/var/lib/x\\nExecStartPre=/bin/sh' holds a control character")
     assert not inv.exists() and config_file.read_text() == "x"
+
+
+def test_devices_add_says_what_process_mode_does_not_do(cli: Cli, tmp_path: Path, hermetic: Path) -> None:
+    add = ["devices", "add", "cam", "--host", "10.0.0.9", "--profile", "cpu-x86_64"]
+    inv = ["--inventory", str(tmp_path / "devices.toml")]
+    r = cli(*add, "--service", "process", *inv)
+    assert r.code == 0 and "nothing restarts an agent that dies" in r.err and "--service systemd" in r.err, r.err
+    r = cli(*add, "--service", "systemd", "--replace", *inv)
+    assert r.code == 0 and "note:" not in r.err, r.err
 
 
 def test_a_bundle_with_two_signatures_is_refused_by_host_and_device(cli: Cli, tmp_path: Path) -> None:

@@ -219,14 +219,16 @@ def test_convolutions_run_on_tensor_cores(precision: str, data_dir: Path, tmp_pa
 
 def test_nhwc_layout_is_exact_on_cpu(tmp_path: Path) -> None:
     """The nhwc-layout stage changes no result: the int8-rewritten graph gives the same bytes on llvm with
-    and without it, the float graph the same values within float32 rounding."""
+    and without it, the float graph the same values within float32 rounding. And it leaves no transposes
+    between the layers: TVM's ConvertLayout alone wraps the requantize's clip, the zero-point pad and the
+    Q/DQ ops (no layout rules in 0.27) in a pair each; nhwc.sink_permutes cancels them."""
     import onnx
     import tvm
     from tvm import relax
     from tvm.relax.frontend.onnx import from_onnx
 
-    from edgedeploy.compile.cuda_tensorcore import to_nhwc
     from edgedeploy.compile.int8_rewrite import rewrite_int8
+    from edgedeploy.compile.nhwc import to_nhwc, transposes
     from edgedeploy.compile.quantize import QuantizeOptions, quantizable_layers, quantize_qdq
 
     model = onnx.load(_convnet(tmp_path / "convnet.onnx"))
@@ -246,6 +248,11 @@ def test_nhwc_layout_is_exact_on_cpu(tmp_path: Path) -> None:
     for mod, exact in ((int8, True), (fp32, False)):
         nhwc = to_nhwc(mod)
         assert nhwc.script().count('data_layout="NHWC"') == 3
+        converted_only = relax.transform.ConvertLayout({"relax.nn.conv2d": ["NHWC", "OHWI"]})(mod)
+        converted_only = relax.transform.FoldConstant()(converted_only)
+        assert transposes(nhwc) == 2, nhwc.script()  # the input's and the one before the classifier
+        if exact:  # int8: ConvertLayout alone wraps the requantize/zero-point-pad chains in transposes
+            assert transposes(converted_only) >= 6
         before, after = run(mod), run(nhwc)
         if exact:
             assert np.array_equal(before, after)

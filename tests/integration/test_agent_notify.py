@@ -1,7 +1,9 @@
 """The real agent process under a fake systemd: a NOTIFY_SOCKET datagram socket owned by the test.
 
 READY=1 must arrive only once the bundle is loaded and warmed up (health.json already says `ready`
-when it arrives), and WATCHDOG=1 must keep arriving from the main loop, idle or serving frames.
+when it arrives without a source; with one, `checking-frames` until the first real frames were served:
+systemd must not give up on a device whose camera is unplugged), and WATCHDOG=1 must keep arriving from
+the main loop, idle or serving frames.
 """
 
 from __future__ import annotations
@@ -74,7 +76,7 @@ def _run_under_fake_systemd(root: Path, tmp_path: Path, seconds: float) -> tuple
     return got, code
 
 
-def _check(got: list[tuple[str, dict | None]]) -> None:
+def _check(got: list[tuple[str, dict | None]], at_ready: str = "ready") -> None:
     msgs = [m for m, _ in got]
     ready = [i for i, m in enumerate(msgs) if "READY=1" in m.splitlines()]
     assert len(ready) == 1, msgs
@@ -83,7 +85,7 @@ def _check(got: list[tuple[str, dict | None]]) -> None:
     assert all("READY=1" not in m and "WATCHDOG=1" not in m for m in msgs[:i]), msgs
     assert any(m.startswith("STATUS=loading") for m in msgs[:i]), msgs
     health = got[i][1]
-    assert health and health["state"] == "ready" and health["warmup_ms"] > 0, health
+    assert health and health["state"] == at_ready and health["warmup_ms"] > 0, health
     pings = [m for m in msgs[i + 1 :] if m == "WATCHDOG=1"]
     assert len(pings) >= 3, msgs  # 2 s at a 200 ms ping period
     assert msgs[-1] == "STOPPING=1", msgs
@@ -100,7 +102,8 @@ def test_ready_then_watchdog_while_serving_frames(tmp_path: Path, mnist_bundle: 
     root = _deployed_root(tmp_path, mnist_bundle, source=f"file:{mnist_video.path}?loop=1")
     got, code = _run_under_fake_systemd(root, tmp_path, seconds=2.0)
     assert code == 0
-    _check(got)
+    _check(got, at_ready="checking-frames")
+    assert any(h and h["state"] == "ready" and h["inferences"] >= 3 for _, h in got[1:]), got  # then serving
     statuses = [m for m, _ in got if m.startswith("STATUS=camera up")]
     assert statuses, [m for m, _ in got]
     assert list((root / "spool").glob("*.jsonl")), "the serving agent wrote no report"

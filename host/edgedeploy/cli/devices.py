@@ -14,6 +14,13 @@ from ..profiles import get_profile
 from . import render
 from .options import InventoryOpt, JsonOpt
 
+# process mode has no supervisor of its own (docs/agent-service.md says why): say so where it is chosen
+PROCESS_MODE_NOTE = (
+    "note: --service process is for labs, containers and tests: nothing restarts an agent that dies after "
+    "a commit (`devices facts` and `status` show it as `dead`; the next push starts it again). "
+    "On devices use --service systemd, which restarts it (and a container runtime's restart policy does too)."
+)
+
 app = typer.Typer(help="The device inventory and host-key enrolment.", no_args_is_help=True)
 
 
@@ -60,6 +67,8 @@ def add(
     inv = Inventory.load(inventory)
     inv.add(dev, replace=replace)
     render.info(f"added {name} ({dev.address}, {profile}) to {inv.path}; next: edgedeploy devices enroll {name}")
+    if dev.service == "process":
+        render.info(PROCESS_MODE_NOTE)
 
 
 @app.command("list")

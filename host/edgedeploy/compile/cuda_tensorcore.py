@@ -19,10 +19,8 @@ shared-memory accumulator) with tiles chosen from the GEMM's shape, an inner K s
 for INT8, and no "> 64" gate. It runs before dlight's rules; what it declines (depthwise convolutions,
 which have no N axis; GEMMs with a dimension below 16; dynamic shapes; other dtypes) goes on to them.
 
-The `nhwc-layout` stage (fp16 CUDA builds) converts the convolutions of graphs without
-depthwise or grouped convolutions to NHWC activations and OHWI weights: the GEMM's K axis is then
-(ky, kx, c), contiguous in c, so the im2col gather loads vectors from global memory, and the output tile
-is stored channel-contiguous.
+The `nhwc-layout` stage (nhwc.py, fp16 and int8 CUDA builds) gives these kernels NHWC activations and
+OHWI weights, so the im2col gather loads vectors and the output tile is stored channel-contiguous.
 `EDGEDEPLOY_CUDA_TENSOR_CORES=0` builds the way edgedeploy did before (for before/after measurements).
 """
 
@@ -32,7 +30,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import tvm
-from tvm import relax, s_tir, tirx
+from tvm import s_tir, tirx
 from tvm.s_tir.dlight.analysis import get_root_block
 from tvm.s_tir.dlight.gpu.base import GPUScheduleRule
 from tvm.s_tir.dlight.gpu.matmul import (
@@ -42,8 +40,6 @@ from tvm.s_tir.dlight.gpu.matmul import (
     get_reduction_blocks,
 )
 from tvm.target import Target
-
-from .pipeline import BuildContext, stage, tensor_cores_enabled
 
 WARP = 32
 FRAG = 16  # WMMA m16n16k16 for f16 and s8
@@ -285,35 +281,3 @@ def cuda_pipeline(target: Target, tensor_cores: bool = True) -> Any:
             return tvm.transform.Sequential(passes)(mod)
 
     return _pipeline
-
-
-def _grouped_convs(mod: Any) -> int:
-    conv = tvm.ir.Op.get("relax.nn.conv2d")
-    count = 0
-
-    def visit(e: Any) -> None:
-        nonlocal count
-        if isinstance(e, relax.Call) and e.op == conv and int(e.attrs.groups) != 1:
-            count += 1
-
-    for f in mod.functions.values():
-        if isinstance(f, relax.Function):
-            relax.analysis.post_order_visit(f, visit)
-    return count
-
-
-def to_nhwc(mod: Any) -> Any:
-    """Every convolution (and the ops between them that follow) in NHWC/OHWI. A graph with depthwise or
-    grouped convolutions keeps NCHW: they get no tensor cores, and mixing layouts would put a transpose
-    between every pair of layers (MobileNet)."""
-    if _grouped_convs(mod):
-        return mod
-    mod = relax.transform.ConvertLayout({"relax.nn.conv2d": ["NHWC", "OHWI"]})(mod)
-    return relax.transform.DeadCodeElimination()(mod)
-
-
-@stage("nhwc-layout")
-def nhwc_layout(ctx: BuildContext) -> None:
-    """fp16 only: fp32 has no tensor-core path here (no TF32 WMMA in 0.27), and its kernels stay as measured."""
-    if tensor_cores_enabled() and ctx.precision == "fp16":
-        ctx.ir = to_nhwc(ctx.ir)

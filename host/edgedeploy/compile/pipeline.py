@@ -62,7 +62,7 @@ def stage(name: str) -> Callable[[StageFn], StageFn]:
 
 
 # Part of every build-cache key, with the stage names: bump it when a stage changes what it produces.
-PIPELINE_REVISION = 10
+PIPELINE_REVISION = 11
 
 
 def tensor_cores_enabled() -> bool:
@@ -124,14 +124,14 @@ PIPELINES: dict[str, tuple[str, ...]] = {
         "check-library",
     ),
     # the QDQ -> integer rewrite, then the same CUDA stages: int8 convolutions on IMMA tensor cores
-    # (cuda_tensorcore.py); what cannot use them (depthwise) gets dp4a from nvcc (SASS IDP.4A). No
-    # nhwc-layout here yet: ConvertLayout stops at the requantize's clip and the zero-point pad, and would
-    # put float32 transposes between the layers (the rewrite should emit NHWC itself)
+    # (cuda_tensorcore.py) with NHWC activations (nhwc.py); what cannot use them (depthwise) gets dp4a
+    # from nvcc (SASS IDP.4A)
     "cuda-int8": (
         "import-onnx",
         "decompose-for-inference",
         "int8-rewrite",
         "clip-as-relax-ops",
+        "nhwc-layout",
         "apply-tuning",
         "compile-cuda",
         "export-library",
@@ -168,7 +168,7 @@ def pipeline_for(profile: DeviceProfile, precision: str = "fp32", frontend: str 
 
 
 def run_pipeline(ctx: BuildContext) -> BuildContext:
-    from . import cuda_tensorcore, int8_rewrite, tuning, tvm_backend  # noqa: F401  (register the TVM stages)
+    from . import int8_rewrite, nhwc, tuning, tvm_backend  # noqa: F401  (register the TVM stages)
     from .frontends import frontend_name
 
     frontend = frontend_name(ctx.model)

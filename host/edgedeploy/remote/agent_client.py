@@ -22,6 +22,14 @@ def parse_agent_output(result: CommandResult, device: str) -> dict[str, Any]:
             data = None
     if data is None:
         detail = (result.stderr.strip().splitlines() or ["no output"])[-1]
+        if result.exit_code < 0:
+            command = " ".join(result.argv[4:5]) or "a command"  # argv: agent --root ROOT --json COMMAND ...
+            raise DeviceError(
+                f"{device}: the agent was killed on the device while running `{command}` (the SSH link is up)",
+                hint="the device undoes an interrupted deploy by itself; the kernel log (OOM killer?) and "
+                "ROOT/logs/agent.log on the device say why it died",
+                code="agent-killed",
+            )
         if result.exit_code == 127:
             raise DeviceError(
                 f"{device}: edgedeploy-agent not found on the device ({detail})",

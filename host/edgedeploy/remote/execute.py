@@ -7,7 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import DeviceError
+from ..errors import DeviceError, EdgeDeployError
 from ..inventory import Device
 from .agent_client import AgentClient
 from .blobs import BundleBlobs
@@ -112,6 +112,8 @@ def push(
     except DeviceError as e:
         if e.code == "health-check-failed":
             e.message = f"{e.message} (rolled back automatically)"
+        if e.code == "agent-killed":
+            e.message = f"{e.message}; {_read_back(client)}"
         raise
     timings["deploy_s"] = round(time.monotonic() - t, 3)
     timings.update({f"device_{k}": v for k, v in (result.get("timings") or {}).items()})
@@ -125,6 +127,15 @@ def push(
         health=result.get("health"),
         uploaded_bytes=upload_bytes,
     )
+
+
+def _read_back(client: AgentClient) -> str:
+    """The device's state after an interrupted deploy: asking for facts makes it recover first."""
+    try:
+        f = get_facts(client)
+    except EdgeDeployError as e:
+        return f"its state could not be read back ({e.message})"
+    return f"read back: the device is on {f.current_release or 'no bundle'} (agent {f.health_state or 'not started'})"
 
 
 def rollback(transport: Transport, device: Device, timeout: float = 60.0) -> dict[str, Any]:

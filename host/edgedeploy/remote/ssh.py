@@ -166,7 +166,9 @@ class SshTransport:
                     time.sleep(0.005)
             code = chan.recv_exit_status()
             chan.close()
-            if code == -1:  # the session ended without an exit status: sshd or the link went away
+            # no exit status: the command was killed by a signal (sshd sends exit-signal, which paramiko
+            # does not read), or sshd or the link went away. Only a fresh channel tells which.
+            if code == -1 and not self._link_up():
                 raise paramiko.SSHException("the session closed before the command finished")
         except TimeoutError:
             raise ConnectionFailed(
@@ -179,6 +181,17 @@ class SshTransport:
                 f"check with `edgedeploy devices facts {self.device.name}`",
             ) from None
         return CommandResult(tuple(argv), code, out.decode(errors="replace"), err.decode(errors="replace"))
+
+    def _link_up(self) -> bool:
+        """Open (and close) a session: it succeeds only when the link and sshd are still there."""
+        transport = self._client.get_transport()
+        if transport is None or not transport.is_active():
+            return False
+        try:
+            transport.open_session(timeout=self.io_timeout).close()
+        except (paramiko.SSHException, OSError, EOFError):
+            return False
+        return True
 
     def put(self, local: Path, remote: str, progress: Progress | None = None) -> None:
         """SFTP upload to REMOTE.part, resuming a partial upload, then an atomic rename."""

@@ -20,7 +20,7 @@ Progress = Callable[[int, int], None]
 @dataclass(frozen=True)
 class CommandResult:
     argv: tuple[str, ...]
-    exit_code: int
+    exit_code: int  # negative: killed by a signal on the device while the link stayed up
     stdout: str
     stderr: str
 

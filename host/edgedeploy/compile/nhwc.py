@@ -1,0 +1,178 @@
+"""NHWC activations for the CUDA profiles: the `nhwc-layout` stage.
+
+With NHWC activations and OHWI weights the implicit GEMM's K axis is (ky, kx, c), contiguous in c, so the
+tensor-core schedule (cuda_tensorcore.py) gathers im2col rows as vectors from global memory and stores
+its output tile channel-contiguous. TVM's `ConvertLayout` converts the convolutions and carries the
+layout through the ops that have a layout rule; it wraps every op without one (`nn.pad`, `clip`,
+`quantize`, `dequantize` in TVM 0.27) in a transpose back to NCHW and another one forward. An INT8 graph
+has such ops between every pair of convolutions (requantize's clip, the zero-point pad, the Q/DQ around
+pooling and residual adds), so ConvertLayout alone would put two transposes between each pair of layers.
+
+`sink_permutes` then moves each remaining transpose down through the layout-agnostic ops after it
+(elementwise ops with scalar or per-channel constant operands, per-tensor Q/DQ, `pad` with its widths
+permuted, pooling with its layout attribute changed) until it meets its inverse, where both vanish.
+Layout changes no value: the INT8 graph computes the same bytes (tests/host/test_gpu_build.py).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import tvm
+from tvm import relax
+
+from .pipeline import BuildContext, stage, tensor_cores_enabled
+
+_PERMUTE = tvm.ir.Op.get("relax.permute_dims")
+_CONV = tvm.ir.Op.get("relax.nn.conv2d")
+_UNARY = {tvm.ir.Op.get(f"relax.{n}") for n in ("astype", "round", "clip", "negative", "abs", "nn.relu")}
+_BINARY = {tvm.ir.Op.get(f"relax.{n}") for n in ("add", "subtract", "multiply", "divide", "maximum", "minimum")}
+_QDQ = {tvm.ir.Op.get("relax.quantize"), tvm.ir.Op.get("relax.dequantize")}
+_PAD = tvm.ir.Op.get("relax.nn.pad")
+_POOL = {tvm.ir.Op.get("relax.nn.max_pool2d"), tvm.ir.Op.get("relax.nn.avg_pool2d")}
+_REDUCE = {tvm.ir.Op.get(f"relax.{n}") for n in ("mean", "sum", "max", "min")}
+TO_NCHW = (0, 3, 1, 2)  # permute_dims axes that turn NHWC into NCHW
+
+
+def _grouped_convs(mod: Any) -> int:
+    count = 0
+
+    def visit(e: Any) -> None:
+        nonlocal count
+        if isinstance(e, relax.Call) and e.op == _CONV and int(e.attrs.groups) != 1:
+            count += 1
+
+    for f in mod.functions.values():
+        if isinstance(f, relax.Function):
+            relax.analysis.post_order_visit(f, visit)
+    return count
+
+
+def _axes(call: Any) -> tuple[int, ...] | None:
+    axes = call.attrs.axes
+    return None if axes is None else tuple(int(a) for a in axes)
+
+
+def _small_constant(expr: Any) -> np.ndarray | None:
+    if isinstance(expr, tvm.ir.expr.Constant):  # relax.const(...)
+        return np.asarray(expr.value.numpy())
+    return None
+
+
+@relax.expr_functor.mutator
+class _SinkPermutes(relax.PyExprMutator):  # type: ignore[misc]
+    """`f(permute_dims(u, P))` -> `permute_dims(f'(u), P)` for layout-agnostic f; inverse pairs cancel."""
+
+    def _permuted(self, expr: Any) -> tuple[Any, tuple[int, ...]] | None:
+        if not isinstance(expr, relax.Var):
+            return None
+        bound = self.lookup_binding(expr)
+        if isinstance(bound, relax.Call) and bound.op == _PERMUTE and _axes(bound) is not None:
+            return bound.args[0], _axes(bound)  # type: ignore[return-value]
+        return None
+
+    def _sunk(self, inner: Any, perm: tuple[int, ...]) -> Any:
+        return relax.op.permute_dims(self.builder_.emit(inner), list(perm))
+
+    def visit_call_(self, call: Any) -> Any:  # noqa: C901 (one case per op family)
+        call = super().visit_call_(call)
+        if not isinstance(call.op, tvm.ir.Op) or not call.args:
+            return call
+        first = self._permuted(call.args[0])
+        if first is None:
+            return call
+        u, perm = first
+        rank = len(perm)
+        inverse = tuple(int(i) for i in np.argsort(perm))
+        if call.op == _PERMUTE:
+            axes = _axes(call)
+            if axes is None:
+                return call
+            composed = tuple(perm[a] for a in axes)
+            return u if composed == tuple(range(rank)) else relax.op.permute_dims(u, list(composed))
+        if call.op in _UNARY:
+            return self._sunk(relax.Call(call.op, [u, *call.args[1:]], call.attrs), perm)
+        if call.op in _QDQ:
+            scale, zero = (_small_constant(a) for a in call.args[1:3])
+            if scale is None or zero is None or scale.size != 1 or zero.size != 1:
+                return call  # per-channel Q/DQ would need its axis remapped: none sits between convolutions
+            return self._sunk(relax.Call(call.op, [u, *call.args[1:]], call.attrs), perm)
+        if call.op in _BINARY:
+            other = call.args[1]
+            moved = self._permuted(other)
+            if moved is not None and moved[1] == perm:
+                other = moved[0]
+            else:
+                value = _small_constant(other)
+                if value is None or value.ndim not in (0, rank):
+                    return call
+                if value.ndim == rank:
+                    other = relax.const(np.ascontiguousarray(value.transpose(inverse)), str(value.dtype))
+            return self._sunk(relax.Call(call.op, [u, other], call.attrs), perm)
+        if call.op == _PAD:
+            widths = [int(w) for w in call.attrs.pad_width]
+            if len(widths) != 2 * rank:
+                return call
+            moved_widths = [0] * (2 * rank)
+            for i, j in enumerate(perm):  # axis i of the permuted tensor is axis j of u
+                moved_widths[2 * j : 2 * j + 2] = widths[2 * i : 2 * i + 2]
+            a = call.attrs
+            return self._sunk(relax.op.nn.pad(u, moved_widths, str(a.pad_mode), float(a.pad_value)), perm)
+        if call.op in _REDUCE and call.attrs.axis is not None:
+            reduced = [int(a) % rank for a in call.attrs.axis]
+            reduce = getattr(relax.op, call.op.name.rsplit(".", 1)[-1])
+            moved_axes = [perm[a] for a in reduced]
+            if bool(call.attrs.keepdims):  # same rank: the transpose moves below it
+                return self._sunk(reduce(u, moved_axes, keepdims=True), perm)
+            kept = [perm[i] for i in range(rank) if i not in reduced]
+            if kept != sorted(kept):  # the result would need a transpose of its own
+                return call
+            return reduce(u, moved_axes, keepdims=False)
+        if call.op in _POOL and perm == TO_NCHW and str(call.attrs.layout) == "NCHW":
+            a = call.attrs
+            pool = relax.op.nn.max_pool2d if call.op.name.endswith("max_pool2d") else relax.op.nn.avg_pool2d
+            args = [list(a.pool_size), list(a.strides), list(a.padding), list(a.dilation), bool(a.ceil_mode)]
+            return self._sunk(pool(u, *args, bool(a.count_include_pad), "NHWC", "NHWC"), perm)
+        return call
+
+
+def sink_permutes(mod: Any) -> Any:
+    for name, func in mod.functions.items():
+        if isinstance(func, relax.Function):
+            mod[name] = _SinkPermutes(mod).visit_expr(func)
+    return relax.transform.DeadCodeElimination()(mod)
+
+
+def to_nhwc(mod: Any) -> Any:
+    """Every convolution (and the ops between them) in NHWC/OHWI. A graph with depthwise or grouped
+    convolutions keeps NCHW: they get no tensor cores, and mixing layouts would put a transpose between
+    every pair of layers (MobileNet)."""
+    if _grouped_convs(mod):
+        return mod
+    mod = relax.transform.ConvertLayout({"relax.nn.conv2d": ["NHWC", "OHWI"]})(mod)
+    mod = relax.transform.FoldConstant()(mod)  # the weights' and per-channel constants' transposes
+    return sink_permutes(mod)
+
+
+def transposes(mod: Any) -> int:
+    """permute_dims calls left in the module's Relax functions (constants folded)."""
+    count = 0
+
+    def visit(e: Any) -> None:
+        nonlocal count
+        if isinstance(e, relax.Call) and e.op == _PERMUTE:
+            count += 1
+
+    for f in mod.functions.values():
+        if isinstance(f, relax.Function):
+            relax.analysis.post_order_visit(f, visit)
+    return count
+
+
+@stage("nhwc-layout")
+def nhwc_layout(ctx: BuildContext) -> None:
+    """fp16 and int8 (tensor cores); fp32 has no tensor-core path here (no TF32 WMMA in 0.27), and its
+    kernels stay as measured."""
+    if tensor_cores_enabled() and ctx.precision in ("fp16", "int8"):
+        ctx.ir = to_nhwc(ctx.ir)
