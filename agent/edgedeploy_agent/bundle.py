@@ -34,7 +34,10 @@ from .errors import BundleError, IncompatibleBundle
 from .gpu import CudaDevice, version_tuple
 
 # 2: host_files (host-only files leave the bundle); 1 manifests still parse
-SCHEMA_VERSION = 2
+# 3: a host file may be a TFLite model or a PyTorch ExportedProgram (the source of the build). Only such
+#    bundles are written as 3, so agents that read 2 still take every ONNX-built bundle; this agent reads 3.
+SCHEMA_VERSION = 3
+WRITTEN_SCHEMA_VERSION = 2  # what a manifest says unless it needs 3
 MANIFEST_NAME = "manifest.json"
 SIGNATURE_NAME = "manifest.sig"
 BUNDLE_SUFFIX = ".edb"
@@ -121,7 +124,7 @@ class HostFile(_Model):
     """A file the bundle was built from that only the host needs; kept in the host's build store by sha256."""
 
     name: str = Field(description="file name when the bundle was built (informational)")
-    role: Literal["onnx-model", "qdq-onnx"]
+    role: Literal["onnx-model", "qdq-onnx", "tflite-model", "torch-program"]
     sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
     size: int = Field(ge=0)
 
@@ -194,7 +197,7 @@ class Provenance(_Model):
 class Manifest(_Model):
     """Everything a device and a human need to know about a bundle."""
 
-    schema_version: int = SCHEMA_VERSION
+    schema_version: int = WRITTEN_SCHEMA_VERSION
     model: ModelInfo
     created: _dt.datetime
     profile: str

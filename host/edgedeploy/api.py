@@ -21,7 +21,7 @@ from .compile.int8_build import Int8Config
 from .compile.package import BuildResult, ModelCard, TuneResult, build_bundle
 from .compile.tensorrt_artifacts import TensorRTOptions
 from .compile.tuning import TuneRequest
-from .errors import ConnectionFailed, EdgeDeployError, InputError
+from .errors import ConnectionFailed, EdgeDeployError, InputError, error_code
 from .inventory import Device, Inventory
 from .profiles import get_profile
 from .remote.agent_client import AgentClient
@@ -38,7 +38,6 @@ from .remote.rollout_runner import (
     Network,
     RolloutRunner,
     device_log,
-    error_code,
     prepare_resume,
     rollouts_dir,
 )

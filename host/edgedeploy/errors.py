@@ -58,6 +58,28 @@ class DeviceError(EdgeDeployError):
         self.code = code
 
 
+TROUBLESHOOTING = "docs/troubleshooting.md"
+
+
+def error_code(e: EdgeDeployError) -> str:
+    """The code fleet results and rollout records give an error: the agent's (or the host's) device error
+    code, `host-key`, else the error's class name. Each has a section in docs/troubleshooting.md."""
+    if isinstance(e, DeviceError):
+        return e.code
+    if isinstance(e, HostKeyError):
+        return "host-key"
+    return type(e).__name__
+
+
+def hint_with_link(e: EdgeDeployError) -> str | None:
+    """The hint the CLI prints: for device and connection errors, with a link to the code's section of the
+    troubleshooting catalogue (the codes a technician meets in the field)."""
+    if not isinstance(e, DeviceError | ConnectionFailed):
+        return e.hint
+    link = f"see {TROUBLESHOOTING}#{error_code(e).lower()}"
+    return f"{e.hint}; {link}" if e.hint else link
+
+
 def os_error_text(e: OSError) -> str:
     """One line for a file-system error, naming the path in words a technician acts on."""
     where = e.filename if e.filename is not None else "?"

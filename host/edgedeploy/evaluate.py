@@ -84,6 +84,7 @@ class Scores:
     top1: float
     top5: float
     predictions: np.ndarray
+    outputs: np.ndarray | None = None  # the raw first outputs, [N, -1]
 
     def as_dict(self) -> dict[str, float]:
         return {"top1": round(self.top1, 2), "top5": round(self.top5, 2)}
@@ -93,11 +94,12 @@ def score(clf: Classifier, data: LabeledSet, label_offset: int = 0) -> Scores:
     """Top-1/top-5 in percent; output index minus `label_offset` is the class index."""
     if len(data) == 0:
         raise InputError(f"evaluation set {data.name} is empty")
-    out = clf.predict(data.inputs)
-    top5 = np.argsort(-out, axis=1)[:, :5] - label_offset
+    raw = clf.predict(data.inputs)
+    out = raw.astype(np.float64)  # -x of a uint8 output (a quantized TFLite model's) would wrap around
+    top5 = np.argsort(-out, axis=1, kind="stable")[:, :5] - label_offset
     hits1 = top5[:, 0] == data.labels
     hits5 = (top5 == data.labels[:, None]).any(axis=1)
-    return Scores(float(hits1.mean() * 100), float(hits5.mean() * 100), top5[:, 0])
+    return Scores(float(hits1.mean() * 100), float(hits5.mean() * 100), top5[:, 0], raw)
 
 
 def agreement(a: Scores, b: Scores) -> float:
@@ -171,15 +173,21 @@ def evaluate_target(
         labeled = load_labeled(data, manifest.preprocess, manifest.inputs[0], chosen, limit, synsets)  # type: ignore[arg-type]
         offset = manifest.postprocess.label_offset
         tvm = score(TvmBundleClassifier(release, manifest), labeled, offset)
-        fp32 = score(OrtClassifier(host_file(manifest, "onnx-model", release, sources)), labeled, offset)
         out: dict[str, Any] = {
             "bundle": str(target),
             "precision": q.precision,
             "data": str(data),
             "split": chosen,
             "images": len(labeled),
-            "fp32_onnxruntime": fp32.as_dict(),
             "tvm_bundle": tvm.as_dict(),
+        }
+        foreign = next((h for h in manifest.host_files if h.role in ("tflite-model", "torch-program")), None)
+        if foreign is not None:
+            source = host_file(manifest, foreign.role, release, sources)
+            return out | _foreign_reference(foreign.role, source, tvm, labeled, offset)
+        fp32 = score(OrtClassifier(host_file(manifest, "onnx-model", release, sources)), labeled, offset)
+        out |= {
+            "fp32_onnxruntime": fp32.as_dict(),
             "top1_drop": round(fp32.top1 - tvm.top1, 2),
             "top1_agreement_fp32_vs_bundle": round(agreement(fp32, tvm), 2),
         }
@@ -191,3 +199,23 @@ def evaluate_target(
             out["float_layers"] = q.float_layers
             out["float_in_runtime"] = q.float_in_runtime
         return out
+
+
+def _foreign_reference(role: str, source: Path, tvm: Scores, labeled: LabeledSet, offset: int) -> dict[str, Any]:
+    """The bundle against its source's own runtime (TFLite interpreter, PyTorch) on the same inputs: top-1,
+    top-1 agreement, and how far the outputs are apart (for a quantized model: identical bytes or not)."""
+    from .references import reference_for
+
+    clf, why = reference_for(role, source)
+    if clf is None:
+        return {"reference": None, "reference_missing": why}
+    ref = score(clf, labeled, offset)
+    assert ref.outputs is not None and tvm.outputs is not None
+    diff = np.abs(ref.outputs.astype(np.float64) - tvm.outputs.astype(np.float64)).reshape(len(labeled), -1)
+    return {
+        "reference": clf.name,
+        clf.name: ref.as_dict(),
+        "top1_agreement_bundle_vs_reference": round(agreement(tvm, ref), 2),
+        "outputs_identical_images": int((diff.max(axis=1) == 0).sum()),
+        "max_abs_output_difference": float(diff.max()),
+    }

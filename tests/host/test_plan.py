@@ -10,7 +10,7 @@ from edgedeploy.remote.agent_client import parse_agent_output
 from edgedeploy.remote.facts import parse_facts
 from edgedeploy.remote.plan import plan_push
 from edgedeploy.remote.transport import CommandResult
-from edgedeploy_agent.bundle import read_manifest
+from edgedeploy_agent.bundle import HostFile, read_manifest
 from tests.agent.bundles import make_bundle
 
 # captured from `edgedeploy-agent --json facts` on this machine
@@ -72,6 +72,19 @@ def test_an_agent_of_schema_1_is_asked_to_upgrade_for_a_bundle_with_host_files(t
     assert e.value.code == "incompatible-bundle" and e.value.hint == "upgrade the agent"
     old = read_manifest(make_bundle(tmp_path / "old", schema_version=1))
     assert [a.kind for a in plan_push(old, 1000, DEV, old_agent)] == ["upload", "deploy"]
+
+
+def test_an_agent_of_schema_2_is_asked_to_upgrade_for_a_tflite_or_pytorch_bundle(tmp_path: Path) -> None:
+    """Bundles whose source is a TFLite model or a torch.export program are schema 3 (new host-file roles);
+    an agent that reads 2 is refused before any upload, and still gets ONNX bundles (schema 2)."""
+    src = HostFile(name="m.tflite", role="tflite-model", sha256="ab" * 32, size=3)
+    new = read_manifest(make_bundle(tmp_path / "new", schema_version=3, host_files=[src]))
+    agent_2 = parse_facts({**FACTS, "bundle_schema": 2})
+    with pytest.raises(DeviceError, match="reads bundle schema 2, bundle is schema 3") as e:
+        plan_push(new, 1000, DEV, agent_2)
+    assert e.value.code == "incompatible-bundle"
+    onnx = read_manifest(make_bundle(tmp_path / "onnx"))
+    assert onnx.schema_version == 2 and [a.kind for a in plan_push(onnx, 1000, DEV, agent_2)] == ["upload", "deploy"]
 
 
 def test_plan_refusals(manifest) -> None:

@@ -55,7 +55,7 @@ def _tensorrt_options(batch: str | None, workspace_mib: int) -> TensorRTOptions:
 def register(app: typer.Typer) -> None:
     @app.command()
     def build(
-        model: Annotated[Path, typer.Argument(help="ONNX model file")],
+        model: Annotated[Path, typer.Argument(help="model file: .onnx, .tflite, or .pt2 (torch.export program)")],
         profile: Annotated[str, typer.Option("--profile", "-p", help="device profile (edgedeploy profiles list)")],
         out: Annotated[Path | None, typer.Option("-o", "--out", help="bundle file (default MODEL.PROFILE.edb)")] = None,
         card: Annotated[Path | None, typer.Option(help="model card TOML: name, version, labels, preprocess")] = None,

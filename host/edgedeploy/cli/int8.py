@@ -73,7 +73,10 @@ def int8_config(
 
 def int8_summary(q: Quantization) -> str:
     acc = q.accuracy
-    parts = [f"INT8 {q.method}, {q.calibration_samples} calibration samples from {q.calibration}"]
+    if q.calibration is None:  # pre-quantized (a TFLite QAT model): the model's own scales
+        parts = [f"INT8 {q.method}"]
+    else:
+        parts = [f"INT8 {q.method}, {q.calibration_samples} calibration samples from {q.calibration}"]
     if acc:
         parts.append(
             f"top-1 FP32 {acc['fp32_top1']:.2f}% -> INT8 {acc['int8_top1']:.2f}% (drop {acc['top1_drop']:.2f}, "

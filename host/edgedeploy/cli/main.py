@@ -9,7 +9,7 @@ from typing import NoReturn
 
 import typer
 
-from ..errors import EdgeDeployError, InputError, os_error_text
+from ..errors import EdgeDeployError, InputError, hint_with_link, os_error_text
 from ..paths import state_dir
 from . import agent, build, demo, devices, int8, keys, profiles, publish, push, render, report, rollout, status, tune
 
@@ -42,7 +42,7 @@ def main() -> None:
     try:
         app()
     except EdgeDeployError as e:
-        render.error(e.message, e.hint)
+        render.error(e.message, hint_with_link(e))
         sys.exit(e.exit_code)
     except KeyboardInterrupt:
         render.error("interrupted")

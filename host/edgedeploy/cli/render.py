@@ -13,8 +13,8 @@ from rich.markup import escape
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TransferSpeedColumn
 from rich.table import Table
 
+from ..errors import error_code
 from ..remote.fleet import FleetResult
-from ..remote.rollout_runner import error_code
 
 out = Console(highlight=False, soft_wrap=True)
 err = Console(stderr=True, highlight=False, soft_wrap=True)

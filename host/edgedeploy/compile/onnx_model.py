@@ -6,6 +6,7 @@ import hashlib
 import math
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import onnx
 
@@ -13,6 +14,9 @@ from edgedeploy_agent.bundle import Preprocess, TensorSpec
 from edgedeploy_agent.preprocess import input_hw
 
 from ..errors import InputError, ModelError
+
+if TYPE_CHECKING:
+    from .frontends import ForeignModel
 
 _ONNX_DTYPES = {1: "float32", 2: "uint8", 3: "int8", 6: "int32", 7: "int64", 10: "float16", 11: "float64"}
 
@@ -72,7 +76,7 @@ def load_onnx(path: Path, batch: int = 1) -> OnnxModel:
 COLOR_CHANNELS = {"gray": 1, "rgb": 3, "bgr": 3}
 
 
-def check_preprocess(model: OnnxModel, pp: Preprocess) -> None:
+def check_preprocess(model: OnnxModel | ForeignModel, pp: Preprocess) -> None:
     """Refuse, before anything is compiled or written, preprocessing that cannot feed the model's image
     input (the device would only find out in its health check): channels, colour, finite non-zero numbers."""
     hint = "set them with --color, --scale, --mean, --std or in the model card's preprocess table"

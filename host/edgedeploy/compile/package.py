@@ -41,6 +41,7 @@ from ..profiles import DeviceProfile
 from ..userfiles import read_text
 from .cuda_toolchain import resolve_toolchain
 from .cuda_worker import run_cuda_build
+from .frontends import SOURCE_ROLES, ForeignModel, frontend_name, load_model
 from .onnx_model import OnnxModel, check_preprocess, load_onnx
 from .pipeline import PIPELINE_REVISION, BuildContext, pipeline_for, run_pipeline, tensor_cores_enabled
 from .tuning import TuneRequest, find_database, tuning_key
@@ -136,16 +137,18 @@ def build_bundle(
     batch: int = 1,
     int8: Int8Config | None = None,
 ) -> BuildResult:
-    """Compile `model_path` for `profile` and write a bundle to `out` (INT8 when `int8` is given)."""
+    """Compile `model_path` (ONNX, TFLite or a PyTorch ExportedProgram, by its type) for `profile` and write a
+    bundle to `out` (INT8 when `int8` is given: ONNX models only)."""
     progress("load-model")
-    model = load_onnx(model_path, batch=batch)
+    model = load_model(model_path, batch=batch)
+    frontend = frontend_name(model)
     check_preprocess(model, card.preprocess)
     name = card.name or _default_name(model_path)
     if int8 is not None:
         precision = "int8"
     if profile.device != "cuda":
         cuda_graph = False
-    stages = pipeline_for(profile, precision)  # refuses combinations that have no pipeline, before any work
+    stages = pipeline_for(profile, precision, frontend)  # refuses combinations without a pipeline, before any work
     extra: dict[str, Any] = {
         "precision": precision,
         "cuda_graph": cuda_graph,
@@ -157,6 +160,7 @@ def build_bundle(
         extra["tensor_cores"] = tensor_cores_enabled()
     calib = None
     if int8 is not None:
+        assert isinstance(model, OnnxModel)  # pipeline_for refused int8 for the other frontends
         int8, calib = _calibration(model, card, int8, progress)
         extra |= {"int8": int8.describe(), "calibration_sha256": hashlib.sha256(calib.tobytes()).hexdigest()}
     key_db = tuning_key(model.sha256, precision)
@@ -201,7 +205,9 @@ def build_bundle(
             ),
             res.outputs,
             files,
-            _quantization(int8, int8_result, res.float_left) if int8 else Quantization(precision=precision),  # type: ignore[arg-type]
+            _quantization(int8, int8_result, res.float_left)
+            if int8
+            else _own_precision(model, precision, res.float_left),
             Provenance(
                 tools={"edgedeploy": __version__, "python": platform.python_version(), **tool_versions()},
                 build_host=f"{platform.node()} ({platform.machine()})",
@@ -213,6 +219,14 @@ def build_bundle(
         write_bundle(cached, manifest, files)
     _copy_atomic(cached, out)
     return BuildResult(out, manifest, cached=False, timings=res.timings)
+
+
+def _own_precision(model: OnnxModel | ForeignModel, precision: str, float_left: list[str]) -> Quantization:
+    """A model built as it is: fp32/fp16, or INT8 with its own scales when it came pre-quantized."""
+    if isinstance(model, ForeignModel) and model.quantized:
+        method = "pre-quantized TFLite (the model's own scales; TFLite integer arithmetic)"
+        return Quantization(precision="int8", method=method, float_in_runtime=float_left)
+    return Quantization(precision=precision)  # type: ignore[arg-type]
 
 
 def profile_target(profile: DeviceProfile, **runtime: Any) -> Target:
@@ -263,17 +277,21 @@ def tune_model(
     if m.target.runtime != "tvm":
         raise InputError(f"{bundle} is a {m.target.runtime} bundle: TensorRT picks its tactics on the device")
     profile = get_profile(m.profile)
-    role = "qdq-onnx" if m.quantization.precision == "int8" else "onnx-model"
+    # a TFLite / PyTorch source is compiled as it is (its build's precision key is fp32, as in build_bundle)
+    foreign = {r: f for f, r in SOURCE_ROLES.items() if f != "onnx"}
+    source = next((h.role for h in m.host_files if h.role in foreign), None)
+    precision = "fp32" if source is not None else m.quantization.precision
+    role = source or ("qdq-onnx" if precision == "int8" else "onnx-model")
     check_given(m, sources, [role])
-    key = tuning_key(m.model.source_sha256, m.quantization.precision)
+    key = tuning_key(m.model.source_sha256, precision)
     with tempfile.TemporaryDirectory(prefix="edgedeploy-tune-") as tmp:
         work = Path(tmp)
         if any(a.role == role for a in m.artifacts):  # a schema 1 bundle carries it
             extract_bundle(bundle, work / "bundle")
-        model = load_onnx(host_file(m, role, work / "bundle", sources), batch=m.inputs[0].shape[0])
-        res = _compile(
-            model, profile, work, m.quantization.precision, m.target.cuda_graph, key, None, request, progress
-        )
+        path, batch = host_file(m, role, work / "bundle", sources), m.inputs[0].shape[0]
+        # the store names files by sha256 (no suffix): the role says which frontend reads it
+        model = load_onnx(path, batch=batch) if source is None else load_model(path, batch, foreign[source])
+        res = _compile(model, profile, work, precision, m.target.cuda_graph, key, None, request, progress)
     exported = request.export_dir if res.library is None else None
     return TuneResult(request.database, key, res.tuned_kernels, res.kernel_count, exported, res.timings)
 
@@ -301,11 +319,17 @@ def _calibration(model: OnnxModel, card: ModelCard, int8: Int8Config, progress: 
 
 
 def _quantized(
-    model: OnnxModel, card: ModelCard, int8: Int8Config | None, calib: Any, work: Path, progress: Callable[[str], None]
-) -> tuple[OnnxModel, Int8Result | None]:
+    model: OnnxModel | ForeignModel,
+    card: ModelCard,
+    int8: Int8Config | None,
+    calib: Any,
+    work: Path,
+    progress: Callable[[str], None],
+) -> tuple[OnnxModel | ForeignModel, Int8Result | None]:
     """The model the pipeline compiles: the source, or its calibrated Q/DQ form."""
     if int8 is None:
         return model, None
+    assert isinstance(model, OnnxModel)
     from .int8_build import quantize_model
 
     result = quantize_model(model, card.preprocess, int8, calib, progress)
@@ -313,7 +337,7 @@ def _quantized(
 
 
 def _compile(
-    model: OnnxModel,
+    model: OnnxModel | ForeignModel,
     profile: DeviceProfile,
     work: Path,
     precision: str,
@@ -325,6 +349,7 @@ def _compile(
 ) -> Compiled:
     """The compile pipeline, in this process (CPU) or in the CUDA worker process (GPU profiles)."""
     if profile.device == "cuda":
+        assert isinstance(model, OnnxModel)  # pipeline_for has no CUDA pipeline for the other frontends yet
         progress("check-toolchain")
         toolchain = resolve_toolchain(profile)
         r = run_cuda_build(model, profile, work, toolchain, precision, cuda_graph, key, db, tune, progress)
@@ -383,7 +408,7 @@ def write_labels(work: Path, card: ModelCard, files: dict[str, Path]) -> None:
 
 def card_manifest(
     card: ModelCard,
-    model: OnnxModel,
+    model: OnnxModel | ForeignModel,
     name: str,
     profile: DeviceProfile,
     target: Target,
@@ -397,8 +422,11 @@ def card_manifest(
     """The manifest every bundle writer makes: model facts, the card's pre/post-processing, labels and
     health objectives, the target and the artifacts (described from `files`). The source model and the
     `host_only` files (name -> path) go to the host's build store, named in `host_files`."""
-    host_files = [keep(model.path, "onnx-model", model.path.name, model.sha256)]
+    role = SOURCE_ROLES[frontend_name(model)]
+    host_files = [keep(model.path, role, model.path.name, model.sha256)]
     host_files += [keep(p, ARTIFACT_ROLES[n], n) for n, p in sorted((host_only or {}).items())]
+    if role != "onnx-model":  # agents that read schema 2 do not know this source role (plan_push refuses them)
+        extra.setdefault("schema_version", 3)
     return Manifest(
         model=ModelInfo(name=name, version=card.version, description=card.description, source_sha256=model.sha256),
         created=dt.datetime.now(dt.timezone.utc).replace(microsecond=0),

@@ -18,7 +18,6 @@ from edgedeploy_agent.bundle import TensorSpec
 
 from ..errors import BuildError
 from ..profiles import DeviceProfile
-from .onnx_model import OnnxModel
 
 if TYPE_CHECKING:
     from .tuning import TuneRequest
@@ -26,7 +25,9 @@ if TYPE_CHECKING:
 
 @dataclass
 class BuildContext:
-    model: OnnxModel
+    # OnnxModel, or frontends.ForeignModel (TFLite, PyTorch) whose own import stage reads it. Not a typed
+    # union: the ONNX stages (int8_rewrite.py among them) read `.proto`, and only ONNX pipelines run them.
+    model: Any
     profile: DeviceProfile
     work_dir: Path
     progress: Callable[[str], None] = lambda step: None
@@ -80,6 +81,26 @@ PIPELINES: dict[str, tuple[str, ...]] = {
         "export-library",
         "check-library",
     ),
+    # a TFLite model through TVM's Relax TFLite frontend; a quantized (QAT) one keeps the model's own scales and
+    # runs its convolutions in integer arithmetic with TFLite's requantization (tflite_integer.py)
+    "cpu-tflite": (
+        "import-tflite",
+        "tflite-integer",
+        "decompose-for-inference",
+        "apply-tuning",
+        "compile-llvm",
+        "export-library",
+        "check-library",
+    ),
+    # a PyTorch ExportedProgram (torch.export) through TVM's from_exported_program (torch_model.py)
+    "cpu-torch": (
+        "import-torch",
+        "decompose-for-inference",
+        "apply-tuning",
+        "compile-llvm",
+        "export-library",
+        "check-library",
+    ),
     "cpu-int8": (
         "import-onnx",
         "decompose-for-inference",
@@ -119,7 +140,8 @@ PIPELINES: dict[str, tuple[str, ...]] = {
 }
 
 
-def pipeline_for(profile: DeviceProfile, precision: str = "fp32") -> tuple[str, ...]:
+def pipeline_for(profile: DeviceProfile, precision: str = "fp32", frontend: str = "onnx") -> tuple[str, ...]:
+    """The stages for a profile, a precision and the frontend that reads the model (onnx, tflite, torch)."""
     if profile.device not in PIPELINES:
         raise BuildError(
             f"profile {profile.name} targets {profile.device}, which has no compile pipeline",
@@ -128,9 +150,18 @@ def pipeline_for(profile: DeviceProfile, precision: str = "fp32") -> tuple[str, 
     if precision == "fp16" and profile.device != "cuda":
         raise BuildError(f"fp16 is for GPU profiles; {profile.name} builds fp32 or int8")
     key = f"{profile.device}-{precision}" if precision == "int8" else profile.device
+    if frontend != "onnx":
+        if precision != "fp32":
+            raise BuildError(
+                f"{frontend} models build as they are: {precision} needs an ONNX model",
+                hint="a quantized (QAT) TFLite model keeps its own INT8 scales without --int8; for calibration "
+                "export to ONNX (see docs/troubleshooting.md#models)",
+            )
+        key = f"{profile.device}-{frontend}"
     if key not in PIPELINES:
+        what = f"{frontend} " if frontend != "onnx" else f"{precision} "
         raise BuildError(
-            f"profile {profile.name} has no {precision} compile pipeline yet",
+            f"profile {profile.name} has no {what}compile pipeline yet",
             hint=f"pipelines exist for: {', '.join(sorted(PIPELINES))}",
         )
     return PIPELINES[key]
@@ -138,8 +169,15 @@ def pipeline_for(profile: DeviceProfile, precision: str = "fp32") -> tuple[str, 
 
 def run_pipeline(ctx: BuildContext) -> BuildContext:
     from . import int8_rewrite, nhwc, tuning, tvm_backend  # noqa: F401  (register the TVM stages)
+    from .frontends import frontend_name
 
-    for name in pipeline_for(ctx.profile, ctx.precision):
+    frontend = frontend_name(ctx.model)
+    if frontend == "tflite":
+        from . import tflite_integer, tflite_model  # noqa: F401
+    elif frontend == "torch":
+        from . import torch_model  # noqa: F401
+
+    for name in pipeline_for(ctx.profile, ctx.precision, frontend):
         if name not in STAGES:
             raise BuildError(f"unknown compile stage {name!r}", hint=f"known stages: {', '.join(sorted(STAGES))}")
         ctx.progress(name)

@@ -15,7 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import DeviceError, EdgeDeployError, HostKeyError
+from ..errors import EdgeDeployError, error_code
 from ..inventory import Inventory
 from ..paths import state_dir
 from .agent_client import AgentClient
@@ -45,14 +45,6 @@ def device_log(device: str, line: str) -> None:
     stamp = dt.datetime.now(dt.timezone.utc).isoformat(timespec="milliseconds")
     with open(path, "a", encoding="utf-8") as f:
         f.write(f"{stamp} {line}\n")
-
-
-def error_code(e: EdgeDeployError) -> str:
-    if isinstance(e, DeviceError):
-        return e.code
-    if isinstance(e, HostKeyError):
-        return "host-key"
-    return type(e).__name__
 
 
 def read_release(inv: Inventory, name: str, net: Network) -> str | None:
