@@ -69,12 +69,46 @@ class Tiles:
         return FRAG * self.k1
 
 
-def choose_tiles(m: int, n: int, in_dtype: str) -> Tiles:
-    """Block tiles that do not waste most of a tile on padding: N 64 -> 128x64 tiles, small M -> 64 rows."""
-    k1 = 4 if in_dtype == "float16" else 2  # int8: 32 bytes per row and stage, like fp16's 64 halves / 2
-    j2, j3 = (4, 2) if n > 64 else (2, 2)
-    i2, i3 = (4, 2) if m > 64 else (2, 2)
-    return Tiles(i2, i3, j2, j3, k1)
+# Fewer thread blocks than this leave most of a large GPU idle (the H200 has 132 SMs, a T4 40): a batch-1
+# ResNet-18 layer4 convolution (M = 7x7 pixels, N = 512) got 4 blocks of 64x128 outputs from the
+# shape rule alone, each walking K = 4608 on its own.
+MIN_BLOCKS = 96
+SPLIT_BLOCKS = 256
+_ROWS = {128: (4, 2), 64: (2, 2), 32: (2, 1), 16: (1, 1)}  # tile edge -> (warps, fragments per warp)
+
+
+def choose_tiles(m: int, n: int, in_dtype: str, batch: int = 1) -> Tiles:
+    """Block tiles from the GEMM's shape: 128 on an edge longer than 64, else 64 (N = 64 -> 128x64 tiles);
+    then, while the grid has fewer than MIN_BLOCKS blocks, halve the N edge (down to 32) or else the M
+    edge (down to 16)."""
+    tm = 128 if m > 64 else 64
+    tn = 128 if n > 64 else 64
+    while batch * -(-m // tm) * -(-n // tn) < MIN_BLOCKS:
+        if tn > 32 and tn >= tm:
+            tn //= 2
+        elif tm > 16:
+            tm //= 2
+        else:
+            break
+    (i2, i3), (j2, j3) = _ROWS[tm], _ROWS[tn]
+    # int8 stays at 32 per stage: 64 fails TVM 0.27's shared-memory merge (LowerIntrin: "tvm_access_ptr
+    # element type must match the source buffer", int8 vs int32) with the accumulator staged in shared.dyn
+    return Tiles(i2, i3, j2, j3, k1=4 if in_dtype == "float16" else 2)
+
+
+def choose_split(t: Tiles, batch: int, m: int, n: int, k: int) -> int:
+    """Thread blocks that split K between them (int32/float partial sums, added up with the epilogue by a
+    second kernel) while the tiles alone give fewer than MIN_BLOCKS and K is long: a batch-1 ResNet-18
+    layer4 convolution would otherwise walk K = 4608 in 72 shared-memory stages in each of 64 blocks.
+    Up to SPLIT_BLOCKS blocks in all; each keeps at least 8 stages."""
+    blocks = batch * -(-m // t.m) * -(-n // t.n)
+    if blocks >= MIN_BLOCKS:
+        return 1
+    stages = -(-k // t.k)
+    split = 1
+    while blocks * split * 2 <= SPLIT_BLOCKS and stages // (split * 2) >= 8:
+        split *= 2
+    return split
 
 
 def _sm(target: Target) -> int:
@@ -144,10 +178,18 @@ class TensorCoreGemm(GPUScheduleRule):  # type: ignore[misc]
         _batch, m, n, k = (int(e.value) for e in extents)
         if min(m, n, k) < FRAG:
             return None
-        t = choose_tiles(m, n, a_dtype)
-        sch.pad_einsum(main, [1, t.m, t.n, t.k])
+        t = choose_tiles(m, n, a_dtype, int(_batch))
+        split = choose_split(t, int(_batch), m, n, k)
+        sch.pad_einsum(main, [1, t.m, t.n, t.k * split])
 
         batch, i, j, kk = sch.get_loops(main)
+        writeback = None
+        if split > 1:  # K split across thread blocks: int32/float32 partial sums, added up by a second kernel
+            ks, kk = sch.split(kk, factors=[split, None])
+            writeback, main = main, sch.rfactor(ks, factor_axis=0)
+            batch, i, j, ks, kk = sch.get_loops(main)  # in the rf block, ks is a spatial axis
+            sch.reorder(ks, batch, i, j, kk)
+            batch = sch.fuse(ks, batch)
         i, i_frag = sch.split(i, factors=[None, FRAG])
         j, j_frag = sch.split(j, factors=[None, FRAG])
         kk, k_frag = sch.split(kk, factors=[None, FRAG])
@@ -194,7 +236,11 @@ class TensorCoreGemm(GPUScheduleRule):  # type: ignore[misc]
         b_frag = sch.cache_read(outer, 1, "wmma.matrix_b")
         sch.compute_at(a_frag, k1)
         sch.compute_at(b_frag, k1)
-        acc_shared = sch.cache_write(outer, 0, "shared.dyn")
+        # the accumulator stage of tiles up to 64x64 (16 KB) in static shared memory: in shared.dyn beside
+        # the operand stages, TVM 0.27's merge of dynamic shared memory fails for the small tiles (see
+        # choose_tiles); larger tiles need shared.dyn (a 128x128 int32 stage is 64 KB)
+        acc_scope = "shared" if t.m * t.n <= 64 * 64 else "shared.dyn"
+        acc_shared = sch.cache_write(outer, 0, acc_scope)
         sch.storage_align(acc_shared, 0, -2, 16, 4)
         store = sch.cache_write(outer, 0, "wmma.accumulator")
         sch.reverse_compute_at(store, warp)
@@ -218,7 +264,7 @@ class TensorCoreGemm(GPUScheduleRule):  # type: ignore[misc]
                 sch.tensorize(fi1, intrins[name])
 
         for n_try, acc in enumerate(accumulators):
-            intrins = get_wmma_intrin_group("shared.dyn", "shared.dyn", a_dtype, acc, trans_b=True)
+            intrins = get_wmma_intrin_group("shared.dyn", acc_scope, a_dtype, acc, trans_b=True)
             try:
                 if n_try == 0:
                     fragment_loads(intrins)
@@ -229,19 +275,47 @@ class TensorCoreGemm(GPUScheduleRule):  # type: ignore[misc]
             except Exception:  # tvm.s_tir.ScheduleError: the intrinsic does not match this accumulator
                 if n_try == len(accumulators) - 1:
                     return None
-        auto_inline_consumer_chain(sch, acc_shared)  # the epilogue runs on the way out to global memory
+        if writeback is None:
+            auto_inline_consumer_chain(sch, acc_shared)  # the epilogue runs on the way out to global memory
         fused = sch.fuse(*sch.get_loops(acc_shared)[-2:])
         _, tx, vec = sch.split(fused, factors=[None, WARP, vector])
         sch.bind(tx, "threadIdx.x")
         sch.vectorize(vec)
+        if writeback is not None:
+            _sum_partials(sch, writeback)
+        if not _all_on_gpu(sch):
+            return None
         return sch
 
 
+def _all_on_gpu(sch: Any) -> bool:
+    """Every top-level block runs under a thread binding: a block left unscheduled would be lowered to host
+    code that reads GPU memory (a segfault, seen with a split-K residual epilogue before it was inlined)."""
+    for block in sch.get_child_blocks(get_root_block(sch)):
+        if not any(sch.get(loop).kind == tirx.ForKind.THREAD_BINDING for loop in sch.get_loops(block)):
+            return False
+    return True
+
+
+def _sum_partials(sch: Any, writeback: Any) -> None:
+    """The split-K second kernel: one thread per output adds the partial sums, then runs the epilogue."""
+    tail = sch.get_consumers(writeback)[0]  # un-padding, un-reindexing and the epilogue, inlined into one
+    auto_inline_consumer_chain(sch, tail)  # (with the epilogue's other inputs: a residual's dequantize)
+    sch.set_scope(writeback, 0, "local")  # the sum lives in a register between the two
+    *spatial, _ks = sch.get_loops(writeback)
+    bx, tx = sch.split(sch.fuse(*spatial), factors=[None, 128])
+    sch.bind(bx, "blockIdx.x")
+    sch.bind(tx, "threadIdx.x")
+    sch.reverse_compute_at(tail, tx)
+
+
 def legalize_passes(target: Target) -> list[Any]:
-    """TVM's CUDA legalization passes with `TensorCoreGemm` ahead of dlight's default rules, and
-    `WindowReduction` (pooling, depthwise convolutions) ahead of its reduction rules."""
+    """TVM's CUDA legalization passes with `TensorCoreGemm` ahead of dlight's default rules,
+    `WindowReduction` (pooling, depthwise convolutions) ahead of its reduction rules and
+    `VectorizedInjective` (pads, casts, transposes) ahead of its Fallback."""
     from tvm.s_tir import dlight as dl
 
+    from .cuda_injective import VectorizedInjective
     from .cuda_window import WindowReduction
 
     return [
@@ -257,6 +331,7 @@ def legalize_passes(target: Target) -> list[Any]:
             dl.gpu.GEMV(),
             dl.gpu.Reduction(),
             dl.gpu.GeneralReduction(),
+            VectorizedInjective(),
             dl.gpu.Fallback(),
         ),
     ]

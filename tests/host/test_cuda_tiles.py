@@ -1,0 +1,93 @@
+"""Tile shapes and split-K of the tensor-core schedule (compile/cuda_tensorcore.py), checked on the
+scheduled TIR (no nvcc needed): a batch-1 ResNet-18 layer4 convolution got 4 thread blocks from the shape
+rule alone; now the grid has enough blocks for a large GPU, and K is split across blocks where tiles
+cannot shrink further, with the epilogue moved to the kernel that adds the partial sums."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+
+tvm = pytest.importorskip("tvm")
+from tvm import relax  # noqa: E402
+
+from edgedeploy.compile.cuda_tensorcore import (  # noqa: E402
+    MIN_BLOCKS,
+    SPLIT_BLOCKS,
+    choose_split,
+    choose_tiles,
+    legalize_passes,
+)
+from tests.host.test_cuda_window import TARGET  # noqa: E402
+
+
+@pytest.mark.parametrize(
+    ("m", "n", "k"),
+    [(49, 512, 4608), (196, 256, 2304), (784, 128, 1152), (3136, 64, 576), (49 * 64, 512, 4608), (200704, 64, 147)],
+)
+def test_grid_fills_the_gpu_or_tiles_are_smallest(m: int, n: int, k: int) -> None:
+    t = choose_tiles(m, n, "int8")
+    split = choose_split(t, 1, m, n, k)
+    blocks = -(-m // t.m) * -(-n // t.n)
+    if blocks < MIN_BLOCKS:  # the tiles could not shrink further: K is split instead, within bounds
+        assert (t.m, t.n) == (16, 32)
+        assert split > 1 and blocks * split <= SPLIT_BLOCKS and -(-k // t.k) // split >= 8
+    else:
+        assert split == 1
+    if m * n >= 128 * 128 * MIN_BLOCKS:  # large GEMMs keep the large tiles
+        assert t.m == 128 and t.n >= 64
+
+
+def _int8_conv(batch: int, channels: int, size: int) -> object:
+    """3x3 int8 convolution (NHWC/OHWI, int32 accumulation) whose epilogue requantizes and adds a residual
+    (dequantized from another input), as int8_rewrite emits for a ResNet block."""
+    rng = np.random.default_rng(0)
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((batch, size + 2, size + 2, channels), "int8"))
+    r = relax.Var("r", relax.TensorType((batch, size, size, channels), "int8"))
+    w = rng.integers(-127, 128, (channels, 3, 3, channels)).astype("int8")
+    with bb.function("main", [x, r]):
+        with bb.dataflow():
+            acc = bb.emit(
+                relax.op.nn.conv2d(
+                    x, relax.const(w), data_layout="NHWC", kernel_layout="OHWI", out_layout="NHWC", out_dtype="int32"
+                )
+            )
+            f = relax.op.multiply(relax.op.astype(acc, "float32"), relax.const(np.float32(1e-3)))
+            res = relax.op.dequantize(r, relax.const(np.float32(0.5)), relax.const(3, "int8"), axis=3)
+            y = bb.emit(relax.op.astype(relax.op.clip(relax.op.round(relax.op.add(f, res)), -128, 127), "int8"))
+            out = bb.emit_output(y)
+        bb.emit_func_output(out)
+    target = tvm.target.Target(TARGET)
+    with target:
+        return tvm.transform.Sequential(legalize_passes(target))(bb.get())
+
+
+def _conv_kernel_script(mod: object) -> str:
+    """The scheduled convolution, after checking that all its top-level blocks run on the GPU (a block
+    left without a thread binding is lowered to host code reading GPU memory: a segfault at run time)."""
+    from tvm import s_tir
+
+    from edgedeploy.compile.cuda_tensorcore import _all_on_gpu
+
+    func = next(f for gv, f in mod.functions.items() if "conv2d" in gv.name_hint)  # type: ignore[attr-defined]
+    assert _all_on_gpu(s_tir.Schedule(func))
+    return str(func.script())
+
+
+def test_small_batch_conv_is_split_across_blocks_with_the_epilogue_after_the_sum() -> None:
+    script = _conv_kernel_script(_int8_conv(batch=1, channels=512, size=7))  # ResNet-18 layer4 at batch 1
+    assert "wmma.mma_sync" in script or "tvm_mma_sync" in script, script[:3000]
+    assert "_rf" in script  # the partial sums: one int32 plane per K slice
+    grids = [int(g) for g in re.findall(r'T.int64\((\d+)\), thread="blockIdx.[xyz]"', script)]
+    assert grids and max(grids) * 1 > 4, grids  # more than the 4 blocks of the shape rule
+    # the requantize (round, clip, cast to int8) runs where the partial sums are added, not in the GEMM
+    assert "T.nearbyint" in script and "T.Cast(\"int8\"" in script
+
+
+def test_large_batch_conv_is_not_split() -> None:
+    script = _conv_kernel_script(_int8_conv(batch=16, channels=512, size=7))
+    assert "wmma.mma_sync" in script or "tvm_mma_sync" in script
+    assert "_rf" not in script
