@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 import gzip
 import hashlib
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -131,17 +132,19 @@ def export(out: Path, seed: int, tiled: bool) -> str:
     model, source = resnet18()
     set_weights(model, seed, tiled)
     x = torch.zeros(1, 3, 224, 224)
-    torch.onnx.export(
-        model,
-        (x,),
-        str(out),
-        dynamo=False,  # the TorchScript exporter: needs no onnxscript, folds BatchNorm into Conv
-        opset_version=13,
-        input_names=["input"],
-        output_names=["logits"],
-        dynamic_axes={"input": {0: "N"}, "logits": {0: "N"}},
-        do_constant_folding=True,
-    )
+    with warnings.catch_warnings():  # torch >= 2.9 warns that this exporter is the legacy one: chosen on purpose
+        warnings.simplefilter("ignore", DeprecationWarning)
+        torch.onnx.export(
+            model,
+            (x,),
+            str(out),
+            dynamo=False,  # the TorchScript exporter: needs no onnxscript, folds BatchNorm into Conv
+            opset_version=13,
+            input_names=["input"],
+            output_names=["logits"],
+            dynamic_axes={"input": {0: "N"}, "logits": {0: "N"}},
+            do_constant_folding=True,
+        )
     onnx.checker.check_model(str(out))
     # the ONNX must compute what the torch model computes (onnxruntime is a dependency of edgedeploy)
     import onnxruntime as ort
