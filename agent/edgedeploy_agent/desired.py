@@ -38,7 +38,7 @@ class DesiredRefused(AgentError):
     """A desired-state document this device must not act on."""
 
     code = "desired-refused"
-    exit_code = 10
+    exit_code = 14  # 10 is a refused bundle (errors.UntrustedBundle)
 
 
 class DesiredHealth(BaseModel):

@@ -34,7 +34,7 @@ class PullError(AgentError):
     """The registry could not be reached or served something that does not match its digest."""
 
     code = "pull-failed"
-    exit_code = 11
+    exit_code = 13  # 11 and 12 are frame-failed and source-unavailable (errors.py)
 
 
 class DigestMismatch(PullError):
