@@ -288,7 +288,16 @@ def test_ctrl_c_stops_waiting_and_resume_finishes(
     )  # fmt: skip
     release = read_manifest(bundle).release_name
     wait_for(lambda: fleet.devices["dev1"].current() == release, 90)
-    time.sleep(1)
+
+    def dev1_recorded() -> bool:  # the runner saves its state at most once a second: Ctrl-C after it has
+        for path in (hermetic / "state").glob("rollouts/*.json"):  # (before, on a loaded machine, dev1 was
+            try:  # sometimes asked again on --resume and answered "unchanged")
+                return json.loads(path.read_text())["devices"]["dev1"]["status"] == "committed"
+            except (ValueError, KeyError):
+                return False
+        return False
+
+    wait_for(dev1_recorded, 60)
     rollout.send_signal(signal.SIGINT)
     out, err = rollout.communicate(timeout=30)
     assert rollout.returncode == 130 and "interrupted" in err and "Traceback" not in err, out + err
