@@ -82,7 +82,7 @@ def test_small_batch_conv_is_split_across_blocks_with_the_epilogue_after_the_sum
     assert "wmma.mma_sync" in script or "tvm_mma_sync" in script, script[:3000]
     assert "_rf" in script  # the partial sums: one int32 plane per K slice
     grids = [int(g) for g in re.findall(r'T.int64\((\d+)\), thread="blockIdx.[xyz]"', script)]
-    assert grids and max(grids) * 1 > 4, grids  # more than the 4 blocks of the shape rule
+    assert grids and max(grids) > 4, grids  # more than the 4 blocks of the shape rule
     # the requantize (round, clip, cast to int8) runs where the partial sums are added, not in the GEMM
     assert "T.nearbyint" in script and 'T.Cast("int8"' in script
 

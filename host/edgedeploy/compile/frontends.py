@@ -66,6 +66,12 @@ def frontend_name(model: OnnxModel | ForeignModel) -> str:
     return model.frontend if isinstance(model, ForeignModel) else "onnx"
 
 
+def import_failure(e: Exception) -> str:
+    """The last non-empty line of a TVM frontend's exception (they raise many types, with long traces)."""
+    lines = [line for line in str(e).strip().splitlines() if line.strip()]
+    return lines[-1] if lines else type(e).__name__
+
+
 def output_specs(mod: Any, names: list[str]) -> list[TensorSpec]:
     """The outputs of `mod["main"]` with static shapes, named after the source model's outputs."""
     from tvm import relax

@@ -35,12 +35,13 @@ _REDUCE = {tvm.ir.Op.get(f"relax.{n}") for n in ("mean", "sum", "max", "min")}
 TO_NCHW = (0, 3, 1, 2)  # permute_dims axes that turn NHWC into NCHW
 
 
-def _grouped_convs(mod: Any) -> int:
+def _calls(mod: Any, keep: Any) -> int:
+    """How many calls in the module's Relax functions satisfy `keep`."""
     count = 0
 
     def visit(e: Any) -> None:
         nonlocal count
-        if isinstance(e, relax.Call) and e.op == _CONV and int(e.attrs.groups) != 1:
+        if isinstance(e, relax.Call) and keep(e):
             count += 1
 
     for f in mod.functions.values():
@@ -148,7 +149,7 @@ def to_nhwc(mod: Any) -> Any:
     """Every convolution (and the ops between them) in NHWC/OHWI. A graph with depthwise or grouped
     convolutions keeps NCHW: they get no tensor cores, and mixing layouts would put a transpose between
     every pair of layers (MobileNet)."""
-    if _grouped_convs(mod):
+    if _calls(mod, lambda c: c.op == _CONV and int(c.attrs.groups) != 1):
         return mod
     mod = relax.transform.ConvertLayout({"relax.nn.conv2d": ["NHWC", "OHWI"]})(mod)
     mod = relax.transform.FoldConstant()(mod)  # the weights' and per-channel constants' transposes
@@ -157,17 +158,7 @@ def to_nhwc(mod: Any) -> Any:
 
 def transposes(mod: Any) -> int:
     """permute_dims calls left in the module's Relax functions (constants folded)."""
-    count = 0
-
-    def visit(e: Any) -> None:
-        nonlocal count
-        if isinstance(e, relax.Call) and e.op == _PERMUTE:
-            count += 1
-
-    for f in mod.functions.values():
-        if isinstance(f, relax.Function):
-            relax.analysis.post_order_visit(f, visit)
-    return count
+    return _calls(mod, lambda c: c.op == _PERMUTE)
 
 
 @stage("nhwc-layout")

@@ -16,7 +16,7 @@ from typing import Any
 from edgedeploy_agent.bundle import TensorSpec
 
 from ..errors import ModelError
-from .frontends import ForeignModel, output_specs
+from .frontends import ForeignModel, import_failure, output_specs
 from .onnx_model import guess_layout
 from .pipeline import BuildContext, stage
 
@@ -134,9 +134,7 @@ def import_tflite(ctx: BuildContext) -> None:
     try:
         ctx.ir = from_tflite(model, shape_dict=shapes, dtype_dict=dtypes)
     except Exception as e:  # the frontend raises many types; name the model and the last line
-        lines = [line for line in str(e).strip().splitlines() if line.strip()]
-        detail = lines[-1] if lines else type(e).__name__
-        raise ModelError(f"{path}: TVM cannot import this TFLite model: {detail}", hint=_HINT) from None
+        raise ModelError(f"{path}: TVM cannot import this TFLite model: {import_failure(e)}", hint=_HINT) from None
     subgraph = model.Subgraphs(0)
     names = [_name(subgraph, subgraph.Outputs(i)) for i in range(subgraph.OutputsLength())]
     ctx.outputs = output_specs(ctx.ir, names)

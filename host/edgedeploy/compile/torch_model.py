@@ -17,7 +17,7 @@ from typing import Any
 from edgedeploy_agent.bundle import TensorSpec
 
 from ..errors import ModelError
-from .frontends import ForeignModel, output_specs
+from .frontends import ForeignModel, import_failure, output_specs
 from .onnx_model import guess_layout
 from .pipeline import BuildContext, stage
 
@@ -107,8 +107,6 @@ def import_torch(ctx: BuildContext) -> None:
     try:
         ctx.ir = from_exported_program(ep, unwrap_unit_return_tuple=True, run_ep_decomposition=False)
     except Exception as e:  # the importer raises many types; name the model and the last line
-        lines = [line for line in str(e).strip().splitlines() if line.strip()]
-        detail = lines[-1] if lines else type(e).__name__
-        raise ModelError(f"{path}: TVM cannot import this PyTorch program: {detail}", hint=_HINT) from None
+        raise ModelError(f"{path}: TVM cannot import this PyTorch program: {import_failure(e)}", hint=_HINT) from None
     names = [str(n) for n in ep.graph_signature.user_outputs]
     ctx.outputs = output_specs(ctx.ir, names)

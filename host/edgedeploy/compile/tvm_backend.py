@@ -10,12 +10,10 @@ import tvm_ffi
 from tvm import relax
 from tvm.relax.frontend.onnx import from_onnx
 
-from edgedeploy_agent.bundle import TensorSpec
-
 from ..errors import BuildError, ModelError
 from .cuda_tensorcore import cuda_pipeline
 from .devcode import inspect_library
-from .onnx_model import guess_layout
+from .frontends import import_failure, output_specs
 from .pipeline import BuildContext, stage, tensor_cores_enabled
 
 
@@ -42,11 +40,9 @@ def import_onnx(ctx: BuildContext) -> None:
     shapes = {s.name: list(s.shape) for s in ctx.model.inputs}
     try:
         ctx.ir = from_onnx(ctx.model.proto, shape_dict=shapes, keep_params_in_input=False)
-    except Exception as e:  # the frontend raises many types; name the model and the first line
-        msg = str(e).strip().splitlines()
-        detail = next((line for line in reversed(msg) if line.strip()), type(e).__name__)
-        raise ModelError(f"{ctx.model.path}: TVM cannot import this model: {detail}") from None
-    ctx.outputs = _output_specs(ctx.ir, ctx.model.proto)
+    except Exception as e:  # the frontend raises many types; name the model and the last line
+        raise ModelError(f"{ctx.model.path}: TVM cannot import this model: {import_failure(e)}") from None
+    ctx.outputs = output_specs(ctx.ir, [o.name for o in ctx.model.proto.graph.output])
 
 
 @stage("decompose-for-inference")
@@ -185,20 +181,3 @@ def check_library(ctx: BuildContext) -> None:
             f"GPU library for {ctx.profile.name} has no sm_{sm} SASS (found: {found}){source}",
             hint="check the toolchain: edgedeploy build prints what it needs",
         )
-
-
-def _output_specs(mod: Any, proto: Any) -> list[TensorSpec]:
-    names = [o.name for o in proto.graph.output]
-    ret = mod["main"].ret_ty  # TVM 0.27 renamed StructInfo to Type (TensorType, TupleType)
-    infos = list(ret.fields) if isinstance(ret, relax.TupleType) else [ret]
-    specs = []
-    for i, info in enumerate(infos):
-        if not isinstance(info, relax.TensorType) or info.shape is None:
-            raise ModelError(f"output {i} of the model has no static tensor shape")
-        try:
-            shape = [int(d) for d in info.shape.values]
-        except TypeError:
-            raise ModelError(f"output {names[i] if i < len(names) else i} has a symbolic shape") from None
-        name = names[i] if i < len(names) else f"output{i}"
-        specs.append(TensorSpec(name=name, shape=shape, dtype=str(info.dtype), layout=guess_layout(shape)))
-    return specs
