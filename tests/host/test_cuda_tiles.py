@@ -91,3 +91,23 @@ def test_large_batch_conv_is_not_split() -> None:
     script = _conv_kernel_script(_int8_conv(batch=16, channels=512, size=7))
     assert "wmma.mma_sync" in script or "tvm_mma_sync" in script
     assert "_rf" not in script
+
+
+def test_int8_operands_load_16_bytes_per_thread_where_the_gemm_needs_no_padding() -> None:
+    """Knobs' defaults (bench/conv_variants.py on the H200: 1.15-1.48x on ResNet-18's 3x3 INT8 layers): 64 K
+    elements per shared-memory stage and 16-byte global loads; the loads stay 4 bytes where the GEMM is
+    padded (TVM 0.27 writes the padding's zero vector of 8 or 16 int8 as a make_int2/make_int4 call that
+    nvcc rejects)."""
+    from edgedeploy.compile.cuda_tensorcore import SHORT_K, Knobs
+
+    assert (Knobs().int8_k, Knobs().load_bytes) == (64, 16)
+    assert choose_tiles(3136, 64, "int8", 64, Knobs(), k=576).k == 64
+    assert choose_tiles(802816, 64, "int8", 1, Knobs(), k=196).k == 32 < SHORT_K  # the stem: short K
+    exact = _conv_kernel_script(_int8_conv(batch=64, channels=64, size=8))  # M = 4096 = 32 tiles of 128
+    padded = _conv_kernel_script(_int8_conv(batch=1, channels=64, size=7))  # M = 49: padded to 64
+
+    def lanes(script: str) -> list[int]:  # the two operand loads, then the epilogue's store
+        return [int(n) for n in re.findall(r"in T.vectorized\(T.int64\((\d+)\)\)", script)]
+
+    assert lanes(exact) == [16, 16, 4], exact[:3000]
+    assert lanes(padded) == [4, 4, 4]

@@ -217,6 +217,19 @@ def test_convolutions_run_on_tensor_cores(precision: str, data_dir: Path, tmp_pa
         assert _opcodes(sass, "IMMA") > 0 and _opcodes(sass, "HMMA") == 0, sass[:2000]
 
 
+def _conv_weight_shapes(mod: object) -> list[tuple[int, ...]]:
+    from tvm import relax
+
+    shapes: list[tuple[int, ...]] = []
+
+    def visit(e: object) -> None:
+        if isinstance(e, relax.Call) and getattr(e.op, "name", "") == "relax.nn.conv2d":
+            shapes.append(tuple(e.args[1].value.numpy().shape))  # the weight, a constant
+
+    relax.analysis.post_order_visit(mod["main"], visit)  # type: ignore[index]
+    return shapes
+
+
 def test_nhwc_layout_is_exact_on_cpu(tmp_path: Path) -> None:
     """The nhwc-layout stage changes no result: the int8-rewritten graph gives the same bytes on llvm with
     and without it, the float graph the same values within float32 rounding. And it leaves no transposes
@@ -251,6 +264,9 @@ def test_nhwc_layout_is_exact_on_cpu(tmp_path: Path) -> None:
         converted_only = relax.transform.ConvertLayout({"relax.nn.conv2d": ["NHWC", "OHWI"]})(mod)
         converted_only = relax.transform.FoldConstant()(converted_only)
         assert transposes(nhwc) == 2, nhwc.script()  # the input's and the one before the classifier
+        # the 3-channel stem reads 4-channel pixels (nhwc.widen_channels): zero weights for the fourth
+        assert [w[-1] for w in _conv_weight_shapes(nhwc)][0] == 4
+        assert [w[-1] for w in _conv_weight_shapes(converted_only)][0] == 3
         if exact:  # int8: ConvertLayout alone wraps the requantize/zero-point-pad chains in transposes
             assert transposes(converted_only) >= 6
         before, after = run(mod), run(nhwc)

@@ -128,6 +128,32 @@ def test_float_exact_accumulation_is_bit_identical_to_int32(data_dir: Path) -> N
     assert np.array_equal(outputs[0], outputs[1])
 
 
+def test_max_pool_runs_on_integers(data_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """dequantize -> max_pool2d -> quantize with one scale becomes max_pool2d on the integers: mnist's two
+    poolings read int8, and the compiled graph gives the same bytes as the float pooling between Q/DQ."""
+    import tvm
+
+    from edgedeploy.compile import int8_rewrite
+
+    model = onnx.load(data_dir / "models" / "mnist-8_opset13.onnx")
+    spec = TensorSpec(name="Input3", shape=[1, 1, 28, 28], layout="NCHW")
+    calib = load_calibration(data_dir / "mnist", Preprocess(color="gray"), spec, 16)
+    qdq = quantize_qdq(model, calib, QuantizeOptions()).model
+    imported = relax.transform.DecomposeOpsForInference()(
+        from_onnx(qdq, shape_dict={"Input3": [1, 1, 28, 28]}, keep_params_in_input=False)
+    )
+    outputs = []
+    for integer_pool in (True, False):
+        if not integer_pool:
+            monkeypatch.setattr(int8_rewrite._Rewriter._cls, "_integer_max_pool", lambda self, q: None)
+        mod, _ = rewrite_int8(imported, quantizable_layers(qdq))
+        pools = [line for line in mod.script().splitlines() if "R.nn.max_pool2d(" in line]
+        assert len(pools) == 2 and all(('dtype="float32"' not in p) == integer_pool for p in pools), pools
+        vm = relax.VirtualMachine(tvm.compile(mod, target="llvm"), tvm.cpu())
+        outputs.append(np.concatenate([vm["main"](tvm.runtime.tensor(x[None])).numpy() for x in calib]))
+    assert np.array_equal(outputs[0], outputs[1])
+
+
 @pytest.fixture(scope="module")
 def mobilenet_int8(data_dir: Path, tmp_path_factory: pytest.TempPathFactory, build_cache: Path) -> Path:
     out = tmp_path_factory.mktemp("mnv1") / "mnv1-int8.edb"

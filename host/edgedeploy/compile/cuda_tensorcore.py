@@ -47,6 +47,19 @@ MIN_SM = {"float16": 70, "int8": 72}  # Volta HMMA; IMMA from Xavier/Turing on
 
 
 @dataclass(frozen=True)
+class Knobs:
+    """Schedule choices a benchmark can vary (bench/conv_variants.py); the defaults are what builds use.
+
+    int8_k: K elements (bytes) per shared-memory stage for INT8; fp16_k likewise for FP16.
+    load_bytes: bytes each thread loads per global -> shared copy (the im2col gather included).
+    """
+
+    int8_k: int = 64
+    fp16_k: int = 64
+    load_bytes: int = 16
+
+
+@dataclass(frozen=True)
 class Tiles:
     """Fragments per warp (i3, j3), warps per block (i2, j2), K fragments per shared-memory stage (k1)."""
 
@@ -77,7 +90,10 @@ SPLIT_BLOCKS = 256
 _ROWS = {128: (4, 2), 64: (2, 2), 32: (2, 1), 16: (1, 1)}  # tile edge -> (warps, fragments per warp)
 
 
-def choose_tiles(m: int, n: int, in_dtype: str, batch: int = 1) -> Tiles:
+SHORT_K = 256  # a GEMM with fewer K elements (the stem: 7x7x4 = 196) takes 32 per stage: less padding
+
+
+def choose_tiles(m: int, n: int, in_dtype: str, batch: int = 1, knobs: Knobs = Knobs(), k: int = SHORT_K) -> Tiles:
     """Block tiles from the GEMM's shape: 128 on an edge longer than 64, else 64 (N = 64 -> 128x64 tiles);
     then, while the grid has fewer than MIN_BLOCKS blocks, halve the N edge (down to 32) or else the M
     edge (down to 16)."""
@@ -91,9 +107,11 @@ def choose_tiles(m: int, n: int, in_dtype: str, batch: int = 1) -> Tiles:
         else:
             break
     (i2, i3), (j2, j3) = _ROWS[tm], _ROWS[tn]
-    # int8 stays at 32 per stage: 64 fails TVM 0.27's shared-memory merge (LowerIntrin: "tvm_access_ptr
-    # element type must match the source buffer", int8 vs int32) with the accumulator staged in shared.dyn
-    return Tiles(i2, i3, j2, j3, k1=4 if in_dtype == "float16" else 2)
+    # K stages of 64 (bench/conv_variants.py on the H200, INT8 batch 64: 1.15-1.48x on the 3x3 layers over
+    # 32; FP16 32 is 0.77-0.88x); INT8 128 fails TVM 0.27's shared-memory merge (LowerIntrin: "tvm_access_ptr
+    # element type must match the source buffer", int8 vs int32)
+    stage = knobs.fp16_k if in_dtype == "float16" else knobs.int8_k
+    return Tiles(i2, i3, j2, j3, k1=(min(stage, 32) if k < SHORT_K else stage) // FRAG)
 
 
 def choose_split(t: Tiles, batch: int, m: int, n: int, k: int) -> int:
@@ -129,6 +147,10 @@ def _drop_unit_reductions(sch: Any, block: Any) -> None:
 
 class TensorCoreGemm(GPUScheduleRule):  # type: ignore[misc]
     """WMMA schedule for any single-reduction GEMM-shaped kernel (matmul, dense, conv2d as implicit GEMM)."""
+
+    def __init__(self, knobs: Knobs = Knobs()) -> None:
+        super().__init__()
+        self.knobs = knobs
 
     def apply(self, func: Any, target: Target, _: bool) -> Any:
         try:
@@ -178,8 +200,9 @@ class TensorCoreGemm(GPUScheduleRule):  # type: ignore[misc]
         _batch, m, n, k = (int(e.value) for e in extents)
         if min(m, n, k) < FRAG:
             return None
-        t = choose_tiles(m, n, a_dtype, int(_batch))
+        t = choose_tiles(m, n, a_dtype, int(_batch), self.knobs, k)
         split = choose_split(t, int(_batch), m, n, k)
+        exact = m % t.m == 0 and n % t.n == 0 and k % (t.k * split) == 0
         sch.pad_einsum(main, [1, t.m, t.n, t.k * split])
 
         batch, i, j, kk = sch.get_loops(main)
@@ -213,12 +236,18 @@ class TensorCoreGemm(GPUScheduleRule):  # type: ignore[misc]
         warp = sch.fuse(j2, i2)
         sch.bind(warp, "threadIdx.y")
         warps = t.i2 * t.j2
-        vector = 4
+        elem = 1 if a_dtype == "int8" else 2
         align = (16, 8) if a_dtype == "float16" else (32, 16)  # row padding against bank conflicts
 
         def to_shared(index: int) -> Any:
             block = sch.cache_read(outer, index, "shared.dyn")
             sch.compute_at(block, k0)
+            rows, threads = (t.m if index == 0 else t.n), warps * WARP
+            vector = 4  # elements per thread, raised to knobs.load_bytes where every thread gets whole vectors
+            # and the GEMM needs no padding: TVM 0.27's CUDA codegen writes the padding's zero vector of 8
+            # int8 as make_int2 with 8 arguments ("too many arguments in function call" from nvcc)
+            while exact and vector * 2 * elem <= self.knobs.load_bytes and (rows * t.k) % (threads * vector * 2) == 0:
+                vector *= 2
             fused = sch.fuse(*sch.get_loops(block)[-2:])
             _, ty, tx, vec = sch.split(fused, factors=[None, warps, WARP, vector])
             sch.bind(tx, "threadIdx.x")
@@ -278,7 +307,7 @@ class TensorCoreGemm(GPUScheduleRule):  # type: ignore[misc]
         if writeback is None:
             auto_inline_consumer_chain(sch, acc_shared)  # the epilogue runs on the way out to global memory
         fused = sch.fuse(*sch.get_loops(acc_shared)[-2:])
-        _, tx, vec = sch.split(fused, factors=[None, WARP, vector])
+        _, tx, vec = sch.split(fused, factors=[None, WARP, 4])
         sch.bind(tx, "threadIdx.x")
         sch.vectorize(vec)
         if writeback is not None:
@@ -309,7 +338,7 @@ def _sum_partials(sch: Any, writeback: Any) -> None:
     sch.reverse_compute_at(tail, tx)
 
 
-def legalize_passes(target: Target) -> list[Any]:
+def legalize_passes(target: Target, knobs: Knobs = Knobs()) -> list[Any]:
     """TVM's CUDA legalization passes with `TensorCoreGemm` ahead of dlight's default rules,
     `WindowReduction` (pooling, depthwise convolutions) ahead of its reduction rules and
     `VectorizedInjective` (pads, casts, transposes) ahead of its Fallback."""
@@ -325,7 +354,7 @@ def legalize_passes(target: Target) -> list[Any]:
         tvm.relax.transform.FuseOps(),
         tvm.relax.transform.FuseTIR(),
         dl.ApplyDefaultSchedule(
-            TensorCoreGemm(),
+            TensorCoreGemm(knobs),
             dl.gpu.Matmul(),
             WindowReduction(),
             dl.gpu.GEMV(),
@@ -337,7 +366,7 @@ def legalize_passes(target: Target) -> list[Any]:
     ]
 
 
-def cuda_pipeline(target: Target, tensor_cores: bool = True) -> Any:
+def cuda_pipeline(target: Target, tensor_cores: bool = True, knobs: Knobs = Knobs()) -> Any:
     """`relax.backend.cuda.get_default_pipeline(target)`, with tensor-core convolutions when asked."""
     from tvm.relax.backend.cuda import pipeline as cuda
 
@@ -349,7 +378,7 @@ def cuda_pipeline(target: Target, tensor_cores: bool = True) -> Any:
         with target:
             passes = (
                 cuda.library_dispatch_passes(target)
-                + legalize_passes(target)
+                + legalize_passes(target, knobs)
                 + cuda.dataflow_lower_passes(target)
                 + cuda.finalize_passes(target)
             )

@@ -29,6 +29,7 @@ _ADD = tvm.ir.Op.get("relax.add")
 _MUL = tvm.ir.Op.get("relax.multiply")
 _ASTYPE = tvm.ir.Op.get("relax.astype")
 _RESHAPE = tvm.ir.Op.get("relax.reshape")
+_MAX_POOL = tvm.ir.Op.get("relax.nn.max_pool2d")
 _INT_RANGE = {"int8": (-128, 127), "uint8": (0, 255)}
 Pointwise = tuple[Any, np.ndarray, int]  # (integer input, int8 weights [O, C, 1, 1], input zero point)
 
@@ -98,6 +99,8 @@ class _Rewriter(relax.PyExprMutator):  # type: ignore[misc]
         call = self.visit_expr_post_order(call)
         if call.op == _Q:
             fused = self._fuse_requantize(call)
+            if fused is None:
+                fused = self._integer_max_pool(call)
             return call if fused is None else fused
         if call.op not in (_CONV, _MATMUL):
             return call
@@ -214,6 +217,20 @@ class _Rewriter(relax.PyExprMutator):  # type: ignore[misc]
         lo, hi = _INT_RANGE[dtype]
         shifted = relax.op.add(f, relax.const(float(zy.reshape(())), "float32"))
         return relax.op.astype(relax.op.clip(shifted, lo, hi), dtype)
+
+    def _integer_max_pool(self, q: Any) -> Any:
+        """quantize(max_pool2d(dequantize(xq, s, z)), s, z) -> max_pool2d(xq): the same integers (dequantize
+        is increasing, and quantize gives back xq's values when the scale and zero point are the same, as
+        onnxruntime's quantizer makes them), in a quarter of the bytes: on the GPU, ResNet-18's stem wrote
+        its output in float32 for the pooling to read (205 MB at batch 64)."""
+        pool = self._bound(q.args[0], _MAX_POOL)
+        dq = self._dq(pool.args[0]) if pool is not None else None
+        if dq is None or str(dq.args[0].ty.dtype) != str(q.ty.dtype):
+            return None
+        pairs = [(self._const(a), self._const(b)) for a, b in zip(dq.args[1:3], q.args[1:3], strict=True)]
+        if any(a is None or b is None or a.shape != b.shape or not np.array_equal(a, b) for a, b in pairs):
+            return None
+        return relax.Call(pool.op, [dq.args[0]], pool.attrs)
 
     def _pointwise(
         self, xq: Any, w: np.ndarray, zx: int, b_q: np.ndarray, mult: np.ndarray, zy: int, dtype: str
