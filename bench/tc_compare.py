@@ -84,6 +84,7 @@ def main() -> int:
     ap.add_argument("--bundles", type=Path, required=True)
     ap.add_argument("--n", type=int, default=100)
     ap.add_argument("--profile", action="store_true")
+    ap.add_argument("--top", type=int, default=12, help="kernels listed per bundle with --profile")
     ap.add_argument("--json", type=Path)
     ap.add_argument("--no-peer", action="store_true", help="skip the torchvision torch.compile peer")
     ap.add_argument("--variants", default="default,tc", help="BEFORE,AFTER: the bundles' name suffixes")
@@ -111,7 +112,7 @@ def main() -> int:
             row: dict[str, Any] = {"bundle": b.name, "batch": batch, "median_ms": round(ms, 4)}
             row["images_per_s"] = round(batch * 1e3 / ms, 1)
             if args.profile:
-                row["kernels"] = kernel_profile(run)
+                row["kernels"] = kernel_profile(run, args.top)
             rows.append(row)
             print(f"{b.name:34s} {ms:9.3f} ms {row['images_per_s']:10.1f} img/s", flush=True)
         if len(outs) == 2:
