@@ -11,7 +11,24 @@ import typer
 
 from ..errors import EdgeDeployError, InputError, hint_with_link, os_error_text
 from ..paths import state_dir
-from . import agent, build, demo, devices, int8, keys, profiles, publish, push, render, report, rollout, status, tune
+from . import (
+    agent,
+    build,
+    demo,
+    devices,
+    int8,
+    keys,
+    logs,
+    profiles,
+    publish,
+    push,
+    render,
+    report,
+    rollout,
+    status,
+    tune,
+    verify,
+)
 
 app = typer.Typer(
     name="edgedeploy",
@@ -34,6 +51,8 @@ rollout.register(app)
 status.register(app)
 report.register(app)
 demo.register(app)
+verify.register(app)
+logs.register(app)
 
 EXIT_INTERNAL = 70
 
