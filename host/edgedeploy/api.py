@@ -423,7 +423,7 @@ def install_agent(
         step("connect")
         with connected(dev, inv.known_hosts) as t:
             facts = probe(t, spec)
-            if offline and wheelhouse is not None:
+            if offline and wheelhouse is not None and facts.python is not None:
                 check_wheelhouse(wheelhouse, facts.python, facts.arch)
             if spec.runtime_lib is None:
                 spec = replace(spec, runtime_lib=default_runtime_lib(facts.arch))

@@ -8,7 +8,6 @@ is never stopped by a verify; `logs --follow` ends on Ctrl-C with its device sid
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import time
@@ -16,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from edgedeploy.localdevice import LoopbackSshd, netns_available
+from edgedeploy.localdevice import LoopbackSshd
 from tests.helpers import BIN, Cli, agent, assert_one_line_error
 from tests.integration.conftest import Enrolled, LabeledVideo, add_device
 from tests.integration.netfleet import net_fleet
@@ -173,12 +172,7 @@ def test_logs_follow_ends_cleanly_on_ctrl_c(serving: Enrolled) -> None:
     assert not _followers(serving.root), "the device's `logs --follow` outlived the host's Ctrl-C"
 
 
-def test_logs_follow_on_a_dropped_link_is_one_line_exit_3(cli: Cli, tmp_path: Path) -> None:
-    ok, why = netns_available()
-    if not ok:
-        if os.environ.get("EDGEDEPLOY_REQUIRE_SSHD") == "1":
-            pytest.fail(f"network namespaces needed in CI: {why}")
-        pytest.skip(why)
+def test_logs_follow_on_a_dropped_link_is_one_line_exit_3(cli: Cli, tmp_path: Path, netns: None) -> None:
     with net_fleet(cli, tmp_path, ["cam-x"], first_index=41) as fleet:
         dev = fleet.devices["cam-x"]
         (dev.root / "logs" / "agent.log").write_text("2026-12-01T00:00:00.000+00:00 edgedeploy-agent: hello\n")

@@ -43,6 +43,15 @@ class Wheelhouse:
     download_s: float
 
 
+def platform_tags(platform: str) -> list[str]:
+    """Pure: manylinux_2_N_ARCH -> it and every older glibc tag (pip takes a --platform literally)."""
+    m = re.match(r"^manylinux_2_(\d+)_(x86_64|aarch64)$", platform)
+    if not m:
+        return [platform]
+    newest, arch = int(m.group(1)), m.group(2)
+    return [f"manylinux_2_{n}_{arch}" for n in range(newest, 16, -1)] + [f"manylinux2014_{arch}"]
+
+
 def build_wheelhouse(out: Path, python: str, platform: str, extras: tuple[str, ...] = ()) -> Wheelhouse:
     """Build the agent's wheel from this checkout and download its dependencies' wheels beside it."""
     if not _PYTHON.match(python):
@@ -65,7 +74,8 @@ def build_wheelhouse(out: Path, python: str, platform: str, extras: tuple[str, .
     t = time.monotonic()
     argv = [
         sys.executable, "-m", "pip", "download", "--quiet", "--disable-pip-version-check", "--only-binary=:all:",
-        "--python-version", python, "--implementation", "cp", "--platform", platform, "--dest", str(out),
+        "--python-version", python, "--implementation", "cp",
+        *(arg for tag in platform_tags(platform) for arg in ("--platform", tag)), "--dest", str(out),
         f"{agent}[{','.join(('agent', *extras))}]",
     ]  # fmt: skip
     p = subprocess.run(argv, capture_output=True, text=True)
