@@ -1,0 +1,95 @@
+"""The agent's log: stamped lines, the tail and --since over a real file, following it, the journalctl argv."""
+
+from __future__ import annotations
+
+import datetime as dt
+import io
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from edgedeploy_agent.agentlog import follow_file, journalctl_argv, log_line, parse_since, tail_lines
+
+UTC = dt.timezone.utc
+
+
+def test_parse_since() -> None:
+    assert parse_since("90s") == 90 and parse_since("30m") == 1800 and parse_since("1h") == 3600
+    assert parse_since("2d") == 172800 and parse_since("1.5h") == 5400
+    for bad in ("", "1", "h", "-1h", "0s", "1 week", "1h; rm -rf /"):
+        with pytest.raises(ValueError, match="time span"):
+            parse_since(bad)
+
+
+def test_log_line_is_stamped_unless_journald_reads_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    out = io.StringIO()
+    monkeypatch.delenv("JOURNAL_STREAM", raising=False)
+    log_line("hello", out)
+    stamp, _, rest = out.getvalue().partition(" ")
+    assert dt.datetime.fromisoformat(stamp).tzinfo is not None and rest == "edgedeploy-agent: hello\n"
+    out = io.StringIO()
+    monkeypatch.setenv("JOURNAL_STREAM", "8:12345")
+    log_line("hello", out)
+    assert out.getvalue() == "edgedeploy-agent: hello\n"
+
+
+def test_tail_and_since_with_unstamped_lines(tmp_path: Path) -> None:
+    log = tmp_path / "agent.log"
+    log.write_text(
+        "2026-12-01T08:00:00.000+00:00 edgedeploy-agent: starting r1\n"
+        "Traceback (most recent call last):\n"  # belongs to the line before it
+        "2026-12-01T09:30:00.000+00:00 edgedeploy-agent: starting r2\n"
+        "  a library's own line\n"
+        "2026-12-01T09:45:00.000+00:00 edgedeploy-agent: serving r2\n"
+    )
+    everything = log.read_bytes().splitlines()
+    lines, end = tail_lines(log, 2)
+    assert lines == everything[-2:] and end == log.stat().st_size
+    recent, _ = tail_lines(log, 100, dt.datetime(2026, 12, 1, 9, 0, tzinfo=UTC))
+    assert recent == everything[2:]  # the unstamped line after 09:30 is kept, the one after 08:00 is not
+    assert tail_lines(log, 100, dt.datetime(2026, 12, 1, 7, 0, tzinfo=UTC))[0] == everything
+    assert tail_lines(log, 100, dt.datetime(2027, 1, 1, tzinfo=UTC))[0] == []
+    assert len(tail_lines(log, 100)[0]) == 5
+
+
+def test_follow_prints_appends_and_survives_truncation(tmp_path: Path) -> None:
+    log = tmp_path / "agent.log"
+    log.write_text("old\n")
+    out = io.BytesIO()
+    stop = threading.Event()
+    t = threading.Thread(target=follow_file, args=(log, log.stat().st_size, out, stop.is_set, 0.02))
+    t.start()
+    try:
+        with log.open("a") as f:
+            f.write("new 1\npart")
+        _until(lambda: out.getvalue() == b"new 1\n")
+        with log.open("a") as f:
+            f.write("ial\n")
+        _until(lambda: out.getvalue() == b"new 1\npartial\n")
+        log.write_text("after truncation\n")  # a log rotated by copytruncate
+        _until(lambda: out.getvalue().endswith(b"after truncation\n"))
+    finally:
+        stop.set()
+        t.join(5)
+    assert not t.is_alive()
+
+
+def _until(cond, timeout: float = 10) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        assert time.monotonic() < deadline, "condition not met"
+        time.sleep(0.02)
+
+
+def test_journalctl_argv_is_a_list_of_fixed_words() -> None:
+    since = dt.datetime(2026, 12, 1, 8, 0, tzinfo=UTC)
+    argv = journalctl_argv("edgedeploy-agent.service", 50, since, follow=True)
+    assert argv[:8] == ["journalctl", "--unit", "edgedeploy-agent.service", "--no-pager", "--output", "short-iso",
+                        "--lines", "50"]  # fmt: skip
+    assert argv[8] == "--since" and argv[-1] == "--follow"
+    assert dt.datetime.strptime(argv[9], "%Y-%m-%d %H:%M:%S").astimezone(UTC) == since  # in the device's local time
+    assert journalctl_argv("u", 5, None, follow=False) == [
+        "journalctl", "--unit", "u", "--no-pager", "--output", "short-iso", "--lines", "5",
+    ]  # fmt: skip
