@@ -16,6 +16,7 @@ from .selftest import FAILED, OK, WARNING, Check
 
 # cameras one process holds at a time: while the agent serves one, its own reports describe it
 EXCLUSIVE_SCHEMES = ("v4l2", "csi")
+EXCLUSIVE_ELEMENTS = ("v4l2src", "nvarguscamerasrc")  # the same devices inside a gst: pipeline
 HOT_C = 85.0
 SOURCE_FIX = (
     "fix the source on the device (file path, camera cable, stream URL), or point the device at another one: "
@@ -188,7 +189,8 @@ def check_camera(
         spec = parse_source(source)
     except SourceError as e:
         return Check("camera", FAILED, e.message, e.hint or SOURCE_FIX)
-    if spec.scheme in EXCLUSIVE_SCHEMES and serving:
+    exclusive = spec.scheme in EXCLUSIVE_SCHEMES or any(e in spec.target for e in EXCLUSIVE_ELEMENTS)
+    if exclusive and serving:
         return _from_report(source, report)
     try:
         src = open_source(source)

@@ -187,6 +187,8 @@ def test_a_camera_the_service_holds_is_judged_from_its_reports() -> None:
     down = check_camera("csi:0", serving=True, report={**up, "camera_up": False}, open_source=never)
     assert down.status == FAILED and "DOWN" in down.detail
     assert check_camera("v4l2:/dev/video0", serving=True, report=None, open_source=never).status == WARNING
+    usb_in_gst = "gst:v4l2src device=/dev/video1 ! videoconvert"
+    assert check_camera(usb_in_gst, serving=True, report=up, open_source=never).status == OK
 
 
 def test_clock_against_the_bundle_and_the_host() -> None:

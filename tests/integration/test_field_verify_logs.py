@@ -64,6 +64,7 @@ def test_verify_a_serving_device_then_break_its_camera(cli: Cli, serving: Enroll
     assert _pid(serving) == pid and agent("--root", str(serving.root), "--json", "facts").out.count('"running": true')
 
     text = cli("verify", serving.name, *serving.args())
+    print(text.out)  # shown with -s: the checklist docs/field.md quotes
     assert text.code == 0 and "ok       camera" in text.out and "fix: edgedeploy keys install" in text.out, text.out
 
     # break the camera: the device's source now names a file that is not there
