@@ -207,7 +207,7 @@ def _install_bundle(store: DeviceStore, args: argparse.Namespace) -> dict[str, A
 def _selftest(store: DeviceStore, args: argparse.Namespace) -> dict[str, Any]:
     from .selftest import run_selftest
 
-    return run_selftest(store, Path(args.sys_root), camera_seconds=args.camera_seconds)
+    return run_selftest(store, camera_seconds=args.camera_seconds)
 
 
 def _stop(store: DeviceStore, args: argparse.Namespace) -> dict[str, Any]:
@@ -271,7 +271,6 @@ def _parser() -> argparse.ArgumentParser:
     s.set_defaults(fn=_install_bundle, source=None, manifest_blob=None, signature_blob=None)
 
     s = sub.add_parser("selftest", help="check this device: runtime, GPU, camera, sensors, disk, keys, service")
-    s.add_argument("--sys-root", default="/", help=argparse.SUPPRESS)  # a fixture tree in tests
     s.add_argument("--camera-seconds", type=float, default=5.0, help="how long to wait for camera frames")
     s.set_defaults(fn=_selftest)
 

@@ -11,7 +11,7 @@ from edgedeploy_agent.agentlog import DEFAULT_LINES, MAX_LINES
 
 from .. import field_api
 from ..inventory import Inventory
-from .options import InventoryOpt, IoTimeoutOpt, in_range
+from .options import POSITIVE, InventoryOpt, in_range
 
 EXIT_INTERRUPTED = 130
 
@@ -26,7 +26,12 @@ def register(app: typer.Typer) -> None:
         ] = DEFAULT_LINES,
         since: Annotated[str | None, typer.Option(help="only lines from this long ago on: 90s, 30m, 1h, 2d")] = None,
         follow: Annotated[bool, typer.Option("--follow", "-f", help="keep printing new lines; Ctrl-C ends")] = False,
-        io_timeout: IoTimeoutOpt = 30.0,
+        io_timeout: Annotated[
+            float,
+            typer.Option(
+                "--io-timeout", help="seconds of silence before the link is probed (and given up)", callback=POSITIVE
+            ),
+        ] = 30.0,
         inventory: InventoryOpt = None,
     ) -> None:
         """Print the agent's log from the device: its last lines (--lines, --since), then with --follow the
