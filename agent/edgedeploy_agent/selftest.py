@@ -251,10 +251,12 @@ def check_health(store: DeviceStore, current: Optional[str], state: dict[str, An
 
 
 def release_manifest(store: DeviceStore, current: Optional[str]) -> Optional[Manifest]:
+    from .lifecycle import read_manifest_from_release
+
     if current is None:
         return None
     try:
-        return Manifest.model_validate_json((store.release_dir(current) / "manifest.json").read_bytes())
+        return read_manifest_from_release(store, current)
     except (OSError, ValueError):
         return None
 
