@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import datetime as dt
 import io
+import json
+import os
 import threading
 import time
 from pathlib import Path
@@ -11,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from edgedeploy_agent.agentlog import follow_file, journalctl_argv, log_line, parse_since, tail_lines
+from tests.helpers import agent
 
 UTC = dt.timezone.utc
 
@@ -93,3 +96,24 @@ def test_journalctl_argv_is_a_list_of_fixed_words() -> None:
     assert journalctl_argv("u", 5, None, follow=False) == [
         "journalctl", "--unit", "u", "--no-pager", "--output", "short-iso", "--lines", "5",
     ]  # fmt: skip
+
+
+def test_systemd_mode_reads_the_journal_through_journalctl(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """No journald here: a stand-in `journalctl` on PATH prints the argv the agent gave it."""
+    root = tmp_path / "root"
+    assert agent("--root", str(root), "init", "--service", "systemd").code == 0
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    fake = bin_dir / "journalctl"
+    fake.write_text('#!/bin/sh\nprintf "%s\\n" "$@"\n')
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    r = agent("--root", str(root), "logs", "--lines", "7", "--since", "1h")
+    assert r.code == 0, r.err
+    argv = r.out.splitlines()
+    assert argv[:7] == ["--unit", "edgedeploy-agent.service", "--no-pager", "--output", "short-iso", "--lines", "7"]
+    since = dt.datetime.strptime(argv[8], "%Y-%m-%d %H:%M:%S").astimezone(UTC)
+    assert argv[7] == "--since" and abs((dt.datetime.now(UTC) - since).total_seconds() - 3600) < 60
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    r = agent("--root", str(root), "--json", "logs")
+    assert r.code == 13 and json.loads(r.err)["error"]["code"] == "log-unavailable", r.err

@@ -42,6 +42,7 @@ from edgedeploy_agent.sources.power import SensorUnavailable
 from edgedeploy_agent.store import DeviceStore
 from edgedeploy_agent.trust import TrustStore
 from tests.agent.bundles import make_manifest
+from tests.helpers import agent
 
 FIXTURES = Path(__file__).parent / "fixtures"
 SYSFS = FIXTURES / "sysfs"
@@ -273,3 +274,17 @@ def test_run_selftest_on_a_fixture_root(store: DeviceStore, tmp_path: Path) -> N
     assert checks["thermal"]["status"] == WARNING  # the NX fixture has no thermal zones
     assert result["overall"] == worst([c["status"] for c in result["checks"]]) == WARNING
     assert {c["status"] for c in result["checks"]} <= {OK, WARNING, FAILED}
+
+
+def test_on_the_device_without_a_host(tmp_path: Path) -> None:
+    """`edgedeploy-agent selftest` by a technician on site: the same checklist as text, exit 1 on a failure."""
+    root = tmp_path / "root"
+    assert agent("--root", str(root), "init", "--source", f"file:{tmp_path / 'unplugged.avi'}").code == 0
+    r = agent("--root", str(root), "selftest", "--camera-seconds", "1")
+    assert r.code == 1, r.out + r.err
+    lines = r.out.splitlines()
+    camera = next(i for i, ln in enumerate(lines) if " camera " in ln)
+    assert lines[camera].split()[:2] == ["FAILED", "camera"] and lines[camera + 1].strip().startswith("fix: ")
+    assert "not compared: run `edgedeploy verify` from the host" in r.out
+    assert agent("--root", str(root), "init", "--source", "").code == 0  # no source: a warning, not a failure
+    assert agent("--root", str(root), "selftest").code == 0
