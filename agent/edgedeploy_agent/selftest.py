@@ -289,6 +289,14 @@ def checklist_text(result: dict[str, Any]) -> str:
     return "\n".join([f"{result['device']}: {result['overall']}", *checklist_lines(result)])
 
 
+def guarded(name: str, check: Callable[[], Check]) -> Check:
+    """One check; whatever it raises becomes its own failed line, so the rest of the checklist still runs."""
+    try:
+        return check()
+    except Exception as e:  # a driver, a sysfs file or a library can fail in any way on a real device
+        return Check(name, FAILED, f"the check itself failed: {type(e).__name__}: {e}", f"{LOGS}; report it")
+
+
 def run_selftest(store: DeviceStore, sys_root: Path = Path("/"), camera_seconds: float = 5.0) -> dict[str, Any]:
     """Every check, in the order a technician reads them. Never raises for a failed check."""
     from . import selftest_hardware as hw
@@ -301,20 +309,22 @@ def run_selftest(store: DeviceStore, sys_root: Path = Path("/"), camera_seconds:
     manifest = release_manifest(store, current)
     health = present_health(store.run_dir, read_health(store))
     serving = bool(health and health.get("release") == current and health.get("state") in ("ready", "checking-frames"))
-    checks = [
-        check_agent(platform.python_version(), platform.machine()),
-        hw.check_runtime(manifest, cfg.tvm_runtime_lib),
-        hw.check_bundle_fit(manifest, cpuinfo=sys_root / "proc" / "cpuinfo"),
-        hw.check_tensorrt(manifest, health, store.root / "engines"),
-        hw.check_camera(cfg.source, serving, latest_report(store), seconds=camera_seconds),
-        hw.check_power(sys_root),
-        hw.check_thermal(sys_root),
-        check_disk(store.root, sum(a.size for a in manifest.artifacts) if manifest else 0, cfg.spool_max_bytes),
-        check_clock(started, manifest.created if manifest else None),
-        check_keys(store.root, (state.get("serial") or {}).get("serial")),
-        check_service(cfg, store, health),
-        check_health(store, current, state),
+    release_bytes = sum(a.size for a in manifest.artifacts) if manifest else 0
+    plan: list[tuple[str, Callable[[], Check]]] = [
+        ("agent", lambda: check_agent(platform.python_version(), platform.machine())),
+        ("tvm runtime", lambda: hw.check_runtime(manifest, cfg.tvm_runtime_lib)),
+        ("bundle vs hardware", lambda: hw.check_bundle_fit(manifest, cpuinfo=sys_root / "proc" / "cpuinfo")),
+        ("tensorrt", lambda: hw.check_tensorrt(manifest, health, store.root / "engines")),
+        ("camera", lambda: hw.check_camera(cfg.source, serving, latest_report(store), seconds=camera_seconds)),
+        ("power", lambda: hw.check_power(sys_root)),
+        ("thermal", lambda: hw.check_thermal(sys_root)),
+        ("disk", lambda: check_disk(store.root, release_bytes, cfg.spool_max_bytes)),
+        ("clock", lambda: check_clock(started, manifest.created if manifest else None)),
+        ("signing keys", lambda: check_keys(store.root, (state.get("serial") or {}).get("serial"))),
+        ("service", lambda: check_service(cfg, store, health)),
+        ("health", lambda: check_health(store, current, state)),
     ]
+    checks = [guarded(name, fn) for name, fn in plan]
     return {
         "device": cfg.device_name,
         "time": started,

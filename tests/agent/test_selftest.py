@@ -19,11 +19,13 @@ from edgedeploy_agent.selftest import (
     FAILED,
     OK,
     WARNING,
+    Check,
     check_clock,
     check_disk,
     check_health,
     check_keys,
     check_service,
+    guarded,
     judge_unit,
     parse_systemctl_show,
     run_selftest,
@@ -288,3 +290,12 @@ def test_on_the_device_without_a_host(tmp_path: Path) -> None:
     assert "not compared: run `edgedeploy verify` from the host" in r.out
     assert agent("--root", str(root), "init", "--source", "").code == 0  # no source: a warning, not a failure
     assert agent("--root", str(root), "selftest").code == 0
+
+
+def test_a_check_that_crashes_is_a_failed_line_of_its_own() -> None:
+    def broken() -> Check:
+        raise KeyError("hwmon7")
+
+    line = guarded("power", broken)
+    assert line.status == FAILED and line.name == "power" and "KeyError" in line.detail
+    assert guarded("power", lambda: Check("power", OK, "fine")).status == OK
