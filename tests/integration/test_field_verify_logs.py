@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from edgedeploy.localdevice import LoopbackSshd
+from edgedeploy.localdevice import LoopbackSshd, free_port
 from tests.helpers import BIN, Cli, agent, assert_one_line_error
 from tests.integration.conftest import Enrolled, LabeledVideo, add_device
 from tests.integration.netfleet import net_fleet
@@ -91,6 +91,14 @@ def test_verify_a_group_exit_codes(cli: Cli, sshd: LoopbackSshd, tmp_path: Path,
     r = cli("verify", "--group", "lab", "--json", "--inventory", str(inv))
     assert r.code == 0, r.out + r.err  # no bundle yet: warnings, nothing failed
     assert sorted(json.loads(r.out)["devices"]) == ["cam-a", "cam-b"]
+    r = cli("devices", "add", "cam-c", "--host", "127.0.0.1", "--port", str(free_port()), "--profile", "cpu-x86_64",
+            "--tags", "lab", "--inventory", str(inv))  # fmt: skip
+    assert r.code == 0, r.err
+    r = cli("verify", "--group", "lab", "--json", "--inventory", str(inv))
+    assert r.code == 2, r.out + r.err  # one device unreachable: a partial failure, the others still checked
+    res = json.loads(r.out)
+    assert sorted(res["devices"]) == ["cam-a", "cam-b"] and list(res["unreachable"]) == ["cam-c"]
+    assert cli("devices", "remove", "cam-c", "--inventory", str(inv)).code == 0
 
     assert agent("--root", str(tmp_path / "cam-b-root"), "init", "--source", "file:/nonexistent.avi").code == 0
     r = cli("verify", "--group", "lab", "--inventory", str(inv))
