@@ -250,6 +250,21 @@ def check_health(store: DeviceStore, current: Optional[str], state: dict[str, An
     return Check("health", WARNING, f"{current} is {st}", f"{LOGS}", data)
 
 
+def check_release_files(store: DeviceStore, current: Optional[str]) -> Check:
+    """The current release's artifacts still hash to its manifest (an SD card that corrupts files says so here)."""
+    if current is None:
+        return Check("release files", OK, "no bundle deployed")
+    try:
+        manifest = store.load_release(current)
+    except AgentError as e:
+        # a blob push would link the device's stored (corrupt) copy again: unpack the bundle file instead
+        fix = "check the storage (dmesg, the SD card), then on the device: edgedeploy-agent install-bundle FILE --force"
+        return Check("release files", FAILED, e.message, fix)
+    size = sum(a.size for a in manifest.artifacts)
+    detail = f"{current}: {len(manifest.artifacts)} artifacts, {size / 1e6:.1f} MB, hashes match"
+    return Check("release files", OK, detail)
+
+
 def release_manifest(store: DeviceStore, current: Optional[str]) -> Optional[Manifest]:
     from .lifecycle import read_manifest_from_release
 
@@ -322,6 +337,7 @@ def run_selftest(store: DeviceStore, sys_root: Path = Path("/"), camera_seconds:
         ("clock", lambda: check_clock(started, manifest.created if manifest else None)),
         ("signing keys", lambda: check_keys(store.root, (state.get("serial") or {}).get("serial"))),
         ("service", lambda: check_service(cfg, store, health)),
+        ("release files", lambda: check_release_files(store, current)),
         ("health", lambda: check_health(store, current, state)),
     ]
     checks = [guarded(name, fn) for name, fn in plan]

@@ -24,6 +24,7 @@ from edgedeploy_agent.selftest import (
     check_disk,
     check_health,
     check_keys,
+    check_release_files,
     check_service,
     guarded,
     judge_unit,
@@ -299,3 +300,15 @@ def test_a_check_that_crashes_is_a_failed_line_of_its_own() -> None:
     line = guarded("power", broken)
     assert line.status == FAILED and line.name == "power" and "KeyError" in line.detail
     assert guarded("power", lambda: Check("power", OK, "fine")).status == OK
+
+
+def test_release_files_are_hashed_against_the_manifest(store: DeviceStore, tmp_path: Path) -> None:
+    from tests.agent.bundles import make_bundle
+
+    assert check_release_files(store, None).status == OK
+    release = store.stage(make_bundle(tmp_path / "b")).release_name
+    assert check_release_files(store, release).status == OK
+    lib = store.release_dir(release) / "model.so"
+    lib.write_bytes(b"\x7fELF flipped bits on the SD card")
+    bad = check_release_files(store, release)
+    assert bad.status == FAILED and "does not match its manifest" in bad.detail and "--force" in str(bad.fix)

@@ -53,7 +53,7 @@ def test_verify_a_serving_device_then_break_its_camera(cli: Cli, serving: Enroll
     checks = {c["name"]: c for c in res["checks"]}
     assert list(checks) == [
         "agent", "tvm runtime", "bundle vs hardware", "tensorrt", "camera", "power", "thermal", "disk", "clock",
-        "signing keys", "service", "health",
+        "signing keys", "service", "release files", "health",
     ]  # fmt: skip
     assert res["overall"] in ("ok", "warning") and all(c["status"] != "failed" for c in checks.values())
     assert checks["camera"]["status"] == "ok" and checks["camera"]["data"]["width"] == 112, checks["camera"]
