@@ -1,15 +1,17 @@
 """The agent's log, and `edgedeploy-agent logs`: its last lines, optionally since a time, optionally followed.
 
-In process mode the service writes ROOT/logs/agent.log (service.ProcessService); each line the agent
-writes there starts with an ISO-8601 UTC time, so `--since` can select by it (a line without one, such as
-a traceback, belongs to the line before it). In systemd mode the log is the unit's journal, read with
-journalctl; there the agent writes no time of its own (journald stamps every line).
+In process mode the service writes ROOT/logs/agent.log (service.ProcessService); every line the agent's
+Python writes to stderr there starts with an ISO-8601 UTC time (`stamp_stderr`), so `--since` can select by
+it (a line without one, written by a native library straight to fd 2, belongs to the line before it). In
+systemd mode the log is the unit's journal, read with journalctl; there the agent writes no time of its own
+(journald stamps every line).
 
 Following ends on SIGINT, SIGTERM or SIGHUP, and when the reader goes away (stdout hung up: the SSH
 session of `edgedeploy logs --follow` closed), so no follower outlives the host that asked for it.
 """
 
 import datetime as _dt
+import io
 import os
 import re
 import select
@@ -46,13 +48,37 @@ def parse_since(text: str) -> float:
     return float(m.group(1)) * _UNIT_S[m.group(2)]
 
 
-def log_line(message: str, out: TextIO = sys.stderr) -> None:
-    """One line into the agent's log: stamped with the UTC time unless journald (which stamps lines) reads it."""
-    stamp = (
-        "" if os.environ.get("JOURNAL_STREAM") else _dt.datetime.now(_dt.timezone.utc).isoformat("T", "milliseconds")
-    )
-    out.write(f"{stamp} edgedeploy-agent: {message}\n" if stamp else f"edgedeploy-agent: {message}\n")
-    out.flush()
+def stamp() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).isoformat("T", "milliseconds")
+
+
+class StampedLines(io.TextIOBase):
+    """A text stream that starts every line with the UTC time (the agent's stderr when it is the log file)."""
+
+    def __init__(self, inner: TextIO) -> None:
+        self.inner, self._line_start = inner, True
+
+    def write(self, s: str) -> int:
+        out = []
+        for piece in s.splitlines(keepends=True):
+            if self._line_start:
+                out.append(stamp() + " ")
+            out.append(piece)
+            self._line_start = piece.endswith("\n")
+        self.inner.write("".join(out))
+        return len(s)
+
+    def flush(self) -> None:
+        self.inner.flush()
+
+    def fileno(self) -> int:
+        return self.inner.fileno()
+
+
+def stamp_stderr() -> None:
+    """`run`'s stderr is its log: stamp its lines, unless journald reads it (it stamps them; JOURNAL_STREAM says so)."""
+    if not os.environ.get("JOURNAL_STREAM"):
+        sys.stderr = StampedLines(sys.stderr)
 
 
 def _stamp(line: bytes) -> Optional[_dt.datetime]:

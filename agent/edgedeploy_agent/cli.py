@@ -16,7 +16,7 @@ from typing import Any, Callable, Optional, Union
 from pydantic import ValidationError
 
 from . import __version__
-from .agentlog import DEFAULT_LINES, MAX_LINES, log_line
+from .agentlog import DEFAULT_LINES, MAX_LINES, stamp_stderr
 from .blobs import BlobSource, BlobStore
 from .bundle import SCHEMA_VERSION, verify_bundle
 from .config import AgentConfig
@@ -329,6 +329,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     if args.command == "logs":
         return _logs(store, args)
     if args.command in ("run", "watch"):
+        if args.command == "run":
+            stamp_stderr()
         try:
             store.require_initialised()
             if args.command == "watch":
@@ -336,7 +338,7 @@ def main(argv: Optional[list[str]] = None) -> int:
 
                 return run_watch(store, max_seconds=args.max_seconds)
         except AgentError as e:
-            log_line(e.message)
+            print(f"edgedeploy-agent: {e.message}", file=sys.stderr)
             return e.exit_code
         from .loop import run_agent
 

@@ -3,6 +3,7 @@
 import datetime as _dt
 import signal
 import socket
+import sys
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -11,7 +12,6 @@ from typing import TYPE_CHECKING, Any, Optional
 
 import numpy as np
 
-from .agentlog import log_line
 from .bundle import Manifest, load_labels
 from .config import AgentConfig
 from .errors import AgentError, FrameFailed, RuntimeLoadError, SourceUnavailable
@@ -289,12 +289,12 @@ def run_agent(
         source = open_source(cfg.source) if cfg.source else None
     except AgentError as e:
         power.close()
-        log_line(f"cannot serve {release} [{e.code}]: {e.message}")
+        print(f"edgedeploy-agent: cannot serve {release} [{e.code}]: {e.message}", file=sys.stderr, flush=True)
         write_health(store, release, "failed", error=e.to_dict())
         return e.exit_code
     except Exception as e:  # a broken library can fail in the FFI with any error type
         power.close()
-        log_line(f"cannot serve {release}: {type(e).__name__}: {e}")
+        print(f"edgedeploy-agent: cannot serve {release}: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
         write_health(store, release, "failed", error={"code": "load-failed", "message": f"{type(e).__name__}: {e}"})
         return 1
     heartbeat = Heartbeat(store.run_dir)
@@ -330,7 +330,6 @@ def run_agent(
     progress(loop.stats())
     # READY=1 means loaded and warmed up: systemd must not give up on a device whose camera is unplugged
     notifier.ready(f"serving {release} on {cfg.source or 'no source'}")
-    log_line(f"serving {release} on {cfg.source or 'no source'} (warm-up {warm_ms:.1f} ms, {runtime.name})")
     try:
         if source is None:
             while not loop.stop_requested:  # nothing to watch: stay loaded, healthy and pinging until stopped
@@ -342,7 +341,7 @@ def run_agent(
         if loop.stats()["inferences"] == 0 and not loop.stop_requested and max_frames != 0:
             raise SourceUnavailable(f"source {cfg.source} ended without delivering a frame")
     except AgentError as e:
-        log_line(e.message)  # into logs/agent.log, or the journal
+        print(f"edgedeploy-agent: {e.message}", file=sys.stderr, flush=True)  # into logs/agent.log
         write_health(store, release, "failed", error=e.to_dict(), **ready, **loop.stats())
         return e.exit_code
     finally:
@@ -353,6 +352,5 @@ def run_agent(
         if metrics is not None:
             metrics.close()
     end_state = "finished" if not loop.stop_requested else "stopped"
-    log_line(f"{end_state} {release} after {loop.stats()['inferences']} inferences, {reports} reports")
     write_health(store, release, end_state, reports=reports, **ready, **loop.stats())
     return 0

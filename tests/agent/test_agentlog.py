@@ -6,13 +6,21 @@ import datetime as dt
 import io
 import json
 import os
+import sys
 import threading
 import time
 from pathlib import Path
 
 import pytest
 
-from edgedeploy_agent.agentlog import follow_file, journalctl_argv, log_line, parse_since, tail_lines
+from edgedeploy_agent.agentlog import (
+    StampedLines,
+    follow_file,
+    journalctl_argv,
+    parse_since,
+    stamp_stderr,
+    tail_lines,
+)
 from tests.helpers import agent
 
 UTC = dt.timezone.utc
@@ -26,16 +34,25 @@ def test_parse_since() -> None:
             parse_since(bad)
 
 
-def test_log_line_is_stamped_unless_journald_reads_it(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_stderr_lines_are_stamped_unless_journald_reads_them(monkeypatch: pytest.MonkeyPatch) -> None:
     out = io.StringIO()
-    monkeypatch.delenv("JOURNAL_STREAM", raising=False)
-    log_line("hello", out)
-    stamp, _, rest = out.getvalue().partition(" ")
-    assert dt.datetime.fromisoformat(stamp).tzinfo is not None and rest == "edgedeploy-agent: hello\n"
-    out = io.StringIO()
+    stamped = StampedLines(out)
+    stamped.write("edgedeploy-agent: hel")
+    stamped.write("lo\nTraceback (most recent call last):\n  File x\n")
+    lines = out.getvalue().splitlines()
+    assert [ln.split(" ", 1)[1] for ln in lines] == [
+        "edgedeploy-agent: hello",
+        "Traceback (most recent call last):",
+        "  File x",
+    ]
+    assert all(dt.datetime.fromisoformat(ln.split(" ", 1)[0]).tzinfo is not None for ln in lines)
+    monkeypatch.setattr(sys, "stderr", io.StringIO())
     monkeypatch.setenv("JOURNAL_STREAM", "8:12345")
-    log_line("hello", out)
-    assert out.getvalue() == "edgedeploy-agent: hello\n"
+    stamp_stderr()
+    assert isinstance(sys.stderr, io.StringIO)  # journald stamps lines itself
+    monkeypatch.delenv("JOURNAL_STREAM")
+    stamp_stderr()
+    assert isinstance(sys.stderr, StampedLines)
 
 
 def test_tail_and_since_with_unstamped_lines(tmp_path: Path) -> None:
