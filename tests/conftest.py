@@ -6,6 +6,7 @@ import os
 import shutil
 import subprocess
 from pathlib import Path
+from typing import NoReturn
 
 import pytest
 
@@ -79,6 +80,41 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
                     cache[name] = check()
                 if not cache[name]:
                     item.add_marker(pytest.mark.skip(reason=reason))
+
+
+def _required_or_skip(variable: str, why: str) -> NoReturn:
+    if os.environ.get(variable) == "1":
+        pytest.fail(f"{why} ({variable}=1)")
+    pytest.skip(why)
+
+
+@pytest.fixture
+def netns() -> None:
+    """Network-namespace devices need root and iproute2; CI sets EDGEDEPLOY_REQUIRE_NETNS=1."""
+    from edgedeploy.localdevice import netns_available
+
+    ok, why = netns_available()
+    if not ok:
+        _required_or_skip("EDGEDEPLOY_REQUIRE_NETNS", why)
+
+
+@pytest.fixture(scope="session")
+def python39() -> Path:
+    """A CPython 3.9 interpreter, the agent's floor (JetPack 5): $EDGEDEPLOY_TEST_PYTHON39, python3.9 on PATH or
+    pyenv's; EDGEDEPLOY_REQUIRE_PYTHON39=1 fails instead of skipping."""
+    found = [os.environ.get("EDGEDEPLOY_TEST_PYTHON39"), shutil.which("python3.9")]
+    found += sorted(str(p) for p in Path.home().glob(".pyenv/versions/3.9.*/bin/python3.9"))
+    for candidate in filter(None, found):
+        # the real interpreter, not a shim (pyenv's python3.9 shim fails where 3.9 is not the selected version)
+        p = subprocess.run(
+            [candidate, "-c", "import sys; print(sys.version_info[:2] == (3, 9), sys.executable)"],
+            capture_output=True,
+            text=True,
+        )
+        ok, _, exe = p.stdout.strip().partition(" ")
+        if p.returncode == 0 and ok == "True":
+            return Path(exe)
+    _required_or_skip("EDGEDEPLOY_REQUIRE_PYTHON39", "no Python 3.9 interpreter (set EDGEDEPLOY_TEST_PYTHON39)")
 
 
 @pytest.fixture

@@ -16,6 +16,7 @@ from typing import Any, Callable, Optional, Union
 from pydantic import ValidationError
 
 from . import __version__
+from .agentlog import DEFAULT_LINES, MAX_LINES, stamp_stderr
 from .blobs import BlobSource, BlobStore
 from .bundle import SCHEMA_VERSION, verify_bundle
 from .config import AgentConfig
@@ -188,6 +189,27 @@ def _watch_config(store: DeviceStore, args: argparse.Namespace) -> dict[str, Any
     return {"config": cfg.model_dump(mode="json"), "rollout_keys": sorted(trust.keys())}
 
 
+def _install_bundle(store: DeviceStore, args: argparse.Namespace) -> dict[str, Any]:
+    """A bundle brought on a USB stick: the same verify, trust, activate, health, rollback path as a push."""
+    bundle = Path(args.bundle).absolute()
+    if not bundle.is_file():
+        raise StateError(f"bundle file {bundle} does not exist", hint="check the path (is the USB stick mounted?)")
+    store.require_initialised()
+    if os.geteuid() == 0 and store.root.stat().st_uid != 0:
+        raise StateError(
+            f"refusing to install as root into {store.root}, which belongs to uid {store.root.stat().st_uid}: "
+            "root-owned files would lock the agent out of its own releases",
+            hint="run it as the agent's user, e.g. sudo -u edgedeploy edgedeploy-agent install-bundle FILE",
+        )
+    return _deploy(store, args)
+
+
+def _selftest(store: DeviceStore, args: argparse.Namespace) -> dict[str, Any]:
+    from .selftest import run_selftest
+
+    return run_selftest(store, camera_seconds=args.camera_seconds)
+
+
 def _stop(store: DeviceStore, args: argparse.Namespace) -> dict[str, Any]:
     store.require_initialised()
     make_service(store).stop()
@@ -236,6 +258,28 @@ def _parser() -> argparse.ArgumentParser:
     )
     s.set_defaults(fn=_deploy)
 
+    s = sub.add_parser(
+        "install-bundle", help="deploy a bundle file from local media (USB): the same checks and records as a push"
+    )
+    s.add_argument("bundle", help="the .edb file, e.g. /media/usb/model.edb (left where it is)")
+    s.add_argument("--timeout", type=float, help="health-check timeout in seconds")
+    s.add_argument("--min-inferences", type=int, default=0, help="inferences that must succeed after ready")
+    s.add_argument("--max-p95-ms", type=float, help="health objective: inference p95 latency")
+    s.add_argument("--min-fps", type=float, help="health objective: frames per second")
+    s.add_argument("--force", action="store_true", help="redeploy even if this bundle is already running")
+    s.add_argument("--build-timeout", type=float, help="wait this long for a TensorRT engine build")
+    s.set_defaults(fn=_install_bundle, source=None, manifest_blob=None, signature_blob=None)
+
+    s = sub.add_parser("selftest", help="check this device: runtime, GPU, camera, sensors, disk, keys, service")
+    s.add_argument("--camera-seconds", type=float, default=5.0, help="how long to wait for camera frames")
+    s.set_defaults(fn=_selftest)
+
+    s = sub.add_parser("logs", help="print the agent's log (journal in systemd mode), optionally followed")
+    s.add_argument("--lines", type=int, default=DEFAULT_LINES, help=f"last N lines (at most {MAX_LINES})")
+    s.add_argument("--since", help="only lines from this long ago on: 90s, 30m, 1h, 2d")
+    s.add_argument("--follow", action="store_true", help="keep printing new lines until interrupted")
+    s.set_defaults(fn=None)
+
     s = sub.add_parser("blobs", help="which of these sha256 blobs are missing on the device")
     s.add_argument("sha256", nargs="*")
     s.set_defaults(fn=_blobs)
@@ -282,7 +326,11 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: Optional[list[str]] = None) -> int:
     args = _parser().parse_args(argv)
     store = DeviceStore(Path(args.root).expanduser().absolute())
+    if args.command == "logs":
+        return _logs(store, args)
     if args.command in ("run", "watch"):
+        if args.command == "run":
+            stamp_stderr()
         try:
             store.require_initialised()
             if args.command == "watch":
@@ -308,8 +356,39 @@ def main(argv: Optional[list[str]] = None) -> int:
     except OSError as e:
         _emit(args.json, {"ok": False, "error": {"code": "os-error", "message": str(e), "hint": None}}, f"error: {e}")
         return 1
+    if args.command == "selftest":
+        from .selftest import FAILED, checklist_text
+
+        _emit(args.json, {"ok": True, **result}, checklist_text(result))
+        return 1 if result["overall"] == FAILED else 0
+    if args.command == "install-bundle":
+        was = result.get("previous") or "no bundle"
+        text = f"{result['outcome']}: {result['release']} (was {was[0] if isinstance(was, list) else was})"
+        _emit(args.json, {"ok": True, **result}, text)
+        return 0
     _emit(args.json, {"ok": True, **result}, json.dumps(result, indent=1, default=str))
     return 0
+
+
+def _logs(store: DeviceStore, args: argparse.Namespace) -> int:
+    """Log lines go to stdout as they are; an error is one line on stderr (JSON with --json)."""
+    from .agentlog import parse_since, print_logs
+
+    err: AgentError
+    try:
+        since = parse_since(args.since) if args.since else None
+        cfg = store.config()
+        unit = cfg.unit if cfg.service == "systemd" else None
+        return print_logs(store.logs / "agent.log", unit, args.lines, since, args.follow, sys.stdout.buffer)
+    except ValueError as e:
+        err = StateError(str(e))
+    except AgentError as e:
+        err = e
+    except BrokenPipeError:  # the reader went away: nothing left to tell it
+        return 0
+    text = f"error: {err.message}" + (f"\nhint: {err.hint}" if err.hint else "")
+    print(json.dumps({"ok": False, "error": err.to_dict()}) if args.json else text, file=sys.stderr)
+    return err.exit_code
 
 
 def _emit(as_json: bool, data: dict[str, Any], text: str) -> None:

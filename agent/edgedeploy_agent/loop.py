@@ -289,10 +289,12 @@ def run_agent(
         source = open_source(cfg.source) if cfg.source else None
     except AgentError as e:
         power.close()
+        print(f"edgedeploy-agent: cannot serve {release} [{e.code}]: {e.message}", file=sys.stderr, flush=True)
         write_health(store, release, "failed", error=e.to_dict())
         return e.exit_code
     except Exception as e:  # a broken library can fail in the FFI with any error type
         power.close()
+        print(f"edgedeploy-agent: cannot serve {release}: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
         write_health(store, release, "failed", error={"code": "load-failed", "message": f"{type(e).__name__}: {e}"})
         return 1
     heartbeat = Heartbeat(store.run_dir)

@@ -86,6 +86,9 @@ class ProcessService:
         (self.store.run_dir / "health.json").unlink(missing_ok=True)
         log = open(self.store.logs / "agent.log", "ab")
         try:
+            stamp = utcnow()  # every line the agent writes starts with its time (agentlog.py)
+            log.write(f"{stamp} edgedeploy-agent: starting {self.store.current() or 'no release'}\n".encode())
+            log.flush()
             proc = subprocess.Popen(
                 [sys.executable, "-m", "edgedeploy_agent", "--root", str(self.store.root), "run"],
                 stdin=subprocess.DEVNULL,

@@ -400,6 +400,7 @@ def install_agent(
     import tempfile
 
     from .remote.install import InstallSpec, execute_install, plan_install, probe, write_install_files
+    from .remote.wheelhouse import check_wheelhouse
     from .remote.wheels import agent_wheels, default_runtime_lib
 
     dev = inv.get(name)
@@ -422,6 +423,8 @@ def install_agent(
         step("connect")
         with connected(dev, inv.known_hosts) as t:
             facts = probe(t, spec)
+            if offline and wheelhouse is not None and facts.python is not None:
+                check_wheelhouse(wheelhouse, facts.python, facts.arch)
             if spec.runtime_lib is None:
                 spec = replace(spec, runtime_lib=default_runtime_lib(facts.arch))
             if dry_run:

@@ -57,6 +57,21 @@ def _load(lib: Path, hint: str) -> None:
     _loaded.add(str(lib))
 
 
+def load_runtime_libraries(runtime_lib: Optional[str] = None, cuda: bool = False) -> Path:
+    """Load tvm_ffi and libtvm_runtime.so (and the CUDA backend) into this process; returns the runtime's path."""
+    try:
+        import tvm_ffi  # noqa: F401  (loads libtvm_ffi.so, which libtvm_runtime.so links against)
+    except ImportError as e:
+        raise RuntimeLoadError(
+            f"apache-tvm-ffi is not installed: {e}", hint="reinstall the agent: edgedeploy agent install DEVICE"
+        ) from None
+    lib = find_runtime_lib(runtime_lib)
+    _load(lib, _RUNTIME_HINT)
+    if cuda:
+        _load(lib.with_name("libtvm_runtime_cuda.so"), _CUDA_HINT)
+    return lib
+
+
 class TvmRuntime:
     """Runs a Relax VM executable exported by `tvm.compile(...).export_library`."""
 
@@ -66,14 +81,9 @@ class TvmRuntime:
         target = manifest.target
         gpu, reason = probe_cuda() if target.device == "cuda" else (None, "")
         check_compatible(manifest, gpu=gpu, gpu_reason=reason)
-        try:
-            import tvm_ffi  # loads libtvm_ffi.so, which libtvm_runtime.so links against
-        except ImportError as e:
-            raise RuntimeLoadError(f"apache-tvm-ffi is not installed: {e}") from None
-        self._lib_path = find_runtime_lib(runtime_lib)
-        _load(self._lib_path, _RUNTIME_HINT)
-        if target.device == "cuda":
-            _load(self._lib_path.with_name("libtvm_runtime_cuda.so"), _CUDA_HINT)
+        self._lib_path = load_runtime_libraries(runtime_lib, cuda=target.device == "cuda")
+        import tvm_ffi
+
         self._ffi = tvm_ffi
         self._alloc = tvm_ffi.get_global_func("runtime.TVMTensorAllocWithScope")
         self._copy = tvm_ffi.get_global_func("runtime.TVMTensorCopyFromTo")

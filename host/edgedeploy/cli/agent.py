@@ -7,7 +7,8 @@ from typing import Annotated
 
 import typer
 
-from .. import api
+from .. import api, field_api
+from ..errors import InputError
 from ..inventory import Inventory
 from . import render
 from .options import InventoryOpt, JsonOpt
@@ -22,7 +23,10 @@ def install(
     venv: Annotated[str, typer.Option(help="virtual environment on the device")] = "/opt/edgedeploy/venv",
     wheelhouse: Annotated[Path | None, typer.Option(help="folder with the agent wheel (+ dependencies)")] = None,
     runtime_lib: Annotated[Path | None, typer.Option(help="libtvm_runtime.so built for the device")] = None,
-    offline: Annotated[bool, typer.Option(help="install dependencies only from --wheelhouse")] = False,
+    offline: Annotated[
+        Path | None,
+        typer.Option(help="install only from this wheelhouse (`edgedeploy agent wheelhouse`): no network needed"),
+    ] = None,
     system_site_packages: Annotated[
         bool, typer.Option(help="let the venv see the system's packages (a GStreamer OpenCV)")
     ] = False,
@@ -32,15 +36,17 @@ def install(
 ) -> None:
     """Create the user and folders, install the agent and its TVM runtime in a venv, install the systemd
     unit, start it and check health. Running it again changes nothing."""
+    if offline is not None and wheelhouse is not None:
+        raise InputError("give --offline DIR or --wheelhouse DIR, not both")
     with render.steps(f"install {device}") as step:
         res = api.install_agent(
             Inventory.load(inventory),
             device,
             python=python,
             venv=venv,
-            wheelhouse=wheelhouse,
+            wheelhouse=offline or wheelhouse,
             runtime_lib=runtime_lib,
-            offline=offline,
+            offline=offline is not None,
             system_site_packages=system_site_packages,
             dry_run=dry_run,
             step=step,
@@ -53,3 +59,29 @@ def install(
     render.out.print(f"{device}: {verb}: {', '.join(steps) if steps else 'nothing (already installed)'}")
     if not dry_run:
         render.out.print(f"  agent {res['agent_command']}; OpenCV {res['opencv']}; healthy: {res['healthy']}")
+
+
+@app.command()
+def wheelhouse(
+    out: Annotated[Path, typer.Argument(help="folder to fill (a USB stick, a laptop folder)")],
+    python: Annotated[str, typer.Option(help="the device's Python, MAJOR.MINOR (3.9 on JetPack 5)")] = "3.9",
+    platform: Annotated[
+        str, typer.Option(help="wheel platform: manylinux_2_28_x86_64, or manylinux_2_28_aarch64 for a Jetson")
+    ] = "manylinux_2_28_x86_64",
+    extra: Annotated[
+        list[str] | None, typer.Option("--extra", help="also: agent-metrics, agent-nvidia, tensorrt (repeatable)")
+    ] = None,
+    json_: JsonOpt = False,
+) -> None:
+    """Download the agent and every wheel it needs for one device Python and platform into a folder (this
+    host needs PyPI), for `edgedeploy agent install DEVICE --offline FOLDER` on a device without a network."""
+    house = field_api.wheelhouse(out, python, platform, tuple(extra or ()))
+    if json_:
+        render.print_json(house.__dict__)
+        return
+    size = sum((out / w).stat().st_size for w in house.wheels) / 1e6
+    render.out.print(
+        f"{out}: {len(house.wheels)} wheels ({size:.1f} MB) for Python {house.python} on {house.platform} "
+        f"in {house.download_s:.0f} s; install with `edgedeploy agent install DEVICE --offline {out}`",
+        markup=False,
+    )

@@ -12,6 +12,8 @@ import typer
 from ..errors import EdgeDeployError, InputError, hint_with_link, os_error_text
 from ..paths import state_dir
 from . import agent, build, demo, devices, int8, keys, profiles, publish, push, render, report, rollout, status, tune
+from .logs import register as register_logs
+from .verify import register as register_verify
 
 app = typer.Typer(
     name="edgedeploy",
@@ -34,6 +36,8 @@ rollout.register(app)
 status.register(app)
 report.register(app)
 demo.register(app)
+register_verify(app)
+register_logs(app)
 
 EXIT_INTERNAL = 70
 

@@ -23,7 +23,7 @@ import paramiko
 
 from ..errors import ConnectionFailed, HostKeyError
 from ..inventory import Device
-from .transport import CommandResult, Progress
+from .transport import CommandResult, Progress, Sink
 
 # paramiko logs full tracebacks for dead hosts ("Error reading SSH protocol banner"); we report them ourselves.
 logging.getLogger("paramiko").setLevel(logging.CRITICAL)
@@ -181,6 +181,49 @@ class SshTransport:
                 f"check with `edgedeploy devices facts {self.device.name}`",
             ) from None
         return CommandResult(tuple(argv), code, out.decode(errors="replace"), err.decode(errors="replace"))
+
+    def stream(self, argv: Sequence[str], out: Sink, err: Sink) -> int:
+        """Run `argv`, handing its output over as it arrives; returns its exit status.
+
+        While the command is silent the link is probed every `io_timeout` s (a fresh channel must open
+        within `io_timeout`), so a dropped link ends the stream with ConnectionFailed instead of a hang.
+        Ctrl-C closes the channel: the device's side sees its session end.
+        """
+        chan = None
+        try:
+            transport = self._client.get_transport()
+            if transport is None:
+                raise paramiko.SSHException("not connected")
+            chan = transport.open_session(timeout=self.io_timeout)
+            chan.exec_command(shlex.join(argv))
+            quiet_since = time.monotonic()
+            while True:
+                if chan.recv_ready():
+                    out(chan.recv(_CHUNK))
+                elif chan.recv_stderr_ready():
+                    err(chan.recv_stderr(_CHUNK))
+                elif chan.exit_status_ready():
+                    break
+                else:
+                    if time.monotonic() - quiet_since > self.io_timeout:
+                        if not self._link_up():
+                            raise paramiko.SSHException("the device stopped answering")
+                        quiet_since = time.monotonic()
+                    time.sleep(0.02)
+                    continue
+                quiet_since = time.monotonic()
+            code = int(chan.recv_exit_status())
+            if code == -1 and not self._link_up():
+                raise paramiko.SSHException("the session closed before the command finished")
+            return code
+        except (paramiko.SSHException, OSError, EOFError) as e:
+            raise ConnectionFailed(
+                f"{self.device.name}: connection lost while running {os.path.basename(argv[0])} ({e})",
+                hint="check the device's network link, then run the command again",
+            ) from None
+        finally:
+            if chan is not None:
+                chan.close()
 
     def _link_up(self) -> bool:
         """Open (and close) a session: it succeeds only when the link and sshd are still there."""

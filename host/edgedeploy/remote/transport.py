@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import os
 import subprocess
+import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
 Progress = Callable[[int, int], None]
+Sink = Callable[[bytes], None]  # where a streamed command's output goes as it arrives
 
 
 @dataclass(frozen=True)
@@ -32,6 +34,10 @@ class Transport(Protocol):
 
     def put(self, local: Path, remote: str, progress: Progress | None = None) -> None:
         """Copy a file so that `remote` appears complete or not at all (upload to .part, then rename)."""
+        ...
+
+    def stream(self, argv: Sequence[str], out: Sink, err: Sink) -> int:
+        """Run `argv`, handing its stdout (and stderr) over as it arrives; returns the exit status."""
         ...
 
     def close(self) -> None: ...
@@ -59,6 +65,27 @@ class LocalTransport:
             out.flush()
             os.fsync(out.fileno())
         os.replace(part, dst)
+
+    def stream(self, argv: Sequence[str], out: Sink, err: Sink) -> int:
+        """Run `argv`, handing its output over as it arrives (stderr once it ends); returns its exit status."""
+        proc = subprocess.Popen(list(argv), stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
+        assert proc.stdout is not None and proc.stderr is not None
+        stdout, stderr = proc.stdout, proc.stderr
+        errors: list[bytes] = []
+        drain = threading.Thread(target=lambda: errors.append(stderr.read()), daemon=True)
+        drain.start()
+        try:
+            while chunk := os.read(stdout.fileno(), 1 << 16):
+                out(chunk)
+            drain.join()
+            err(b"".join(errors))
+            return proc.wait()
+        finally:
+            if proc.poll() is None:
+                proc.terminate()
+                proc.wait()
+            proc.stdout.close()
+            proc.stderr.close()
 
     def close(self) -> None:
         return None
