@@ -29,7 +29,8 @@ def test_builtin_profiles() -> None:
 
 def test_the_xavier_cpu_profile_promises_what_carmel_has() -> None:
     """mcpu carmel (LLVM): ARMv8.2-A with fullfp16, rdm, lse, crc, aes, sha2 and no dotprod; its cpu_features are
-    those as a Xavier's /proc/cpuinfo names them (the fixture: an AGX Xavier's, as in LLVM's Host test), so the agent refuses an ARMv8.0 board and the bundle has no sdot."""
+    those as a Xavier's /proc/cpuinfo names them (the fixture: an AGX Xavier's, as in LLVM's Host test), so the
+    agent refuses an ARMv8.0 board and the bundle has no sdot."""
     import tvm
     from tvm.target import codegen
 

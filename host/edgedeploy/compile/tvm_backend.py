@@ -171,7 +171,8 @@ def check_glibc(library: Path, profile: DeviceProfile) -> None:
         need = too_new[0]
         what = f"{need.symbols[0]}@{need.version}" if need.symbols else need.version
         raise BuildError(
-            f"{library.name} for {profile.name} needs {what} from {need.library}, newer than the devices' glibc {floor}",
+            f"{library.name} for {profile.name} needs {what} from {need.library}, "
+            f"newer than the devices' glibc {floor}",
             hint=f"link against a glibc {floor} sysroot: point compiler.cross_compiler at a gcc using one",
         )
 
