@@ -311,7 +311,9 @@ def execute_install(
             _run(transport, [*(sudo if s.root else []), *s.argv], s.name)
     agent = f"{spec.venv}/bin/edgedeploy-agent"
     step("health check")
-    health = _json_tail(_run(transport, [agent, "--root", spec.root, "--json", "facts"], "health check"))
+    # as the service user: a login just added to its group is not in it before its next SSH connection
+    as_service = [*sudo, "-u", spec.user] if sudo and spec.mode == "systemd" else []
+    health = _json_tail(_run(transport, [*as_service, agent, "--root", spec.root, "--json", "facts"], "health check"))
     opencv = _run(transport, [f"{spec.venv}/bin/python", "-c", OPENCV_PROBE], "opencv check").strip()
     return InstallResult(device.name, [s.name for s in steps], facts, agent, opencv, health)
 
