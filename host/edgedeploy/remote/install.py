@@ -113,7 +113,8 @@ class InstallSpec:
         return self.mode == "systemd" and self.login_user not in (None, "root")
 
     def sudoers_text(self) -> str:
-        """Lets the deploying login restart/stop/start the agent's unit, and nothing else."""
+        """Lets the deploying login restart/stop/start (and reset the start limit of) the agent's unit, and nothing
+        else."""
         # sudoers(5) escapes some characters with a backslash, treats '#' and whitespace specially and
         # differs between sudo versions; a mistake in this file grants root. So the login is refused unless
         # it is a POSIX portable user name (nothing to escape), and `visudo -cf` checks the file before use.
@@ -123,7 +124,7 @@ class InstallSpec:
                 hint="use a login made of letters, digits, '_', '.' and '-' (not starting with '-' or '.')",
             )
         cmds = ", ".join(
-            f"{d}/systemctl {verb} {UNIT_NAME}" for d in ("/usr/bin", "/bin") for verb in ("restart", "stop", "start")
+            f"{d}/systemctl {verb} {UNIT_NAME}" for d in ("/usr/bin", "/bin") for verb in ("restart", "stop", "start", "reset-failed")
         )
         return f"# installed by edgedeploy agent install\n{self.login_user} ALL=(root) NOPASSWD: {cmds}\n"
 
