@@ -123,9 +123,8 @@ class InstallSpec:
                 f"login {self.login_user!r} cannot be written into a sudoers rule safely",
                 hint="use a login made of letters, digits, '_', '.' and '-' (not starting with '-' or '.')",
             )
-        cmds = ", ".join(
-            f"{d}/systemctl {verb} {UNIT_NAME}" for d in ("/usr/bin", "/bin") for verb in ("restart", "stop", "start", "reset-failed")
-        )
+        verbs = ("restart", "stop", "start", "reset-failed")
+        cmds = ", ".join(f"{d}/systemctl {verb} {UNIT_NAME}" for d in ("/usr/bin", "/bin") for verb in verbs)
         return f"# installed by edgedeploy agent install\n{self.login_user} ALL=(root) NOPASSWD: {cmds}\n"
 
     @property
