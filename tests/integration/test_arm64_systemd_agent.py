@@ -375,7 +375,8 @@ def test_a_restarted_container_comes_back_on_the_committed_release(arm: ArmDevic
 
 @in_container
 def test_the_agent_runs_as_the_service_user_without_privileges_on_a_read_only_system(arm: ArmDevice) -> None:
-    """What of the hardening the kernel enforces here (seccomp is not: qemu-user refuses PR_SET_SECCOMP)."""
+    """What of the hardening is enforced here (the unit's seccomp filters are not: QEMU user mode keeps the
+    emulated systemd from installing them; docs/agent-service.md)."""
     c, pid = arm.container, arm.unit()["MainPID"]
     assert c.exec(["ps", "-o", "user=", "-p", pid]).stdout.strip() == "edgedeploy"
     status = c.exec(["cat", f"/proc/{pid}/status"]).stdout
