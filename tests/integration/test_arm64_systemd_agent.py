@@ -110,7 +110,20 @@ MODELS = {"mnist": ("mnist-8_opset13.onnx", "mnist"), "mobilenet": ("mobilenet_v
 
 
 @pytest.fixture(scope="module")
-def bundles(data_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+def module_env(tmp_path_factory: pytest.TempPathFactory, build_cache: Path) -> Iterator[None]:
+    """The module's fixtures run before each test's `hermetic`: keep the user's config, state and cache out."""
+    home = tmp_path_factory.mktemp("arm64-host")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("EDGEDEPLOY_CONFIG_DIR", str(home / "config"))
+        mp.setenv("EDGEDEPLOY_STATE_DIR", str(home / "state"))
+        mp.setenv("EDGEDEPLOY_CACHE_DIR", str(build_cache))
+        mp.delenv("EDGEDEPLOY_INVENTORY", raising=False)
+        mp.delenv("EDGEDEPLOY_PROFILES", raising=False)
+        yield
+
+
+@pytest.fixture(scope="module")
+def bundles(module_env: None, data_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """{mnist, mobilenet} x {xavier-cpu, cpu-x86_64} INT8 bundles, built once (session build cache)."""
     out, cli, built = tmp_path_factory.mktemp("arm64-bundles"), Cli(), {}
     for name, (model, calibration) in MODELS.items():
@@ -186,6 +199,7 @@ class ArmDevice:
 
 @pytest.fixture(scope="module")
 def arm(
+    module_env: None,
     request: pytest.FixtureRequest,
     arm64_root: PreparedRoot,
     tmp_path_factory: pytest.TempPathFactory,
