@@ -71,6 +71,26 @@ HARDWARE = {
 }
 
 
+def _arm64_systemd_missing() -> str | None:
+    from tests.integration.arm64root import missing
+
+    return missing()
+
+
+# what this machine may lack for a test, with the variable CI (.ci/run) sets so that the test fails instead
+EMULATION = {"arm64_systemd": (_arm64_systemd_missing, "EDGEDEPLOY_REQUIRE_ARM64_SYSTEMD")}
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    for name, (why_not, require) in EMULATION.items():
+        if name in item.keywords:
+            reason = why_not()
+            if reason and os.environ.get(require) == "1":
+                pytest.fail(f"{require}=1 but this machine cannot run it: {reason}")
+            if reason:
+                pytest.skip(reason)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     cache: dict[str, bool] = {}
     for item in items:

@@ -330,6 +330,12 @@ def run_agent(
     progress(loop.stats())
     # READY=1 means loaded and warmed up: systemd must not give up on a device whose camera is unplugged
     notifier.ready(f"serving {release} on {cfg.source or 'no source'}")
+    # one line per start and end for the service's log (journald under systemd, logs/agent.log otherwise)
+    print(
+        f"edgedeploy-agent: serving {release} on {cfg.source or 'no source'} (warm-up {warm_ms:.0f} ms)",
+        file=sys.stderr,
+        flush=True,
+    )
     try:
         if source is None:
             while not loop.stop_requested:  # nothing to watch: stay loaded, healthy and pinging until stopped
@@ -352,5 +358,10 @@ def run_agent(
         if metrics is not None:
             metrics.close()
     end_state = "finished" if not loop.stop_requested else "stopped"
+    print(
+        f"edgedeploy-agent: {end_state} {release} after {loop.stats()['inferences']} inferences",
+        file=sys.stderr,
+        flush=True,
+    )
     write_health(store, release, end_state, reports=reports, **ready, **loop.stats())
     return 0

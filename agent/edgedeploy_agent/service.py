@@ -116,6 +116,10 @@ class SystemdService:
 
     def restart(self) -> None:
         (self.store.run_dir / "health.json").unlink(missing_ok=True)
+        # a deploy's restart is deliberate: it must not spend the unit's start limit (5 in 300 s), which is
+        # there for crash loops; a push, a rollback (two starts) and a restart hit it within minutes.
+        # reset-failed zeroes the counter (an older sudoers rule without it: the restart is tried anyway)
+        self._systemctl("reset-failed", privileged=True)
         self._systemctl("restart", privileged=True)  # failure shows up in health.json / is_running
 
     def stop(self) -> None:

@@ -87,7 +87,9 @@ class DeviceStore:
     def exclusive(self, what: str) -> Iterator[None]:
         """One deploy or rollback at a time on a device (two hosts, or two rollouts, may collide)."""
         self.root.mkdir(parents=True, exist_ok=True)
-        with open(self.root / ".lock", "a") as f:
+        # read-only: flock needs no write access, so the service user and a deploying login in its group share
+        # the lock whoever created it (the unit's UMask=0027 leaves the group no write access)
+        with open(os.open(self.root / ".lock", os.O_RDONLY | os.O_CREAT, 0o640), "rb") as f:
             try:
                 fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:

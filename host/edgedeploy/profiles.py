@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import tomllib
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from .errors import ProfileError, validation_text
 from .paths import config_dir
@@ -39,6 +39,12 @@ class PlatformSpec(BaseModel):
     python: str = Field(description="Python the agent runs on")
     cuda: str | None = None
     min_cuda_driver: str | None = None
+    glibc: str | None = Field(
+        default=None,
+        pattern=r"^\d+\.\d+$",
+        description="oldest glibc the device has (e.g. 2.31: JetPack 5, Ubuntu 20.04); every library the build "
+        "writes is checked to need no newer symbol version",
+    )
     tensorrt: str | None = None
     jetpack: str | None = None
 
@@ -54,6 +60,13 @@ class DeviceProfile(BaseModel):
     compiler: CompilerSpec
     platform: PlatformSpec
     source: str = Field(default="", exclude=True)
+
+    @model_validator(mode="after")
+    def _aarch64_names_its_glibc(self) -> DeviceProfile:
+        # the cross compiler's libc is newer than the devices' (Debian 12: 2.36); the check needs the floor
+        if self.arch == "aarch64" and self.platform.glibc is None:
+            raise ValueError('an aarch64 profile must set platform.glibc (the devices\' glibc, e.g. "2.31")')
+        return self
 
 
 def _builtin_files() -> list[Path]:

@@ -84,6 +84,7 @@ def test_a_non_root_login_gets_the_group_and_a_sudoers_rule_for_this_unit_only(t
     rule = sudoers.read_text()
     assert rule.count("NOPASSWD") == 1 and rule.startswith("# installed") and "deploy ALL=(root) NOPASSWD:" in rule
     assert "/usr/bin/systemctl restart edgedeploy-agent.service" in rule and "ALL\n" not in rule.split("NOPASSWD:")[1]
+    assert "/usr/bin/systemctl reset-failed edgedeploy-agent.service" in rule  # deploys do not spend the start limit
     names = [s.name for s in plan_install(parse_install_probe(FRESH_JETSON), spec, unit, sudoers)]
     i = names.index("upload sudoers rule")
     assert names[i : i + 3] == ["upload sudoers rule", "check sudoers rule", "install sudoers rule"]

@@ -1,3 +1,4 @@
+import re
 from pathlib import Path
 
 import pytest
@@ -10,6 +11,7 @@ EXPECTED = {
     "t4": ("x86_64", 75),
     "xavier-agx": ("aarch64", 72),
     "xavier-nx": ("aarch64", 72),
+    "xavier-cpu": ("aarch64", None),
     "h200": ("x86_64", 90),
 }
 
@@ -22,6 +24,22 @@ def test_builtin_profiles() -> None:
     x = get_profile("xavier-agx")
     assert x.platform.cuda == "11.4" and x.platform.tensorrt == "8.5.2" and x.platform.python == "3.9"
     assert x.compiler.target["host"]["mtriple"] == "aarch64-linux-gnu"
+    assert {get_profile(p).platform.glibc for p in ("xavier-agx", "xavier-nx", "xavier-cpu")} == {"2.31"}
+
+
+def test_the_xavier_cpu_profile_promises_what_carmel_has() -> None:
+    """mcpu carmel (LLVM): ARMv8.2-A with fullfp16, rdm, lse, crc, aes, sha2 and no dotprod; its cpu_features are
+    those as a Xavier's /proc/cpuinfo names them (the fixture: an AGX Xavier's, as in LLVM's Host test), so the
+    agent refuses an ARMv8.0 board and the bundle has no sdot."""
+    import tvm
+    from tvm.target import codegen
+
+    p = get_profile("xavier-cpu")
+    llvm = {str(f) for f in codegen.llvm_get_cpu_features(tvm.target.Target(p.compiler.target))}
+    assert {"v8.2a", "neon", "fullfp16", "rdm", "lse", "crc", "aes", "sha2"} <= llvm and "dotprod" not in llvm
+    xavier = (Path(__file__).parents[1] / "agent" / "fixtures" / "cpuinfo-carmel.txt").read_text()
+    features = set(re.search(r"^Features\s*:(.*)$", xavier, re.M).group(1).split())  # type: ignore[union-attr]
+    assert set(p.compiler.cpu_features) <= features and "asimddp" not in features
 
 
 def test_user_profiles_are_added_and_validated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -30,9 +48,14 @@ def test_user_profiles_are_added_and_validated(tmp_path: Path, monkeypatch: pyte
     (d / "orin.toml").write_text(
         'name = "my-cpu"\ndescription = "x"\narch = "aarch64"\ndevice = "cpu"\n'
         '[compiler]\ntarget = { kind = "llvm" }\nhost_triple = "aarch64-linux-gnu"\n[platform]\npython = "3.10"\n'
+        'glibc = "2.35"\n'
     )
     monkeypatch.setenv("EDGEDEPLOY_PROFILES", str(d))
     assert get_profile("my-cpu").arch == "aarch64"
+    (d / "orin.toml").write_text((d / "orin.toml").read_text().replace('glibc = "2.35"\n', ""))
+    with pytest.raises(ProfileError, match="an aarch64 profile must set platform.glibc"):
+        all_profiles()  # the build checks its libraries against the devices' glibc: it must know it
+    (d / "orin.toml").unlink()
     (d / "bad.toml").write_text('name = "bad"\narch = "sparc"\n')
     with pytest.raises(ProfileError, match="bad.toml"):
         all_profiles()

@@ -19,6 +19,7 @@ from edgedeploy.fleet_servers import servers_available
 from edgedeploy.localdevice import LoopbackSshd, sshd_available
 from edgedeploy_agent.bundle import Postprocess, Preprocess
 from tests.helpers import Cli, agent
+from tests.integration.arm64root import PreparedRoot, prepare_root
 from tests.integration.pullfleet import PullFleet, start_pull_fleet
 
 AGENT = str(Path(sys.executable).parent / "edgedeploy-agent")
@@ -158,3 +159,9 @@ def pull_fleet(  # a pull fleet: registry, cache, broker, two watch devices (tes
         yield fleet
     finally:
         fleet.close()
+
+
+@pytest.fixture(scope="session")
+def arm64_root(tmp_path_factory: pytest.TempPathFactory) -> PreparedRoot:
+    """The arm64 root (tests/integration/arm64root.py), built once per recipe and cached on disk (~10 min)."""
+    return prepare_root(tmp_path_factory.mktemp("arm64-root") / "build.log")

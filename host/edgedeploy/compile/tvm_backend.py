@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shutil
+from pathlib import Path
 from typing import Any
 
 import tvm
@@ -11,8 +12,10 @@ from tvm import relax
 from tvm.relax.frontend.onnx import from_onnx
 
 from ..errors import BuildError, ModelError
+from ..profiles import DeviceProfile
 from .cuda_tensorcore import cuda_pipeline
 from .devcode import inspect_library
+from .elf_versions import glibc_newer_than
 from .frontends import import_failure, output_specs
 from .pipeline import BuildContext, stage, tensor_cores_enabled
 
@@ -160,6 +163,20 @@ def export_library(ctx: BuildContext) -> None:
     ctx.library = out
 
 
+def check_glibc(library: Path, profile: DeviceProfile) -> None:
+    """Refuse a library that needs a glibc symbol version newer than the profile's devices have."""
+    floor = profile.platform.glibc
+    too_new = glibc_newer_than(library, floor) if floor else []
+    if too_new:
+        need = too_new[0]
+        what = f"{need.symbols[0]}@{need.version}" if need.symbols else need.version
+        raise BuildError(
+            f"{library.name} for {profile.name} needs {what} from {need.library}, "
+            f"newer than the devices' glibc {floor}",
+            hint=f"link against a glibc {floor} sysroot: point compiler.cross_compiler at a gcc using one",
+        )
+
+
 @stage("check-library")
 def check_library(ctx: BuildContext) -> None:
     """The library is for the device's CPU, and a GPU library holds SASS for exactly the profile's SM."""
@@ -171,6 +188,7 @@ def check_library(ctx: BuildContext) -> None:
         raise BuildError(
             f"exported library is {report.host_machine}, profile {ctx.profile.name} needs {ctx.profile.arch}"
         )
+    check_glibc(ctx.library, ctx.profile)
     if ctx.profile.device != "cuda":
         return
     sm = ctx.profile.cuda_sm

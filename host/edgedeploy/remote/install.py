@@ -113,7 +113,8 @@ class InstallSpec:
         return self.mode == "systemd" and self.login_user not in (None, "root")
 
     def sudoers_text(self) -> str:
-        """Lets the deploying login restart/stop/start the agent's unit, and nothing else."""
+        """Lets the deploying login restart/stop/start (and reset the start limit of) the agent's unit, and nothing
+        else."""
         # sudoers(5) escapes some characters with a backslash, treats '#' and whitespace specially and
         # differs between sudo versions; a mistake in this file grants root. So the login is refused unless
         # it is a POSIX portable user name (nothing to escape), and `visudo -cf` checks the file before use.
@@ -122,9 +123,8 @@ class InstallSpec:
                 f"login {self.login_user!r} cannot be written into a sudoers rule safely",
                 hint="use a login made of letters, digits, '_', '.' and '-' (not starting with '-' or '.')",
             )
-        cmds = ", ".join(
-            f"{d}/systemctl {verb} {UNIT_NAME}" for d in ("/usr/bin", "/bin") for verb in ("restart", "stop", "start")
-        )
+        verbs = ("restart", "stop", "start", "reset-failed")
+        cmds = ", ".join(f"{d}/systemctl {verb} {UNIT_NAME}" for d in ("/usr/bin", "/bin") for verb in verbs)
         return f"# installed by edgedeploy agent install\n{self.login_user} ALL=(root) NOPASSWD: {cmds}\n"
 
     @property
@@ -311,7 +311,9 @@ def execute_install(
             _run(transport, [*(sudo if s.root else []), *s.argv], s.name)
     agent = f"{spec.venv}/bin/edgedeploy-agent"
     step("health check")
-    health = _json_tail(_run(transport, [agent, "--root", spec.root, "--json", "facts"], "health check"))
+    # as the service user: a login just added to its group is not in it before its next SSH connection
+    as_service = [*sudo, "-u", spec.user] if sudo and spec.mode == "systemd" else []
+    health = _json_tail(_run(transport, [*as_service, agent, "--root", spec.root, "--json", "facts"], "health check"))
     opencv = _run(transport, [f"{spec.venv}/bin/python", "-c", OPENCV_PROBE], "opencv check").strip()
     return InstallResult(device.name, [s.name for s in steps], facts, agent, opencv, health)
 
