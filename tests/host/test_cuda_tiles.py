@@ -98,11 +98,15 @@ def test_int8_operands_load_16_bytes_per_thread_where_the_gemm_needs_no_padding(
     elements per shared-memory stage and 16-byte global loads; the loads stay 4 bytes where the GEMM is
     padded (TVM 0.27 writes the padding's zero vector of 8 or 16 int8 as a make_int2/make_int4 call that
     nvcc rejects)."""
-    from edgedeploy.compile.cuda_tensorcore import SHORT_K, Knobs
+    from edgedeploy.compile.cuda_tensorcore import SHORT_K, Knobs, Tiles
 
     assert (Knobs().int8_k, Knobs().load_bytes) == (64, 16)
     assert choose_tiles(3136, 64, "int8", 64, Knobs(), k=576).k == 64
     assert choose_tiles(802816, 64, "int8", 1, Knobs(), k=196).k == 32 < SHORT_K  # the stem: short K
+    # many blocks: 64x64 outputs per warp (layer1 at batch 64, 1568 blocks); few: 32x32 (layer4, 100 blocks)
+    assert choose_tiles(200704, 64, "int8", 1, Knobs(), k=576) == Tiles(2, 4, 1, 4, 4)
+    assert choose_tiles(3136, 512, "int8", 1, Knobs(), k=4608) == Tiles(4, 2, 4, 2, 4)
+    assert choose_tiles(200704, 64, "float16", 1, Knobs(), k=576) == Tiles(4, 2, 2, 2, 4)  # FP16 unmeasured
     exact = _conv_kernel_script(_int8_conv(batch=64, channels=64, size=8))  # M = 4096 = 32 tiles of 128
     padded = _conv_kernel_script(_int8_conv(batch=1, channels=64, size=7))  # M = 49: padded to 64
 

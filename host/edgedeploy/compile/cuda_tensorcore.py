@@ -57,6 +57,11 @@ class Knobs:
     int8_k: int = 64
     fp16_k: int = 64
     load_bytes: int = 16
+    # INT8 grids of at least this many blocks give each warp 4x4 fragments (64x64 outputs; 2 warps on a
+    # 128x64 tile, 4 on 128x128) instead of 2x2: on the H200 1.09x (ResNet-18 layer1, 1568 blocks), 1.25x
+    # (layer3, 196 blocks), 1.6x (1x1 stride 2) at batch 64, but 0.85x on layer4's 100 blocks
+    # (bench/results/h200/run12-warp-tiles); 0 = never
+    wide_warps_from: int = 192
 
 
 @dataclass(frozen=True)
@@ -106,7 +111,10 @@ def choose_tiles(m: int, n: int, in_dtype: str, batch: int = 1, knobs: Knobs = K
             tm //= 2
         else:
             break
-    (i2, i3), (j2, j3) = _ROWS[tm], _ROWS[tn]
+    rows = _ROWS
+    if in_dtype == "int8" and 0 < knobs.wide_warps_from <= batch * -(-m // tm) * -(-n // tn):
+        rows = {**_ROWS, 128: (2, 4), 64: (1, 4)}
+    (i2, i3), (j2, j3) = rows[tm], rows[tn]
     # K stages of 64 (bench/conv_variants.py on the H200, INT8 batch 64: 1.15-1.48x on the 3x3 layers over
     # 32; FP16 32 is 0.77-0.88x); INT8 128 fails TVM 0.27's shared-memory merge (LowerIntrin: "tvm_access_ptr
     # element type must match the source buffer", int8 vs int32)
@@ -242,11 +250,14 @@ class TensorCoreGemm(GPUScheduleRule):  # type: ignore[misc]
         def to_shared(index: int) -> Any:
             block = sch.cache_read(outer, index, "shared.dyn")
             sch.compute_at(block, k0)
+            auto_inline_producers(sch, block)  # padding and the im2col gather happen in the global load
             rows, threads = (t.m if index == 0 else t.n), warps * WARP
             vector = 4  # elements per thread, raised to knobs.load_bytes where every thread gets whole vectors
-            # and the GEMM needs no padding: TVM 0.27's CUDA codegen writes the padding's zero vector of 8
-            # int8 as make_int2 with 8 arguments ("too many arguments in function call" from nvcc)
-            while exact and vector * 2 * elem <= self.knobs.load_bytes and (rows * t.k) % (threads * vector * 2) == 0:
+            # from contiguous memory and the GEMM needs no padding: TVM 0.27's CUDA codegen writes a vector of
+            # 8 or 16 narrow elements built lane by lane (the padding's zero; a strided gather, as NCHW
+            # activations give) as make_int2/make_uint4 with 8 or 16 arguments, which nvcc rejects
+            wide = exact and _contiguous_k(sch, block, self.knobs.load_bytes // elem)
+            while wide and vector * 2 * elem <= self.knobs.load_bytes and (rows * t.k) % (threads * vector * 2) == 0:
                 vector *= 2
             fused = sch.fuse(*sch.get_loops(block)[-2:])
             _, ty, tx, vec = sch.split(fused, factors=[None, warps, WARP, vector])
@@ -258,9 +269,8 @@ class TensorCoreGemm(GPUScheduleRule):  # type: ignore[misc]
             sch.annotate(block, "double_buffer_scope", 0)
             return block
 
-        a_shared, b_shared = to_shared(0), to_shared(1)
-        auto_inline_producers(sch, a_shared)  # padding and the im2col gather happen in the global load
-        auto_inline_producers(sch, b_shared)
+        to_shared(0)
+        to_shared(1)
         a_frag = sch.cache_read(outer, 0, "wmma.matrix_a")
         b_frag = sch.cache_read(outer, 1, "wmma.matrix_b")
         sch.compute_at(a_frag, k1)
@@ -315,6 +325,35 @@ class TensorCoreGemm(GPUScheduleRule):  # type: ignore[misc]
         if not _all_on_gpu(sch):
             return None
         return sch
+
+
+def _contiguous_k(sch: Any, block: Any, lanes: int) -> bool:
+    """Whether `lanes` consecutive K elements of the shared-memory stage `block` (its producers inlined)
+    come from consecutive addresses of every buffer it reads: NHWC/OHWI convolutions with channels a
+    multiple of `lanes` and row-major matmuls do; NCHW activations (K = channels, H*W apart) do not.
+    Each index is written as a sum of splits of the block's iterators (TVM's iter-affine analysis): the
+    innermost must hold K itself (scale 1, extent a multiple of `lanes`), the others only K // lanes-multiples."""
+    from tvm.sym import normalize_to_iter_sum
+
+    stmt = sch.get(block)
+    domains = {v.var: v.dom for v in stmt.iter_vars}
+    k = stmt.iter_vars[-1].var
+    for read in stmt.reads:
+        *outer, inner = read.region
+        try:
+            sums = [normalize_to_iter_sum(r.min, domains) for r in (*outer, inner)]
+        except Exception:  # not affine in the block's iterators
+            return False
+        for dim, total in enumerate(sums):
+            last = dim == len(sums) - 1
+            splits = [a for a in total.args if a.source.source.same_as(k)]
+            if last:
+                ok = len(splits) == 1 and int(splits[0].lower_factor) == 1 and int(splits[0].scale) == 1
+                if not ok or int(splits[0].extent) % lanes:
+                    return False
+            elif any(int(a.lower_factor) % lanes for a in splits):
+                return False
+    return True
 
 
 def _all_on_gpu(sch: Any) -> bool:
