@@ -19,6 +19,7 @@ from . import __version__
 from .blobs import BlobSource, BlobStore
 from .bundle import SCHEMA_VERSION, verify_bundle
 from .config import AgentConfig
+from .durable import write_atomic
 from .errors import AgentError, StateError
 from .heartbeat import present_health
 from .lifecycle import BundleSource, Deployment, describe_release, recover, rollback
@@ -181,10 +182,7 @@ def _watch_config(store: DeviceStore, args: argparse.Namespace) -> dict[str, Any
     trust = rollout_trust(store.root)
     if args.rollout_key:
         trust.replace(args.rollout_key)
-    path = WatchConfig.path(store.root)
-    tmp = path.with_name(".watch.json.tmp")
-    tmp.write_text(cfg.model_dump_json(indent=1), encoding="utf-8")
-    os.replace(tmp, path)
+    write_atomic(WatchConfig.path(store.root), cfg.model_dump_json(indent=1))
     return {"config": cfg.model_dump(mode="json"), "rollout_keys": sorted(trust.keys())}
 
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import base64
 import datetime as dt
-import os
 import re
 import tempfile
 import time
@@ -21,6 +20,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from edgedeploy_agent.bundle import Manifest, canonical_json, extract_bundle, write_bundle
+from edgedeploy_agent.durable import write_atomic
 from edgedeploy_agent.errors import AgentError
 from edgedeploy_agent.trust import KEY_PREFIX, key_id, parse_public_key
 
@@ -52,12 +52,9 @@ def generate_key(name: str, force: bool = False) -> SigningKey:
         raise InputError(f"key {name} already exists in {d}", hint="pick another name (or --force to overwrite)")
     key = Ed25519PrivateKey.generate()
     pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
-    fd = os.open(priv_path.with_suffix(".tmp"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "wb") as f:
-        f.write(pem)
-    os.replace(priv_path.with_suffix(".tmp"), priv_path)
+    write_atomic(priv_path, pem, mode=0o600)
     raw = key.public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
-    pub_path.write_text(KEY_PREFIX + base64.b64encode(raw).decode() + "\n", encoding="ascii")
+    write_atomic(pub_path, KEY_PREFIX + base64.b64encode(raw).decode() + "\n")
     return SigningKey(name, key_id(raw), pub_path.read_text().strip(), True)
 
 

@@ -21,6 +21,7 @@ import contextlib
 import functools
 import json
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -28,6 +29,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from edgedeploy_agent.durable import write_atomic
 
 from ..errors import BuildError
 from ..paths import config_dir
@@ -457,24 +460,29 @@ def _random(rng: Any, t: Any) -> Any:
 
 
 def _rewrite_database(db: Path, drop: list[Any] | None = None, keep_best: int | None = None) -> None:
-    """Rewrite the database without the records of `drop` and with at most `keep_best` records per workload."""
+    """Rewrite the database without the records of `drop` and with at most `keep_best` records per workload.
+
+    The new records are written next to the database and replace its record file in one durable rename:
+    an interrupted rewrite (Ctrl-C, a power cut) leaves the database as it was. The workload file is kept
+    as it is, so the workload indices that the records name stay valid whichever file a crash leaves."""
     import tvm_ffi
     from tvm.s_tir import meta_schedule as ms
 
-    old = open_database(db)
+    workloads, records_file = DB_FILES
     by_workload: dict[int, list[Any]] = {}
-    for r in old.get_all_tuning_records():
+    for r in open_database(db).get_all_tuning_records():
         if drop and any(tvm_ffi.structural_equal(r.workload.mod, w) for w in drop):
             continue
         by_workload.setdefault(tvm_ffi.structural_hash(r.workload.mod), []).append(r)
-    for f in DB_FILES:
-        (db / f).unlink()
-    new = open_database(db)
-    for records in by_workload.values():
-        records.sort(key=lambda r: _mean_secs(r))
-        for r in records[:keep_best]:
-            workload = new.commit_workload(r.workload.mod)
-            new.commit_tuning_record(ms.database.TuningRecord(r.trace, workload, r.run_secs, r.target, r.args_info))
+    with tempfile.TemporaryDirectory(prefix=".rewrite-", dir=db) as work:
+        shutil.copyfile(db / workloads, Path(work) / workloads)
+        new = open_database(Path(work))
+        for records in by_workload.values():
+            records.sort(key=lambda r: _mean_secs(r))
+            for r in records[:keep_best]:
+                workload = new.commit_workload(r.workload.mod)
+                new.commit_tuning_record(ms.database.TuningRecord(r.trace, workload, r.run_secs, r.target, r.args_info))
+        write_atomic(db / records_file, (Path(work) / records_file).read_bytes())
 
 
 def _mean_secs(record: Any) -> float:

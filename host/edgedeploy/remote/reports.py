@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any
+
+from edgedeploy_agent.durable import write_atomic
 
 from ..inventory import Device
 from ..paths import state_dir
@@ -35,12 +36,7 @@ def pull_reports(transport: Transport, device: Device, d: Path) -> list[dict[str
         report = item["report"]
         path = d / f"{int(report['seq']):08d}-{report['bundle_id']}.jsonl"
         if not path.exists():
-            tmp = path.with_name(path.name + ".tmp")
-            with open(tmp, "w", encoding="utf-8") as f:
-                f.write(json.dumps(report) + "\n")
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
+            write_atomic(path, json.dumps(report) + "\n")
             stored.append(report)
         names.append(item["file"])
     if names:

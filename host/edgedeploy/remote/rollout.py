@@ -7,10 +7,11 @@ after every device, so an interrupted rollout can be shown and resumed.
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
+
+from edgedeploy_agent.durable import write_atomic
 
 from ..errors import InputError
 from .facts import DeviceFacts
@@ -113,12 +114,7 @@ class RolloutState:
 
     def save(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.tmp")
-        with open(tmp, "w", encoding="utf-8") as f:
-            json.dump(self.to_json(), f, indent=1, default=str)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
+        write_atomic(path, json.dumps(self.to_json(), indent=1, default=str))
 
 
 def plan_rollout(
