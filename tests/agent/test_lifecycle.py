@@ -198,3 +198,43 @@ def test_recovery_removes_staging_leftovers_even_without_a_pending_transition(st
     kept.mkdir()
     assert recover(store, ScriptedService(store)) is None
     assert not leftover.exists() and kept.is_dir()
+
+
+class KilledAtRestart(ScriptedService):
+    """Kills its own process (SIGKILL: no `finally`, no handler runs) when asked to start `release`."""
+
+    def __init__(self, store: DeviceStore, release: str) -> None:
+        super().__init__(store)
+        self.release = release
+
+    def restart(self) -> None:
+        if self.store.current() == self.release:
+            os.kill(os.getpid(), signal.SIGKILL)
+        super().restart()
+
+
+def test_agent_killed_mid_rollback_is_recovered_like_a_deploy(store: DeviceStore, tmp_path: Path) -> None:
+    """The rollback runs in a child process killed once `current` points at the older release; recovery
+    puts the device back on the release state.json last committed, and says what it interrupted."""
+    svc = ScriptedService(store)
+    names = []
+    for v in ("1", "2"):
+        b = make_bundle(tmp_path / v, version=v, lib_bytes=v.encode())
+        names.append(read_manifest(b).release_name)
+        Deployment(store, svc).deploy(copy(b, store.incoming), timeout=2)
+    pid = os.fork()
+    if pid == 0:  # the agent process
+        try:
+            rollback(store, KilledAtRestart(store, names[0]), timeout=2)
+        finally:
+            os._exit(1)  # only reached when the kill did not happen
+    _, status = os.waitpid(pid, 0)
+    assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL
+    assert store.current() == names[0]  # killed after the link swap
+    assert store.state()["pending"]["kind"] == "rollback" and store.state()["current"] == names[1]
+
+    assert recover(store, svc) == names[1]
+    state = store.state()
+    assert store.current() == state["current"] == names[1] and state["previous"] == [names[0]]
+    assert state["pending"] is None and state["history"][-1]["event"] == "recovered" and svc.running
+    assert rollback(store, svc, timeout=2)["release"] == names[0]  # and a rollback still works after it
