@@ -42,15 +42,9 @@ def _facts(store: DeviceStore, args: argparse.Namespace) -> dict[str, Any]:
     }
     probe = store.root if store.root.exists() else store.root.parent
     facts["free_bytes"] = shutil.disk_usage(probe).free if probe.exists() else None
-    if store.initialised:
+    if store.initialised:  # read only: facts never recover a transition nor verify an upload
         service = make_service(store)
-        try:
-            # only a transition nobody is running is recovered: never undo a deploy in flight
-            with store.exclusive("recovery"):
-                recover(store, service)
-            facts["busy"] = False
-        except StateError:
-            facts["busy"] = True
+        facts["busy"] = store.busy()
         state = store.state()
         cfg = store.config()
         facts.update(
@@ -64,6 +58,7 @@ def _facts(store: DeviceStore, args: argparse.Namespace) -> dict[str, Any]:
             profile=cfg.profile,
             trusted_keys=sorted(TrustStore(store.root).keys()),
             serial=(state.get("serial") or {}).get("serial"),
+            pending=state["pending"],  # a transition in flight, or one a crash left for `recover`
         )
         if args.blobs:  # the host's one round trip before an upload: facts plus what is missing
             facts["blobs"] = _missing(store, args.blobs)
@@ -114,11 +109,21 @@ def _deploy(store: DeviceStore, args: argparse.Namespace) -> dict[str, Any]:
         )
 
 
+def _recover(store: DeviceStore, args: argparse.Namespace) -> dict[str, Any]:
+    """Finish a transition a crash interrupted (every deploy and rollback does this first)."""
+    store.require_initialised()
+    pending = store.state()["pending"]
+    # only a transition nobody is running is recovered: never undo a deploy in flight
+    with store.exclusive("recovery"):
+        current = recover(store, make_service(store))
+    return {"recovered": pending, "current": current if pending else store.state()["current"]}
+
+
 def _missing(store: DeviceStore, shas: list[str]) -> dict[str, Any]:
-    """Which of these blobs the device lacks (finished uploads are verified now), and free space."""
+    """Which of these blobs the device lacks, and free space. Read only: a finished upload counts as there
+    (the deploy verifies it: a corrupt one is refused with "push again")."""
     blobs = BlobStore(store.root)
-    blobs.init()
-    missing = [sha for sha in shas if not blobs.has(sha)]
+    missing = [sha for sha in shas if not blobs.present(sha)]
     return {
         "missing": missing,
         "partial": {sha: blobs.partial_bytes(sha) for sha in missing if blobs.partial_bytes(sha)},
@@ -215,7 +220,7 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--health-frames", type=int, help="real frames a deploy must serve to be healthy (default 3)")
     s.set_defaults(fn=_init)
 
-    s = sub.add_parser("facts", help="what the host needs to plan a deploy")
+    s = sub.add_parser("facts", help="what the host needs to plan a deploy (changes nothing)")
     s.add_argument("--blobs", nargs="+", metavar="SHA256", help="also say which of these blobs are missing")
     s.set_defaults(fn=_facts)
 
@@ -241,6 +246,9 @@ def _parser() -> argparse.ArgumentParser:
     s = sub.add_parser("trust", help="list the pinned bundle-signing keys, or replace them with --set")
     s.add_argument("--set", nargs="+", metavar="KEY", help="public keys (ed25519:<base64>) to pin")
     s.set_defaults(fn=_trust)
+
+    s = sub.add_parser("recover", help="finish a deploy or rollback a crash interrupted (back to the last commit)")
+    s.set_defaults(fn=_recover)
 
     s = sub.add_parser("rollback", help="go back to the previous release")
     s.add_argument("--timeout", type=float)

@@ -90,6 +90,19 @@ class DeviceStore:
             finally:
                 fcntl.flock(f.fileno(), fcntl.LOCK_UN)
 
+    def busy(self) -> bool:
+        """Whether a deploy, rollback or recovery holds `exclusive` now (probed with a shared lock)."""
+        lock = self.root / ".lock"
+        if not lock.exists():
+            return False
+        with open(lock) as f:
+            try:
+                fcntl.flock(f.fileno(), fcntl.LOCK_SH | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return True
+            fcntl.flock(f.fileno(), fcntl.LOCK_UN)
+        return False
+
     # --- state ------------------------------------------------------------------------------
     @staticmethod
     def _empty_state() -> dict[str, Any]:

@@ -15,22 +15,22 @@ from pathlib import Path
 from typing import Any
 
 from edgedeploy_agent.bundle import Manifest, read_manifest
-from edgedeploy_agent.errors import AgentError
 
 from .compile.int8_build import Int8Config
 from .compile.package import BuildResult, ModelCard, TuneResult, build_bundle
 from .compile.tensorrt_artifacts import TensorRTOptions
 from .compile.tuning import TuneRequest
-from .errors import ConnectionFailed, EdgeDeployError, InputError, error_code
+from .errors import ConnectionFailed, EdgeDeployError, InputError, agent_input, error_code
 from .inventory import Device, Inventory
 from .profiles import get_profile
 from .remote.agent_client import AgentClient
 from .remote.blobs import bundle_blobs
 from .remote.connect import connected
-from .remote.execute import HealthPolicy, PushResult, get_facts, init_agent, install_keys, push
+from .remote.execute import PushResult, get_facts, init_agent, install_keys, push
 from .remote.execute import rollback as _rollback
 from .remote.facts import DeviceFacts
 from .remote.fleet import FleetResult, run_fleet
+from .remote.plan import HealthPolicy
 from .remote.reports import load_local_reports, pull_reports, reports_dir
 from .remote.rollout import RolloutState, plan_rollout
 from .remote.rollout_runner import (
@@ -82,10 +82,8 @@ def tune(
     database is applied by later builds."""
     from .compile.package import tune_model
 
-    try:
+    with agent_input():
         return tune_model(bundle, request, progress, sources)
-    except AgentError as e:
-        raise InputError(e.message, hint=e.hint) from None
 
 
 def import_tuning(folder: Path, database: Path | None = None) -> tuple[Path, int]:
@@ -134,10 +132,8 @@ def evaluate(
 
 
 def inspect_bundle(path: Path) -> Manifest:
-    try:
+    with agent_input():
         return read_manifest(path)
-    except AgentError as e:
-        raise InputError(e.message, hint=e.hint) from None
 
 
 def enroll(

@@ -21,10 +21,9 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from edgedeploy_agent.bundle import Manifest, canonical_json, extract_bundle, write_bundle
 from edgedeploy_agent.durable import write_atomic
-from edgedeploy_agent.errors import AgentError
 from edgedeploy_agent.trust import KEY_PREFIX, key_id, parse_public_key
 
-from .errors import InputError
+from .errors import InputError, agent_input
 from .paths import config_dir
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
@@ -63,10 +62,8 @@ def list_keys() -> list[SigningKey]:
     out = []
     for pub in sorted(d.glob("*.pub")) if d.is_dir() else []:
         text = pub.read_text(encoding="ascii").strip()
-        try:
+        with agent_input(pub):
             raw = parse_public_key(text)
-        except AgentError as e:
-            raise InputError(f"{pub}: {e.message}") from None
         out.append(SigningKey(pub.stem, key_id(raw), text, pub.with_suffix(".key").is_file()))
     return out
 
@@ -122,10 +119,8 @@ def sign_bundle(
     key = _load_private(key_name)  # fail before any work if the key is missing
     del key
     with tempfile.TemporaryDirectory(prefix="edgedeploy-sign-") as tmp:
-        try:
+        with agent_input():
             manifest = extract_bundle(bundle, Path(tmp) / "b")  # verifies every artifact hash
-        except AgentError as e:
-            raise InputError(e.message, hint=e.hint) from None
         expires = dt.datetime.now(dt.timezone.utc).replace(microsecond=0) + dt.timedelta(days=expires_days)
         signed = manifest.model_copy(update={"serial": next_serial(serial), "expires": expires})
         files = {a.path: Path(tmp) / "b" / a.path for a in signed.artifacts}

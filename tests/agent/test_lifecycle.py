@@ -135,8 +135,9 @@ def test_no_space_is_detected_before_unpacking(store: DeviceStore, tmp_path: Pat
     assert store.current() is None and json.loads(store.state_path.read_text())["pending"] is None
 
 
-def test_facts_never_recovers_a_deploy_in_flight(store: DeviceStore, tmp_path: Path) -> None:
-    """A second host asking for facts while a deploy holds the device lock leaves the deploy alone."""
+def test_facts_change_nothing_and_recovery_never_undoes_a_deploy_in_flight(store: DeviceStore, tmp_path: Path) -> None:
+    """A second host asking for facts while a deploy holds the device lock leaves the deploy alone; facts
+    never recover (they only report the transition); `recover` does, once the device is free."""
     from tests.helpers import agent
 
     state = store.state()
@@ -145,10 +146,15 @@ def test_facts_never_recovers_a_deploy_in_flight(store: DeviceStore, tmp_path: P
     with store.exclusive("deploy"):
         r = agent("--root", str(store.root), "--json", "facts")
         assert json.loads(r.out)["busy"] is True and store.state()["pending"] is not None
-        r = agent("--root", str(store.root), "--json", "deploy", str(tmp_path / "none.edb"))
-        assert json.loads(r.out)["error"]["code"] == "state-error"
+        for args in (["deploy", str(tmp_path / "none.edb")], ["recover"]):
+            r = agent("--root", str(store.root), "--json", *args)
+            assert json.loads(r.out)["error"]["code"] == "state-error"
+    before = store.state_path.read_bytes()
     r = agent("--root", str(store.root), "--json", "facts")
-    assert json.loads(r.out)["busy"] is False and store.state()["pending"] is None  # recovered once free
+    assert json.loads(r.out)["busy"] is False and json.loads(r.out)["pending"]["release"] == "x"
+    assert store.state_path.read_bytes() == before
+    r = agent("--root", str(store.root), "--json", "recover")
+    assert json.loads(r.out)["recovered"]["release"] == "x" and store.state()["pending"] is None
 
 
 def _wait_for_staging(store: DeviceStore, proc: subprocess.Popen[str], timeout: float = 60) -> list[Path]:
@@ -182,7 +188,7 @@ def test_agent_killed_while_staging_is_cleaned_up_by_recovery(store: DeviceStore
     assert leftovers and all(p.exists() for p in leftovers), "the deploy finished before it could be killed"
     assert store.state()["pending"]["state"] == "staged"
 
-    r = agent("--root", str(store.root), "--json", "facts")  # the next contact recovers the device
+    r = agent("--root", str(store.root), "--json", "recover")  # what the next deploy (or the host) does first
     assert r.code == 0, r.err
     assert not list(store.releases.glob(".tmp-*"))
     state = store.state()

@@ -42,7 +42,7 @@ def test_exit_codes_resume_and_json_round_trip() -> None:
     assert s.exit_code() == 1
     s.devices["d00"].status = "committed"
     s.devices["d01"].status = "failed"
-    assert s.exit_code() == 2 and s.failed == ["d01"] and s.untouched == ["d02"]
+    assert s.exit_code() == 5 and s.failed == ["d01"] and s.untouched == ["d02"]
     again = RolloutState.from_json(s.to_json())
     assert again == s
     prepare_resume(again)

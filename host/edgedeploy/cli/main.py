@@ -9,7 +9,7 @@ from typing import NoReturn
 
 import typer
 
-from ..errors import EdgeDeployError, InputError, hint_with_link, os_error_text
+from ..errors import EXIT_INTERNAL, EXIT_INTERRUPTED, EdgeDeployError, InputError, hint_with_link, os_error_text
 from ..paths import state_dir
 from . import agent, build, demo, devices, int8, keys, profiles, publish, push, render, report, rollout, status, tune
 
@@ -20,6 +20,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,  # never print locals: SSH secrets can be locals
     add_completion=False,
 )
+
 app.add_typer(profiles.app, name="profiles")
 app.add_typer(devices.app, name="devices")
 app.add_typer(agent.app, name="agent")
@@ -35,8 +36,6 @@ status.register(app)
 report.register(app)
 demo.register(app)
 
-EXIT_INTERNAL = 70
-
 
 def main() -> None:
     try:
@@ -46,7 +45,7 @@ def main() -> None:
         sys.exit(e.exit_code)
     except KeyboardInterrupt:
         render.error("interrupted")
-        sys.exit(130)
+        sys.exit(EXIT_INTERRUPTED)
     except OSError as e:
         if e.filename is None:  # not about a path the user named: a bug or the system, below
             _internal(e)

@@ -20,6 +20,7 @@ class DeviceFacts:
     healthy_release: str | None
     health_state: str | None
     previous: tuple[str, ...]
+    pending_state: str | None  # the state of a transition in flight or interrupted (None: none)
 
 
 def parse_facts(data: dict[str, Any]) -> DeviceFacts:
@@ -40,4 +41,5 @@ def parse_facts(data: dict[str, Any]) -> DeviceFacts:
         healthy_release=healthy,
         health_state=health.get("state"),
         previous=tuple(data.get("previous") or ()),
+        pending_state=(data.get("pending") or {}).get("state"),
     )

@@ -7,7 +7,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
-from ..errors import EdgeDeployError
+from ..errors import EdgeDeployError, fleet_exit_code
 from ..inventory import Device
 
 T = TypeVar("T")
@@ -23,10 +23,7 @@ class FleetResult(Generic[T]):
 
     @property
     def exit_code(self) -> int:
-        """0 all succeeded, 2 some failed, 1 all failed (or no device at all)."""
-        if not self.failed and self.succeeded:
-            return 0
-        return 2 if self.succeeded else 1
+        return fleet_exit_code(len(self.succeeded), len(self.succeeded) + len(self.failed))
 
 
 def run_fleet(devices: list[Device], fn: Callable[[Device], T], workers: int = MAX_PARALLEL) -> FleetResult[T]:

@@ -13,7 +13,7 @@ from typing import Any
 
 from edgedeploy_agent.durable import write_atomic
 
-from ..errors import InputError
+from ..errors import InputError, fleet_exit_code
 from .facts import DeviceFacts
 
 OK_OUTCOMES = ("committed", "unchanged")
@@ -93,10 +93,7 @@ class RolloutState:
         return int(self.max_fail * len(self.devices) + 1e-9)
 
     def exit_code(self) -> int:
-        """0 every device ok, 1 none ok, 2 partial (CONVENTIONS: fleet exit codes)."""
-        if len(self.succeeded) == len(self.devices):
-            return 0
-        return 1 if not self.succeeded else 2
+        return fleet_exit_code(len(self.succeeded), len(self.devices))
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)

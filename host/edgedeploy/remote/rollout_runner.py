@@ -21,7 +21,8 @@ from ..paths import state_dir
 from .agent_client import AgentClient
 from .blobs import BundleBlobs
 from .connect import connected
-from .execute import HealthPolicy, get_facts, push
+from .execute import get_facts, push
+from .plan import HealthPolicy
 from .rollout import FINAL_OUTCOMES, OK_OUTCOMES, RolloutState
 
 # (device, status, detail) after every change; the renderer draws it
