@@ -5,10 +5,14 @@ from __future__ import annotations
 import datetime as dt
 import sys
 import traceback
-from typing import NoReturn
+from typing import Annotated, NoReturn
 
 import typer
 
+from edgedeploy_agent import __version__ as agent_version
+from edgedeploy_agent.bundle import SCHEMA_VERSION
+
+from .. import __version__
 from ..errors import EXIT_INTERNAL, EXIT_INTERRUPTED, EdgeDeployError, InputError, hint_with_link, os_error_text
 from ..paths import state_dir
 from . import agent, build, demo, devices, int8, keys, profiles, publish, push, render, report, rollout, status, tune
@@ -20,6 +24,22 @@ app = typer.Typer(
     pretty_exceptions_enable=False,  # never print locals: SSH secrets can be locals
     add_completion=False,
 )
+
+
+def _version(value: bool) -> None:
+    if value:
+        render.out.print(f"edgedeploy {__version__} (agent {agent_version}, bundle schema {SCHEMA_VERSION})")
+        raise typer.Exit()
+
+
+@app.callback()
+def _options(
+    version: Annotated[
+        bool, typer.Option("--version", callback=_version, is_eager=True, help="print the version and exit")
+    ] = False,
+) -> None:
+    """Build, ship and watch models on NVIDIA edge devices."""
+
 
 app.add_typer(profiles.app, name="profiles")
 app.add_typer(devices.app, name="devices")
