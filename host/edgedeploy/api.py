@@ -9,7 +9,6 @@ from __future__ import annotations
 import datetime as dt
 import json
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -263,15 +262,15 @@ def select_devices(inv: Inventory, names: list[str] | None, tag: str | None) -> 
 
 
 def _gather_facts(inv: Inventory, names: list[str], net: Network) -> dict[str, DeviceFacts | str]:
-    def one(name: str) -> DeviceFacts | str:
-        try:
-            with connected(inv.get(name), inv.known_hosts, net.connect_timeout, net.io_timeout) as t:
-                return get_facts(AgentClient(t, inv.get(name)))
-        except EdgeDeployError as e:
-            return e.message
+    """Each device's facts, or why there are none (one device's error never stops the others)."""
 
-    with ThreadPoolExecutor(max_workers=16) as pool:
-        return dict(zip(names, pool.map(one, names), strict=True))
+    def one(name: str) -> DeviceFacts:
+        dev = inv.get(name)  # an unknown name fails on its own
+        with connected(dev, inv.known_hosts, net.connect_timeout, net.io_timeout) as t:
+            return get_facts(AgentClient(t, dev))
+
+    result = run_fleet(names, one, name=str)
+    return {n: result.succeeded[n] if n in result.succeeded else result.failed[n].message for n in names}
 
 
 def rollout(

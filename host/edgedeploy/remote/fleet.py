@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 from ..errors import EdgeDeployError, fleet_exit_code
-from ..inventory import Device
 
 T = TypeVar("T")
+D = TypeVar("D")
 MAX_PARALLEL = 16
 
 
@@ -26,18 +26,33 @@ class FleetResult(Generic[T]):
         return fleet_exit_code(len(self.succeeded), len(self.succeeded) + len(self.failed))
 
 
-def run_fleet(devices: list[Device], fn: Callable[[Device], T], workers: int = MAX_PARALLEL) -> FleetResult[T]:
-    """fn(device) for each device, at most `workers` at a time; unexpected errors are kept, not raised."""
+def _device_name(d: Any) -> str:
+    return str(d.name)
+
+
+def run_fleet(
+    devices: Sequence[D], fn: Callable[[D], T], workers: int = MAX_PARALLEL, name: Callable[[D], str] = _device_name
+) -> FleetResult[T]:
+    """fn(device) for each device, at most `workers` at a time; unexpected errors are kept, not raised.
+    The one fan-out over devices (push, status, keys, facts, rollout waves). `devices` may be names (with
+    `name=str`) where a name the inventory lacks must fail on its own, not stop the others. Ctrl-C lets
+    the calls in flight finish, starts no other, and is raised."""
     result: FleetResult[T] = FleetResult()
     if not devices:
         return result
-    with ThreadPoolExecutor(max_workers=min(workers, len(devices))) as pool:
-        futures = {d.name: pool.submit(fn, d) for d in devices}
-    for name, fut in futures.items():
+    pool = ThreadPoolExecutor(max_workers=min(workers, len(devices)))
+    try:
+        futures = {name(d): pool.submit(fn, d) for d in devices}
+        wait(futures.values())
+    except KeyboardInterrupt:
+        pool.shutdown(wait=True, cancel_futures=True)
+        raise
+    pool.shutdown()
+    for key, fut in futures.items():
         try:
-            result.succeeded[name] = fut.result()
+            result.succeeded[key] = fut.result()
         except EdgeDeployError as e:
-            result.failed[name] = e
+            result.failed[key] = e
         except Exception as e:  # one device's surprise must not hide the rest of the fleet
-            result.failed[name] = EdgeDeployError(f"{name}: {type(e).__name__}: {e}")
+            result.failed[key] = EdgeDeployError(f"{key}: {type(e).__name__}: {e}")
     return result

@@ -8,10 +8,10 @@ devices failed than the budget allows. The state file is rewritten after every d
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,6 +22,7 @@ from .agent_client import AgentClient
 from .blobs import BundleBlobs
 from .connect import connected
 from .execute import get_facts, push
+from .fleet import run_fleet
 from .plan import HealthPolicy
 from .rollout import FINAL_OUTCOMES, OK_OUTCOMES, RolloutState
 
@@ -103,9 +104,10 @@ class RolloutRunner:
         try:
             outcome, detail, after = self._deliver(name)
             self._set(name, outcome, detail, code=None, release_after=after, seconds=_secs(t0))
-        except EdgeDeployError as e:
+        except Exception as e:  # one device's surprise (a bug) is its failure, never the rollout's
+            err = e if isinstance(e, EdgeDeployError) else EdgeDeployError(f"{name}: {type(e).__name__}: {e}")
             after = self._release_after_failure(name)
-            self._set(name, "failed", e.message, code=error_code(e), release_after=after, seconds=_secs(t0))
+            self._set(name, "failed", err.message, code=error_code(err), release_after=after, seconds=_secs(t0))
             self._check_threshold(wave)
 
     def _deliver(self, name: str) -> tuple[str, str, str | None]:
@@ -136,16 +138,13 @@ class RolloutRunner:
         try:
             for w, names in enumerate(self.state.waves):
                 todo = [n for n in names if self.state.devices[n].status not in FINAL_OUTCOMES]
-                with ThreadPoolExecutor(max_workers=self.state.concurrency) as pool:
-                    futures = [pool.submit(self._one, n, w) for n in todo]
-                    try:
-                        for f in futures:
-                            f.result()
-                    except KeyboardInterrupt:
-                        # devices already in flight finish their step (each is atomic on the device);
-                        # the rest are not started, and `rollout --resume` picks them up
-                        self._halt = "interrupted"
-                        raise
+                try:
+                    run_fleet(todo, functools.partial(self._one, wave=w), workers=self.state.concurrency, name=str)
+                except KeyboardInterrupt:
+                    # devices already in flight finish their step; the rest are not started (run_fleet),
+                    # and `rollout --resume` picks them up
+                    self._halt = "interrupted"
+                    raise
         except KeyboardInterrupt:
             self.state.status, self.state.halted_reason = "interrupted", "interrupted (Ctrl-C)"
             self.state.save(self.path)
