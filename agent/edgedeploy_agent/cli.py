@@ -21,6 +21,7 @@ from .bundle import SCHEMA_VERSION, verify_bundle
 from .config import AgentConfig
 from .durable import write_atomic
 from .errors import AgentError, StateError
+from .facts import Facts
 from .heartbeat import present_health
 from .lifecycle import BundleSource, Deployment, describe_release, recover, rollback
 from .service import HealthObjectives, make_service, read_health
@@ -31,6 +32,10 @@ DEFAULT_ROOT = "/var/lib/edgedeploy"
 
 
 def _facts(store: DeviceStore, args: argparse.Namespace) -> dict[str, Any]:
+    return Facts.model_validate(_gather_facts(store, args)).model_dump(mode="json")
+
+
+def _gather_facts(store: DeviceStore, args: argparse.Namespace) -> dict[str, Any]:
     facts: dict[str, Any] = {
         "agent_version": __version__,
         "bundle_schema": SCHEMA_VERSION,

@@ -1,5 +1,6 @@
 """The pure planner and the agent-output parser: no I/O, captured agent output as input."""
 
+import json
 from pathlib import Path
 
 import pytest
@@ -143,3 +144,14 @@ def test_an_interrupted_transition_is_never_a_noop(manifest: Manifest) -> None:
     facts = parse_facts({**FACTS, **running, "pending": {"state": "health-check", "release": "x"}})
     assert facts.pending_state == "health-check"
     assert not any(a.noop for a in plan_push(blobs_of(manifest), set(), DEV, facts)[1:])
+
+
+def test_the_captured_facts_parse_and_a_renamed_key_is_refused() -> None:
+    """tests/agent/fixtures/facts.json is a real agent's answer (kept current by test_facts_format.py)."""
+    captured = json.loads((Path(__file__).parents[1] / "agent" / "fixtures" / "facts.json").read_text())
+    f = parse_facts(captured, "cam-01")
+    assert f.current_release and f.current_release.startswith("toy-1-") and f.health_state == "dead"
+    renamed = {**{k: v for k, v in captured.items() if k != "arch"}, "machine": "x86_64"}
+    with pytest.raises(DeviceError, match="cam-01: the agent's facts are not in the format") as e:
+        parse_facts(renamed, "cam-01")
+    assert e.value.code == "agent-mismatch"

@@ -19,7 +19,8 @@ NAMES = [f"d{i:02d}" for i in range(10)]
 
 
 def facts(release: str | None = None) -> dict:
-    f = parse_facts({**FACTS, "current": {"release": release}, "health": {"release": release, "state": "ready"}})
+    running = {"current": {"release": release}, "health": {"release": release, "state": "ready"}}
+    f = parse_facts({**FACTS, **(running if release else {"current": None, "health": None})})
     return dict.fromkeys(NAMES, f)
 
 

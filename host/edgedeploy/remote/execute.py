@@ -29,7 +29,7 @@ class PushResult:
 
 
 def get_facts(client: AgentClient) -> DeviceFacts:
-    return parse_facts(client.call("facts", timeout=60))
+    return parse_facts(client.call("facts", timeout=60), client.device.name)
 
 
 def push(
@@ -50,8 +50,8 @@ def push(
     step("facts")
     # one round trip: the device's facts and which blobs it lacks (read only: nothing changes there)
     raw = client.call("facts", "--blobs", *[b.sha256 for b in blobs.blobs], timeout=300)
-    facts = parse_facts(raw)
-    lacking = set((raw.get("blobs") or {}).get("missing", [b.sha256 for b in blobs.blobs]))
+    facts = parse_facts(raw, device.name)  # validates `blobs` too (absent: the root is not initialised)
+    lacking = set(raw["blobs"]["missing"]) if raw["blobs"] else {b.sha256 for b in blobs.blobs}
     actions = plan_push(blobs, lacking, device, facts, force=force, health=health)
     if dry_run:
         return PushResult(device.name, "planned", manifest.release_name, facts.current_release, actions, timings)
