@@ -16,7 +16,10 @@ from typing import Any
 from edgedeploy_agent.bundle import Manifest, read_manifest
 
 from .compile.int8_build import Int8Config
-from .compile.package import BuildResult, ModelCard, TuneResult, build_bundle
+from .compile.cards import ModelCard
+from .compile.manifest import BuildResult
+from .compile.package import build_bundle
+from .compile.tune_bundle import TuneResult
 from .compile.tensorrt_artifacts import TensorRTOptions
 from .compile.tuning import TuneRequest
 from .errors import ConnectionFailed, EdgeDeployError, InputError, agent_input, error_code
@@ -79,7 +82,7 @@ def tune(
 ) -> TuneResult:
     """Tune the kernels of what `bundle` was built from (found in the build store, or `sources`); the
     database is applied by later builds."""
-    from .compile.package import tune_model
+    from .compile.tune_bundle import tune_model
 
     with agent_input():
         return tune_model(bundle, request, progress, sources)

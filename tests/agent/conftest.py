@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 
 from edgedeploy.api import build_tensorrt
+from edgedeploy.compile.cards import ModelCard
 from edgedeploy.compile.int8_build import Int8Config
-from edgedeploy.compile.package import ModelCard
 from edgedeploy.compile.quantize import QuantizeOptions
 from edgedeploy.compile.tensorrt_artifacts import TensorRTOptions
 

@@ -19,8 +19,8 @@ import numpy as np
 import pytest
 
 from edgedeploy.api import build, build_tensorrt
+from edgedeploy.compile.cards import ModelCard
 from edgedeploy.compile.int8_build import Int8Config
-from edgedeploy.compile.package import ModelCard
 from edgedeploy.compile.tensorrt_artifacts import TensorRTOptions
 from edgedeploy_agent.bundle import (
     Manifest,

@@ -21,8 +21,8 @@ import pytest
 
 from edgedeploy.api import build, evaluate
 from edgedeploy.build_store import host_file
+from edgedeploy.compile.cards import ModelCard, load_card
 from edgedeploy.compile.int8_build import Int8Config
-from edgedeploy.compile.package import ModelCard, load_card
 from edgedeploy.compile.quantize import QuantizeOptions
 from edgedeploy.compile.tune_offline import open_database, tunable_tasks
 from edgedeploy.compile.tuning import (

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from edgedeploy.api import build
-from edgedeploy.compile.package import ModelCard
+from edgedeploy.compile.cards import ModelCard
 from edgedeploy.fleet_servers import servers_available
 from edgedeploy.localdevice import LoopbackSshd
 from edgedeploy_agent.bundle import Postprocess, Preprocess

@@ -14,7 +14,7 @@ from edgedeploy_agent.bundle import Manifest, Postprocess, Preprocess
 from .. import api
 from ..build_store import missing
 from ..compile.int8_build import Int8Config
-from ..compile.package import ModelCard, card_for, read_labels
+from ..compile.cards import ModelCard, card_for, read_labels
 from ..compile.tensorrt_artifacts import TensorRTOptions, parse_batch
 from ..errors import InputError, validation_text
 from ..paths import build_store_dir
