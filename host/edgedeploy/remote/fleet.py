@@ -31,12 +31,17 @@ def _device_name(d: Any) -> str:
 
 
 def run_fleet(
-    devices: Sequence[D], fn: Callable[[D], T], workers: int = MAX_PARALLEL, name: Callable[[D], str] = _device_name
+    devices: Sequence[D],
+    fn: Callable[[D], T],
+    workers: int = MAX_PARALLEL,
+    name: Callable[[D], str] = _device_name,
+    on_interrupt: Callable[[], None] = lambda: None,
 ) -> FleetResult[T]:
     """fn(device) for each device, at most `workers` at a time; unexpected errors are kept, not raised.
     The one fan-out over devices (push, status, keys, facts, rollout waves). `devices` may be names (with
     `name=str`) where a name the inventory lacks must fail on its own, not stop the others. Ctrl-C lets
-    the calls in flight finish, starts no other, and is raised."""
+    the calls in flight finish (`on_interrupt` runs first: it may tell them to stop waiting), starts no
+    other, and is raised."""
     result: FleetResult[T] = FleetResult()
     if not devices:
         return result
@@ -45,6 +50,7 @@ def run_fleet(
         futures = {name(d): pool.submit(fn, d) for d in devices}
         wait(futures.values())
     except KeyboardInterrupt:
+        on_interrupt()
         pool.shutdown(wait=True, cancel_futures=True)
         raise
     pool.shutdown()

@@ -8,11 +8,11 @@ devices failed than the budget allows. The state file is rewritten after every d
 from __future__ import annotations
 
 import datetime as dt
-import functools
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 from ..errors import EdgeDeployError, error_code
@@ -132,19 +132,18 @@ class RolloutRunner:
             elif failed > self.state.fail_budget:
                 self._halt = f"{failed} devices failed, more than --max-fail allows ({self.state.fail_budget})"
 
+    def _interrupted(self) -> None:
+        self._halt = "interrupted"
+
     def run(self) -> RolloutState:
         self.state.status = "running"
         self.state.save(self.path)
         try:
             for w, names in enumerate(self.state.waves):
                 todo = [n for n in names if self.state.devices[n].status not in FINAL_OUTCOMES]
-                try:
-                    run_fleet(todo, functools.partial(self._one, wave=w), workers=self.state.concurrency, name=str)
-                except KeyboardInterrupt:
-                    # devices already in flight finish their step; the rest are not started (run_fleet),
-                    # and `rollout --resume` picks them up
-                    self._halt = "interrupted"
-                    raise
+                # Ctrl-C: devices already in flight finish their step (a pull rollout stops waiting for
+                # them); the rest are not started, and `rollout --resume` picks them up
+                run_fleet(todo, partial(self._one, wave=w), self.state.concurrency, str, self._interrupted)
         except KeyboardInterrupt:
             self.state.status, self.state.halted_reason = "interrupted", "interrupted (Ctrl-C)"
             self.state.save(self.path)
