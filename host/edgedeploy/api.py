@@ -15,21 +15,23 @@ from typing import Any
 
 from edgedeploy_agent.bundle import Manifest, read_manifest
 
-from .compile.int8_build import Int8Config
 from .compile.cards import ModelCard
+from .compile.int8_build import Int8Config
 from .compile.manifest import BuildResult
 from .compile.package import build_bundle
-from .compile.tune_bundle import TuneResult
 from .compile.tensorrt_artifacts import TensorRTOptions
+from .compile.tune_bundle import TuneResult
 from .compile.tuning import TuneRequest
-from .errors import ConnectionFailed, EdgeDeployError, InputError, agent_input, error_code
+from .errors import EdgeDeployError, InputError, agent_input, error_code
 from .inventory import Device, Inventory
 from .profiles import get_profile
 from .remote.agent_client import AgentClient
 from .remote.blobs import bundle_blobs
 from .remote.connect import connected
-from .remote.execute import PushResult, get_facts, init_agent, install_keys, push
+from .remote.execute import PushResult, get_facts, install_keys, push
 from .remote.execute import rollback as _rollback
+from .remote.execute import stop_agent as stop_agent_on
+from .remote.execute import wait_finished as wait_finished_on
 from .remote.facts import DeviceFacts
 from .remote.fleet import FleetResult, run_fleet
 from .remote.plan import HealthPolicy
@@ -77,6 +79,20 @@ def build(
     )
 
 
+def build_model(
+    model: Path,
+    profile_name: str,
+    out: Path,
+    card: ModelCard,
+    progress: Callable[[str], None] = lambda s: None,
+    **options: Any,
+) -> BuildResult:
+    """`edgedeploy build`: either runtime, with its options checked (compile.build_options)."""
+    from .compile.build_options import build_for_runtime
+
+    return build_for_runtime(model, get_profile(profile_name), out, card, progress=progress, **options)
+
+
 def tune(
     bundle: Path, request: TuneRequest, progress: Callable[[str], None] = lambda s: None, sources: Sequence[Path] = ()
 ) -> TuneResult:
@@ -86,6 +102,13 @@ def tune(
 
     with agent_input():
         return tune_model(bundle, request, progress, sources)
+
+
+def tune_request(bundle: Path, manifest: Manifest, *options: Any) -> TuneRequest:
+    """`edgedeploy tune`'s options checked into a request (compile.tune_bundle.tune_request)."""
+    from .compile.tune_bundle import tune_request as make_request
+
+    return make_request(bundle, manifest, *options)
 
 
 def import_tuning(folder: Path, database: Path | None = None) -> tuple[Path, int]:
@@ -146,45 +169,35 @@ def enroll(
     confirm: Callable[[str], bool] = lambda fp: True,
 ) -> dict[str, Any]:
     """Pin the device's host key (shown to the technician), then initialise the agent root."""
-    dev = inv.get(name)
-    fp: str | None = None
-    if dev.transport == "ssh":
-        from .remote.ssh import fetch_host_key, fingerprint, pin_host_key, pinned_fingerprint
+    from .remote.enroll import enroll_device, pin_device_key
 
-        key = fetch_host_key(dev.host, dev.port)
-        fp = fingerprint(key)
-        pinned = pinned_fingerprint(inv.known_hosts, dev.host, dev.port)
-        if expect_fingerprint and expect_fingerprint != fp:
-            raise ConnectionFailed(f"{name}: device offers {fp}, you expected {expect_fingerprint}; not pinned")
-        if pinned and pinned != fp and not replace:
-            raise ConnectionFailed(
-                f"{name}: device now offers {fp} but {pinned} is pinned",
-                hint="if the device was reinstalled, check the fingerprint and run with --replace",
-            )
-        if pinned != fp:
-            if not confirm(fp):
-                raise InputError(f"{name}: host key not accepted; nothing pinned")
-            pin_host_key(inv.known_hosts, dev.host, dev.port, key)
+    dev = inv.get(name)
+    fp = pin_device_key(inv.known_hosts, dev, expect_fingerprint, replace, confirm)
     with connected(dev, inv.known_hosts) as t:
-        info = init_agent(t, dev)
-        keys = fleet_public_keys()
-        trusted = install_keys(t, dev, keys) if keys else []
-        facts = get_facts(AgentClient(t, dev))
-    return {
-        "device": name,
-        "fingerprint": fp,
-        "root": info["root"],
-        "arch": facts.arch,
-        "python": facts.python,
-        "agent_version": facts.agent_version,
-        "trusted_keys": trusted,
-    }
+        return {"device": name, "fingerprint": fp, **enroll_device(t, dev, fleet_public_keys())}
 
 
 def facts(inv: Inventory, name: str) -> DeviceFacts:
     dev = inv.get(name)
     with connected(dev, inv.known_hosts) as t:
         return get_facts(AgentClient(t, dev))
+
+
+def wait_finished(inv: Inventory, name: str, timeout: float) -> str | None:
+    """Until the device's agent has ended its run (finished, failed, stopped): that state, or None."""
+    dev = inv.get(name)
+    with connected(dev, inv.known_hosts) as t:
+        return wait_finished_on(AgentClient(t, dev), timeout)
+
+
+def stop_agent(inv: Inventory, name: str) -> None:
+    """Best effort (at exit): stop the device's agent; an unreachable device is left as it is."""
+    dev = inv.get(name)
+    try:
+        with connected(dev, inv.known_hosts) as t:
+            stop_agent_on(AgentClient(t, dev))
+    except EdgeDeployError:
+        pass
 
 
 def push_bundle(

@@ -135,3 +135,19 @@ def init_agent(transport: Transport, device: Device) -> dict[str, Any]:
 def install_keys(transport: Transport, device: Device, public_keys: list[str]) -> list[str]:
     """Pin exactly these signing keys on the device; from then on it runs signed bundles only."""
     return list(AgentClient(transport, device).call("trust", "--set", *public_keys, timeout=60)["trusted_keys"])
+
+
+def wait_finished(client: AgentClient, timeout: float) -> str | None:
+    """Poll the agent's health until its run ended (a play-once source: finished, failed or stopped);
+    returns that state, or None when `timeout` passed first."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        state = get_facts(client).health_state
+        if state in ("finished", "failed", "stopped"):
+            return state
+        time.sleep(0.3)
+    return None
+
+
+def stop_agent(client: AgentClient) -> None:
+    client.call("stop")
