@@ -57,6 +57,15 @@ def require(variable: str, missing: str | None) -> None:
     pytest.skip(missing)
 
 
+def require_host() -> None:
+    """Agent tests that need a bundle built by the host package skip where only the agent is installed
+    (as on a device); CI installs both and sets EDGEDEPLOY_REQUIRE_HOST=1."""
+    try:
+        import edgedeploy.api  # noqa: F401
+    except ImportError as e:
+        require("HOST", f"the host package is not installed here ({e})")
+
+
 def require_sshd() -> None:
     from edgedeploy.localdevice import sshd_available
 
