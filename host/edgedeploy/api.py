@@ -18,7 +18,6 @@ from edgedeploy_agent.bundle import Manifest, read_manifest
 from .compile.cards import ModelCard
 from .compile.int8_build import Int8Config
 from .compile.manifest import BuildResult
-from .compile.package import build_bundle
 from .compile.tensorrt_artifacts import TensorRTOptions
 from .compile.tune_bundle import TuneResult
 from .compile.tuning import TuneRequest
@@ -58,36 +57,10 @@ def build(
     out: Path,
     card: ModelCard,
     progress: Callable[[str], None] = lambda s: None,
-    use_cache: bool = True,
-    precision: str = "fp32",
-    cuda_graph: bool = True,
-    batch: int = 1,
-    int8: Int8Config | None = None,
-) -> BuildResult:
-    profile = get_profile(profile_name)
-    return build_bundle(
-        model,
-        profile,
-        out,
-        card,
-        progress=progress,
-        use_cache=use_cache,
-        precision=precision,
-        cuda_graph=cuda_graph,
-        batch=batch,
-        int8=int8,
-    )
-
-
-def build_model(
-    model: Path,
-    profile_name: str,
-    out: Path,
-    card: ModelCard,
-    progress: Callable[[str], None] = lambda s: None,
     **options: Any,
 ) -> BuildResult:
-    """`edgedeploy build`: either runtime, with its options checked (compile.build_options)."""
+    """A bundle for either runtime (compile.build_options.build_for_runtime's options: runtime, batch,
+    precision, cuda_graph, use_cache, int8, workspace_mib)."""
     from .compile.build_options import build_for_runtime
 
     return build_for_runtime(model, get_profile(profile_name), out, card, progress=progress, **options)

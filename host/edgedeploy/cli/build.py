@@ -139,7 +139,7 @@ def register(app: typer.Typer) -> None:
         target = bundle_path(out or model.with_suffix(f".{profile}.edb"))
         t = time.perf_counter()
         with render.steps(f"build {model.name} for {profile}") as step:
-            result = api.build_model(
+            result = api.build(
                 model,
                 profile,
                 target,

@@ -17,11 +17,13 @@ from .tensorrt_artifacts import TensorRTOptions, build_tensorrt_bundle, parse_ba
 RUNTIMES = ("tvm", "tensorrt")
 
 
-def tvm_batch(batch: str | None) -> int:
+def tvm_batch(batch: int | str | None) -> int:
     """TVM compiles for one static batch size (default 1)."""
     if batch is None:
         return 1
-    if not batch.isdigit() or int(batch) < 1:
+    if isinstance(batch, int) and batch >= 1:
+        return batch
+    if not str(batch).isdigit() or int(batch) < 1:
         raise InputError(
             f"--batch for TVM is one static batch size, got {batch!r}",
             hint="batch ranges (MIN:OPT:MAX) are for --runtime tensorrt",
@@ -50,7 +52,7 @@ def build_for_runtime(
     card: ModelCard,
     *,
     runtime: str = "tvm",
-    batch: str | None = None,
+    batch: int | str | None = None,
     precision: str = "fp32",
     cuda_graph: bool = True,
     use_cache: bool = True,
@@ -62,7 +64,7 @@ def build_for_runtime(
     if runtime not in RUNTIMES:
         raise InputError(f"unknown runtime {runtime!r}", hint="choose tvm or tensorrt")
     if runtime == "tensorrt":
-        options = TensorRTOptions(batch=parse_batch(batch or "1"), workspace_mib=workspace_mib)
+        options = TensorRTOptions(batch=parse_batch(str(batch or "1")), workspace_mib=workspace_mib)
         return build_tensorrt_bundle(model, profile, out, card, tensorrt_int8(int8), options, progress=progress)
     return build_bundle(
         model,
