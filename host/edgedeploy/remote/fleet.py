@@ -39,9 +39,9 @@ def run_fleet(
 ) -> FleetResult[T]:
     """fn(device) for each device, at most `workers` at a time; unexpected errors are kept, not raised.
     The one fan-out over devices (push, status, keys, facts, rollout waves). `devices` may be names (with
-    `name=str`) where a name the inventory lacks must fail on its own, not stop the others. Ctrl-C lets
-    the calls in flight finish (`on_interrupt` runs first: it may tell them to stop waiting), starts no
-    other, and is raised."""
+    `name=str`) where a name the inventory lacks must fail on its own, not stop the others. Ctrl-C:
+    `on_interrupt` runs first (it may tell the calls in flight to stop waiting and those still queued to
+    return at once, as the rollout runner does), then every call ends, then it is raised."""
     result: FleetResult[T] = FleetResult()
     if not devices:
         return result
@@ -51,7 +51,7 @@ def run_fleet(
         wait(futures.values())
     except KeyboardInterrupt:
         on_interrupt()
-        pool.shutdown(wait=True, cancel_futures=True)
+        pool.shutdown(wait=True)
         raise
     pool.shutdown()
     for key, fut in futures.items():

@@ -142,7 +142,7 @@ class RolloutRunner:
             for w, names in enumerate(self.state.waves):
                 todo = [n for n in names if self.state.devices[n].status not in FINAL_OUTCOMES]
                 # Ctrl-C: devices already in flight finish their step (a pull rollout stops waiting for
-                # them); the rest are not started, and `rollout --resume` picks them up
+                # them); the rest are recorded as skipped, and `rollout --resume` picks them up
                 run_fleet(todo, partial(self._one, wave=w), self.state.concurrency, str, self._interrupted)
         except KeyboardInterrupt:
             self.state.status, self.state.halted_reason = "interrupted", "interrupted (Ctrl-C)"
