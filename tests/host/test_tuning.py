@@ -231,6 +231,23 @@ def test_an_interrupted_rewrite_leaves_the_database_whole(
     assert len(open_database(db).get_all_tuning_records()) == 2
 
 
+def test_a_rewrite_killed_after_its_commit_point_is_completed_by_the_next_reader(tmp_path: Path) -> None:
+    """Killed between the two renames (the workloads moved in, the records not): the next reader finishes
+    the swap; killed before the commit point: the half-written new files are dropped, the old ones kept."""
+    workloads, records = "database_workload.json", "database_tuning_record.json"
+    db = tmp_path / "db"
+    (db / ".rewrite-ready").mkdir(parents=True)
+    (db / workloads).write_text("new workloads\n")  # already moved in
+    (db / records).write_text("old records\n")
+    (db / ".rewrite-ready" / records).write_text("new records\n")
+    (db / ".rewrite-abc").mkdir()  # the work folder of a rewrite killed before its commit point
+    assert has_database(db)
+    assert (db / records).read_text() == "new records\n" and sorted(p.name for p in db.iterdir()) == [
+        records,
+        workloads,
+    ]
+
+
 # --- the stored databases (profiles/tuning) ---
 
 MNV1_CARD = REPO / "examples" / "cards" / "mobilenet_v1_0.25_224.toml"

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from edgedeploy_agent.durable import write_atomic
+from edgedeploy_agent.durable import fsync_dir, write_atomic
 
 from ..errors import BuildError
 from ..paths import config_dir
@@ -105,6 +105,8 @@ def database_dir(profile: str, key: str, root: Path | None = None) -> Path:
 
 
 def has_database(path: Path) -> bool:
+    """Whether `path` holds a database (an interrupted durable rewrite there is completed first)."""
+    finish_rewrite(path)
     return all((path / f).is_file() for f in DB_FILES)
 
 
@@ -459,30 +461,52 @@ def _random(rng: Any, t: Any) -> Any:
     return rng.standard_normal(shape).astype(dtype)
 
 
+REWRITE_READY = ".rewrite-ready"  # a complete new database, replacing the old one file by file
+
+
 def _rewrite_database(db: Path, drop: list[Any] | None = None, keep_best: int | None = None) -> None:
     """Rewrite the database without the records of `drop` and with at most `keep_best` records per workload.
 
-    The new records are written next to the database and replace its record file in one durable rename:
-    an interrupted rewrite (Ctrl-C, a power cut) leaves the database as it was. The workload file is kept
-    as it is, so the workload indices that the records name stay valid whichever file a crash leaves."""
+    The new pair of files is written beside the old one (in db/.rewrite-*), made durable, then renamed to
+    db/.rewrite-ready: the commit point. Before it, an interrupted rewrite (Ctrl-C, a power cut) leaves the
+    old database as it was; after it, `finish_rewrite` (run by every reader here) completes the swap."""
     import tvm_ffi
     from tvm.s_tir import meta_schedule as ms
 
-    workloads, records_file = DB_FILES
+    finish_rewrite(db)
     by_workload: dict[int, list[Any]] = {}
     for r in open_database(db).get_all_tuning_records():
         if drop and any(tvm_ffi.structural_equal(r.workload.mod, w) for w in drop):
             continue
         by_workload.setdefault(tvm_ffi.structural_hash(r.workload.mod), []).append(r)
     with tempfile.TemporaryDirectory(prefix=".rewrite-", dir=db) as work:
-        shutil.copyfile(db / workloads, Path(work) / workloads)
         new = open_database(Path(work))
         for records in by_workload.values():
             records.sort(key=lambda r: _mean_secs(r))
             for r in records[:keep_best]:
                 workload = new.commit_workload(r.workload.mod)
                 new.commit_tuning_record(ms.database.TuningRecord(r.trace, workload, r.run_secs, r.target, r.args_info))
-        write_atomic(db / records_file, (Path(work) / records_file).read_bytes())
+        del new
+        for f in DB_FILES:  # the same bytes, written durably (MetaSchedule's writer does not fsync)
+            write_atomic(Path(work) / f, (Path(work) / f).read_bytes())
+        os.replace(work, db / REWRITE_READY)
+        fsync_dir(db)
+        os.mkdir(work)  # for TemporaryDirectory's clean-up
+    finish_rewrite(db)
+
+
+def finish_rewrite(db: Path) -> None:
+    """Complete a rewrite that reached its commit point (db/.rewrite-ready): move its files in, workloads
+    first; a crash in between is completed by the next call. Drop the leftovers of one that did not."""
+    ready = db / REWRITE_READY
+    if ready.is_dir():
+        for f in DB_FILES:
+            if (ready / f).exists():
+                os.replace(ready / f, db / f)
+        fsync_dir(db)
+        ready.rmdir()
+    for left in db.glob(".rewrite-*") if db.is_dir() else []:
+        shutil.rmtree(left, ignore_errors=True)
 
 
 def _mean_secs(record: Any) -> float:
