@@ -48,7 +48,9 @@ def run_fleet(
     pool = ThreadPoolExecutor(max_workers=min(workers, len(devices)))
     try:
         futures = {name(d): pool.submit(fn, d) for d in devices}
-        wait(futures.values())
+        pending = set(futures.values())
+        while pending:  # in slices: SIGINT may reach another thread, and only bytecode here notices it
+            _, pending = wait(pending, timeout=0.2)
     except KeyboardInterrupt:
         on_interrupt()
         pool.shutdown(wait=True)
