@@ -21,7 +21,6 @@ import contextlib
 import functools
 import json
 import os
-import shutil
 import sys
 import tempfile
 import time
@@ -29,8 +28,6 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-
-from edgedeploy_agent.durable import fsync_dir, write_atomic
 
 from ..errors import BuildError
 from ..paths import config_dir
@@ -45,8 +42,8 @@ from .tune_offline import (
     scheduled_kernels,
     tunable_tasks,
 )
+from .tuning_db import DB_FILES, has_database, rewrite_database
 
-DB_FILES = ("database_workload.json", "database_tuning_record.json")
 EXPORT_MODULE = "tuning-module.json"
 EXPORT_META = "tuning.json"
 KEEP_BEST = 4  # records kept per kernel: the best applies, the rest seed the search when the database is extended
@@ -102,12 +99,6 @@ def user_root() -> Path:
 
 def database_dir(profile: str, key: str, root: Path | None = None) -> Path:
     return (root or builtin_root()) / profile / key
-
-
-def has_database(path: Path) -> bool:
-    """Whether `path` holds a database (an interrupted durable rewrite there is completed first)."""
-    finish_rewrite(path)
-    return all((path / f).is_file() for f in DB_FILES)
 
 
 def find_database(profile: str, key: str) -> Path | None:
@@ -294,7 +285,7 @@ def tune_where_the_time_is(mod: Any, target: Any, req: TuneRequest, progress: An
     slower = drop_slower_than_default(mod, target, db, tasks)
     if slower:
         progress(f"tune: dropped the records of {', '.join(slower)}: not faster than the default schedule")
-    _rewrite_database(db, keep_best=KEEP_BEST)
+    rewrite_database(db, keep_best=KEEP_BEST)
 
 
 @contextlib.contextmanager
@@ -423,7 +414,7 @@ def verify_database(db: Path, tasks: list[Any], target: Any) -> list[str]:
         if not same:
             bad.append((task.task_name, workload))
     if bad:
-        _rewrite_database(db, drop=[w for _, w in bad])
+        rewrite_database(db, drop=[w for _, w in bad])
     return [name for name, _ in bad]
 
 
@@ -444,7 +435,7 @@ def drop_slower_than_default(
     default = measure(mod, target, None)
     slower = sorted(k for k in names if k in tuned and k in default and tuned[k] >= default[k])
     if slower:
-        _rewrite_database(db, drop=[tasks[k].dispatched[0] for k in slower])
+        rewrite_database(db, drop=[tasks[k].dispatched[0] for k in slower])
     return slower
 
 
@@ -459,56 +450,3 @@ def _random(rng: Any, t: Any) -> Any:
         lo, hi = (int(info.min), int(info.max)) if dtype.itemsize == 1 else (-1000, 1000)
         return rng.integers(lo, hi + 1, size=shape).astype(dtype)
     return rng.standard_normal(shape).astype(dtype)
-
-
-REWRITE_READY = ".rewrite-ready"  # a complete new database, replacing the old one file by file
-
-
-def _rewrite_database(db: Path, drop: list[Any] | None = None, keep_best: int | None = None) -> None:
-    """Rewrite the database without the records of `drop` and with at most `keep_best` records per workload.
-
-    The new pair of files is written beside the old one (in db/.rewrite-*), made durable, then renamed to
-    db/.rewrite-ready: the commit point. Before it, an interrupted rewrite (Ctrl-C, a power cut) leaves the
-    old database as it was; after it, `finish_rewrite` (run by every reader here) completes the swap."""
-    import tvm_ffi
-    from tvm.s_tir import meta_schedule as ms
-
-    finish_rewrite(db)
-    by_workload: dict[int, list[Any]] = {}
-    for r in open_database(db).get_all_tuning_records():
-        if drop and any(tvm_ffi.structural_equal(r.workload.mod, w) for w in drop):
-            continue
-        by_workload.setdefault(tvm_ffi.structural_hash(r.workload.mod), []).append(r)
-    with tempfile.TemporaryDirectory(prefix=".rewrite-", dir=db) as work:
-        new = open_database(Path(work))
-        for records in by_workload.values():
-            records.sort(key=lambda r: _mean_secs(r))
-            for r in records[:keep_best]:
-                workload = new.commit_workload(r.workload.mod)
-                new.commit_tuning_record(ms.database.TuningRecord(r.trace, workload, r.run_secs, r.target, r.args_info))
-        del new
-        for f in DB_FILES:  # the same bytes, written durably (MetaSchedule's writer does not fsync)
-            write_atomic(Path(work) / f, (Path(work) / f).read_bytes())
-        os.replace(work, db / REWRITE_READY)
-        fsync_dir(db)
-        os.mkdir(work)  # for TemporaryDirectory's clean-up
-    finish_rewrite(db)
-
-
-def finish_rewrite(db: Path) -> None:
-    """Complete a rewrite that reached its commit point (db/.rewrite-ready): move its files in, workloads
-    first; a crash in between is completed by the next call. Drop the leftovers of one that did not."""
-    ready = db / REWRITE_READY
-    if ready.is_dir():
-        for f in DB_FILES:
-            if (ready / f).exists():
-                os.replace(ready / f, db / f)
-        fsync_dir(db)
-        ready.rmdir()
-    for left in db.glob(".rewrite-*") if db.is_dir() else []:
-        shutil.rmtree(left, ignore_errors=True)
-
-
-def _mean_secs(record: Any) -> float:
-    secs = [float(s) for s in (record.run_secs or [])]
-    return sum(secs) / len(secs) if secs else float("inf")
