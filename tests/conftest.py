@@ -45,6 +45,34 @@ def hermetic(tmp_path: Path, build_cache: Path, monkeypatch: pytest.MonkeyPatch)
     return home
 
 
+# --- services and tools: skip where missing, fail where CI requires them --------------------
+
+
+def require(variable: str, missing: str | None) -> None:
+    """The one skip rule for a service or tool a test needs: `missing` (None when it is there) says what
+    is not; CI sets EDGEDEPLOY_REQUIRE_<variable>=1 (.ci/run) and then the test fails instead of skipping."""
+    if missing is None:
+        return
+    if os.environ.get(f"EDGEDEPLOY_REQUIRE_{variable}") == "1":
+        pytest.fail(f"{missing}, but EDGEDEPLOY_REQUIRE_{variable}=1 says this test must run here")
+    pytest.skip(missing)
+
+
+def require_host() -> None:
+    """Agent tests that need a bundle built by the host package skip where only the agent is installed
+    (as on a device); CI installs both and sets EDGEDEPLOY_REQUIRE_HOST=1."""
+    try:
+        import edgedeploy.api  # noqa: F401
+    except ImportError as e:
+        require("HOST", f"the host package is not installed here ({e})")
+
+
+def require_sshd() -> None:
+    from edgedeploy.localdevice import sshd_available
+
+    require("SSHD", None if sshd_available() else "OpenSSH server not installed (apt-get install openssh-server)")
+
+
 # --- hardware markers: declared in pyproject.toml, checked here at run time -------------------
 
 

@@ -57,6 +57,10 @@ class BlobStore:
         fsync_dir(self.verified)
         return True
 
+    def present(self, sha: str) -> bool:
+        """Verified, or a finished upload not verified yet (read only: `has` verifies)."""
+        return self.path(sha).is_file() or (self.incoming / sha).is_file()
+
     def partial_bytes(self, sha: str) -> int:
         try:
             return (self.incoming / f"{_check_sha(sha)}.part").stat().st_size

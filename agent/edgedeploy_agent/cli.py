@@ -20,7 +20,9 @@ from .agentlog import DEFAULT_LINES, MAX_LINES, stamp_stderr
 from .blobs import BlobSource, BlobStore
 from .bundle import SCHEMA_VERSION, verify_bundle
 from .config import AgentConfig
+from .durable import write_atomic
 from .errors import AgentError, StateError
+from .facts import Facts
 from .heartbeat import present_health
 from .lifecycle import BundleSource, Deployment, describe_release, recover, rollback
 from .service import HealthObjectives, make_service, read_health
@@ -31,6 +33,10 @@ DEFAULT_ROOT = "/var/lib/edgedeploy"
 
 
 def _facts(store: DeviceStore, args: argparse.Namespace) -> dict[str, Any]:
+    return Facts.model_validate(_gather_facts(store, args)).model_dump(mode="json")
+
+
+def _gather_facts(store: DeviceStore, args: argparse.Namespace) -> dict[str, Any]:
     facts: dict[str, Any] = {
         "agent_version": __version__,
         "bundle_schema": SCHEMA_VERSION,
@@ -42,15 +48,9 @@ def _facts(store: DeviceStore, args: argparse.Namespace) -> dict[str, Any]:
     }
     probe = store.root if store.root.exists() else store.root.parent
     facts["free_bytes"] = shutil.disk_usage(probe).free if probe.exists() else None
-    if store.initialised:
+    if store.initialised:  # read only: facts never recover a transition nor verify an upload
         service = make_service(store)
-        try:
-            # only a transition nobody is running is recovered: never undo a deploy in flight
-            with store.exclusive("recovery"):
-                recover(store, service)
-            facts["busy"] = False
-        except StateError:
-            facts["busy"] = True
+        facts["busy"] = store.busy()
         state = store.state()
         cfg = store.config()
         facts.update(
@@ -64,6 +64,7 @@ def _facts(store: DeviceStore, args: argparse.Namespace) -> dict[str, Any]:
             profile=cfg.profile,
             trusted_keys=sorted(TrustStore(store.root).keys()),
             serial=(state.get("serial") or {}).get("serial"),
+            pending=state["pending"],  # a transition in flight, or one a crash left for `recover`
         )
         if args.blobs:  # the host's one round trip before an upload: facts plus what is missing
             facts["blobs"] = _missing(store, args.blobs)
@@ -114,11 +115,21 @@ def _deploy(store: DeviceStore, args: argparse.Namespace) -> dict[str, Any]:
         )
 
 
+def _recover(store: DeviceStore, args: argparse.Namespace) -> dict[str, Any]:
+    """Finish a transition a crash interrupted (every deploy and rollback does this first)."""
+    store.require_initialised()
+    pending = store.state()["pending"]
+    # only a transition nobody is running is recovered: never undo a deploy in flight
+    with store.exclusive("recovery"):
+        current = recover(store, make_service(store))
+    return {"recovered": pending, "current": current if pending else store.state()["current"]}
+
+
 def _missing(store: DeviceStore, shas: list[str]) -> dict[str, Any]:
-    """Which of these blobs the device lacks (finished uploads are verified now), and free space."""
+    """Which of these blobs the device lacks, and free space. Read only: a finished upload counts as there
+    (the deploy verifies it: a corrupt one is refused with "push again")."""
     blobs = BlobStore(store.root)
-    blobs.init()
-    missing = [sha for sha in shas if not blobs.has(sha)]
+    missing = [sha for sha in shas if not blobs.present(sha)]
     return {
         "missing": missing,
         "partial": {sha: blobs.partial_bytes(sha) for sha in missing if blobs.partial_bytes(sha)},
@@ -182,10 +193,7 @@ def _watch_config(store: DeviceStore, args: argparse.Namespace) -> dict[str, Any
     trust = rollout_trust(store.root)
     if args.rollout_key:
         trust.replace(args.rollout_key)
-    path = WatchConfig.path(store.root)
-    tmp = path.with_name(".watch.json.tmp")
-    tmp.write_text(cfg.model_dump_json(indent=1), encoding="utf-8")
-    os.replace(tmp, path)
+    write_atomic(WatchConfig.path(store.root), cfg.model_dump_json(indent=1))
     return {"config": cfg.model_dump(mode="json"), "rollout_keys": sorted(trust.keys())}
 
 
@@ -239,7 +247,7 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--health-frames", type=int, help="real frames a deploy must serve to be healthy (default 3)")
     s.set_defaults(fn=_init)
 
-    s = sub.add_parser("facts", help="what the host needs to plan a deploy")
+    s = sub.add_parser("facts", help="what the host needs to plan a deploy (changes nothing)")
     s.add_argument("--blobs", nargs="+", metavar="SHA256", help="also say which of these blobs are missing")
     s.set_defaults(fn=_facts)
 
@@ -287,6 +295,9 @@ def _parser() -> argparse.ArgumentParser:
     s = sub.add_parser("trust", help="list the pinned bundle-signing keys, or replace them with --set")
     s.add_argument("--set", nargs="+", metavar="KEY", help="public keys (ed25519:<base64>) to pin")
     s.set_defaults(fn=_trust)
+
+    s = sub.add_parser("recover", help="finish a deploy or rollback a crash interrupted (back to the last commit)")
+    s.set_defaults(fn=_recover)
 
     s = sub.add_parser("rollback", help="go back to the previous release")
     s.add_argument("--timeout", type=float)

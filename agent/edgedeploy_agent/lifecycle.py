@@ -1,10 +1,13 @@
 """The deployment state machine, persisted in state.json so a crash or reboot resumes it.
 
-    staged -> verified -> activating -> health-check -> committed
-                                 \\-----------------\\-> rolled-back
+    deploy:           staged -> verified -> activating -> health-check -> committed
+                         \\----------\\-> failed      \\-----------------\\-> rolled-back
+    manual rollback:  activating -> health-check -> committed | rolled-back
 
-`pending` in state.json holds the transition in flight. If the agent dies mid-way, `recover()`
-(run before every deploy and at `facts`) puts the device back on the last committed release.
+Every transition goes through `Transition`, which persists it as `pending` in state.json at each step
+before the step's work; `current` in state.json changes only at commit. If the agent dies mid-way (in a
+deploy or a rollback alike), `recover()` (run before every deploy and rollback, and at `facts`) puts the
+device back on the last committed release.
 
 A refused bundle (untrusted, incompatible, unreadable, failing to stage) leaves nothing behind: its
 uploaded file or blobs are removed at refusal, and `recover()` sweeps uploads nobody will use.
@@ -39,12 +42,53 @@ class BundleSource(Protocol):
 
 
 TRANSITIONS = {
-    None: {"staged"},
+    None: {"staged", "activating"},  # a deploy stages a new bundle; a rollback activates a release it kept
     "staged": {"verified", "failed"},
     "verified": {"activating", "failed"},
     "activating": {"health-check", "rolled-back"},
     "health-check": {"committed", "rolled-back"},
 }
+
+
+class Transition:
+    """The one transition in flight on a device, persisted as state["pending"] at every step."""
+
+    def __init__(self, store: DeviceStore, state: dict[str, Any], kind: str, release: str) -> None:
+        self.store, self.state, self.release = store, state, release
+        self.previous: Optional[str] = state["current"]
+        state["pending"] = {"kind": kind, "release": release, "from": self.previous, "state": None, "started": utcnow()}
+
+    def move(self, to: str) -> None:
+        pending = self.state["pending"]
+        frm = pending["state"]
+        if to not in TRANSITIONS.get(frm, set()):
+            raise StateError(f"invalid transition {frm} -> {to}")
+        pending["state"] = to
+        pending["updated"] = utcnow()
+        self.store.save_state(self.state)
+
+    def commit(self, event: str, serial: Optional[dict[str, Any]] = None) -> None:
+        """The release is healthy: it becomes `current`, the one it replaced heads `previous`."""
+        self.move("committed")
+        state, name, old = self.state, self.release, self.previous
+        state["current"] = name
+        if old and old != name:
+            state["previous"] = [old] + [p for p in state["previous"] if p not in (old, name)]
+        state["previous"] = [p for p in state["previous"] if p != name]
+        if serial is not None:
+            state["serial"] = serial
+        self.store.record(state, event, name, f"from {old}")
+        self._end()
+
+    def abort(self, to: str, event: str, reason: str) -> None:
+        """The transition ends without changing `current` (`to`: failed or rolled-back)."""
+        self.move(to)
+        self.store.record(self.state, event, self.release, reason)
+        self._end()
+
+    def _end(self) -> None:
+        self.state["pending"] = None
+        self.store.save_state(self.state)
 
 
 class Deployment:
@@ -53,15 +97,6 @@ class Deployment:
     def __init__(self, store: DeviceStore, service: Service) -> None:
         self.store, self.service = store, service
         self.timings: dict[str, float] = {}
-
-    def _move(self, state: dict[str, Any], to: str) -> None:
-        pending = state["pending"]
-        frm = pending["state"] if pending else None
-        if to not in TRANSITIONS.get(frm, set()):
-            raise StateError(f"invalid transition {frm} -> {to}")
-        pending["state"] = to
-        pending["updated"] = utcnow()
-        self.store.save_state(state)
 
     def deploy(
         self,
@@ -98,34 +133,31 @@ class Deployment:
             source.discard()
             return {"outcome": "unchanged", "release": name, "previous": state["previous"][:1] or [None]}
 
-        state["pending"] = {"release": name, "from": old, "state": None, "started": utcnow()}
-        self._move(state, "staged")
+        transition = Transition(self.store, state, "deploy", name)
+        transition.move("staged")
         t = time.monotonic()
         try:
             source.stage(self.store)
         except Exception as e:
             source.remove_refused()
-            self._move(state, "failed")
-            self.store.record(state, "stage-failed", name, str(e))
-            state["pending"] = None
-            self.store.save_state(state)
+            transition.abort("failed", "stage-failed", str(e))
             raise
         source.discard()  # the release holds the bundle now, whatever its health check says
         self.timings["verify_unpack_s"] = round(time.monotonic() - t, 3)
-        self._move(state, "verified")
+        transition.move("verified")
 
-        self._move(state, "activating")
+        transition.move("activating")
         self.store.activate(name)
         t = time.monotonic()
         self.service.restart()
-        self._move(state, "health-check")
+        transition.move("health-check")
         try:
             wanted = (objectives or HealthObjectives()).with_bundle(manifest.health)
             health = wait_healthy(self.store, self.service, name, timeout, wanted, build_timeout)
         except (RuntimeError, TimeoutError) as e:
             self.timings["health_wait_s"] = round(time.monotonic() - t, 3)
             reason = str(e)
-            back = self._roll_back(state, old, reason, timeout)
+            back = self._roll_back(transition, reason, timeout)
             if isinstance(e, NoFrames):  # the source failed, not the bundle: say so
                 raise SourceUnavailable(
                     f"bundle {name} could not be shown serving: {reason}; device is back on {back or 'no bundle'}",
@@ -140,16 +172,8 @@ class Deployment:
         if build_s is not None:
             self.timings["engine_build_s"] = build_s
 
-        state["pending"]["state"] = "committed"
-        state["current"] = name
-        if old and old != name:
-            state["previous"] = [old] + [p for p in state["previous"] if p not in (old, name)]
-        state["previous"] = [p for p in state["previous"] if p != name]
-        if manifest.serial is not None:
-            state["serial"] = {"serial": manifest.serial, "bundle_id": manifest.bundle_id}
-        self.store.record(state, "committed", name, f"from {old}")
-        state["pending"] = None
-        self.store.save_state(state)
+        serial = None if manifest.serial is None else {"serial": manifest.serial, "bundle_id": manifest.bundle_id}
+        transition.commit("committed", serial)
         cfg = self.store.config()
         removed = self.store.prune([name, *state["previous"]], cfg.keep_releases)
         state["previous"] = [p for p in state["previous"] if p not in removed]
@@ -157,7 +181,8 @@ class Deployment:
         BlobStore(self.store.root).collect_garbage()
         return {"outcome": "committed", "release": name, "previous": old, "health": health, "timings": self.timings}
 
-    def _roll_back(self, state: dict[str, Any], old: Optional[str], reason: str, timeout: float) -> Optional[str]:
+    def _roll_back(self, transition: Transition, reason: str, timeout: float) -> Optional[str]:
+        old = transition.previous
         self.store.activate(old)
         if old:
             self.service.restart()
@@ -167,11 +192,7 @@ class Deployment:
                 reason += f"; the previous bundle {old} did not come back healthy either: {e}"
         else:
             self.service.stop()
-        self._move(state, "rolled-back")
-        self.store.record(state, "rolled-back", state["pending"]["release"], reason)
-        state["current"] = old
-        state["pending"] = None
-        self.store.save_state(state)
+        transition.abort("rolled-back", "rolled-back", reason)
         return old
 
 
@@ -209,18 +230,22 @@ def rollback(store: DeviceStore, service: Service, timeout: float) -> dict[str, 
     if not state["previous"]:
         raise StateError("no previous release to roll back to")
     target, current = state["previous"][0], state["current"]
+    transition = Transition(store, state, "rollback", target)
+    transition.move("activating")
     store.activate(target)
     service.restart()
+    transition.move("health-check")
     try:
         wait_healthy(store, service, target, timeout)
     except (RuntimeError, TimeoutError) as e:
         store.activate(current)
-        service.restart()
+        if current:
+            service.restart()
+        else:
+            service.stop()
+        transition.abort("rolled-back", "manual-rollback-failed", str(e))
         raise HealthCheckFailed(f"previous release {target} is not healthy ({e}); stayed on {current}") from None
-    state["current"] = target
-    state["previous"] = [p for p in [current, *state["previous"][1:]] if p]
-    store.record(state, "manual-rollback", target, f"from {current}")
-    store.save_state(state)
+    transition.commit("manual-rollback")
     return {"outcome": "rolled-back", "release": target, "previous": current}
 
 

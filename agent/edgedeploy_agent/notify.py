@@ -7,7 +7,7 @@ The protocol is one datagram per message on the AF_UNIX socket systemd names in 
 import os
 import socket
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Optional
 
 
@@ -40,8 +40,11 @@ def watchdog_period_s(environ: Optional[Mapping[str, str]] = None) -> Optional[f
 class Notifier:
     """What the main loop calls: ready(), status(), and ping() as often as it likes (rate-limited)."""
 
-    def __init__(self, environ: Optional[Mapping[str, str]] = None) -> None:
+    def __init__(
+        self, environ: Optional[Mapping[str, str]] = None, clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self._env = dict(os.environ if environ is None else environ)
+        self.clock = clock
         self.enabled = bool(self._env.get("NOTIFY_SOCKET"))
         self.period_s = watchdog_period_s(self._env)
         self._last_ping = 0.0
@@ -58,7 +61,7 @@ class Notifier:
     def ready(self, status: str) -> None:
         self._send(f"READY=1\nSTATUS={status}")
         self._last_status = status
-        self._last_ping = time.monotonic()
+        self._last_ping = self.clock()
 
     def status(self, status: str) -> None:
         if status != self._last_status:
@@ -72,7 +75,7 @@ class Notifier:
         """WATCHDOG=1 at most every half watchdog period; call it from the main loop only."""
         if self.period_s is None:
             return
-        now = time.monotonic()
+        now = self.clock()
         if now - self._last_ping >= self.period_s:
             self._send("WATCHDOG=1")
             self._last_ping = now

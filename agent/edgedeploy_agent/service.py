@@ -16,8 +16,9 @@ from pathlib import Path
 from typing import Any, Optional, Protocol
 
 from .bundle import HealthSpec
+from .durable import write_json_atomic
 from .heartbeat import BUILD_STATES, pid_alive
-from .store import DeviceStore, utcnow, write_json_atomic
+from .store import DeviceStore, utcnow
 
 HEALTHY_STATES = ("ready", "finished")
 

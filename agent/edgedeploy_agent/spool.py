@@ -11,8 +11,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from .durable import write_json_atomic
 from .report import Report
-from .store import DeviceStore, write_json_atomic
+from .store import DeviceStore
 
 DEFAULT_SPOOL_MAX_BYTES = 64 << 20
 

@@ -21,7 +21,7 @@ from typing import Any, Optional
 
 from .bundle import MANIFEST_NAME, Manifest, extract_bundle, read_manifest, sha256_file, verify_bundle
 from .config import AgentConfig
-from .durable import fsync_dir
+from .durable import fsync_dir, write_json_atomic
 from .errors import BundleError, InsufficientSpace, StateError
 
 SPACE_MARGIN_BYTES = 16 << 20
@@ -30,16 +30,6 @@ HISTORY_LENGTH = 50
 
 def utcnow() -> str:
     return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="milliseconds")
-
-
-def write_json_atomic(path: Path, data: Any) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(data, f, indent=1, sort_keys=True)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    fsync_dir(path.parent)
 
 
 class DeviceStore:
@@ -101,6 +91,19 @@ class DeviceStore:
                 yield
             finally:
                 fcntl.flock(f.fileno(), fcntl.LOCK_UN)
+
+    def busy(self) -> bool:
+        """Whether a deploy, rollback or recovery holds `exclusive` now (probed with a shared lock)."""
+        lock = self.root / ".lock"
+        if not lock.exists():
+            return False
+        with open(lock) as f:
+            try:
+                fcntl.flock(f.fileno(), fcntl.LOCK_SH | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return True
+            fcntl.flock(f.fileno(), fcntl.LOCK_UN)
+        return False
 
     # --- state ------------------------------------------------------------------------------
     @staticmethod

@@ -13,11 +13,11 @@ import binascii
 import datetime as _dt
 import hashlib
 import json
-import os
 from pathlib import Path
 from typing import Any, Optional
 
 from .bundle import Manifest
+from .durable import fsync_dir, write_atomic
 from .errors import BadSignature, ExpiredBundle, IncompatibleBundle, ReplayedBundle, UnsignedBundle, UntrustedBundle
 
 KEY_PREFIX = "ed25519:"
@@ -63,12 +63,11 @@ class TrustStore:
         self.dir.mkdir(parents=True, exist_ok=True)
         wanted = {key_id(r): r for r in raws}
         for kid, raw in wanted.items():
-            tmp = self.dir / f".{kid}.tmp"
-            tmp.write_text(KEY_PREFIX + base64.b64encode(raw).decode() + "\n", encoding="ascii")
-            os.replace(tmp, self.dir / f"{kid}.pub")
+            write_atomic(self.dir / f"{kid}.pub", KEY_PREFIX + base64.b64encode(raw).decode() + "\n")
         for p in self.dir.glob("*.pub"):
             if p.stem not in wanted:
                 p.unlink()
+        fsync_dir(self.dir)
         return sorted(wanted)
 
 

@@ -15,7 +15,6 @@ ROOT/watch/state.json  the serial floor and the last accepted document, so a res
 
 import json
 import logging
-import os
 import random
 import threading
 import time
@@ -35,6 +34,7 @@ from .desired import (
     status_topic,
     verify_desired,
 )
+from .durable import write_atomic
 from .errors import AgentError, HealthCheckFailed, StateError
 from .lifecycle import Deployment, rollback
 from .oci import DigestMismatch, OciPuller, PullError, parse_ref
@@ -104,9 +104,7 @@ class Watcher:
 
     def _save(self, data: dict[str, Any]) -> None:
         self.state_path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.state_path.with_name(".state.json.tmp")
-        tmp.write_text(json.dumps(data), encoding="utf-8")
-        os.replace(tmp, self.state_path)
+        write_atomic(self.state_path, json.dumps(data))
 
     def _release(self) -> Optional[str]:
         try:

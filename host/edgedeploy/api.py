@@ -9,28 +9,31 @@ from __future__ import annotations
 import datetime as dt
 import json
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from edgedeploy_agent.bundle import Manifest, read_manifest
-from edgedeploy_agent.errors import AgentError
 
+from .compile.cards import ModelCard
 from .compile.int8_build import Int8Config
-from .compile.package import BuildResult, ModelCard, TuneResult, build_bundle
+from .compile.manifest import BuildResult
 from .compile.tensorrt_artifacts import TensorRTOptions
+from .compile.tune_bundle import TuneResult
 from .compile.tuning import TuneRequest
-from .errors import ConnectionFailed, EdgeDeployError, InputError, error_code
+from .errors import EdgeDeployError, InputError, agent_input, error_code
 from .inventory import Device, Inventory
 from .profiles import get_profile
 from .remote.agent_client import AgentClient
 from .remote.blobs import bundle_blobs
 from .remote.connect import connected
-from .remote.execute import HealthPolicy, PushResult, get_facts, init_agent, install_keys, push
+from .remote.execute import PushResult, get_facts, install_keys, push
 from .remote.execute import rollback as _rollback
+from .remote.execute import stop_agent as stop_agent_on
+from .remote.execute import wait_finished as wait_finished_on
 from .remote.facts import DeviceFacts
 from .remote.fleet import FleetResult, run_fleet
+from .remote.plan import HealthPolicy
 from .remote.reports import load_local_reports, pull_reports, reports_dir
 from .remote.rollout import RolloutState, plan_rollout
 from .remote.rollout_runner import (
@@ -54,25 +57,13 @@ def build(
     out: Path,
     card: ModelCard,
     progress: Callable[[str], None] = lambda s: None,
-    use_cache: bool = True,
-    precision: str = "fp32",
-    cuda_graph: bool = True,
-    batch: int = 1,
-    int8: Int8Config | None = None,
+    **options: Any,
 ) -> BuildResult:
-    profile = get_profile(profile_name)
-    return build_bundle(
-        model,
-        profile,
-        out,
-        card,
-        progress=progress,
-        use_cache=use_cache,
-        precision=precision,
-        cuda_graph=cuda_graph,
-        batch=batch,
-        int8=int8,
-    )
+    """A bundle for either runtime (compile.build_options.build_for_runtime's options: runtime, batch,
+    precision, cuda_graph, use_cache, int8, workspace_mib)."""
+    from .compile.build_options import build_for_runtime
+
+    return build_for_runtime(model, get_profile(profile_name), out, card, progress=progress, **options)
 
 
 def tune(
@@ -80,12 +71,17 @@ def tune(
 ) -> TuneResult:
     """Tune the kernels of what `bundle` was built from (found in the build store, or `sources`); the
     database is applied by later builds."""
-    from .compile.package import tune_model
+    from .compile.tune_bundle import tune_model
 
-    try:
+    with agent_input():
         return tune_model(bundle, request, progress, sources)
-    except AgentError as e:
-        raise InputError(e.message, hint=e.hint) from None
+
+
+def tune_request(bundle: Path, manifest: Manifest, *options: Any) -> TuneRequest:
+    """`edgedeploy tune`'s options checked into a request (compile.tune_bundle.tune_request)."""
+    from .compile.tune_bundle import tune_request as make_request
+
+    return make_request(bundle, manifest, *options)
 
 
 def import_tuning(folder: Path, database: Path | None = None) -> tuple[Path, int]:
@@ -134,10 +130,8 @@ def evaluate(
 
 
 def inspect_bundle(path: Path) -> Manifest:
-    try:
+    with agent_input():
         return read_manifest(path)
-    except AgentError as e:
-        raise InputError(e.message, hint=e.hint) from None
 
 
 def enroll(
@@ -148,45 +142,35 @@ def enroll(
     confirm: Callable[[str], bool] = lambda fp: True,
 ) -> dict[str, Any]:
     """Pin the device's host key (shown to the technician), then initialise the agent root."""
-    dev = inv.get(name)
-    fp: str | None = None
-    if dev.transport == "ssh":
-        from .remote.ssh import fetch_host_key, fingerprint, pin_host_key, pinned_fingerprint
+    from .remote.enroll import enroll_device, pin_device_key
 
-        key = fetch_host_key(dev.host, dev.port)
-        fp = fingerprint(key)
-        pinned = pinned_fingerprint(inv.known_hosts, dev.host, dev.port)
-        if expect_fingerprint and expect_fingerprint != fp:
-            raise ConnectionFailed(f"{name}: device offers {fp}, you expected {expect_fingerprint}; not pinned")
-        if pinned and pinned != fp and not replace:
-            raise ConnectionFailed(
-                f"{name}: device now offers {fp} but {pinned} is pinned",
-                hint="if the device was reinstalled, check the fingerprint and run with --replace",
-            )
-        if pinned != fp:
-            if not confirm(fp):
-                raise InputError(f"{name}: host key not accepted; nothing pinned")
-            pin_host_key(inv.known_hosts, dev.host, dev.port, key)
+    dev = inv.get(name)
+    fp = pin_device_key(inv.known_hosts, dev, expect_fingerprint, replace, confirm)
     with connected(dev, inv.known_hosts) as t:
-        info = init_agent(t, dev)
-        keys = fleet_public_keys()
-        trusted = install_keys(t, dev, keys) if keys else []
-        facts = get_facts(AgentClient(t, dev))
-    return {
-        "device": name,
-        "fingerprint": fp,
-        "root": info["root"],
-        "arch": facts.arch,
-        "python": facts.python,
-        "agent_version": facts.agent_version,
-        "trusted_keys": trusted,
-    }
+        return {"device": name, "fingerprint": fp, **enroll_device(t, dev, fleet_public_keys())}
 
 
 def facts(inv: Inventory, name: str) -> DeviceFacts:
     dev = inv.get(name)
     with connected(dev, inv.known_hosts) as t:
         return get_facts(AgentClient(t, dev))
+
+
+def wait_finished(inv: Inventory, name: str, timeout: float) -> str | None:
+    """Until the device's agent has ended its run (finished, failed, stopped): that state, or None."""
+    dev = inv.get(name)
+    with connected(dev, inv.known_hosts) as t:
+        return wait_finished_on(AgentClient(t, dev), timeout)
+
+
+def stop_agent(inv: Inventory, name: str) -> None:
+    """Best effort (at exit): stop the device's agent; an unreachable device is left as it is."""
+    dev = inv.get(name)
+    try:
+        with connected(dev, inv.known_hosts) as t:
+            stop_agent_on(AgentClient(t, dev))
+    except EdgeDeployError:
+        pass
 
 
 def push_bundle(
@@ -267,15 +251,15 @@ def select_devices(inv: Inventory, names: list[str] | None, tag: str | None) -> 
 
 
 def _gather_facts(inv: Inventory, names: list[str], net: Network) -> dict[str, DeviceFacts | str]:
-    def one(name: str) -> DeviceFacts | str:
-        try:
-            with connected(inv.get(name), inv.known_hosts, net.connect_timeout, net.io_timeout) as t:
-                return get_facts(AgentClient(t, inv.get(name)))
-        except EdgeDeployError as e:
-            return e.message
+    """Each device's facts, or why there are none (one device's error never stops the others)."""
 
-    with ThreadPoolExecutor(max_workers=16) as pool:
-        return dict(zip(names, pool.map(one, names), strict=True))
+    def one(name: str) -> DeviceFacts:
+        dev = inv.get(name)  # an unknown name fails on its own
+        with connected(dev, inv.known_hosts, net.connect_timeout, net.io_timeout) as t:
+            return get_facts(AgentClient(t, dev))
+
+    result = run_fleet(names, one, name=str)
+    return {n: result.succeeded[n] if n in result.succeeded else result.failed[n].message for n in names}
 
 
 def rollout(

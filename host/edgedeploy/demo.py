@@ -19,7 +19,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from edgedeploy_agent.bundle import Postprocess, Preprocess
 
-from .compile.package import ModelCard
+from .compile.cards import ModelCard
 
 MODEL_DESCRIPTION = "MLP 64-64-10 (ReLU) trained here on scikit-learn's 8x8 handwritten digits; input: 8x8 grey, 0..1"
 FRAME_SIZE = 64

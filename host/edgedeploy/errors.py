@@ -2,13 +2,36 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
 from pydantic import ValidationError
+
+from edgedeploy_agent.errors import AgentError
+
+# The exit codes of `edgedeploy`, one meaning each (README.md, docs/troubleshooting.md#exit-codes).
+EXIT_OK = 0
+EXIT_FAILED = 1  # the command failed: a build failed, or every device of a fleet command failed
+EXIT_INPUT = 2  # bad input: a missing or corrupt file, an unknown name, a malformed option or config
+EXIT_CONNECTION = 3  # a device cannot be reached or authenticated (host key unknown or changed)
+EXIT_DEVICE = 4  # a device (or the registry) refused the operation, or a device rolled back
+EXIT_PARTIAL = 5  # a fleet command: some devices succeeded, others failed or were not reached
+EXIT_INTERNAL = 70  # a bug: the traceback is in the state folder's logs/last-error.log
+EXIT_INTERRUPTED = 130  # Ctrl-C
+
+
+def fleet_exit_code(succeeded: int, total: int) -> int:
+    """0 every device ok, 5 some did, 1 none did (or there was no device)."""
+    if total and succeeded == total:
+        return EXIT_OK
+    return EXIT_PARTIAL if succeeded else EXIT_FAILED
 
 
 class EdgeDeployError(Exception):
     """An error a user can act on: printed as one line plus a hint, never as a traceback."""
 
-    exit_code = 1
+    exit_code = EXIT_FAILED
 
     def __init__(self, message: str, hint: str | None = None) -> None:
         super().__init__(message)
@@ -19,7 +42,7 @@ class EdgeDeployError(Exception):
 class InputError(EdgeDeployError):
     """Bad input: a missing or corrupt file, an unknown name, a malformed config."""
 
-    exit_code = 2
+    exit_code = EXIT_INPUT
 
 
 class ModelError(InputError):
@@ -41,7 +64,7 @@ class BuildError(EdgeDeployError):
 class ConnectionFailed(EdgeDeployError):
     """The device cannot be reached or authenticated."""
 
-    exit_code = 3
+    exit_code = EXIT_CONNECTION
 
 
 class HostKeyError(ConnectionFailed):
@@ -51,11 +74,21 @@ class HostKeyError(ConnectionFailed):
 class DeviceError(EdgeDeployError):
     """The device refused or failed an operation; `code` is the agent's error code."""
 
-    exit_code = 4
+    exit_code = EXIT_DEVICE
 
     def __init__(self, message: str, hint: str | None = None, code: str = "device-error") -> None:
         super().__init__(message, hint)
         self.code = code
+
+
+@contextmanager
+def agent_input(what: Path | str | None = None) -> Iterator[None]:
+    """The one place an AgentError becomes a host error: agent code run on the host (reading a bundle, a
+    key, a release) fails on what it was given, which is bad input here (exit 2). `what` prefixes it."""
+    try:
+        yield
+    except AgentError as e:
+        raise InputError(f"{what}: {e.message}" if what else e.message, hint=e.hint) from None
 
 
 TROUBLESHOOTING = "docs/troubleshooting.md"

@@ -18,11 +18,10 @@ import numpy as np
 import onnx
 
 from edgedeploy_agent.bundle import Manifest, extract_bundle
-from edgedeploy_agent.errors import AgentError
 
 from .build_store import has_file, host_file
 from .datasets import LabeledSet
-from .errors import InputError, ModelError
+from .errors import InputError, ModelError, agent_input
 
 
 class Classifier(Protocol):
@@ -60,10 +59,8 @@ class TvmBundleClassifier:
     def __init__(self, release_dir: Path, manifest: Manifest) -> None:
         from edgedeploy_agent.runtime.tvm import TvmRuntime
 
-        try:
+        with agent_input():
             self.runtime = TvmRuntime(release_dir, manifest)
-        except AgentError as e:
-            raise InputError(e.message, hint=e.hint) from None
 
     def predict(self, batch: np.ndarray) -> np.ndarray:
         return np.concatenate([self.runtime.run([batch[i : i + 1]])[0].reshape(1, -1) for i in range(len(batch))])
@@ -72,10 +69,8 @@ class TvmBundleClassifier:
 @contextmanager
 def unpacked(bundle: Path) -> Iterator[tuple[Path, Manifest]]:
     with tempfile.TemporaryDirectory(prefix="edgedeploy-eval-") as tmp:
-        try:
+        with agent_input():
             manifest = extract_bundle(bundle, Path(tmp) / "release")
-        except AgentError as e:
-            raise InputError(e.message, hint=e.hint) from None
         yield Path(tmp) / "release", manifest
 
 

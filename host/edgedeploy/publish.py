@@ -32,7 +32,7 @@ from edgedeploy_agent.oci import (
     parse_ref,
 )
 
-from .errors import EdgeDeployError, InputError
+from .errors import EXIT_DEVICE, EdgeDeployError, InputError
 from .paths import state_dir
 from .remote.blobs import Blob, BundleBlobs, bundle_blobs
 
@@ -43,7 +43,7 @@ _TAG = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]{0,127}$")
 class RegistryError(EdgeDeployError):
     """The registry refused or could not be reached."""
 
-    exit_code = 4
+    exit_code = EXIT_DEVICE
 
 
 @dataclass(frozen=True)

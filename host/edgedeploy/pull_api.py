@@ -18,9 +18,9 @@ from .errors import InputError
 from .inventory import Inventory
 from .publish import published_ref
 from .remote.blobs import bundle_blobs
-from .remote.execute import HealthPolicy
 from .remote.mqtt import Controller, FleetConfig, desired_payload, load_fleet_config
 from .remote.mqtt_rollout import MqttRolloutRunner, PullPolicy, status_facts
+from .remote.plan import HealthPolicy
 from .remote.rollout import RolloutState, plan_rollout
 from .remote.rollout_runner import Listener, prepare_resume, rollouts_dir
 from .signing import next_serial

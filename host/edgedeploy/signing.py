@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import base64
 import datetime as dt
-import os
 import re
 import tempfile
 import time
@@ -21,10 +20,10 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from edgedeploy_agent.bundle import Manifest, canonical_json, extract_bundle, write_bundle
-from edgedeploy_agent.errors import AgentError
+from edgedeploy_agent.durable import write_atomic
 from edgedeploy_agent.trust import KEY_PREFIX, key_id, parse_public_key
 
-from .errors import InputError
+from .errors import InputError, agent_input
 from .paths import config_dir
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
@@ -52,12 +51,9 @@ def generate_key(name: str, force: bool = False) -> SigningKey:
         raise InputError(f"key {name} already exists in {d}", hint="pick another name (or --force to overwrite)")
     key = Ed25519PrivateKey.generate()
     pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
-    fd = os.open(priv_path.with_suffix(".tmp"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "wb") as f:
-        f.write(pem)
-    os.replace(priv_path.with_suffix(".tmp"), priv_path)
+    write_atomic(priv_path, pem, mode=0o600)
     raw = key.public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
-    pub_path.write_text(KEY_PREFIX + base64.b64encode(raw).decode() + "\n", encoding="ascii")
+    write_atomic(pub_path, KEY_PREFIX + base64.b64encode(raw).decode() + "\n")
     return SigningKey(name, key_id(raw), pub_path.read_text().strip(), True)
 
 
@@ -66,10 +62,8 @@ def list_keys() -> list[SigningKey]:
     out = []
     for pub in sorted(d.glob("*.pub")) if d.is_dir() else []:
         text = pub.read_text(encoding="ascii").strip()
-        try:
+        with agent_input(pub):
             raw = parse_public_key(text)
-        except AgentError as e:
-            raise InputError(f"{pub}: {e.message}") from None
         out.append(SigningKey(pub.stem, key_id(raw), text, pub.with_suffix(".key").is_file()))
     return out
 
@@ -125,10 +119,8 @@ def sign_bundle(
     key = _load_private(key_name)  # fail before any work if the key is missing
     del key
     with tempfile.TemporaryDirectory(prefix="edgedeploy-sign-") as tmp:
-        try:
+        with agent_input():
             manifest = extract_bundle(bundle, Path(tmp) / "b")  # verifies every artifact hash
-        except AgentError as e:
-            raise InputError(e.message, hint=e.hint) from None
         expires = dt.datetime.now(dt.timezone.utc).replace(microsecond=0) + dt.timedelta(days=expires_days)
         signed = manifest.model_copy(update={"serial": next_serial(serial), "expires": expires})
         files = {a.path: Path(tmp) / "b" / a.path for a in signed.artifacts}

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
+
+from edgedeploy_agent.durable import write_atomic
 
 from .errors import InputError, os_error_text
 
@@ -22,10 +23,8 @@ def read_text(path: Path, what: str) -> str:
 
 def write_text_atomic(path: Path, text: str, what: str, hint: str | None = None) -> None:
     """Write `path` through a temp file and a rename: readers see the old or the new text, never half."""
-    tmp = path.with_name(path.name + ".tmp")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp.write_text(text, encoding="utf-8")
-        os.replace(tmp, path)
+        write_atomic(path, text)
     except OSError as e:
         raise InputError(f"cannot write {what} {path}: {os_error_text(e)}", hint=hint) from None

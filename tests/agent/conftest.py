@@ -1,4 +1,5 @@
-"""Fixtures for agent tests that need a real TensorRT bundle (built once per session by the host code)."""
+"""Fixtures for agent tests that need a real TensorRT bundle (built once per session by the host code,
+imported only here: the other agent tests run where only the agent is installed)."""
 
 from __future__ import annotations
 
@@ -6,16 +7,19 @@ from pathlib import Path
 
 import pytest
 
-from edgedeploy.api import build_tensorrt
-from edgedeploy.compile.int8_build import Int8Config
-from edgedeploy.compile.package import ModelCard
-from edgedeploy.compile.quantize import QuantizeOptions
-from edgedeploy.compile.tensorrt_artifacts import TensorRTOptions
+from tests.conftest import require_host
 
 
 @pytest.fixture(scope="session")
 def trt_bundle(data_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """`edgedeploy build --runtime tensorrt --batch 1:8:32` of MobileNet (16 calibration samples)."""
+    require_host()
+    from edgedeploy.api import build_tensorrt
+    from edgedeploy.compile.cards import ModelCard
+    from edgedeploy.compile.int8_build import Int8Config
+    from edgedeploy.compile.quantize import QuantizeOptions
+    from edgedeploy.compile.tensorrt_artifacts import TensorRTOptions
+
     int8 = Int8Config(calibration=data_dir / "imagenet-sample", options=QuantizeOptions(samples=16))
     res = build_tensorrt(
         data_dir / "models" / "mobilenet_v1_0.25_224.onnx",

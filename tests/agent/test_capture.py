@@ -3,7 +3,6 @@ reconnect with backoff after a loss, and a clear refusal of GStreamer URIs on an
 
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
 import sys
@@ -17,6 +16,7 @@ import pytest
 from edgedeploy_agent.errors import SourceError
 from edgedeploy_agent.sources.capture import CapturedSource, open_source
 from edgedeploy_agent.sources.frames import check_openable, has_gstreamer, parse_source
+from tests.conftest import require
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -168,10 +168,9 @@ def _system_python_with_gstreamer_opencv() -> str | None:
 def test_gst_videotestsrc_pipeline_with_debian_opencv(tmp_path: Path) -> None:
     """Debian's python3-opencv has GStreamer: a pipeline that ends after 20 buffers is reopened."""
     py = _system_python_with_gstreamer_opencv()
-    if py is None:
-        if os.environ.get("EDGEDEPLOY_REQUIRE_GSTREAMER") == "1":
-            pytest.fail("python3-opencv with GStreamer is required here (apt-get install python3-opencv)")
-        pytest.skip("no /usr/bin/python3 with a GStreamer-enabled OpenCV (apt-get install python3-opencv)")
+    missing = "no /usr/bin/python3 with a GStreamer-enabled OpenCV (apt-get install python3-opencv)"
+    require("GSTREAMER", missing if py is None else None)
+    assert py is not None
     script = tmp_path / "gst_probe.py"
     script.write_text(GST_SCRIPT)
     p = subprocess.run([py, str(script), str(REPO / "agent")], capture_output=True, text=True, timeout=60)

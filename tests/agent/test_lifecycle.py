@@ -135,8 +135,9 @@ def test_no_space_is_detected_before_unpacking(store: DeviceStore, tmp_path: Pat
     assert store.current() is None and json.loads(store.state_path.read_text())["pending"] is None
 
 
-def test_facts_never_recovers_a_deploy_in_flight(store: DeviceStore, tmp_path: Path) -> None:
-    """A second host asking for facts while a deploy holds the device lock leaves the deploy alone."""
+def test_facts_change_nothing_and_recovery_never_undoes_a_deploy_in_flight(store: DeviceStore, tmp_path: Path) -> None:
+    """A second host asking for facts while a deploy holds the device lock leaves the deploy alone; facts
+    never recover (they only report the transition); `recover` does, once the device is free."""
     from tests.helpers import agent
 
     state = store.state()
@@ -145,10 +146,15 @@ def test_facts_never_recovers_a_deploy_in_flight(store: DeviceStore, tmp_path: P
     with store.exclusive("deploy"):
         r = agent("--root", str(store.root), "--json", "facts")
         assert json.loads(r.out)["busy"] is True and store.state()["pending"] is not None
-        r = agent("--root", str(store.root), "--json", "deploy", str(tmp_path / "none.edb"))
-        assert json.loads(r.out)["error"]["code"] == "state-error"
+        for args in (["deploy", str(tmp_path / "none.edb")], ["recover"]):
+            r = agent("--root", str(store.root), "--json", *args)
+            assert json.loads(r.out)["error"]["code"] == "state-error"
+    before = store.state_path.read_bytes()
     r = agent("--root", str(store.root), "--json", "facts")
-    assert json.loads(r.out)["busy"] is False and store.state()["pending"] is None  # recovered once free
+    assert json.loads(r.out)["busy"] is False and json.loads(r.out)["pending"]["release"] == "x"
+    assert store.state_path.read_bytes() == before
+    r = agent("--root", str(store.root), "--json", "recover")
+    assert json.loads(r.out)["recovered"]["release"] == "x" and store.state()["pending"] is None
 
 
 def _wait_for_staging(store: DeviceStore, proc: subprocess.Popen[str], timeout: float = 60) -> list[Path]:
@@ -182,7 +188,7 @@ def test_agent_killed_while_staging_is_cleaned_up_by_recovery(store: DeviceStore
     assert leftovers and all(p.exists() for p in leftovers), "the deploy finished before it could be killed"
     assert store.state()["pending"]["state"] == "staged"
 
-    r = agent("--root", str(store.root), "--json", "facts")  # the next contact recovers the device
+    r = agent("--root", str(store.root), "--json", "recover")  # what the next deploy (or the host) does first
     assert r.code == 0, r.err
     assert not list(store.releases.glob(".tmp-*"))
     state = store.state()
@@ -198,3 +204,43 @@ def test_recovery_removes_staging_leftovers_even_without_a_pending_transition(st
     kept.mkdir()
     assert recover(store, ScriptedService(store)) is None
     assert not leftover.exists() and kept.is_dir()
+
+
+class KilledAtRestart(ScriptedService):
+    """Kills its own process (SIGKILL: no `finally`, no handler runs) when asked to start `release`."""
+
+    def __init__(self, store: DeviceStore, release: str) -> None:
+        super().__init__(store)
+        self.release = release
+
+    def restart(self) -> None:
+        if self.store.current() == self.release:
+            os.kill(os.getpid(), signal.SIGKILL)
+        super().restart()
+
+
+def test_agent_killed_mid_rollback_is_recovered_like_a_deploy(store: DeviceStore, tmp_path: Path) -> None:
+    """The rollback runs in a child process killed once `current` points at the older release; recovery
+    puts the device back on the release state.json last committed, and says what it interrupted."""
+    svc = ScriptedService(store)
+    names = []
+    for v in ("1", "2"):
+        b = make_bundle(tmp_path / v, version=v, lib_bytes=v.encode())
+        names.append(read_manifest(b).release_name)
+        Deployment(store, svc).deploy(copy(b, store.incoming), timeout=2)
+    pid = os.fork()
+    if pid == 0:  # the agent process
+        try:
+            rollback(store, KilledAtRestart(store, names[0]), timeout=2)
+        finally:
+            os._exit(1)  # only reached when the kill did not happen
+    _, status = os.waitpid(pid, 0)
+    assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL
+    assert store.current() == names[0]  # killed after the link swap
+    assert store.state()["pending"]["kind"] == "rollback" and store.state()["current"] == names[1]
+
+    assert recover(store, svc) == names[1]
+    state = store.state()
+    assert store.current() == state["current"] == names[1] and state["previous"] == [names[0]]
+    assert state["pending"] is None and state["history"][-1]["event"] == "recovered" and svc.running
+    assert rollback(store, svc, timeout=2)["release"] == names[0]  # and a rollback still works after it

@@ -1,6 +1,5 @@
 import os
 import socket
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -50,12 +49,17 @@ def test_watchdog_period_is_half_and_only_for_our_pid() -> None:
 
 def test_pings_are_rate_limited(notify_socket: tuple[socket.socket, str]) -> None:
     sock, path = notify_socket
-    n = Notifier({"NOTIFY_SOCKET": path, "WATCHDOG_USEC": "100000"})  # ping every 50 ms at most
+    now = [100.0]
+    n = Notifier({"NOTIFY_SOCKET": path, "WATCHDOG_USEC": "100000"}, clock=lambda: now[0])  # 50 ms at most
     n.ready("serving")
     assert sock.recv(4096) == b"READY=1\nSTATUS=serving"
-    for _ in range(20):
+    for _ in range(20):  # within 50 ms of READY: nothing
         n.ping()
-    time.sleep(0.06)
+        now[0] += 0.002
+    now[0] = 100.06
+    n.ping()  # past 50 ms after READY: one ping
+    n.ping()  # and none right after it
+    now[0] = 100.2
     n.ping()
     sock.settimeout(0.2)
     got = []
@@ -64,7 +68,7 @@ def test_pings_are_rate_limited(notify_socket: tuple[socket.socket, str]) -> Non
             got.append(sock.recv(4096))
     except TimeoutError:
         pass
-    assert got == [b"WATCHDOG=1"]
+    assert got == [b"WATCHDOG=1", b"WATCHDOG=1"]
 
 
 def test_a_vanished_socket_does_not_kill_the_service(tmp_path: Path) -> None:

@@ -7,6 +7,7 @@ import os
 import shutil
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -18,6 +19,7 @@ from edgedeploy_agent.sources.power import (
     NoPowerSensor,
     SampledPowerSensor,
     SensorUnavailable,
+    TraceSensor,
     discover_power_sensor,
     trapezoid_energy,
 )
@@ -157,97 +159,105 @@ def test_trapezoid_is_exact_on_a_linear_trace_with_interpolated_edges() -> None:
     assert trapezoid_energy(ts, ws, -0.1, 1.0) == (None, 0)  # not covered: no number
 
 
-class SyntheticRail:
-    """P(t) = 10 + 2 (t - T0) + 3 sin(2 pi (t - T0)) watts, read at the moment of the call."""
-
-    name = "synthetic"
+class FakeClock:
+    """The sensor's clock, moved by the test: windows have exact edges, no test waits for time to pass."""
 
     def __init__(self) -> None:
-        self.t0 = time.monotonic()
+        self.now = 0.0
 
-    def power(self, t: float) -> float:
-        x = t - self.t0
-        return 10 + 2 * x + 3 * math.sin(2 * math.pi * x)
+    def __call__(self) -> float:
+        return self.now
 
-    def integral(self, a: float, b: float) -> float:
-        def prim(t: float) -> float:
-            x = t - self.t0
-            return 10 * x + x * x - 3 / (2 * math.pi) * math.cos(2 * math.pi * x)
 
-        return prim(b) - prim(a)
+def synthetic_watts(t: float) -> float:
+    """P(t) = 10 + 2 t + 3 sin(2 pi t) watts."""
+    return 10 + 2 * t + 3 * math.sin(2 * math.pi * t)
 
-    def read_rails(self) -> dict[str, float]:
-        return {"VDD_IN": self.power(time.monotonic())}
 
-    def total_watts(self, rails: dict[str, float]) -> float:
-        return rails["VDD_IN"]
+def synthetic_joules(a: float, b: float) -> float:
+    def prim(t: float) -> float:
+        return 10 * t + t * t - 3 / (2 * math.pi) * math.cos(2 * math.pi * t)
+
+    return prim(b) - prim(a)
+
+
+def run_for(sensor: TraceSensor, clock: FakeClock, seconds: float, watts: Callable[[float], float]) -> None:
+    """What the polling thread does, at exact times: samples every interval for `seconds`, and two past
+    its end (the sample after a window's edge arrives while the window is closed); the clock ends there."""
+    start, t = clock.now, clock.now
+    while t < start + seconds + 2 * sensor.interval_s - 1e-12:
+        t = round(t + sensor.interval_s, 9)
+        sensor.trace.add(t, watts(t))
+    clock.now = start + seconds
 
 
 def test_energy_per_inference_from_a_sampled_trace_with_known_integral() -> None:
-    rail = SyntheticRail()
-    sensor = SampledPowerSensor(rail, interval_s=0.005)
-    try:
-        time.sleep(0.05)
-        sensor.start_window()
-        time.sleep(1.0)
-        r = sensor.end_window(50)
-        assert sensor.last_window is not None
-        t0, t1 = sensor.last_window
-    finally:
-        sensor.close()
-    expected_j = rail.integral(t0, t1)
+    clock = FakeClock()
+    sensor = TraceSensor("synthetic", interval_s=0.005, clock=clock)
+    run_for(sensor, clock, 0.05, synthetic_watts)
+    sensor.start_window()
+    run_for(sensor, clock, 1.0, synthetic_watts)
+    r = sensor.end_window(50)
+    assert sensor.last_window == pytest.approx((0.05, 1.05))
+    expected_j = synthetic_joules(0.05, 1.05)
     assert r.status == "measured" and r.energy_source == "samples"
-    assert r.samples is not None and r.samples >= 20
-    assert r.energy_per_inference_mj == pytest.approx(expected_j * 1e3 / 50, rel=0.01)
-    assert r.mean_watts == pytest.approx(expected_j / (t1 - t0), rel=0.01)
+    assert r.samples is not None and r.samples >= 199
+    assert r.energy_per_inference_mj == pytest.approx(expected_j * 1e3 / 50, rel=1e-3)
+    assert r.mean_watts == pytest.approx(expected_j / 1.0, rel=1e-3)
 
 
 def test_idle_baseline_is_reported_separately() -> None:
-    class Steps:
-        name, watts = "steps", 4.0
+    clock = FakeClock()
+    sensor = TraceSensor("steps", interval_s=0.005, clock=clock)
+    run_for(sensor, clock, 0.05, lambda t: 4.0)  # samples before the idle window's start
+    sensor.measure_idle(0.3, lambda s: run_for(sensor, clock, s, lambda t: 4.0))
+    run_for(sensor, clock, 0.05, lambda t: 10.0)
+    sensor.start_window()
+    run_for(sensor, clock, 0.5, lambda t: 10.0)
+    r = sensor.end_window(20)
+    assert r.idle_watts == pytest.approx(4.0)
+    assert r.mean_watts == pytest.approx(10.0)
+    assert r.window_s == pytest.approx(0.5)
+    assert r.idle_watts is not None
+    assert r.dynamic_energy_per_inference_mj == pytest.approx((10.0 - r.idle_watts) * 0.5 * 1e3 / 20, rel=1e-3)
+
+
+def test_a_window_with_too_few_samples_is_unavailable() -> None:
+    clock = FakeClock()
+    sensor = TraceSensor("slow", interval_s=0.2, clock=clock)
+    run_for(sensor, clock, 0.2, lambda t: 5.0)
+    sensor.start_window()
+    run_for(sensor, clock, 0.1, lambda t: 5.0)
+    r = sensor.end_window(3)
+    assert r.status == "unavailable" and "samples" in (r.reason or "") and r.mean_watts is None
+
+
+def test_the_polling_thread_feeds_the_trace() -> None:
+    """The one part left to the real thread: it samples the reader until closed (how often: not asserted)."""
+
+    class Rail:
+        name = "rail"
+
+        def __init__(self) -> None:
+            self.reads = 0
 
         def read_rails(self) -> dict[str, float]:
-            return {"VDD_IN": self.watts}
+            self.reads += 1
+            return {"VDD_IN": 5.0}
 
         def total_watts(self, rails: dict[str, float]) -> float:
             return rails["VDD_IN"]
 
-    rail = Steps()
-    sensor = SampledPowerSensor(rail, interval_s=0.005)
-    try:
-        sensor.measure_idle(0.3, time.sleep)
-        rail.watts = 10.0
-        time.sleep(0.05)
-        sensor.start_window()
-        time.sleep(0.5)
-        r = sensor.end_window(20)
-    finally:
-        sensor.close()
-    assert r.idle_watts == pytest.approx(4.0)
-    assert r.mean_watts == pytest.approx(10.0)
-    assert r.window_s is not None
-    assert r.dynamic_energy_per_inference_mj == pytest.approx((10.0 - 4.0) * r.window_s * 1e3 / 20, rel=1e-3)
-
-
-def test_a_window_with_too_few_samples_is_unavailable() -> None:
-    class Slow:
-        name = "slow"
-
-        def read_rails(self) -> dict[str, float]:
-            return {"VDD_IN": 5.0}
-
-        def total_watts(self, rails: dict[str, float]) -> float:
-            return 5.0
-
-    sensor = SampledPowerSensor(Slow(), interval_s=0.2)
-    try:
-        time.sleep(0.05)
-        sensor.start_window()
-        time.sleep(0.1)
-        r = sensor.end_window(3)
-    finally:
-        sensor.close()
-    assert r.status == "unavailable" and "samples" in (r.reason or "") and r.mean_watts is None
+    rail = Rail()
+    sensor = SampledPowerSensor(rail, interval_s=0.001)
+    deadline = time.monotonic() + 30
+    while rail.reads < 4 and time.monotonic() < deadline:  # bounded wait, not a timing claim
+        time.sleep(0.01)
+    sensor.close()
+    assert rail.reads >= 4 and sensor.last_rails == {"VDD_IN": 5.0}  # the constructor's read, then the thread's
+    reads = rail.reads
+    time.sleep(0.05)
+    assert rail.reads == reads  # closed: no more reads
 
 
 def test_tegrastats_process_feeds_the_integrator(tmp_path: Path) -> None:

@@ -1,6 +1,5 @@
 """The shipped unit passes `systemd-analyze verify` silently and scores <= 4.0 on `security --offline`."""
 
-import os
 import re
 import shutil
 import subprocess
@@ -10,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from edgedeploy_agent.unit import DEFAULT_ROOT, render_unit
+from tests.conftest import require
 
 MAX_EXPOSURE = 4.0
 
@@ -17,10 +17,8 @@ MAX_EXPOSURE = 4.0
 @pytest.fixture
 def analyze() -> str:
     exe = shutil.which("systemd-analyze")
-    if exe is None:
-        if os.environ.get("EDGEDEPLOY_REQUIRE_SYSTEMD_ANALYZE") == "1":
-            pytest.fail("systemd-analyze is required here (apt-get install systemd)")
-        pytest.skip("systemd-analyze not installed (apt-get install systemd)")
+    require("SYSTEMD_ANALYZE", "systemd-analyze not installed (apt-get install systemd)" if exe is None else None)
+    assert exe is not None
     return exe
 
 

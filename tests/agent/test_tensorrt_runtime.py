@@ -18,10 +18,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from edgedeploy.api import build, build_tensorrt
-from edgedeploy.compile.int8_build import Int8Config
-from edgedeploy.compile.package import ModelCard
-from edgedeploy.compile.tensorrt_artifacts import TensorRTOptions
 from edgedeploy_agent.bundle import (
     Manifest,
     Preprocess,
@@ -38,6 +34,7 @@ from edgedeploy_agent.runtime.engine_cache import engine_key, engine_key_fields
 from edgedeploy_agent.runtime.tensorrt import EngineRejected, TensorRTRuntime
 from edgedeploy_agent.runtime.trt_backend import PolygraphyBackend, build_options
 from tests.agent.trt_double import T4, XAVIER, FakeTensorRT
+from tests.conftest import require_host
 
 
 @pytest.fixture(scope="module")
@@ -231,6 +228,12 @@ def test_concurrent_activations_build_once_under_the_lock(trt_release, tmp_path:
 @pytest.fixture(scope="module")
 def both_runtimes_release(data_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Manifest]:
     """MNIST with a real CPU TVM library and TensorRT artifacts in one bundle (runtime tensorrt)."""
+    require_host()
+    from edgedeploy.api import build, build_tensorrt
+    from edgedeploy.compile.cards import ModelCard
+    from edgedeploy.compile.int8_build import Int8Config
+    from edgedeploy.compile.tensorrt_artifacts import TensorRTOptions
+
     tmp = tmp_path_factory.mktemp("both")
     model = data_dir / "models" / "mnist-8_opset13.onnx"
     card = ModelCard(name="mnist", preprocess=Preprocess(color="gray"))
@@ -298,6 +301,8 @@ def test_real_tensorrt_builds_accepts_and_caches(trt_release, tmp_path: Path) ->
 
 
 def test_settings_defaults_are_in_the_manifest(trt_release) -> None:
+    from edgedeploy.compile.tensorrt_artifacts import TensorRTOptions  # trt_release required the host
+
     s = trt_release[1].tensorrt
     assert s is not None and dataclasses.asdict(TensorRTOptions()).keys() >= {"batch", "workspace_mib"}
     assert s.min_top1_agreement == TensorRTOptions().min_top1_agreement == 0.75

@@ -8,7 +8,7 @@ import onnxruntime as ort
 import pytest
 
 from edgedeploy.api import build
-from edgedeploy.compile.package import ModelCard
+from edgedeploy.compile.cards import ModelCard
 from edgedeploy.errors import ModelError
 from edgedeploy_agent.bundle import Preprocess, extract_bundle
 from edgedeploy_agent.runtime import load_runtime
@@ -76,7 +76,7 @@ def test_cli_build_and_inspect_json(data_dir: Path, tmp_path: Path, cli: Cli) ->
 
 
 def test_known_models_find_their_card(data_dir: Path, tmp_path: Path, cli: Cli) -> None:
-    from edgedeploy.compile.package import card_for
+    from edgedeploy.compile.cards import card_for
 
     card, path = card_for(data_dir / "models" / "mobilenet_v1_0.25_224.onnx", None)
     assert path is not None and path.name == "mobilenet_v1_0.25_224.toml"
@@ -126,8 +126,8 @@ def test_int8_gate_refuses_to_judge_nonsense(data_dir: Path, tmp_path: Path, cli
 
 def test_every_bundle_writer_carries_the_card(data_dir: Path, tmp_path: Path) -> None:
     """card_manifest is the one place a card becomes manifest fields (TVM and TensorRT writers both use it)."""
+    from edgedeploy.compile.manifest import card_manifest, write_labels
     from edgedeploy.compile.onnx_model import load_onnx
-    from edgedeploy.compile.package import card_manifest, write_labels
     from edgedeploy.profiles import get_profile
     from edgedeploy_agent.bundle import HealthSpec, Provenance, Quantization, Target
 

@@ -16,7 +16,7 @@ import pytest
 
 from edgedeploy.api import build
 from edgedeploy.build_store import restore, stored_path
-from edgedeploy.compile.package import ModelCard
+from edgedeploy.compile.cards import ModelCard
 from edgedeploy_agent.bundle import HostFile, Preprocess, extract_bundle, read_manifest, read_signed_manifest
 from edgedeploy_agent.config import AgentConfig
 from edgedeploy_agent.lifecycle import Deployment

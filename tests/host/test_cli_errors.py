@@ -192,3 +192,14 @@ def test_a_bundle_with_two_signatures_is_refused_by_host_and_device(cli: Cli, tm
     r = agent("--root", str(root), "--json", "deploy", str(twice))
     assert r.code != 0 and json.loads(r.out)["error"]["code"] == "bad-bundle", r.out
     assert not list((root / "releases").iterdir()) and not (root / "current").exists()
+
+
+def test_version_names_the_host_agent_and_bundle_schema(cli: Cli) -> None:
+    import edgedeploy
+    from edgedeploy_agent.bundle import SCHEMA_VERSION
+
+    r = cli("--version")
+    assert (
+        r.code == 0
+        and r.out.strip() == f"edgedeploy {edgedeploy.__version__} (agent 0.1.0, bundle schema {SCHEMA_VERSION})"
+    )

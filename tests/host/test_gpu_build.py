@@ -13,10 +13,10 @@ import numpy as np
 import pytest
 
 from edgedeploy.api import build
+from edgedeploy.compile.cards import ModelCard
 from edgedeploy.compile.cuda_toolchain import resolve_toolchain
 from edgedeploy.compile.devcode import device_blobs, inspect_library
 from edgedeploy.compile.onnx_model import load_onnx
-from edgedeploy.compile.package import ModelCard
 from edgedeploy.compile.pipeline import BuildContext, run_pipeline
 from edgedeploy.errors import BuildError
 from edgedeploy.profiles import get_profile

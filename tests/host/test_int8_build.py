@@ -13,9 +13,9 @@ from tvm import relax
 from tvm.relax.frontend.onnx import from_onnx
 
 from edgedeploy.api import build, evaluate
+from edgedeploy.compile.cards import ModelCard, load_card
 from edgedeploy.compile.int8_build import AccuracyGateError, Int8Config
 from edgedeploy.compile.int8_rewrite import rewrite_int8
-from edgedeploy.compile.package import ModelCard, load_card
 from edgedeploy.compile.quantize import QuantizeOptions, quantizable_layers, quantize_qdq
 from edgedeploy.datasets import load_calibration
 from edgedeploy_agent.bundle import Preprocess, TensorSpec, read_manifest

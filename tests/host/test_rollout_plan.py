@@ -2,19 +2,25 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from edgedeploy.errors import InputError
+from edgedeploy.inventory import Device, Inventory
 from edgedeploy.remote.facts import parse_facts
+from edgedeploy.remote.fleet import run_fleet
+from edgedeploy.remote.plan import HealthPolicy
 from edgedeploy.remote.rollout import RolloutState, parse_fraction, plan_rollout
-from edgedeploy.remote.rollout_runner import prepare_resume
+from edgedeploy.remote.rollout_runner import RolloutRunner, prepare_resume
 from tests.host.test_plan import FACTS
 
 NAMES = [f"d{i:02d}" for i in range(10)]
 
 
 def facts(release: str | None = None) -> dict:
-    f = parse_facts({**FACTS, "current": {"release": release}, "health": {"release": release, "state": "ready"}})
+    running = {"current": {"release": release}, "health": {"release": release, "state": "ready"}}
+    f = parse_facts({**FACTS, **(running if release else {"current": None, "health": None})})
     return dict.fromkeys(NAMES, f)
 
 
@@ -42,7 +48,7 @@ def test_exit_codes_resume_and_json_round_trip() -> None:
     assert s.exit_code() == 1
     s.devices["d00"].status = "committed"
     s.devices["d01"].status = "failed"
-    assert s.exit_code() == 2 and s.failed == ["d01"] and s.untouched == ["d02"]
+    assert s.exit_code() == 5 and s.failed == ["d01"] and s.untouched == ["d02"]
     again = RolloutState.from_json(s.to_json())
     assert again == s
     prepare_resume(again)
@@ -60,3 +66,38 @@ def test_bad_specs() -> None:
         plan_rollout("r", "b", "m", [], {})
     with pytest.raises(InputError, match="--wave"):
         plan_rollout("r", "b", "m", NAMES, facts(), wave="x")
+
+
+class SurprisedRunner(RolloutRunner):
+    """A runner whose delivery (the interface mqtt_rollout.py overrides too) hits a bug on one device."""
+
+    def _deliver(self, name: str) -> tuple[str, str, str | None]:
+        if name == "d03":
+            raise KeyError("a bug")
+        return "committed", "ok", "m-2-x"
+
+    def _release_after_failure(self, name: str) -> str | None:
+        return "m-1-y"
+
+
+def test_an_unexpected_error_on_one_device_fails_it_and_no_other(tmp_path: Path) -> None:
+    s = plan_rollout("r", "b.edb", "m-2-x", NAMES, facts("m-1-y"), canary=1, wave="50%", max_fail=0.2)
+    inv = Inventory(tmp_path / "devices.toml", {n: Device(name=n, host="h", profile="cpu-x86_64") for n in NAMES})
+    runner = SurprisedRunner(inv, s, None, tmp_path / "r.json", HealthPolicy())  # type: ignore[arg-type]
+    done = runner.run()
+    assert done.status == "done" and done.failed == ["d03"] and done.exit_code() == 5
+    assert done.devices["d03"].code == "EdgeDeployError" and "KeyError" in done.devices["d03"].detail
+    assert sorted(done.succeeded) == sorted(n for n in NAMES if n != "d03")
+
+
+def test_run_fleet_keeps_every_result_and_a_bug_as_a_failure() -> None:
+    def fn(name: str) -> int:
+        if name == "b":
+            raise ZeroDivisionError("boom")
+        if name == "c":
+            raise InputError("bad")
+        return len(name)
+
+    r = run_fleet(["a", "b", "c", "dd"], fn, name=str)
+    assert r.succeeded == {"a": 1, "dd": 2} and sorted(r.failed) == ["b", "c"]
+    assert "ZeroDivisionError: boom" in r.failed["b"].message and r.exit_code == 5

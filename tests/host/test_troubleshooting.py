@@ -73,6 +73,21 @@ def test_every_error_code_in_the_code_has_a_section() -> None:
     assert not missing, f"docs/troubleshooting.md has no section for: {', '.join(missing)}"
 
 
+def test_every_exit_code_has_one_row_in_the_table_and_the_readme() -> None:
+    """Each EXIT_* constant is a row of troubleshooting.md's exit code table and is named in the README;
+    no two constants share a number (one meaning each)."""
+    import edgedeploy.errors as errors
+
+    values = [v for k, v in vars(errors).items() if k.startswith("EXIT_")]
+    assert len(values) == len(set(values)) >= 8
+    section = DOC.read_text(encoding="utf-8").split("## Exit codes", 1)[1].split("\n## ", 1)[0]
+    rows = {int(m) for m in re.findall(r"^\| (\d+) \|", section, flags=re.M)}
+    assert rows == set(values)
+    readme = (REPO / "README.md").read_text(encoding="utf-8")
+    assert all(re.search(rf"\b{v} ", readme) for v in values if v), readme
+    assert EdgeDeployError.exit_code == errors.EXIT_FAILED and InputError.exit_code == errors.EXIT_INPUT
+
+
 def test_the_gpu_classics_are_there() -> None:
     text = DOC.read_text(encoding="utf-8")
     for phrase in ("no kernel image is available for execution on the device", "driver too old", "another TensorRT"):

@@ -13,6 +13,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnxruntime as ort
@@ -20,8 +21,8 @@ import pytest
 
 from edgedeploy.api import build, evaluate
 from edgedeploy.build_store import host_file
+from edgedeploy.compile.cards import ModelCard, load_card
 from edgedeploy.compile.int8_build import Int8Config
-from edgedeploy.compile.package import ModelCard, load_card
 from edgedeploy.compile.quantize import QuantizeOptions
 from edgedeploy.compile.tune_offline import open_database, tunable_tasks
 from edgedeploy.compile.tuning import (
@@ -162,20 +163,18 @@ def test_tune_refuses_what_it_cannot_measure(mnist_bundle: Path, tmp_path: Path,
     assert_one_line_error(cli("tune"), contains="name a bundle")
 
 
-def test_records_not_faster_than_the_default_are_dropped(mnist_bundle: Path, tmp_path: Path) -> None:
-    """A real database with one record for each of two kernels; the model timings say one tuned kernel is
-    slower than its default schedule (timings are injected: a test must not depend on a machine's speed)."""
+def _two_kernel_database(bundle: Path, tmp_path: Path) -> tuple[Any, Any, Path, dict[str, Any], str, str]:
+    """A real database with one record for each of two kernels of the MNIST model."""
     import onnx
     import tvm
-    import tvm_ffi
     from tvm.relax.frontend.onnx import from_onnx
     from tvm.s_tir import Schedule
     from tvm.s_tir import meta_schedule as ms
 
     from edgedeploy.profiles import get_profile
 
-    m = read_manifest(mnist_bundle)
-    extract_bundle(mnist_bundle, tmp_path / "rel")
+    m = read_manifest(bundle)
+    extract_bundle(bundle, tmp_path / "rel")
     proto = onnx.load(host_file(m, "onnx-model", tmp_path / "rel"))
     target = tuning_target(get_profile("cpu-x86_64"))
     with target:
@@ -189,6 +188,15 @@ def test_records_not_faster_than_the_default_are_dropped(mnist_bundle: Path, tmp
         workload = database.commit_workload(tasks[name].dispatched[0])
         trace = Schedule(tasks[name].dispatched[0]).trace
         database.commit_tuning_record(ms.database.TuningRecord(trace, workload, [tvm.runtime.convert(1e-5)], target))
+    return mod, target, db, tasks, slow, fast
+
+
+def test_records_not_faster_than_the_default_are_dropped(mnist_bundle: Path, tmp_path: Path) -> None:
+    """The model timings say one tuned kernel is slower than its default schedule (timings are injected:
+    a test must not depend on a machine's speed)."""
+    import tvm_ffi
+
+    mod, target, db, tasks, slow, fast = _two_kernel_database(mnist_bundle, tmp_path)
     measured: list[Path | None] = []
 
     def measure(mod: object, target: object, with_db: Path | None) -> dict[str, float]:
@@ -199,6 +207,45 @@ def test_records_not_faster_than_the_default_are_dropped(mnist_bundle: Path, tmp
     assert measured == [db, None]
     left = [r.workload.mod for r in open_database(db).get_all_tuning_records()]
     assert len(left) == 1 and tvm_ffi.structural_equal(left[0], tasks[fast].dispatched[0])
+
+
+def test_an_interrupted_rewrite_leaves_the_database_whole(
+    mnist_bundle: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Ctrl-C while the database is rewritten (here: as its first new record is made) loses no record."""
+    from tvm.s_tir import meta_schedule as ms
+
+    mod, target, db, tasks, slow, fast = _two_kernel_database(mnist_bundle, tmp_path)
+    before = {f: (db / f).read_bytes() for f in ("database_workload.json", "database_tuning_record.json")}
+
+    def interrupted(*args: object) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(ms.database, "TuningRecord", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        drop_slower_than_default(
+            mod, target, db, tasks, lambda m, t, d: {slow: 2.0, fast: 0.5} if d else {slow: 1.0, fast: 1.0}
+        )
+    assert {f: (db / f).read_bytes() for f in before} == before
+    assert sorted(p.name for p in db.iterdir()) == sorted(before)  # no temp folder left behind
+    assert len(open_database(db).get_all_tuning_records()) == 2
+
+
+def test_a_rewrite_killed_after_its_commit_point_is_completed_by_the_next_reader(tmp_path: Path) -> None:
+    """Killed between the two renames (the workloads moved in, the records not): the next reader finishes
+    the swap; killed before the commit point: the half-written new files are dropped, the old ones kept."""
+    workloads, records = "database_workload.json", "database_tuning_record.json"
+    db = tmp_path / "db"
+    (db / ".rewrite-ready").mkdir(parents=True)
+    (db / workloads).write_text("new workloads\n")  # already moved in
+    (db / records).write_text("old records\n")
+    (db / ".rewrite-ready" / records).write_text("new records\n")
+    (db / ".rewrite-abc").mkdir()  # the work folder of a rewrite killed before its commit point
+    assert has_database(db)
+    assert (db / records).read_text() == "new records\n" and sorted(p.name for p in db.iterdir()) == [
+        records,
+        workloads,
+    ]
 
 
 # --- the stored databases (profiles/tuning) ---

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import gzip
-import os
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -14,10 +13,11 @@ import numpy as np
 import pytest
 
 from edgedeploy.api import build
-from edgedeploy.compile.package import ModelCard
+from edgedeploy.compile.cards import ModelCard
 from edgedeploy.fleet_servers import servers_available
-from edgedeploy.localdevice import LoopbackSshd, sshd_available
+from edgedeploy.localdevice import LoopbackSshd
 from edgedeploy_agent.bundle import Postprocess, Preprocess
+from tests.conftest import require, require_sshd
 from tests.helpers import Cli, agent
 from tests.integration.arm64root import PreparedRoot, prepare_root
 from tests.integration.pullfleet import PullFleet, start_pull_fleet
@@ -27,10 +27,7 @@ AGENT = str(Path(sys.executable).parent / "edgedeploy-agent")
 
 @pytest.fixture
 def sshd(tmp_path: Path) -> Iterator[LoopbackSshd]:
-    if not sshd_available():
-        if os.environ.get("EDGEDEPLOY_REQUIRE_SSHD") == "1":
-            pytest.fail("sshd is required (EDGEDEPLOY_REQUIRE_SSHD=1) but /usr/sbin/sshd is missing")
-        pytest.skip("OpenSSH server not installed (apt-get install openssh-server)")
+    require_sshd()
     with LoopbackSshd(tmp_path / "sshd") as server:
         yield server
 
@@ -146,11 +143,7 @@ def device(cli: Cli, sshd: LoopbackSshd, tmp_path: Path, mnist_video: LabeledVid
 def pull_fleet(  # a pull fleet: registry, cache, broker, two watch devices (tests/integration/pullfleet.py)
     cli: Cli, tmp_path: Path, hermetic: Path, mnist_video: LabeledVideo
 ) -> Iterator[PullFleet]:
-    missing = servers_available()
-    if missing:
-        if os.environ.get("EDGEDEPLOY_REQUIRE_FLEET_SERVERS") == "1":
-            pytest.fail(missing)
-        pytest.skip(missing)
+    require("FLEET_SERVERS", servers_available())
     fleet = start_pull_fleet(tmp_path / "pull", cli, ["dev1", "dev2"])
     try:
         fleet.setup_host(hermetic)

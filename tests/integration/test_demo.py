@@ -6,6 +6,7 @@ import re
 
 import pytest
 
+from tests.conftest import require_sshd
 from tests.helpers import Cli
 
 pytestmark = pytest.mark.integration
@@ -14,10 +15,7 @@ pytestmark = pytest.mark.integration
 @pytest.mark.parametrize("transport", ["ssh", "local"])
 def test_demo(cli: Cli, transport: str) -> None:
     if transport == "ssh":
-        from edgedeploy.localdevice import sshd_available
-
-        if not sshd_available():
-            pytest.skip("OpenSSH server not installed")
+        require_sshd()
     r = cli("demo", "--transport", transport, timeout=600)
     assert r.code == 0, r.out + r.err
     assert ("OpenSSH server on 127.0.0.1" in r.out) == (transport == "ssh")

@@ -17,9 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from edgedeploy.localdevice import netns_available, sshd_available
+from edgedeploy.localdevice import netns_available
 from edgedeploy_agent.bundle import read_manifest
 from tests.agent.bundles import make_bundle
+from tests.conftest import require_sshd
 from tests.helpers import Cli, assert_one_line_error
 from tests.integration.netfleet import NetFleet, net_fleet, padded_bundle
 
@@ -28,9 +29,10 @@ pytestmark = pytest.mark.integration
 
 @pytest.fixture
 def fleet(cli: Cli, tmp_path: Path, mnist_bundle: Path) -> Iterator[NetFleet]:
+    require_sshd()
     ok, why = netns_available()
-    if not ok or not sshd_available():
-        pytest.skip(why or "OpenSSH server not installed")
+    if not ok:
+        pytest.skip(why)
     with net_fleet(cli, tmp_path, ["cam-a", "cam-b", "cam-c"], first_index=11) as f:
         code, first = f.rollout(str(mnist_bundle), "--group", "lab", "--canary", "1", "--concurrency", "3")
         assert code == 0, first
@@ -79,7 +81,7 @@ def test_sshd_killed_then_resume(fleet: NetFleet, mnist_bundle: Path, tmp_path: 
     v2 = padded_bundle(mnist_bundle, tmp_path / "v2.edb", 4096, version="9")
     fleet.devices["cam-b"].sshd.kill()
     code, res = fleet.rollout(str(v2), "--group", "lab", "--canary", "1", "--max-fail", "50%")
-    assert code == 2 and res["failed"] == ["cam-b"], res
+    assert code == 5 and res["failed"] == ["cam-b"], res
     assert res["devices"]["cam-b"]["code"] == "ConnectionFailed" and res["devices"]["cam-b"]["release_after"] is None
     old, new = read_manifest(mnist_bundle).release_name, read_manifest(v2).release_name
     assert fleet.devices["cam-b"].current() == old and fleet.devices["cam-c"].current() == new
@@ -105,7 +107,7 @@ def test_changed_host_key_and_dead_address(fleet: NetFleet, mnist_bundle: Path, 
     t = time.monotonic()
     code, res = fleet.rollout(str(v2), "--group", "lab", "--canary", "0", "--max-fail", "50%", "--connect-timeout", "2")
     assert time.monotonic() - t < 120
-    assert code == 2 and res["failed"] == ["cam-c", "ghost"], res
+    assert code == 5 and res["failed"] == ["cam-c", "ghost"], res
     assert res["devices"]["cam-c"]["code"] == "host-key" and "HOST KEY CHANGED" in res["devices"]["cam-c"]["detail"]
     assert res["devices"]["ghost"]["code"] == "ConnectionFailed"
     assert dev.current() == read_manifest(mnist_bundle).release_name  # untouched, still on the old bundle
@@ -147,9 +149,10 @@ def test_link_down_mid_upload_then_resume(fleet: NetFleet, mnist_bundle: Path, t
 
 
 def test_small_disk_refuses_before_upload(cli: Cli, tmp_path: Path, mnist_bundle: Path) -> None:
+    require_sshd()
     ok, why = netns_available()
-    if not ok or not sshd_available():
-        pytest.skip(why or "OpenSSH server not installed")
+    if not ok:
+        pytest.skip(why)
     root = tmp_path / "small"
     root.mkdir()
     if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=40m", "tmpfs", str(root)]).returncode != 0:
@@ -200,7 +203,7 @@ def test_interrupted_rollout_is_shown_and_resumed(fleet: NetFleet, mnist_bundle:
         expected = new if d["status"] == "committed" else read_manifest(mnist_bundle).release_name
         assert fleet.devices[name].current() == expected
     r = fleet.cli("rollout", "--show", *fleet.args())
-    assert r.code == 2 and "interrupted" in r.out and "rollout --resume" in r.err, r.out + r.err
+    assert r.code == 5 and "interrupted" in r.out and "rollout --resume" in r.err, r.out + r.err
     r = fleet.cli("rollout", "--resume", "--json", *fleet.args())
     assert r.code == 0, r.out + r.err
     assert all(d.current() == new for d in fleet.devices.values())
@@ -227,9 +230,13 @@ def test_sshd_killed_mid_deploy_recovers_to_the_old_bundle(fleet: NetFleet, mnis
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 3 and "connection lost" in err, err
     dev.sshd.start()
-    r = fleet.cli("devices", "facts", "cam-a", "--json", *fleet.args())  # the next contact recovers the device
+    r = fleet.cli("devices", "facts", "cam-a", "--json", *fleet.args())  # facts report it, change nothing
     assert r.code == 0, r.err
     facts = json.loads(r.out)
     old = read_manifest(mnist_bundle).release_name
-    assert facts["current_release"] == old and dev.current() == old
-    assert json.loads((dev.root / "state.json").read_text())["pending"] is None
+    assert facts["current_release"] == old and facts["pending_state"] == "health-check"
+    r = fleet.cli("push", "cam-a", str(mnist_bundle), *fleet.args())  # the next deploy recovers first
+    assert r.code == 0, r.err
+    state = json.loads((dev.root / "state.json").read_text())
+    assert dev.current() == old and state["pending"] is None
+    assert "recovered" in [h["event"] for h in state["history"]]

@@ -38,7 +38,7 @@ def test_fleet_status_partial_failure_then_plot(cli: Cli, device: Enrolled, mnis
     _add_dead_device(cli, device, "dead1", "lab")
 
     r = cli("status", "--json", *device.args())
-    assert r.code == 2, r.err  # one answered, one did not: partial
+    assert r.code == 5, r.err  # one answered, one did not: partial
     fleet = json.loads(r.out)
     assert set(fleet["devices"]) == {device.name} and set(fleet["failed"]) == {"dead1"}
     latest = fleet["devices"][device.name]["latest"]
@@ -47,7 +47,7 @@ def test_fleet_status_partial_failure_then_plot(cli: Cli, device: Enrolled, mnis
     assert "127.0.0.1" in fleet["failed"]["dead1"]["error"] or "dead1" in fleet["failed"]["dead1"]["error"]
 
     table = cli("status", *device.args())
-    assert table.code == 2 and device.name in table.out and "UNREACHABLE" in table.out
+    assert table.code == 5 and device.name in table.out and "UNREACHABLE" in table.out
 
     only_dead = cli("status", "--group", "lab", *device.args())
     assert only_dead.code == 1 and "dead1" in only_dead.out  # every selected device failed

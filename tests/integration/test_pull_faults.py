@@ -230,7 +230,7 @@ def test_broker_restart_mid_rollout_and_a_late_device(
     time.sleep(1)
     fleet.broker.start()
     out, err = rollout.communicate(timeout=180)
-    assert rollout.returncode == 2, out + err
+    assert rollout.returncode == 5, out + err
     state = json.loads(out)
     assert state["devices"]["dev1"]["status"] == "committed", out + fleet.devices["dev1"].log()
     assert (state["devices"]["dev2"]["status"], state["devices"]["dev2"]["code"]) == ("failed", "timeout")

@@ -4,13 +4,13 @@
 from __future__ import annotations
 
 import json
-import os
 import time
 from pathlib import Path
 
 import pytest
 
 from edgedeploy_agent.bundle import read_manifest
+from tests.conftest import require
 from tests.helpers import Cli, assert_one_line_error
 from tests.integration.pullfleet import PUBLISHER, PullFleet
 
@@ -119,11 +119,7 @@ def test_broker_over_tls_with_a_fleet_ca(tmp_path: Path, hermetic: Path) -> None
     from edgedeploy.remote.mqtt import Controller, MqttSettings
     from tests.helpers import BIN, agent
 
-    missing = servers_available()
-    if missing:
-        if os.environ.get("EDGEDEPLOY_REQUIRE_FLEET_SERVERS") == "1":
-            pytest.fail(missing)
-        pytest.skip(missing)
+    require("FLEET_SERVERS", servers_available())
     with LocalBroker({"dev1": "pw1"}, "ctl-pw", tls=True) as broker:
         assert broker.ca_file and broker.tls_port
         root = tmp_path / "dev1"

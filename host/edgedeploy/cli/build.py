@@ -7,22 +7,17 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from pydantic import ValidationError
 
-from edgedeploy_agent.bundle import Manifest, Postprocess, Preprocess
+from edgedeploy_agent.bundle import Manifest
 
 from .. import api
 from ..build_store import missing
-from ..compile.int8_build import Int8Config
-from ..compile.package import ModelCard, card_for, read_labels
-from ..compile.tensorrt_artifacts import TensorRTOptions, parse_batch
-from ..errors import InputError, validation_text
+from ..compile.cards import card_for, card_with
+from ..errors import InputError
 from ..paths import build_store_dir
 from . import render
 from .int8 import int8_config, int8_summary
 from .options import JsonOpt, bundle_path, in_range
-
-_CARD_HINT = "names and versions: letters, digits, '.', '_', '-' (a version may hold '+'); see edgedeploy build --help"
 
 
 def _floats(text: str | None, what: str) -> list[float] | None:
@@ -32,24 +27,6 @@ def _floats(text: str | None, what: str) -> list[float] | None:
         return [float(x) for x in text.split(",")]
     except ValueError:
         raise InputError(f"--{what} takes comma-separated numbers, got {text!r}") from None
-
-
-def _tensorrt_int8(cfg: Int8Config | None) -> Int8Config:
-    if cfg is None:
-        raise InputError(
-            "--runtime tensorrt ships an INT8 Q/DQ model: add --int8 --calibration DATA",
-            hint="TensorRT 11 removed implicit INT8 calibration; the host quantizes, the device builds the engine",
-        )
-    if cfg.eval_data is not None:
-        raise InputError(
-            "--eval is not supported with --runtime tensorrt yet",
-            hint="measure the same symmetric Q/DQ model with `edgedeploy build --int8 --symmetric --eval ...`",
-        )
-    return cfg
-
-
-def _tensorrt_options(batch: str | None, workspace_mib: int) -> TensorRTOptions:
-    return TensorRTOptions(batch=parse_batch(batch or "1"), workspace_mib=workspace_mib)
 
 
 def register(app: typer.Typer) -> None:
@@ -134,16 +111,6 @@ def register(app: typer.Typer) -> None:
         json_: JsonOpt = False,
     ) -> None:
         """Compile a model for a device profile and write a bundle (INT8 with --int8 --calibration)."""
-        if runtime not in ("tvm", "tensorrt"):
-            raise InputError(f"unknown runtime {runtime!r}", hint="choose tvm or tensorrt")
-        static_batch = 1
-        if runtime == "tvm" and batch is not None:
-            if not batch.isdigit() or int(batch) < 1:
-                raise InputError(
-                    f"--batch for TVM is one static batch size, got {batch!r}",
-                    hint="batch ranges (MIN:OPT:MAX) are for --runtime tensorrt",
-                )
-            static_batch = int(batch)
         int8_cfg = int8_config(
             int8 or precision == "int8",
             calibration,
@@ -165,60 +132,27 @@ def register(app: typer.Typer) -> None:
         base, card_path = card_for(model, card)
         if card_path is not None and card is None:
             render.info(f"model card: {card_path} (it names this model's sha256)")
-        pre = {
-            k: v
-            for k, v in {
-                "color": color,
-                "resize": resize,
-                "crop_fraction": crop_fraction,
-                "scale": scale,
-                "mean": _floats(mean, "mean"),
-                "std": _floats(std, "std"),
-            }.items()
-            if v is not None
-        }
-        post = {
-            k: v for k, v in {"top_k": top_k, "softmax": softmax, "label_offset": label_offset}.items() if v is not None
-        }
-        try:
-            merged = ModelCard.model_validate(
-                {
-                    **base.model_dump(),
-                    **({"name": name} if name else {}),
-                    **({"version": version} if version else {}),
-                    **({"labels": read_labels(labels)} if labels else {}),
-                    "preprocess": Preprocess.model_validate({**base.preprocess.model_dump(), **pre}),
-                    "postprocess": Postprocess.model_validate({**base.postprocess.model_dump(), **post}),
-                }
-            )
-        except ValidationError as e:
-            raise InputError(validation_text(e), hint=_CARD_HINT) from None
+        pre: dict[str, object] = {"color": color, "resize": resize, "crop_fraction": crop_fraction, "scale": scale}
+        pre |= {"mean": _floats(mean, "mean"), "std": _floats(std, "std")}
+        post = {"top_k": top_k, "softmax": softmax, "label_offset": label_offset}
+        merged = card_with(base, name, version, labels, pre, post)
         target = bundle_path(out or model.with_suffix(f".{profile}.edb"))
         t = time.perf_counter()
         with render.steps(f"build {model.name} for {profile}") as step:
-            if runtime == "tensorrt":
-                result = api.build_tensorrt(
-                    model,
-                    profile,
-                    target,
-                    merged,
-                    _tensorrt_int8(int8_cfg),
-                    _tensorrt_options(batch, workspace_mib),
-                    step,
-                )
-            else:
-                result = api.build(
-                    model,
-                    profile,
-                    target,
-                    merged,
-                    progress=step,
-                    use_cache=not no_cache,
-                    precision="fp32" if precision == "int8" else precision,
-                    cuda_graph=cuda_graph,
-                    batch=static_batch,
-                    int8=int8_cfg,
-                )
+            result = api.build(
+                model,
+                profile,
+                target,
+                merged,
+                runtime=runtime,
+                batch=batch,
+                precision=precision,
+                cuda_graph=cuda_graph,
+                use_cache=not no_cache,
+                int8=int8_cfg,
+                workspace_mib=workspace_mib,
+                progress=step,
+            )
         secs = time.perf_counter() - t
         m = result.manifest
         if json_:

@@ -15,8 +15,6 @@ from .. import api
 from ..demo import MODEL_DESCRIPTION, accuracy, train_digits_model
 from ..inventory import Device, Inventory
 from ..localdevice import LoopbackSshd, sshd_available
-from ..remote.agent_client import AgentClient
-from ..remote.connect import connected
 from . import render
 from .status import show_report
 
@@ -100,7 +98,7 @@ def register(app: typer.Typer) -> None:
             )
 
             t = step(5, f"the agent runs the bundle on the video ({len(d.labels)} frames)")
-            _wait_finished(inv, dev, timeout=180)
+            api.wait_finished(inv, dev.name, timeout=180)
             timings["run"] = time.perf_counter() - t
 
             t = step(6, "status: pull the agent's reports over SSH" if use_ssh else "status: pull the agent's reports")
@@ -116,27 +114,8 @@ def register(app: typer.Typer) -> None:
             render.out.print("time per step: " + ", ".join(f"{k} {v:.1f} s" for k, v in timings.items()))
         finally:
             if inv is not None and "demo-01" in inv.devices:
-                _stop_agent(inv, inv.devices["demo-01"])
+                api.stop_agent(inv, "demo-01")
             if sshd is not None:
                 sshd.stop()
             if workdir is None:
                 shutil.rmtree(work, ignore_errors=True)
-
-
-def _wait_finished(inv: Inventory, dev: Device, timeout: float) -> None:
-    with connected(dev, inv.known_hosts) as t:
-        client = AgentClient(t, dev)
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            health = client.call("facts").get("health") or {}
-            if health.get("state") in ("finished", "failed", "stopped"):
-                return
-            time.sleep(0.3)
-
-
-def _stop_agent(inv: Inventory, dev: Device) -> None:
-    try:
-        with connected(dev, inv.known_hosts) as t:
-            AgentClient(t, dev).call("stop")
-    except Exception:  # best effort at exit; the device folder is temporary
-        pass

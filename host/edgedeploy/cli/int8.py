@@ -10,8 +10,8 @@ import typer
 from edgedeploy_agent.bundle import Quantization
 
 from .. import api
+from ..compile.cards import card_for
 from ..compile.int8_build import Int8Config
-from ..compile.package import card_for
 from ..compile.quantize import Method, QuantizeOptions
 from ..errors import InputError
 from . import render

@@ -5,11 +5,15 @@ from __future__ import annotations
 import datetime as dt
 import sys
 import traceback
-from typing import NoReturn
+from typing import Annotated, NoReturn
 
 import typer
 
-from ..errors import EdgeDeployError, InputError, hint_with_link, os_error_text
+from edgedeploy_agent import __version__ as agent_version
+from edgedeploy_agent.bundle import SCHEMA_VERSION
+
+from .. import __version__
+from ..errors import EXIT_INTERNAL, EXIT_INTERRUPTED, EdgeDeployError, InputError, hint_with_link, os_error_text
 from ..paths import state_dir
 from . import agent, build, demo, devices, int8, keys, profiles, publish, push, render, report, rollout, status, tune
 from .logs import register as register_logs
@@ -22,6 +26,23 @@ app = typer.Typer(
     pretty_exceptions_enable=False,  # never print locals: SSH secrets can be locals
     add_completion=False,
 )
+
+
+def _version(value: bool) -> None:
+    if value:
+        render.out.print(f"edgedeploy {__version__} (agent {agent_version}, bundle schema {SCHEMA_VERSION})")
+        raise typer.Exit()
+
+
+@app.callback()
+def _options(
+    version: Annotated[
+        bool, typer.Option("--version", callback=_version, is_eager=True, help="print the version and exit")
+    ] = False,
+) -> None:
+    """Build, ship and watch models on NVIDIA edge devices."""
+
+
 app.add_typer(profiles.app, name="profiles")
 app.add_typer(devices.app, name="devices")
 app.add_typer(agent.app, name="agent")
@@ -39,8 +60,6 @@ demo.register(app)
 register_verify(app)
 register_logs(app)
 
-EXIT_INTERNAL = 70
-
 
 def main() -> None:
     try:
@@ -50,7 +69,7 @@ def main() -> None:
         sys.exit(e.exit_code)
     except KeyboardInterrupt:
         render.error("interrupted")
-        sys.exit(130)
+        sys.exit(EXIT_INTERRUPTED)
     except OSError as e:
         if e.filename is None:  # not about a path the user named: a bug or the system, below
             _internal(e)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import shlex
 import time
 from pathlib import Path
 from typing import Annotated
@@ -10,9 +11,9 @@ from typing import Annotated
 import typer
 
 from .. import api, pull_api
-from ..errors import InputError
+from ..errors import InputError, fleet_exit_code
 from ..inventory import Inventory
-from ..remote.execute import HealthPolicy
+from ..remote.plan import HealthPolicy
 from ..remote.rollout_runner import Network
 from . import render
 from .options import (
@@ -73,6 +74,10 @@ def register(app: typer.Typer) -> None:
         if dry_run:
             for a in result.actions:
                 render.out.print(f"{'no-op' if a.noop else 'will'}  {a.kind:7s} {a.detail}")
+                for local, remote in a.puts:
+                    render.out.print(f"         put {local.name} -> {remote}")
+                if a.argv and not a.noop:
+                    render.out.print(f"         run {shlex.join(a.argv)}")
             return
         if result.outcome == "unchanged":
             render.out.print(f"{device}: already running {result.release}, nothing to do ({secs:.1f} s)")
@@ -113,7 +118,7 @@ def register(app: typer.Typer) -> None:
                     render.out.print(f"{name}: {st.get('state')} {st.get('release') or ''} {st.get('message') or ''}")
             ok = sum(1 for st in results.values() if st.get("state") == "committed")
             if ok < len(results):
-                raise typer.Exit(1 if not ok else 2)
+                raise typer.Exit(fleet_exit_code(ok, len(results)))
             return
         if via != "ssh":
             raise InputError(f"--via must be ssh or mqtt, got {via!r}")

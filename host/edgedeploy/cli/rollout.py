@@ -11,7 +11,7 @@ import typer
 from .. import api, pull_api
 from ..errors import InputError
 from ..inventory import Inventory
-from ..remote.execute import HealthPolicy
+from ..remote.plan import HealthPolicy
 from ..remote.rollout import RolloutState, parse_fraction
 from ..remote.rollout_runner import Network
 from . import render

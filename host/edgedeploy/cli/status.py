@@ -7,7 +7,7 @@ from typing import Annotated, Any
 import typer
 
 from .. import api, pull_api
-from ..errors import InputError
+from ..errors import InputError, fleet_exit_code
 from ..inventory import Inventory
 from . import render
 from .options import InventoryOpt, JsonOpt
@@ -140,7 +140,7 @@ def _via_mqtt(names: list[str], group: str | None, json_: bool) -> None:
             rows,
         )
     ok = sum(1 for st in statuses.values() if st and st.get("state") not in ("offline", "refused", "rolled-back"))
-    raise typer.Exit(0 if ok == len(names) else 2 if ok else 1)
+    raise typer.Exit(fleet_exit_code(ok, len(names)))
 
 
 def _progress(st: dict[str, Any]) -> str:

@@ -9,7 +9,6 @@ from typing import Annotated
 import typer
 
 from .. import api
-from ..compile.tuning import TuneRequest, database_dir, parse_tracker, tuning_key, user_root
 from ..errors import InputError
 from . import render
 from .options import JsonOpt, SourceOpt, in_range
@@ -61,35 +60,10 @@ def register(app: typer.Typer) -> None:
             return
         if bundle is None:
             raise InputError("name a bundle to tune, or --import DIR")
-        if cost_model not in ("xgb", "random"):
-            raise InputError(f"unknown --cost-model {cost_model!r}", hint="choose xgb or random")
-        if tracker and export:
-            raise InputError("choose one of --tracker and --export")
-        if tracker:
-            if not key:
-                raise InputError("--tracker needs --key: the key the device's RPC server registered with")
-            parse_tracker(tracker)
         manifest = api.inspect_bundle(bundle)
-        runner = "rpc" if tracker else "export" if export else "local"
-        if runner == "local" and manifest.target.device == "cuda":
-            raise InputError(
-                f"{bundle} is for a GPU ({manifest.profile}) and this machine measures only CPU code",
-                hint="measure on the device: --tracker HOST:PORT --key KEY, or --export DIR for tune_offline",
-            )
-        key_ = tuning_key(manifest.model.source_sha256, manifest.quantization.precision)
-        db = database or database_dir(manifest.profile, key_, user_root())
-        request = TuneRequest(
-            trials=trials,
-            database=db,
-            runner=runner,
-            tracker=tracker or "",
-            key=key or "",
-            export_dir=export,
-            cost_model=cost_model,
-            tasks=tasks,
-        )
+        request = api.tune_request(bundle, manifest, trials, tracker, key, export, database, cost_model, tasks)
         t = time.perf_counter()
-        with render.steps(f"tune {bundle.name} for {manifest.profile} ({runner})") as step:
+        with render.steps(f"tune {bundle.name} for {manifest.profile} ({request.runner})") as step:
             result = api.tune(bundle, request, step, source or ())
         secs = round(time.perf_counter() - t, 1)
         done, total = len(result.tuned_kernels), result.kernel_count

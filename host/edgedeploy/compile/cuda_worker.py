@@ -15,10 +15,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from edgedeploy_agent.bundle import TensorSpec
-
 from ..errors import BuildError, EdgeDeployError
 from ..profiles import DeviceProfile
+from .compiled import Compiled
 from .cuda_toolchain import CudaToolchain
 from .onnx_model import OnnxModel
 from .tuning import TuneRequest
@@ -35,7 +34,7 @@ def run_cuda_build(
     tuning_db: Path | None,
     tune: TuneRequest | None,
     progress: Callable[[str], None],
-) -> dict[str, Any]:
+) -> Compiled:
     request = work / "cuda-request.json"
     request.write_text(
         json.dumps(
@@ -53,7 +52,8 @@ def run_cuda_build(
         )
     )
     env = {**os.environ, **toolchain.env}
-    outcome: dict[str, Any] | None = None
+    outcome: dict[str, Any] | None = None  # the worker's error
+    compiled: Compiled | None = None
     log = work / "cuda-worker.log"  # stderr to a file: a full pipe must never stall the worker
     with (
         open(log, "w") as err,
@@ -70,16 +70,17 @@ def run_cuda_build(
             word, _, rest = line.rstrip("\n").partition(" ")
             if word == "stage":
                 progress(rest)
-            elif word in ("result", "error"):
-                outcome = {"kind": word, **json.loads(rest)}
+            elif word == "result":
+                compiled = Compiled.from_json(rest)
+            elif word == "error":
+                outcome = json.loads(rest)
+    if compiled is not None:
+        return compiled
     stderr = log.read_text(errors="replace")
     if outcome is None:
         tail = [ln for ln in stderr.splitlines() if ln.strip()][-1:] or ["no output"]
         raise BuildError(f"CUDA build worker died (exit {proc.returncode}): {tail[0]}")
-    if outcome["kind"] == "error":
-        raise BuildError(outcome["message"], hint=outcome.get("hint"))
-    outcome["outputs"] = [TensorSpec.model_validate(o) for o in outcome["outputs"]]
-    return outcome
+    raise BuildError(outcome["message"], hint=outcome.get("hint"))
 
 
 def main(request_path: str) -> int:
@@ -104,22 +105,7 @@ def main(request_path: str) -> int:
     except EdgeDeployError as e:
         print("error " + json.dumps({"message": e.message, "hint": e.hint}), flush=True)
         return 1
-    print(
-        "result "
-        + json.dumps(
-            {
-                "library": str(ctx.library) if ctx.library else None,
-                "float_left": ctx.float_left,
-                "tuned_kernels": ctx.tuned_kernels,
-                "kernel_count": ctx.kernel_count,
-                "outputs": [o.model_dump() for o in ctx.outputs],
-                "timings": ctx.timings,
-                "device_code": ctx.device_code,
-                "host_machine": ctx.host_machine,
-            }
-        ),
-        flush=True,
-    )
+    print("result " + Compiled.of(ctx).to_json(), flush=True)
     return 0
 
 

@@ -43,9 +43,10 @@ from edgedeploy_agent.bundle import (
 from .. import __version__
 from ..errors import InputError, ModelError
 from ..profiles import DeviceProfile
+from .cards import ModelCard, default_name
 from .int8_build import Int8Config, calibration_inputs
+from .manifest import BuildResult, card_manifest, profile_target, write_labels
 from .onnx_model import OnnxModel, check_preprocess, load_onnx
-from .package import BuildResult, ModelCard, _default_name, card_manifest, profile_target, write_labels
 from .qdq_reference import reference_outputs
 from .quantize import run_tensors, tensorrt_qdq
 
@@ -172,7 +173,7 @@ def build_tensorrt_bundle(
         manifest = card_manifest(
             card,
             model,
-            card.name or _default_name(model_path),
+            card.name or default_name(model_path),
             profile,
             profile_target(profile, runtime="tensorrt", runtime_abi=f"tensorrt-{profile.platform.tensorrt or 'any'}"),
             outputs,

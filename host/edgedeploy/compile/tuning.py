@@ -42,8 +42,8 @@ from .tune_offline import (
     scheduled_kernels,
     tunable_tasks,
 )
+from .tuning_db import DB_FILES, has_database, rewrite_database
 
-DB_FILES = ("database_workload.json", "database_tuning_record.json")
 EXPORT_MODULE = "tuning-module.json"
 EXPORT_META = "tuning.json"
 KEEP_BEST = 4  # records kept per kernel: the best applies, the rest seed the search when the database is extended
@@ -99,10 +99,6 @@ def user_root() -> Path:
 
 def database_dir(profile: str, key: str, root: Path | None = None) -> Path:
     return (root or builtin_root()) / profile / key
-
-
-def has_database(path: Path) -> bool:
-    return all((path / f).is_file() for f in DB_FILES)
 
 
 def find_database(profile: str, key: str) -> Path | None:
@@ -289,7 +285,7 @@ def tune_where_the_time_is(mod: Any, target: Any, req: TuneRequest, progress: An
     slower = drop_slower_than_default(mod, target, db, tasks)
     if slower:
         progress(f"tune: dropped the records of {', '.join(slower)}: not faster than the default schedule")
-    _rewrite_database(db, keep_best=KEEP_BEST)
+    rewrite_database(db, keep_best=KEEP_BEST)
 
 
 @contextlib.contextmanager
@@ -418,7 +414,7 @@ def verify_database(db: Path, tasks: list[Any], target: Any) -> list[str]:
         if not same:
             bad.append((task.task_name, workload))
     if bad:
-        _rewrite_database(db, drop=[w for _, w in bad])
+        rewrite_database(db, drop=[w for _, w in bad])
     return [name for name, _ in bad]
 
 
@@ -439,7 +435,7 @@ def drop_slower_than_default(
     default = measure(mod, target, None)
     slower = sorted(k for k in names if k in tuned and k in default and tuned[k] >= default[k])
     if slower:
-        _rewrite_database(db, drop=[tasks[k].dispatched[0] for k in slower])
+        rewrite_database(db, drop=[tasks[k].dispatched[0] for k in slower])
     return slower
 
 
@@ -454,29 +450,3 @@ def _random(rng: Any, t: Any) -> Any:
         lo, hi = (int(info.min), int(info.max)) if dtype.itemsize == 1 else (-1000, 1000)
         return rng.integers(lo, hi + 1, size=shape).astype(dtype)
     return rng.standard_normal(shape).astype(dtype)
-
-
-def _rewrite_database(db: Path, drop: list[Any] | None = None, keep_best: int | None = None) -> None:
-    """Rewrite the database without the records of `drop` and with at most `keep_best` records per workload."""
-    import tvm_ffi
-    from tvm.s_tir import meta_schedule as ms
-
-    old = open_database(db)
-    by_workload: dict[int, list[Any]] = {}
-    for r in old.get_all_tuning_records():
-        if drop and any(tvm_ffi.structural_equal(r.workload.mod, w) for w in drop):
-            continue
-        by_workload.setdefault(tvm_ffi.structural_hash(r.workload.mod), []).append(r)
-    for f in DB_FILES:
-        (db / f).unlink()
-    new = open_database(db)
-    for records in by_workload.values():
-        records.sort(key=lambda r: _mean_secs(r))
-        for r in records[:keep_best]:
-            workload = new.commit_workload(r.workload.mod)
-            new.commit_tuning_record(ms.database.TuningRecord(r.trace, workload, r.run_secs, r.target, r.args_info))
-
-
-def _mean_secs(record: Any) -> float:
-    secs = [float(s) for s in (record.run_secs or [])]
-    return sum(secs) / len(secs) if secs else float("inf")

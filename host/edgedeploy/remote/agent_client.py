@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from typing import Any
 
 from ..errors import DeviceError
@@ -47,10 +48,18 @@ def parse_agent_output(result: CommandResult, device: str) -> dict[str, Any]:
     return data
 
 
+def agent_argv(device: Device, *args: str) -> list[str]:
+    """The command line of one agent call on `device` (`edgedeploy-agent --root ROOT --json ARGS`)."""
+    return [device.agent_command, "--root", device.root, "--json", *args]
+
+
 class AgentClient:
     def __init__(self, transport: Transport, device: Device) -> None:
         self.transport, self.device = transport, device
 
     def call(self, *args: str, timeout: float | None = 120.0) -> dict[str, Any]:
-        argv = [self.device.agent_command, "--root", self.device.root, "--json", *args]
-        return parse_agent_output(self.transport.run(argv, timeout=timeout), self.device.name)
+        return self.run(agent_argv(self.device, *args), timeout)
+
+    def run(self, argv: Sequence[str], timeout: float | None) -> dict[str, Any]:
+        """Run a command line made by `agent_argv` (a plan's action holds one)."""
+        return parse_agent_output(self.transport.run(list(argv), timeout=timeout), self.device.name)

@@ -13,9 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from edgedeploy_agent.bundle import Manifest, extract_bundle, read_signed_manifest
-from edgedeploy_agent.errors import AgentError
 
-from ..errors import InputError
+from ..errors import InputError, agent_input
 from ..paths import cache_dir
 
 
@@ -50,7 +49,7 @@ def bundle_blobs(bundle: Path) -> BundleBlobs:
     """Verify every byte of the bundle (by unpacking it) and file its parts in the host's blob cache."""
     store = cache_dir() / "blobs"
     store.mkdir(parents=True, exist_ok=True)
-    try:
+    with agent_input():
         manifest, body, sig = read_signed_manifest(bundle)
         with tempfile.TemporaryDirectory(prefix=".unpack-", dir=store) as tmp:
             extract_bundle(bundle, Path(tmp) / "b")
@@ -63,8 +62,6 @@ def bundle_blobs(bundle: Path) -> BundleBlobs:
                 blobs.append(Blob(sha, len(data), label, _put_cache(store, Path(tmp) / sha, sha)))
             for a in manifest.artifacts:
                 blobs.append(Blob(a.sha256, a.size, a.path, _put_cache(store, Path(tmp) / "b" / a.path, a.sha256)))
-    except AgentError as e:
-        raise InputError(e.message, hint=e.hint) from None
     if body != manifest.canonical_bytes():
         raise InputError(f"{bundle}: manifest.json is not canonical JSON (not written by edgedeploy?)")
     unique = {b.sha256: b for b in blobs}  # two artifacts with the same bytes are one blob

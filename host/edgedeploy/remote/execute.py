@@ -12,7 +12,7 @@ from ..inventory import Device
 from .agent_client import AgentClient
 from .blobs import BundleBlobs
 from .facts import DeviceFacts, parse_facts
-from .plan import Action, plan_push
+from .plan import DEFAULT_HEALTH, Action, HealthPolicy, plan_push
 from .transport import Progress, Transport
 
 
@@ -28,31 +28,8 @@ class PushResult:
     uploaded_bytes: int = 0
 
 
-@dataclass(frozen=True)
-class HealthPolicy:
-    """What the device must show after activation before the new bundle is committed."""
-
-    timeout: float = 60.0
-    min_inferences: int = 0
-    max_p95_ms: float | None = None
-    min_fps: float | None = None
-    build_timeout: float | None = None  # TensorRT: also wait this long for an engine built at activation
-
-    def agent_args(self) -> list[str]:
-        args = ["--timeout", str(self.timeout)]
-        if self.build_timeout is not None:
-            args += ["--build-timeout", str(self.build_timeout)]
-        if self.min_inferences:
-            args += ["--min-inferences", str(self.min_inferences)]
-        if self.max_p95_ms is not None:
-            args += ["--max-p95-ms", str(self.max_p95_ms)]
-        if self.min_fps is not None:
-            args += ["--min-fps", str(self.min_fps)]
-        return args
-
-
 def get_facts(client: AgentClient) -> DeviceFacts:
-    return parse_facts(client.call("facts", timeout=60))
+    return parse_facts(client.call("facts", timeout=60), client.device.name)
 
 
 def push(
@@ -62,7 +39,7 @@ def push(
     *,
     dry_run: bool = False,
     force: bool = False,
-    health: HealthPolicy = HealthPolicy(),
+    health: HealthPolicy = DEFAULT_HEALTH,
     progress: Progress | None = None,
     step: Callable[[str], None] = lambda s: None,
 ) -> PushResult:
@@ -71,51 +48,28 @@ def push(
     manifest = blobs.manifest
     client = AgentClient(transport, device)
     step("facts")
-    # one round trip: the device's facts and which blobs it lacks (it verifies finished uploads meanwhile)
+    # one round trip: the device's facts and which blobs it lacks (read only: nothing changes there)
     raw = client.call("facts", "--blobs", *[b.sha256 for b in blobs.blobs], timeout=300)
-    facts = parse_facts(raw)
-    lacking = set((raw.get("blobs") or {}).get("missing", [b.sha256 for b in blobs.blobs]))
-    missing = [b for b in blobs.blobs if b.sha256 in lacking]
-    upload_bytes = sum(b.size for b in missing)
-    actions = plan_push(
-        manifest, upload_bytes, device, facts, force=force, missing_blobs=(len(missing), len(blobs.blobs))
-    )
+    facts = parse_facts(raw, device.name)  # validates `blobs` too (absent: the root is not initialised)
+    lacking = set(raw["blobs"]["missing"]) if raw["blobs"] else {b.sha256 for b in blobs.blobs}
+    actions = plan_push(blobs, lacking, device, facts, force=force, health=health)
     if dry_run:
         return PushResult(device.name, "planned", manifest.release_name, facts.current_release, actions, timings)
     if all(a.noop for a in actions):
         return PushResult(device.name, "unchanged", manifest.release_name, facts.current_release, actions, timings)
-
-    step(f"upload {len(missing)} blobs, {upload_bytes / 1e6:.1f} MB")
-    t = time.monotonic()
-    sent = 0
-    for b in missing:
-        done_before = sent
-
-        def each(done: int, total: int, base: int = done_before) -> None:
-            if progress:
-                progress(base + done, upload_bytes)
-
-        transport.put(b.local, f"{device.root}/blobs/incoming/{b.sha256}", progress=each)
-        sent += b.size
-    timings["upload_s"] = round(time.monotonic() - t, 3)
-    step("deploy")
-    t = time.monotonic()
-    args = ["deploy", "--manifest-blob", blobs.manifest_sha, *health.agent_args()]
-    if blobs.signature_sha:
-        args += ["--signature-blob", blobs.signature_sha]
-    if device.source is not None:
-        args += ["--source", device.source]
-    if force:
-        args.append("--force")
-    try:
-        result = client.call(*args, timeout=max(health.timeout, health.build_timeout or 0) * 2 + 120)
-    except DeviceError as e:
-        if e.code == "health-check-failed":
-            e.message = f"{e.message} (rolled back automatically)"
-        if e.code == "agent-killed":
-            e.message = f"{e.message}; {_read_back(client)}"
-        raise
-    timings["deploy_s"] = round(time.monotonic() - t, 3)
+    result: dict[str, Any] = {}
+    uploaded = 0
+    for action in actions:
+        if action.noop:
+            continue
+        step(action.detail if action.kind == "upload" else action.kind)
+        t = time.monotonic()
+        if action.puts:
+            uploaded = _upload(transport, action, progress)
+            timings["upload_s"] = round(time.monotonic() - t, 3)
+        if action.argv:
+            result = _run_deploy(client, action)
+            timings["deploy_s"] = round(time.monotonic() - t, 3)
     timings.update({f"device_{k}": v for k, v in (result.get("timings") or {}).items()})
     return PushResult(
         device.name,
@@ -125,13 +79,41 @@ def push(
         actions,
         timings,
         health=result.get("health"),
-        uploaded_bytes=upload_bytes,
+        uploaded_bytes=uploaded,
     )
 
 
-def _read_back(client: AgentClient) -> str:
-    """The device's state after an interrupted deploy: asking for facts makes it recover first."""
+def _upload(transport: Transport, action: Action, progress: Progress | None) -> int:
+    """Send an action's files, reporting progress over all of them; returns the bytes sent."""
+    total = action.upload_bytes
+    sent = 0
+    for local, remote in action.puts:
+
+        def each(done: int, size: int, base: int = sent) -> None:
+            if progress:
+                progress(base + done, total)
+
+        transport.put(local, remote, progress=each)
+        sent += local.stat().st_size
+    return sent
+
+
+def _run_deploy(client: AgentClient, action: Action) -> dict[str, Any]:
     try:
+        return client.run(action.argv, action.timeout_s)
+    except DeviceError as e:
+        if e.code == "health-check-failed":
+            e.message = f"{e.message} (rolled back automatically)"
+        if e.code == "agent-killed":
+            e.message = f"{e.message}; {_read_back(client)}"
+        raise
+
+
+def _read_back(client: AgentClient) -> str:
+    """The device's state after an interrupted deploy, once it has recovered (`recover`: the one call
+    that finishes an interrupted transition; facts never do)."""
+    try:
+        client.call("recover", timeout=120)
         f = get_facts(client)
     except EdgeDeployError as e:
         return f"its state could not be read back ({e.message})"
@@ -153,3 +135,19 @@ def init_agent(transport: Transport, device: Device) -> dict[str, Any]:
 def install_keys(transport: Transport, device: Device, public_keys: list[str]) -> list[str]:
     """Pin exactly these signing keys on the device; from then on it runs signed bundles only."""
     return list(AgentClient(transport, device).call("trust", "--set", *public_keys, timeout=60)["trusted_keys"])
+
+
+def wait_finished(client: AgentClient, timeout: float) -> str | None:
+    """Poll the agent's health until its run ended (a play-once source: finished, failed or stopped);
+    returns that state, or None when `timeout` passed first."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        state = get_facts(client).health_state
+        if state in ("finished", "failed", "stopped"):
+            return state
+        time.sleep(0.3)
+    return None
+
+
+def stop_agent(client: AgentClient) -> None:
+    client.call("stop")

@@ -5,6 +5,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from pydantic import ValidationError
+
+from edgedeploy_agent.facts import Facts
+
+from ..errors import DeviceError, validation_text
+
 
 @dataclass(frozen=True)
 class DeviceFacts:
@@ -20,24 +26,34 @@ class DeviceFacts:
     healthy_release: str | None
     health_state: str | None
     previous: tuple[str, ...]
+    pending_state: str | None  # the state of a transition in flight or interrupted (None: none)
 
 
-def parse_facts(data: dict[str, Any]) -> DeviceFacts:
-    """Pure: the agent's facts JSON -> DeviceFacts."""
-    current = data.get("current") or {}
-    health = data.get("health") or {}
+def parse_facts(data: dict[str, Any], device: str = "device") -> DeviceFacts:
+    """Pure: the agent's facts JSON, validated against its one definition (edgedeploy_agent.facts) ->
+    DeviceFacts. A key the host does not know, or one missing, is the agent's and host's versions differing."""
+    try:
+        f = Facts.model_validate({k: v for k, v in data.items() if k != "ok"})
+    except ValidationError as e:
+        raise DeviceError(
+            f"{device}: the agent's facts are not in the format this host reads ({validation_text(e)})",
+            hint="install the agent that matches this edgedeploy (`edgedeploy agent install DEVICE`)",
+            code="agent-mismatch",
+        ) from None
+    health = f.health or {}
     healthy = health.get("release") if health.get("state") in ("ready", "finished") else None
     return DeviceFacts(
-        agent_version=str(data.get("agent_version", "?")),
-        bundle_schema=int(data.get("bundle_schema", 0)),
-        arch=str(data.get("arch", "?")),
-        python=str(data.get("python", "?")),
-        initialised=bool(data.get("initialised")),
-        free_bytes=data.get("free_bytes"),
-        current_release=current.get("release"),
-        current_bundle_id=current.get("bundle_id"),
-        running=bool(data.get("running")),
+        agent_version=f.agent_version,
+        bundle_schema=f.bundle_schema,
+        arch=f.arch,
+        python=f.python,
+        initialised=f.initialised,
+        free_bytes=f.free_bytes,
+        current_release=f.current.release if f.current else None,
+        current_bundle_id=f.current.bundle_id if f.current else None,
+        running=bool(f.running),
         healthy_release=healthy,
         health_state=health.get("state"),
-        previous=tuple(data.get("previous") or ()),
+        previous=tuple(f.previous),
+        pending_state=(f.pending or {}).get("state"),
     )

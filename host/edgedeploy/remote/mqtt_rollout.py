@@ -19,9 +19,9 @@ from edgedeploy_agent.desired import TERMINAL, DesiredHealth
 from ..errors import DeviceError
 from ..inventory import Inventory
 from .blobs import BundleBlobs
-from .execute import HealthPolicy
 from .facts import DeviceFacts
 from .mqtt import Controller, desired_payload
+from .plan import HealthPolicy
 from .rollout import RolloutState
 from .rollout_runner import Listener, RolloutRunner
 
@@ -38,7 +38,7 @@ def status_facts(st: dict[str, Any] | None) -> DeviceFacts | str:
     return DeviceFacts(
         agent_version="?", bundle_schema=0, arch="?", python="?", initialised=True, free_bytes=None,
         current_release=release, current_bundle_id=None, running=st.get("state") != "offline",
-        healthy_release=healthy, health_state=st.get("state"), previous=(),
+        healthy_release=healthy, health_state=st.get("state"), previous=(), pending_state=None,
     )  # fmt: skip
 
 

@@ -3,10 +3,15 @@
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
+
+from edgedeploy_agent.durable import write_atomic
+from edgedeploy_agent.report import Report
+
+from ..errors import DeviceError, validation_text
 from ..inventory import Device
 from ..paths import state_dir
 from .agent_client import AgentClient
@@ -18,11 +23,25 @@ def reports_dir(device: str) -> Path:
     return state_dir() / "reports" / device
 
 
+def checked_report(raw: dict[str, Any], where: str) -> dict[str, Any]:
+    """A report validated against its one definition (edgedeploy_agent.report.Report), kept as sent."""
+    try:
+        Report.model_validate(raw)
+    except ValidationError as e:
+        raise DeviceError(
+            f"{where}: a report not in the format this host reads ({validation_text(e)})",
+            hint="install the agent that matches this edgedeploy (`edgedeploy agent install DEVICE`)",
+            code="agent-mismatch",
+        ) from None
+    return raw
+
+
 def load_local_reports(d: Path) -> list[dict[str, Any]]:
     out = []
     for p in sorted(d.glob("*.jsonl")) if d.is_dir() else []:
-        out += [json.loads(line) for line in p.read_text(encoding="utf-8").splitlines() if line.strip()]
-    return sorted(out, key=lambda r: r.get("seq", 0))
+        lines = [line for line in p.read_text(encoding="utf-8").splitlines() if line.strip()]
+        out += [checked_report(json.loads(line), str(p)) for line in lines]
+    return sorted(out, key=lambda r: int(r["seq"]))
 
 
 def pull_reports(transport: Transport, device: Device, d: Path) -> list[dict[str, Any]]:
@@ -32,15 +51,10 @@ def pull_reports(transport: Transport, device: Device, d: Path) -> list[dict[str
     d.mkdir(parents=True, exist_ok=True)
     stored, names = [], []
     for item in pending:
-        report = item["report"]
+        report = checked_report(item["report"], device.name)
         path = d / f"{int(report['seq']):08d}-{report['bundle_id']}.jsonl"
         if not path.exists():
-            tmp = path.with_name(path.name + ".tmp")
-            with open(tmp, "w", encoding="utf-8") as f:
-                f.write(json.dumps(report) + "\n")
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
+            write_atomic(path, json.dumps(report) + "\n")
             stored.append(report)
         names.append(item["file"])
     if names:

@@ -7,12 +7,13 @@ after every device, so an interrupted rollout can be shown and resumed.
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..errors import InputError
+from edgedeploy_agent.durable import write_atomic
+
+from ..errors import InputError, fleet_exit_code
 from .facts import DeviceFacts
 
 OK_OUTCOMES = ("committed", "unchanged")
@@ -92,10 +93,7 @@ class RolloutState:
         return int(self.max_fail * len(self.devices) + 1e-9)
 
     def exit_code(self) -> int:
-        """0 every device ok, 1 none ok, 2 partial (CONVENTIONS: fleet exit codes)."""
-        if len(self.succeeded) == len(self.devices):
-            return 0
-        return 1 if not self.succeeded else 2
+        return fleet_exit_code(len(self.succeeded), len(self.devices))
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
@@ -113,12 +111,7 @@ class RolloutState:
 
     def save(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.tmp")
-        with open(tmp, "w", encoding="utf-8") as f:
-            json.dump(self.to_json(), f, indent=1, default=str)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
+        write_atomic(path, json.dumps(self.to_json(), indent=1, default=str))
 
 
 def plan_rollout(

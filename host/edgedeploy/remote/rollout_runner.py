@@ -11,8 +11,8 @@ import datetime as dt
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 from ..errors import EdgeDeployError, error_code
@@ -21,7 +21,9 @@ from ..paths import state_dir
 from .agent_client import AgentClient
 from .blobs import BundleBlobs
 from .connect import connected
-from .execute import HealthPolicy, get_facts, push
+from .execute import get_facts, push
+from .fleet import run_fleet
+from .plan import HealthPolicy
 from .rollout import FINAL_OUTCOMES, OK_OUTCOMES, RolloutState
 
 # (device, status, detail) after every change; the renderer draws it
@@ -102,9 +104,10 @@ class RolloutRunner:
         try:
             outcome, detail, after = self._deliver(name)
             self._set(name, outcome, detail, code=None, release_after=after, seconds=_secs(t0))
-        except EdgeDeployError as e:
+        except Exception as e:  # one device's surprise (a bug) is its failure, never the rollout's
+            err = e if isinstance(e, EdgeDeployError) else EdgeDeployError(f"{name}: {type(e).__name__}: {e}")
             after = self._release_after_failure(name)
-            self._set(name, "failed", e.message, code=error_code(e), release_after=after, seconds=_secs(t0))
+            self._set(name, "failed", err.message, code=error_code(err), release_after=after, seconds=_secs(t0))
             self._check_threshold(wave)
 
     def _deliver(self, name: str) -> tuple[str, str, str | None]:
@@ -129,22 +132,18 @@ class RolloutRunner:
             elif failed > self.state.fail_budget:
                 self._halt = f"{failed} devices failed, more than --max-fail allows ({self.state.fail_budget})"
 
+    def _interrupted(self) -> None:
+        self._halt = "interrupted"
+
     def run(self) -> RolloutState:
         self.state.status = "running"
         self.state.save(self.path)
         try:
             for w, names in enumerate(self.state.waves):
                 todo = [n for n in names if self.state.devices[n].status not in FINAL_OUTCOMES]
-                with ThreadPoolExecutor(max_workers=self.state.concurrency) as pool:
-                    futures = [pool.submit(self._one, n, w) for n in todo]
-                    try:
-                        for f in futures:
-                            f.result()
-                    except KeyboardInterrupt:
-                        # devices already in flight finish their step (each is atomic on the device);
-                        # the rest are not started, and `rollout --resume` picks them up
-                        self._halt = "interrupted"
-                        raise
+                # Ctrl-C: devices already in flight finish their step (a pull rollout stops waiting for
+                # them); the rest are recorded as skipped, and `rollout --resume` picks them up
+                run_fleet(todo, partial(self._one, wave=w), self.state.concurrency, str, self._interrupted)
         except KeyboardInterrupt:
             self.state.status, self.state.halted_reason = "interrupted", "interrupted (Ctrl-C)"
             self.state.save(self.path)

@@ -21,6 +21,8 @@ from pathlib import Path
 
 import paramiko
 
+from edgedeploy_agent.durable import write_atomic
+
 from ..errors import ConnectionFailed, HostKeyError
 from ..inventory import Device
 from .transport import CommandResult, Progress, Sink
@@ -67,9 +69,10 @@ def pin_host_key(known_hosts: Path, host: str, port: int, key: paramiko.PKey) ->
         del keys[entry]
     keys.add(entry, key.get_name(), key)
     known_hosts.parent.mkdir(parents=True, exist_ok=True)
-    tmp = known_hosts.with_name(known_hosts.name + ".tmp")
-    keys.save(str(tmp))
-    os.replace(tmp, known_hosts)
+    tmp = known_hosts.with_name(known_hosts.name + ".new")
+    keys.save(str(tmp))  # paramiko writes only to a path: read it back into the one durable write
+    write_atomic(known_hosts, tmp.read_bytes())
+    tmp.unlink()
 
 
 def pinned_fingerprint(known_hosts: Path, host: str, port: int) -> str | None:
