@@ -6,7 +6,6 @@ import os
 import shutil
 import subprocess
 from pathlib import Path
-from typing import NoReturn
 
 import pytest
 
@@ -130,12 +129,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
                     item.add_marker(pytest.mark.skip(reason=reason))
 
 
-def _required_or_skip(variable: str, why: str) -> NoReturn:
-    if os.environ.get(variable) == "1":
-        pytest.fail(f"{why} ({variable}=1)")
-    pytest.skip(why)
-
-
 @pytest.fixture
 def netns() -> None:
     """Network-namespace devices need root and iproute2; CI sets EDGEDEPLOY_REQUIRE_NETNS=1."""
@@ -143,7 +136,7 @@ def netns() -> None:
 
     ok, why = netns_available()
     if not ok:
-        _required_or_skip("EDGEDEPLOY_REQUIRE_NETNS", why)
+        require("NETNS", why)
 
 
 @pytest.fixture(scope="session")
@@ -162,7 +155,8 @@ def python39() -> Path:
         ok, _, exe = p.stdout.strip().partition(" ")
         if p.returncode == 0 and ok == "True":
             return Path(exe)
-    _required_or_skip("EDGEDEPLOY_REQUIRE_PYTHON39", "no Python 3.9 interpreter (set EDGEDEPLOY_TEST_PYTHON39)")
+    require("PYTHON39", "no Python 3.9 interpreter (set EDGEDEPLOY_TEST_PYTHON39)")
+    raise AssertionError("unreachable: require() skipped or failed")
 
 
 @pytest.fixture

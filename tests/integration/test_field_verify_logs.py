@@ -95,14 +95,14 @@ def test_verify_a_group_exit_codes(cli: Cli, sshd: LoopbackSshd, tmp_path: Path,
             "--tags", "lab", "--inventory", str(inv))  # fmt: skip
     assert r.code == 0, r.err
     r = cli("verify", "--group", "lab", "--json", "--inventory", str(inv))
-    assert r.code == 2, r.out + r.err  # one device unreachable: a partial failure, the others still checked
+    assert r.code == 5, r.out + r.err  # one device unreachable: a partial failure, the others still checked
     res = json.loads(r.out)
     assert sorted(res["devices"]) == ["cam-a", "cam-b"] and list(res["unreachable"]) == ["cam-c"]
     assert cli("devices", "remove", "cam-c", "--inventory", str(inv)).code == 0
 
     assert agent("--root", str(tmp_path / "cam-b-root"), "init", "--source", "file:/nonexistent.avi").code == 0
     r = cli("verify", "--group", "lab", "--inventory", str(inv))
-    assert r.code == 2, r.out + r.err
+    assert r.code == 5, r.out + r.err
     assert "cam-a: warning" in r.out and "cam-b: failed" in r.out
     assert agent("--root", str(tmp_path / "cam-a-root"), "init", "--source", "v4l2:/dev/nonexistent").code == 0
     assert cli("verify", "--group", "lab", "--inventory", str(inv), "--camera-seconds", "1").code == 1

@@ -9,7 +9,7 @@ import typer
 from edgedeploy_agent.selftest import FAILED, checklist_lines
 
 from .. import field_api
-from ..errors import InputError, error_code
+from ..errors import InputError, error_code, fleet_exit_code
 from ..inventory import Inventory
 from ..remote.fleet import FleetResult
 from ..remote.verify import Checkup
@@ -23,11 +23,11 @@ def _show(c: Checkup) -> None:
         render.out.print(line, markup=False)
 
 
-def fleet_exit_code(fleet: FleetResult[Checkup]) -> int:
-    """0 every device passed (warnings allowed), 1 none did, 2 some did; unreachable counts as failed."""
+def group_exit_code(fleet: FleetResult[Checkup]) -> int:
+    """The fleet commands' exit code (errors.fleet_exit_code: 0 all, 5 some, 1 none), counting a device
+    that passed with warnings as passed and an unreachable one as failed."""
     passed = sum(1 for c in fleet.succeeded.values() if c.overall != FAILED)
-    total = len(fleet.succeeded) + len(fleet.failed)
-    return 0 if passed == total else 2 if passed else 1
+    return fleet_exit_code(passed, len(fleet.succeeded) + len(fleet.failed))
 
 
 def register(app: typer.Typer) -> None:
@@ -47,7 +47,7 @@ def register(app: typer.Typer) -> None:
         the running service is not stopped.
 
         Exit 0 when nothing failed (warnings allowed), 1 when a check failed. With --group: 0 every device
-        passed, 2 some failed or were unreachable, 1 none passed.
+        passed, 5 some failed or were unreachable, 1 none passed.
         """
         if (device is None) == (group is None):
             raise InputError("say which device: verify DEVICE, or verify --group TAG")
@@ -72,4 +72,4 @@ def register(app: typer.Typer) -> None:
                     _show(fleet.succeeded[name])
                 else:
                     render.out.print(f"{name}: FAILED [{failed[name]['code']}] {failed[name]['error']}", markup=False)
-        raise typer.Exit(fleet_exit_code(fleet))
+        raise typer.Exit(group_exit_code(fleet))
