@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from edgedeploy.cli.verify import fleet_exit_code
+from edgedeploy.cli.verify import group_exit_code
 from edgedeploy.errors import ConnectionFailed, DeviceError, InputError
 from edgedeploy.inventory import Device
 from edgedeploy.remote.fleet import FleetResult
@@ -42,10 +42,10 @@ def test_host_view_measures_the_skew_within_the_round_trip() -> None:
 def test_fleet_exit_codes() -> None:
     good = Checkup("a", [Check("x", WARNING, "")])
     bad = Checkup("b", [Check("x", FAILED, "")])
-    assert fleet_exit_code(FleetResult({"a": good, "c": good})) == 0
-    assert fleet_exit_code(FleetResult({"a": good, "b": bad})) == 2
-    assert fleet_exit_code(FleetResult({"a": good}, {"d": ConnectionFailed("down")})) == 2
-    assert fleet_exit_code(FleetResult({"b": bad}, {"d": ConnectionFailed("down")})) == 1
+    assert group_exit_code(FleetResult({"a": good, "c": good})) == 0
+    assert group_exit_code(FleetResult({"a": good, "b": bad})) == 5  # the fleet commands' "partial"
+    assert group_exit_code(FleetResult({"a": good}, {"d": ConnectionFailed("down")})) == 5
+    assert group_exit_code(FleetResult({"b": bad}, {"d": ConnectionFailed("down")})) == 1
 
 
 def test_logs_argv_is_built_from_validated_values() -> None:
