@@ -25,7 +25,7 @@ from .cuda_worker import run_cuda_build
 from .frontends import ForeignModel, frontend_name, load_model
 from .manifest import BuildResult, card_manifest, profile_target, write_labels
 from .onnx_model import OnnxModel, check_preprocess
-from .pipeline import PIPELINE_REVISION, BuildContext, pipeline_for, run_pipeline, tensor_cores_enabled
+from .pipeline import BuildContext, compiler_digest, pipeline_for, run_pipeline, tensor_cores_enabled
 from .tuning import TuneRequest, find_database, tuning_key
 
 __all__ = ["BuildResult", "ModelCard", "build_bundle", "compile_model", "load_card"]  # ModelCard, load_card: bench/
@@ -62,7 +62,7 @@ def build_bundle(
         "precision": precision,
         "cuda_graph": cuda_graph,
         "batch": batch,
-        "pipeline": [PIPELINE_REVISION, *stages],
+        "pipeline": [compiler_digest(), *stages],
         "bundle_schema": SCHEMA_VERSION,
     }
     if profile.device == "cuda":

@@ -7,6 +7,8 @@ the valid names, so adding a target means adding data here, not `if` chains else
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import os
 import time
 from collections.abc import Callable
@@ -61,8 +63,15 @@ def stage(name: str) -> Callable[[StageFn], StageFn]:
     return register
 
 
-# Part of every build-cache key, with the stage names: bump it when a stage changes what it produces.
-PIPELINE_REVISION = 14
+@functools.cache
+def compiler_digest() -> str:
+    """Part of every build-cache key: the sha256 of this package's sources, so that any change to a stage,
+    a schedule rule or a rewrite rebuilds instead of serving a library compiled by the old code (a
+    hand-bumped revision number was forgotten once and a benchmark measured stale kernels)."""
+    h = hashlib.sha256()
+    for f in sorted(Path(__file__).parent.glob("*.py")):
+        h.update(f.name.encode() + b"\0" + f.read_bytes())
+    return h.hexdigest()[:16]
 
 
 def tensor_cores_enabled() -> bool:
