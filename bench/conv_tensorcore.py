@@ -21,16 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-
-# name: (C, H, K, kernel, stride, pad)  (square images and kernels)
-CASES = {
-    "stem7x7s2": (3, 224, 64, 7, 2, 3),
-    "conv3x3_64": (64, 56, 64, 3, 1, 1),
-    "conv1x1_64_128s2": (64, 56, 128, 1, 2, 0),
-    "conv3x3_128": (128, 28, 128, 3, 1, 1),
-    "conv3x3_256": (256, 14, 256, 3, 1, 1),
-    "conv3x3_512": (512, 7, 512, 3, 1, 1),
-}
+from conv_variants import CASES  # the distinct ResNet-18 convolutions, one table for both scripts
 
 
 def conv_module(case: str, precision: str, layout: str, batch: int) -> Any:

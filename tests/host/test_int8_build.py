@@ -105,18 +105,24 @@ def test_rewrite_makes_integer_convolutions(data_dir: Path) -> None:
             assert report.float_left == ["Times212: operands are not dequantized (kept in float)"]
 
 
+def _mnist_qdq(data_dir: Path, samples: int) -> tuple[onnx.ModelProto, object, np.ndarray]:
+    """mnist-8 quantized on `samples` real digits, imported into Relax (decomposed); and the digits."""
+    model = onnx.load(data_dir / "models" / "mnist-8_opset13.onnx")
+    spec = TensorSpec(name="Input3", shape=[1, 1, 28, 28], layout="NCHW")
+    calib = load_calibration(data_dir / "mnist", Preprocess(color="gray"), spec, samples)
+    qdq = quantize_qdq(model, calib, QuantizeOptions()).model
+    imported = relax.transform.DecomposeOpsForInference()(
+        from_onnx(qdq, shape_dict={"Input3": [1, 1, 28, 28]}, keep_params_in_input=False)
+    )
+    return qdq, imported, calib
+
+
 def test_float_exact_accumulation_is_bit_identical_to_int32(data_dir: Path) -> None:
     """The CPU pipeline accumulates int8 products in float32 where the sum provably stays below 2**24:
     compiled and run, both forms give the same bytes on real images."""
     import tvm
 
-    model = onnx.load(data_dir / "models" / "mnist-8_opset13.onnx")
-    spec = TensorSpec(name="Input3", shape=[1, 1, 28, 28], layout="NCHW")
-    calib = load_calibration(data_dir / "mnist", Preprocess(color="gray"), spec, 32)
-    qdq = quantize_qdq(model, calib, QuantizeOptions()).model
-    imported = relax.transform.DecomposeOpsForInference()(
-        from_onnx(qdq, shape_dict={"Input3": [1, 1, 28, 28]}, keep_params_in_input=False)
-    )
+    qdq, imported, calib = _mnist_qdq(data_dir, 32)
     outputs = []
     for exact in (False, True):
         mod, report = rewrite_int8(imported, quantizable_layers(qdq), float_exact=exact)
@@ -135,13 +141,7 @@ def test_max_pool_runs_on_integers(data_dir: Path, monkeypatch: pytest.MonkeyPat
 
     from edgedeploy.compile import int8_rewrite
 
-    model = onnx.load(data_dir / "models" / "mnist-8_opset13.onnx")
-    spec = TensorSpec(name="Input3", shape=[1, 1, 28, 28], layout="NCHW")
-    calib = load_calibration(data_dir / "mnist", Preprocess(color="gray"), spec, 16)
-    qdq = quantize_qdq(model, calib, QuantizeOptions()).model
-    imported = relax.transform.DecomposeOpsForInference()(
-        from_onnx(qdq, shape_dict={"Input3": [1, 1, 28, 28]}, keep_params_in_input=False)
-    )
+    qdq, imported, calib = _mnist_qdq(data_dir, 16)
     outputs = []
     for integer_pool in (True, False):
         if not integer_pool:
