@@ -115,3 +115,22 @@ def test_int8_operands_load_16_bytes_per_thread_where_the_gemm_needs_no_padding(
 
     assert lanes(exact) == [16, 16, 4], exact[:3000]
     assert lanes(padded) == [4, 4, 4]
+
+
+def test_strided_operands_keep_4_element_loads() -> None:
+    """An NCHW convolution's K (channels) lies H*W apart in memory: its loads stay 4 elements wide (a wider
+    strided gather made TVM 0.27 emit make_uint4 with 8 fp16 arguments, which nvcc rejects: MobileNet)."""
+    rng = np.random.default_rng(1)
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((64, 64, 28, 28), "float16"))
+    w = (rng.standard_normal((128, 64, 1, 1)) * 0.1).astype("float16")
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            out = bb.emit_output(bb.emit(relax.op.nn.conv2d(x, relax.const(w))))
+        bb.emit_func_output(out)
+    target = tvm.target.Target(TARGET)
+    with target:
+        mod = tvm.transform.Sequential(legalize_passes(target))(bb.get())
+    script = _conv_kernel_script(mod)
+    assert "wmma.mma_sync" in script or "tvm_mma_sync" in script, script[:3000]
+    assert [int(n) for n in re.findall(r"in T.vectorized\(T.int64\((\d+)\)\)", script)][:2] == [4, 4]
