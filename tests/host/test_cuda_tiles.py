@@ -94,7 +94,7 @@ def test_large_batch_conv_is_not_split() -> None:
 
 
 def test_int8_operands_load_16_bytes_per_thread_where_the_gemm_needs_no_padding() -> None:
-    """Knobs' defaults (bench/conv_variants.py on the H200: 1.15-1.48x on ResNet-18's 3x3 INT8 layers): 64 K
+    """Knobs' defaults (bench/conv_variants.py on the H200: 1.15-1.47x on ResNet-18's 3x3 INT8 layers): 64 K
     elements per shared-memory stage and 16-byte global loads; the loads stay 4 bytes where the GEMM is
     padded (TVM 0.27 writes the padding's zero vector of 8 or 16 int8 as a make_int2/make_int4 call that
     nvcc rejects)."""
