@@ -3,7 +3,7 @@
 A whole-model bundle takes 5-10 minutes to build on the 2-core build host; one module holding every
 distinct ResNet-18 convolution (INT8 as the int8 rewrite emits it: zero-point pad, conv2d int8 x int8 ->
 int32, requantize; or FP16 conv + bias + ReLU) builds in about a minute per schedule variant
-(`compile/cuda_tensorcore.py`'s `Knobs`), so variants are compared layer by layer before a model is rebuilt.
+(`compile/cuda_tiles.py`'s `Knobs`), so variants are compared layer by layer before a model is rebuilt.
 
     # here (no GPU): one library per variant, KIT/<precision>.bs<N>.<variant>.so, plus KIT/variants.json
     .venv/bin/python bench/conv_variants.py build KIT --precision int8 --batch 64 \
@@ -87,7 +87,8 @@ def build(args: argparse.Namespace) -> None:
     import tvm
     from tc_sass import sass_counts
 
-    from edgedeploy.compile.cuda_tensorcore import Knobs, cuda_pipeline
+    from edgedeploy.compile.cuda_tensorcore import TensorCoreGemm, cuda_pipeline
+    from edgedeploy.compile.cuda_tiles import Knobs
 
     kit = Path(args.kit)
     kit.mkdir(parents=True, exist_ok=True)
@@ -106,7 +107,7 @@ def build(args: argparse.Namespace) -> None:
         row |= {"batch": args.batch, "cases": cases}
         try:
             with target, tvm.transform.PassContext(opt_level=3):
-                pipeline = cuda_pipeline(target, knobs=Knobs(**knobs))
+                pipeline = cuda_pipeline(target, rule=TensorCoreGemm(Knobs(**knobs)))
                 ex = tvm.compile(bb.get(), target=target, relax_pipeline=pipeline)
             ex.export_library(str(kit / row["lib"]))
             row |= {"compile_s": round(time.perf_counter() - t, 1), **sass_counts(kit / row["lib"])}

@@ -1,23 +1,35 @@
 #!/usr/bin/env bash
 # Tunes on the GPU machine (H200, Python 3.12, CUDA 13) what bench/gpu_tune_kit.sh exported:
-#   bash bench/gpu_tune.sh KIT OUT TRIALS [TASKS]
-# Each module is tuned by edgedeploy.compile.tune_offline (cost model "random": no xgboost there), TASKS > 0
-# limiting it to the heaviest kernels; the run ends on its own (a stopped run loses its last round).
-# Then bench/gpu_tuned_vs_default.py times the module with default schedules and with the database.
+#   bash bench/gpu_tune.sh KIT OUT TRIALS [TASKS] [GEMM_MINUTES [GEMM_TRIALS]]
+# GEMM_MINUTES > 0: first the tensor-core GEMM search (compile/gemm_tuning.py) for that long per module,
+# at most GEMM_TRIALS candidates (0: all); it writes gemm_configs.json, which survives a stopped run.
+# TRIALS > 0: then MetaSchedule on each module (cost model "random": no xgboost there), TASKS > 0
+# limiting it to the heaviest kernels; the run ends on its own (a stopped run loses its last round),
+# and bench/gpu_tuned_vs_default.py times the module with default schedules and with the database.
 # OUT gets tuned.tar.xz (one folder per module: tuning.json + database) and the logs. Then, here:
 #   tar -C DIR -xJf tuned.tar.xz; edgedeploy tune --import DIR/<module> [--database profiles/tuning/...]
 set -uo pipefail
-kit=$(realpath "$1"); out=$(realpath "$2"); trials=${3:?trials}; tasks=${4:-0}
+kit=$(realpath "$1"); out=$(realpath "$2"); trials=${3:?trials}; tasks=${4:-0}; gemm=${5:-0}; gemm_trials=${6:-0}
 site=/tmp/tvm-site; work=/tmp/tune
 mkdir -p "$site" "$work"
 tar -C "$site" -xJf "$kit/tvm-py.tar.xz"
 tar -C "$site" -xJf "$kit/tvm-ffi-cp312.tar.xz"
-xz -dc "$kit/libtvm_compiler.so.xz" > "$site/tvm/lib/libtvm_compiler.so"
+# the compiler library alone is 57 MiB of the 64 a call may carry: a call may instead name one that an
+# earlier call on the same (still warm) machine unpacked, as TVM_COMPILER_SO
+if [ -n "${TVM_COMPILER_SO:-}" ]; then cp "$TVM_COMPILER_SO" "$site/tvm/lib/libtvm_compiler.so"
+else xz -dc "$kit/libtvm_compiler.so.xz" > "$site/tvm/lib/libtvm_compiler.so"; fi
 tar -C "$work" -xJf "$kit/tasks.tar.xz"
-export PYTHONPATH=$site:$PWD/host PYTHONUNBUFFERED=1
+export PYTHONPATH=$site:$PWD/host:$PWD/agent PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 for d in "$work"/*/; do
   name=$(basename "$d")
+  if [ "$gemm" != 0 ]; then
+    echo "== $name: tensor-core GEMM search, $gemm min"
+    python3 -m edgedeploy.compile.tune_offline "$d" --trials 0 --gemm-minutes "$gemm" --gemm-trials "$gemm_trials" \
+      2>&1 | tee "$out/$name.gemm.log" | grep -E '^gemm|Error' || true
+    cp "$d/gemm_configs.json" "$out/$name.gemm_configs.json" 2>/dev/null || true
+  fi
+  [ "$trials" = 0 ] && continue
   echo "== $name: $trials trials over ${tasks/#0/all} kernels"
   python3 -m edgedeploy.compile.tune_offline "$d" --trials "$trials" --tasks "$tasks" --cost-model random \
     > "$out/$name.log" 2>&1

@@ -21,7 +21,7 @@ tmp=$(mktemp -d)
 $py -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
   --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 -d "$tmp/whl" apache-tvm-ffi==0.1.14.post1
 mkdir "$tmp/ffi" && (cd "$tmp/ffi" && unzip -q "$tmp"/whl/*.whl) && tar -C "$tmp/ffi" -cJf "$kit/tvm-ffi-cp312.tar.xz" .
-# one tuning module per bundle, plus the database so far
+# one tuning module per bundle, plus the databases so far
 mkdir "$tmp/tasks"
 for b in "$@"; do
   d="$tmp/tasks/$(basename "$b" .edb)"
@@ -30,6 +30,9 @@ for b in "$@"; do
   key=$($py -c "import json,sys; print(json.load(open(sys.argv[1]))['key'])" "$d/tuning.json")
   if [ -f "profiles/tuning/$profile/$key/database_workload.json" ]; then
     cp "profiles/tuning/$profile/$key"/database_*.json "$d/"
+  fi
+  if [ -f "profiles/tuning/$profile/$key/gemm_configs.json" ]; then # the GEMM search resumes from it
+    cp "profiles/tuning/$profile/$key/gemm_configs.json" "$d/"
   fi
   echo "$(basename "$d"): $profile/$key, $(python3 -c "import json,sys; print(json.load(open(sys.argv[1]))['tasks'])" "$d/tuning.json") tasks"
 done

@@ -17,7 +17,7 @@ import numpy as np
 import tvm
 from tvm import relax
 
-from edgedeploy.compile.tune_offline import register_tensor_intrinsics, scheduled_kernels
+from edgedeploy.compile.metaschedule import register_tensor_intrinsics, scheduled_kernels
 
 
 def compile_and_time(mod: object, target: object, db: Path | None) -> tuple[float, float, int]:

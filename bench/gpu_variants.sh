@@ -7,7 +7,8 @@
 #
 # For each pair: bench/tc_compare.py (median ms, speed-up, INT8 outputs bit-identical?, per-kernel profile;
 # no torch peer: bench/gpu_bench.sh is the peer benchmark);
-# then the INT8 bundles against the exact INT8 reference, and every bundle under compute-sanitizer memcheck.
+# then the INT8 bundles against the exact INT8 reference, and every bundle under compute-sanitizer memcheck
+# (MEMCHECK=0 skips it: ~4 min; TOP=N lists N kernels per bundle in the profile, default 12).
 # Writes OUT/gpu.txt, OUT/<before>_<after>.{txt,json}, OUT/reference.txt, OUT/memcheck.txt.
 set -euo pipefail
 kit=$(realpath "$1")
@@ -21,13 +22,13 @@ export TVM_RUNTIME_LIB=/tmp/kitlib/libtvm_runtime.so
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv | tee "$out/gpu.txt"
 for pair in "$@"; do
   tag=${pair/,/_}
-  python3 bench/tc_compare.py --bundles "$kit/var" --variants "$pair" --no-peer --profile --json "$out/$tag.json" |
+  python3 bench/tc_compare.py --bundles "$kit/var" --variants "$pair" --no-peer --profile --top "${TOP:-12}" --json "$out/$tag.json" |
     tee "$out/$tag.txt"
 done
 if [ -f "$kit/int8_reference.npz" ]; then
   python3 bench/int8_gpu_reference.py check "$kit/int8_reference.npz" "$kit"/var/*.int8.*.edb | tee "$out/reference.txt" || true
 fi
-if command -v compute-sanitizer >/dev/null; then
+if [ "${MEMCHECK:-1}" != 0 ] && command -v compute-sanitizer >/dev/null; then
   timeout 240 compute-sanitizer --tool memcheck --print-limit 20 python3 bench/gpu_memcheck.py "$kit"/var/*.edb \
     >"$out/memcheck.txt" 2>&1 || echo "memcheck: exit $?" | tee -a "$out/memcheck.txt"
   tail -n 5 "$out/memcheck.txt"

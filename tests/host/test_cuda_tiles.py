@@ -13,13 +13,8 @@ import pytest
 tvm = pytest.importorskip("tvm")
 from tvm import relax  # noqa: E402
 
-from edgedeploy.compile.cuda_tensorcore import (  # noqa: E402
-    MIN_BLOCKS,
-    SPLIT_BLOCKS,
-    choose_split,
-    choose_tiles,
-    legalize_passes,
-)
+from edgedeploy.compile.cuda_tensorcore import legalize_passes  # noqa: E402
+from edgedeploy.compile.cuda_tiles import MIN_BLOCKS, SPLIT_BLOCKS, choose_split, choose_tiles  # noqa: E402
 from tests.host.test_cuda_window import TARGET  # noqa: E402
 
 
@@ -40,7 +35,7 @@ def test_grid_fills_the_gpu_or_tiles_are_smallest(m: int, n: int, k: int) -> Non
         assert t.m == 128 and t.n >= 64
 
 
-def _int8_conv(batch: int, channels: int, size: int) -> object:
+def _int8_conv_model(batch: int, channels: int, size: int) -> object:
     """3x3 int8 convolution (NHWC/OHWI, int32 accumulation) whose epilogue requantizes and adds a residual
     (dequantized from another input), as int8_rewrite emits for a ResNet block."""
     rng = np.random.default_rng(0)
@@ -60,9 +55,14 @@ def _int8_conv(batch: int, channels: int, size: int) -> object:
             y = bb.emit(relax.op.astype(relax.op.clip(relax.op.round(relax.op.add(f, res)), -128, 127), "int8"))
             out = bb.emit_output(y)
         bb.emit_func_output(out)
+    return bb.get()
+
+
+def _int8_conv(batch: int, channels: int, size: int) -> object:
+    """`_int8_conv_model`, legalized, fused and scheduled as CUDA builds do."""
     target = tvm.target.Target(TARGET)
     with target:
-        return tvm.transform.Sequential(legalize_passes(target))(bb.get())
+        return tvm.transform.Sequential(legalize_passes(target))(_int8_conv_model(batch, channels, size))
 
 
 def _conv_kernel_script(mod: object) -> str:
@@ -98,7 +98,7 @@ def test_int8_operands_load_16_bytes_per_thread_where_the_gemm_needs_no_padding(
     elements per shared-memory stage and 16-byte global loads; the loads stay 4 bytes where the GEMM is
     padded (TVM 0.27 writes the padding's zero vector of 8 or 16 int8 as a make_int2/make_int4 call that
     nvcc rejects)."""
-    from edgedeploy.compile.cuda_tensorcore import SHORT_K, Knobs, Tiles
+    from edgedeploy.compile.cuda_tiles import SHORT_K, Knobs, Tiles
 
     assert (Knobs().int8_k, Knobs().load_bytes) == (64, 16)
     assert choose_tiles(3136, 64, "int8", 64, Knobs(), k=576).k == 64

@@ -23,16 +23,16 @@ from edgedeploy.api import build, evaluate
 from edgedeploy.build_store import host_file
 from edgedeploy.compile.cards import ModelCard, load_card
 from edgedeploy.compile.int8_build import Int8Config
+from edgedeploy.compile.metaschedule import open_database, tunable_tasks
 from edgedeploy.compile.quantize import QuantizeOptions
-from edgedeploy.compile.tune_offline import open_database, tunable_tasks
 from edgedeploy.compile.tuning import (
-    allocate_trials,
     database_dir,
     drop_slower_than_default,
     has_database,
     tuning_module,
     tuning_target,
 )
+from edgedeploy.compile.tuning_common import allocate_trials
 from edgedeploy.datasets import load_calibration
 from edgedeploy_agent.bundle import Preprocess, extract_bundle, read_manifest
 from edgedeploy_agent.runtime import load_runtime

@@ -15,8 +15,8 @@ from tvm.relax.frontend.onnx import from_onnx
 from edgedeploy.compile.cards import load_card
 from edgedeploy.compile.graph_prep import prepare_float_model
 from edgedeploy.compile.int8_rewrite import rewrite_int8
+from edgedeploy.compile.metaschedule import scheduled_kernels, tunable_tasks
 from edgedeploy.compile.quantize import QuantizeOptions, quantizable_layers, quantize_qdq
-from edgedeploy.compile.tune_offline import scheduled_kernels, tunable_tasks
 from edgedeploy.compile.x86_int8 import (
     AVX2,
     VNNI,

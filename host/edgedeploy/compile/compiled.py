@@ -25,6 +25,7 @@ class Compiled(BaseModel):
     host_machine: str | None  # ELF machine of the exported library
     tuned_kernels: list[str]  # kernels whose schedule came from the database
     kernel_count: int  # all kernels, when a database was applied
+    gemm_tuning: str  # CUDA: how many tensor-core kernels took a tuned configuration (gemm_tuning.py), from where
     cuda_codegen: str | None = None  # the CUDA toolchain that compiled it (set by the host, not the pipeline)
 
     @classmethod

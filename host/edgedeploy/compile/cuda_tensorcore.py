@@ -26,7 +26,7 @@ OHWI weights, so the im2col gather loads vectors and the output tile is stored c
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
 from typing import Any
 
 import tvm
@@ -41,100 +41,20 @@ from tvm.s_tir.dlight.gpu.matmul import (
 )
 from tvm.target import Target
 
-WARP = 32
-FRAG = 16  # WMMA m16n16k16 for f16 and s8
+from .cuda_tiles import FRAG, WARP, GemmConfig, Knobs, default_config
+
 MIN_SM = {"float16": 70, "int8": 72}  # Volta HMMA; IMMA from Xavier/Turing on
 
 
-@dataclass(frozen=True)
-class Knobs:
-    """Schedule choices a benchmark can vary (bench/conv_variants.py); the defaults are what builds use.
+def kernel_key(func: Any) -> str:
+    """A kernel's name in GEMM tuning databases: the structural hash of its unscheduled TIR, attributes
+    dropped (names of the function, its variables and buffers do not enter it; shapes, dtypes, the
+    epilogue and scalar constants do)."""
+    import tvm_ffi
 
-    int8_k: K elements (bytes) per shared-memory stage for INT8; fp16_k likewise for FP16.
-    load_bytes: bytes each thread loads per global -> shared copy (the im2col gather included).
-    """
-
-    int8_k: int = 64
-    fp16_k: int = 64
-    load_bytes: int = 16
-    # INT8 grids of at least this many blocks give each warp 4x4 fragments (64x64 outputs; 2 warps on a
-    # 128x64 tile, 4 on 128x128) instead of 2x2: on the H200 1.09x (ResNet-18 layer1, 1568 blocks), 1.25x
-    # (layer3, 196 blocks), 1.6x (1x1 stride 2) at batch 64, but 0.85x on layer4's 100 blocks
-    # (bench/results/h200/run12-warp-tiles); 0 = never
-    wide_warps_from: int = 192
-
-
-@dataclass(frozen=True)
-class Tiles:
-    """Fragments per warp (i3, j3), warps per block (i2, j2), K fragments per shared-memory stage (k1)."""
-
-    i2: int
-    i3: int
-    j2: int
-    j3: int
-    k1: int
-
-    @property
-    def m(self) -> int:
-        return FRAG * self.i2 * self.i3
-
-    @property
-    def n(self) -> int:
-        return FRAG * self.j2 * self.j3
-
-    @property
-    def k(self) -> int:
-        return FRAG * self.k1
-
-
-# Fewer thread blocks than this leave most of a large GPU idle (the H200 has 132 SMs, a T4 40): a batch-1
-# ResNet-18 layer4 convolution (M = 7x7 pixels, N = 512) got 4 blocks of 64x128 outputs from the
-# shape rule alone, each walking K = 4608 on its own.
-MIN_BLOCKS = 96
-SPLIT_BLOCKS = 256
-_ROWS = {128: (4, 2), 64: (2, 2), 32: (2, 1), 16: (1, 1)}  # tile edge -> (warps, fragments per warp)
-
-
-SHORT_K = 256  # a GEMM with fewer K elements (the stem: 7x7x4 = 196) takes 32 per stage: less padding
-
-
-def choose_tiles(m: int, n: int, in_dtype: str, batch: int = 1, knobs: Knobs = Knobs(), k: int = SHORT_K) -> Tiles:
-    """Block tiles from the GEMM's shape: 128 on an edge longer than 64, else 64 (N = 64 -> 128x64 tiles);
-    then, while the grid has fewer than MIN_BLOCKS blocks, halve the N edge (down to 32) or else the M
-    edge (down to 16)."""
-    tm = 128 if m > 64 else 64
-    tn = 128 if n > 64 else 64
-    while batch * -(-m // tm) * -(-n // tn) < MIN_BLOCKS:
-        if tn > 32 and tn >= tm:
-            tn //= 2
-        elif tm > 16:
-            tm //= 2
-        else:
-            break
-    rows = _ROWS
-    if in_dtype == "int8" and 0 < knobs.wide_warps_from <= batch * -(-m // tm) * -(-n // tn):
-        rows = {**_ROWS, 128: (2, 4), 64: (1, 4)}
-    (i2, i3), (j2, j3) = rows[tm], rows[tn]
-    # K stages of 64 (bench/conv_variants.py on the H200, INT8 batch 64: 1.15-1.48x on the 3x3 layers over
-    # 32; FP16 32 is 0.77-0.88x); INT8 128 fails TVM 0.27's shared-memory merge (LowerIntrin: "tvm_access_ptr
-    # element type must match the source buffer", int8 vs int32)
-    stage = knobs.fp16_k if in_dtype == "float16" else knobs.int8_k
-    return Tiles(i2, i3, j2, j3, k1=(min(stage, 32) if k < SHORT_K else stage) // FRAG)
-
-
-def choose_split(t: Tiles, batch: int, m: int, n: int, k: int) -> int:
-    """Thread blocks that split K between them (int32/float partial sums, added up with the epilogue by a
-    second kernel) while the tiles alone give fewer than MIN_BLOCKS and K is long: a batch-1 ResNet-18
-    layer4 convolution would otherwise walk K = 4608 in 72 shared-memory stages in each of 64 blocks.
-    Up to SPLIT_BLOCKS blocks in all; each keeps at least 8 stages."""
-    blocks = batch * -(-m // t.m) * -(-n // t.n)
-    if blocks >= MIN_BLOCKS:
-        return 1
-    stages = -(-k // t.k)
-    split = 1
-    while blocks * split * 2 <= SPLIT_BLOCKS and stages // (split * 2) >= 8:
-        split *= 2
-    return split
+    for name in list((func.attrs or {}).keys()):
+        func = func.without_attr(name)
+    return f"{tvm_ffi.structural_hash(func) & (2**64 - 1):016x}"
 
 
 def _sm(target: Target) -> int:
@@ -156,9 +76,12 @@ def _drop_unit_reductions(sch: Any, block: Any) -> None:
 class TensorCoreGemm(GPUScheduleRule):  # type: ignore[misc]
     """WMMA schedule for any single-reduction GEMM-shaped kernel (matmul, dense, conv2d as implicit GEMM)."""
 
-    def __init__(self, knobs: Knobs = Knobs()) -> None:
+    def __init__(self, knobs: Knobs | None = None, configs: Mapping[str, GemmConfig] | None = None) -> None:
         super().__init__()
-        self.knobs = knobs
+        self.knobs = knobs or Knobs()
+        self.configs = dict(configs or {})  # kernel_key -> a tuned configuration (gemm_tuning.py)
+        self.applied: dict[str, GemmConfig] = {}  # kernel_key -> the tuned configuration it got
+        self.seen: dict[str, tuple[tuple[int, int, int, int], str, GemmConfig]] = {}  # key -> (b,m,n,k), dtype, default
 
     def apply(self, func: Any, target: Target, _: bool) -> Any:
         try:
@@ -171,6 +94,7 @@ class TensorCoreGemm(GPUScheduleRule):  # type: ignore[misc]
             return None
         if target.kind.name != "cuda" or "dlight.do_not_tensorize" in func.attrs.keys():
             return None
+        key = kernel_key(func)
         sch = s_tir.Schedule(func)
         reductions = get_reduction_blocks(sch, sch.get_child_blocks(get_root_block(sch)))
         if reductions is None:
@@ -208,8 +132,10 @@ class TensorCoreGemm(GPUScheduleRule):  # type: ignore[misc]
         _batch, m, n, k = (int(e.value) for e in extents)
         if min(m, n, k) < FRAG:
             return None
-        t = choose_tiles(m, n, a_dtype, int(_batch), self.knobs, k)
-        split = choose_split(t, int(_batch), m, n, k)
+        config = default_config(m, n, k, int(_batch), a_dtype, self.knobs)
+        self.seen[key] = ((int(_batch), m, n, k), a_dtype, config)
+        config = self.configs.get(key, config)
+        t, split = config.tiles, config.split
         exact = m % t.m == 0 and n % t.n == 0 and k % (t.k * split) == 0
         sch.pad_einsum(main, [1, t.m, t.n, t.k * split])
 
@@ -252,12 +178,12 @@ class TensorCoreGemm(GPUScheduleRule):  # type: ignore[misc]
             sch.compute_at(block, k0)
             auto_inline_producers(sch, block)  # padding and the im2col gather happen in the global load
             rows, threads = (t.m if index == 0 else t.n), warps * WARP
-            vector = 4  # elements per thread, raised to knobs.load_bytes where every thread gets whole vectors
+            vector = 4  # elements per thread, raised to config.load_bytes where every thread gets whole vectors
             # from contiguous memory and the GEMM needs no padding: TVM 0.27's CUDA codegen writes a vector of
             # 8 or 16 narrow elements built lane by lane (the padding's zero; a strided gather, as NCHW
             # activations give) as make_int2/make_uint4 with 8 or 16 arguments, which nvcc rejects
-            wide = exact and _contiguous_k(sch, block, self.knobs.load_bytes // elem)
-            while wide and vector * 2 * elem <= self.knobs.load_bytes and (rows * t.k) % (threads * vector * 2) == 0:
+            wide = exact and _contiguous_k(sch, block, config.load_bytes // elem)
+            while wide and vector * 2 * elem <= config.load_bytes and (rows * t.k) % (threads * vector * 2) == 0:
                 vector *= 2
             fused = sch.fuse(*sch.get_loops(block)[-2:])
             _, ty, tx, vec = sch.split(fused, factors=[None, warps, WARP, vector])
@@ -324,6 +250,8 @@ class TensorCoreGemm(GPUScheduleRule):  # type: ignore[misc]
             _sum_partials(sch, writeback)
         if not _all_on_gpu(sch):
             return None
+        if key in self.configs:
+            self.applied[key] = config
         return sch
 
 
@@ -377,7 +305,7 @@ def _sum_partials(sch: Any, writeback: Any) -> None:
     sch.reverse_compute_at(tail, tx)
 
 
-def legalize_passes(target: Target, knobs: Knobs = Knobs()) -> list[Any]:
+def legalize_passes(target: Target, rule: TensorCoreGemm | None = None) -> list[Any]:
     """TVM's CUDA legalization passes with `TensorCoreGemm` ahead of dlight's default rules,
     `WindowReduction` (pooling, depthwise convolutions) ahead of its reduction rules and
     `VectorizedInjective` (pads, casts, transposes) ahead of its Fallback."""
@@ -393,7 +321,7 @@ def legalize_passes(target: Target, knobs: Knobs = Knobs()) -> list[Any]:
         tvm.relax.transform.FuseOps(),
         tvm.relax.transform.FuseTIR(),
         dl.ApplyDefaultSchedule(
-            TensorCoreGemm(knobs),
+            rule or TensorCoreGemm(),
             dl.gpu.Matmul(),
             WindowReduction(),
             dl.gpu.GEMV(),
@@ -405,8 +333,9 @@ def legalize_passes(target: Target, knobs: Knobs = Knobs()) -> list[Any]:
     ]
 
 
-def cuda_pipeline(target: Target, tensor_cores: bool = True, knobs: Knobs = Knobs()) -> Any:
-    """`relax.backend.cuda.get_default_pipeline(target)`, with tensor-core convolutions when asked."""
+def cuda_pipeline(target: Target, tensor_cores: bool = True, rule: TensorCoreGemm | None = None) -> Any:
+    """`relax.backend.cuda.get_default_pipeline(target)`, with tensor-core convolutions when asked (by
+    `rule`, when given: its knobs and tuned configurations; it records what it applied)."""
     from tvm.relax.backend.cuda import pipeline as cuda
 
     if not tensor_cores:
@@ -417,7 +346,7 @@ def cuda_pipeline(target: Target, tensor_cores: bool = True, knobs: Knobs = Knob
         with target:
             passes = (
                 cuda.library_dispatch_passes(target)
-                + legalize_passes(target, knobs)
+                + legalize_passes(target, rule)
                 + cuda.dataflow_lower_passes(target)
                 + cuda.finalize_passes(target)
             )

@@ -26,7 +26,7 @@ from .frontends import ForeignModel, frontend_name, load_model
 from .manifest import BuildResult, card_manifest, profile_target, write_labels
 from .onnx_model import OnnxModel, check_preprocess
 from .pipeline import BuildContext, compiler_digest, pipeline_for, run_pipeline, tensor_cores_enabled
-from .tuning import TuneRequest, find_database, tuning_key
+from .tuning import TuneRequest, find_database, find_gemm_configs, tuning_key
 
 __all__ = ["BuildResult", "ModelCard", "build_bundle", "compile_model", "load_card"]  # ModelCard, load_card: bench/
 
@@ -76,6 +76,9 @@ def build_bundle(
     db = find_database(profile.name, key_db)
     if db is not None:  # a changed database means different code: part of the cache key
         extra["tuning_db"] = hashlib.sha256((db / "database_tuning_record.json").read_bytes()).hexdigest()
+    gemm = find_gemm_configs(profile.name, key_db) if profile.device == "cuda" else None
+    if gemm is not None:  # tuned tensor-core configurations: different kernels
+        extra["gemm_configs"] = hashlib.sha256(gemm.read_bytes()).hexdigest()
     key = _cache_key(model.sha256, profile, card, name, extra)
     cached = cache_dir() / "builds" / key / "bundle.edb"
     if use_cache and cached.is_file():
@@ -140,10 +143,11 @@ def _own_precision(model: OnnxModel | ForeignModel, precision: str, float_left: 
 
 def _tuning_note(db: Path | None, res: Compiled) -> dict[str, str]:
     """provenance.options["tuning"]: which database, how many of the kernels, and which, came from it."""
+    note = {"gemm_tuning": res.gemm_tuning} if res.gemm_tuning else {}
     if db is None or not res.tuned_kernels:
-        return {}
+        return note
     n, m = len(res.tuned_kernels), res.kernel_count
-    return {"tuning": f"{db.parent.name}/{db.name}: {n}/{m} kernels: {', '.join(res.tuned_kernels)}"}
+    return note | {"tuning": f"{db.parent.name}/{db.name}: {n}/{m} kernels: {', '.join(res.tuned_kernels)}"}
 
 
 def _calibration(model: OnnxModel, card: ModelCard, int8: Int8Config, progress: Callable[[str], None]) -> Any:

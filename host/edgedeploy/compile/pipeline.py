@@ -48,6 +48,7 @@ class BuildContext:
     tune: TuneRequest | None = None  # `edgedeploy tune`: tune (or export the tuning module) in apply-tuning
     tuned_kernels: list[str] = field(default_factory=list)  # kernels whose schedule came from the database
     kernel_count: int = 0  # all kernels, when a database was applied
+    gemm_tuning: str = ""  # CUDA: how many tensor-core kernels took a tuned configuration, from which file
     stop: bool = False  # a stage ended the build early (tuning export: nothing left to compile)
 
 

@@ -32,8 +32,8 @@ from typing import Any
 from ..errors import BuildError
 from ..paths import config_dir
 from ..profiles import DeviceProfile
-from .pipeline import BuildContext, stage
-from .tune_offline import (
+from .gemm_tuning import GEMM_FILE, merge_into
+from .metaschedule import (
     keep_whole_lines,
     open_database,
     persistent_builder,
@@ -42,6 +42,8 @@ from .tune_offline import (
     scheduled_kernels,
     tunable_tasks,
 )
+from .pipeline import BuildContext, stage
+from .tuning_common import allocate_trials, random_input
 from .tuning_db import DB_FILES, has_database, rewrite_database
 
 EXPORT_MODULE = "tuning-module.json"
@@ -106,6 +108,15 @@ def find_database(profile: str, key: str) -> Path | None:
     for root in (user_root(), builtin_root()):
         if has_database(database_dir(profile, key, root)):
             return database_dir(profile, key, root)
+    return None
+
+
+def find_gemm_configs(profile: str, key: str) -> Path | None:
+    """The tensor-core GEMM configurations (gemm_tuning.py) a CUDA build applies, in the same two places."""
+    for root in (user_root(), builtin_root()):
+        path = database_dir(profile, key, root) / GEMM_FILE
+        if path.is_file():
+            return path
     return None
 
 
@@ -316,14 +327,18 @@ def import_database(folder: Path, database: Path | None = None) -> tuple[Path, i
     from tvm.s_tir import meta_schedule as ms
 
     meta_file = folder / EXPORT_META
-    if not meta_file.is_file() or not has_database(folder):
+    gemm = folder / GEMM_FILE
+    if not meta_file.is_file() or not (has_database(folder) or gemm.is_file()):
         raise BuildError(
-            f"{folder} holds no tuned database ({EXPORT_META} and {', '.join(DB_FILES)})",
+            f"{folder} holds no tuned database ({EXPORT_META} and {', '.join(DB_FILES)} or {GEMM_FILE})",
             hint="run `python -m edgedeploy.compile.tune_offline DIR` there first",
         )
     meta = json.loads(meta_file.read_text())
     dest = database or user_root() / meta["profile"] / meta["key"]
     dest.mkdir(parents=True, exist_ok=True)
+    tuned_gemms = merge_into(gemm, dest / GEMM_FILE) if gemm.is_file() else 0
+    if not has_database(folder):
+        return dest, tuned_gemms
     keep_whole_lines(folder)
     src, dst = open_database(folder), open_database(dest)
     for r in src.get_all_tuning_records():
@@ -331,7 +346,7 @@ def import_database(folder: Path, database: Path | None = None) -> tuple[Path, i
             continue
         workload = dst.commit_workload(r.workload.mod)
         dst.commit_tuning_record(ms.database.TuningRecord(r.trace, workload, r.run_secs, r.target, r.args_info))
-    return dest, len(dst)
+    return dest, len(dst) + tuned_gemms
 
 
 def kernel_costs(mod: Any, target: Any, db: Path | None, runs: int = 5) -> dict[str, float]:
@@ -348,7 +363,7 @@ def kernel_costs(mod: Any, target: Any, db: Path | None, runs: int = 5) -> dict[
     dev = tvm.cpu()
     vm = relax.VirtualMachine(ex, dev)
     rng = np.random.default_rng(0)
-    args = [tvm.runtime.tensor(_random(rng, p.ty), dev) for p in mod["main"].params]
+    args = [tvm.runtime.tensor(random_input(rng, p.ty), dev) for p in mod["main"].params]
     vm["main"](*args)
     spent: dict[str, float] = {}
     started: dict[str, float] = {}
@@ -366,27 +381,6 @@ def kernel_costs(mod: Any, target: Any, db: Path | None, runs: int = 5) -> dict[
     return {k: v * 1000 / runs for k, v in spent.items()}
 
 
-def allocate_trials(costs: dict[str, float], total: int, step: int = 8, min_share: float = 0.02) -> dict[str, int]:
-    """Trials per kernel in proportion to its measured time; kernels under `min_share` of the total get none.
-
-    Counts are multiples of `step` (one search round), at least one round each, most expensive first.
-    """
-    whole = sum(costs.values())
-    if whole <= 0 or total <= 0:
-        return {}
-    ranked = sorted(((v, k) for k, v in costs.items() if v >= min_share * whole), reverse=True)
-    chosen = sum(v for v, _ in ranked)
-    plan: dict[str, int] = {}
-    left = total
-    for v, k in ranked:
-        n = max(step, int(round(total * v / chosen / step)) * step)
-        if left < step:
-            break
-        plan[k] = min(n, left - left % step)
-        left -= plan[k]
-    return plan
-
-
 def verify_database(db: Path, tasks: list[Any], target: Any) -> list[str]:
     """Run each task's tuned kernel and its default schedule on the same random inputs; drop the
     records of every task whose outputs differ (bit-exact for integer outputs). Returns their names."""
@@ -402,7 +396,7 @@ def verify_database(db: Path, tasks: list[Any], target: Any) -> list[str]:
         sch = ms.tir_integration.compile_tir(database, workload, target)
         if sch is None:
             continue
-        host = [_random(rng, a) for a in ms.arg_info.ArgInfo.from_prim_func(workload["main"])]
+        host = [random_input(rng, a) for a in ms.arg_info.ArgInfo.from_prim_func(workload["main"])]
         outs = []
         for m in (workload, sch.mod):
             lib = tvm.compile(m, target=target)
@@ -437,16 +431,3 @@ def drop_slower_than_default(
     if slower:
         rewrite_database(db, drop=[tasks[k].dispatched[0] for k in slower])
     return slower
-
-
-def _random(rng: Any, t: Any) -> Any:
-    """Random inputs for a buffer or tensor type: full range for 8-bit integers, moderate otherwise."""
-    import numpy as np
-
-    shape = [int(d) for d in (t.shape.values if hasattr(t.shape, "values") else t.shape)]
-    dtype = np.dtype(str(t.dtype))
-    if dtype.kind in "iu":
-        info = np.iinfo(dtype)
-        lo, hi = (int(info.min), int(info.max)) if dtype.itemsize == 1 else (-1000, 1000)
-        return rng.integers(lo, hi + 1, size=shape).astype(dtype)
-    return rng.standard_normal(shape).astype(dtype)

@@ -11,7 +11,7 @@ from typing import Any
 
 from edgedeploy_agent.durable import fsync_dir, write_atomic
 
-from .tune_offline import open_database
+from .metaschedule import open_database
 
 DB_FILES = ("database_workload.json", "database_tuning_record.json")
 

@@ -13,11 +13,13 @@ from tvm.relax.frontend.onnx import from_onnx
 
 from ..errors import BuildError, ModelError
 from ..profiles import DeviceProfile
-from .cuda_tensorcore import cuda_pipeline
+from .cuda_tensorcore import TensorCoreGemm, cuda_pipeline
 from .devcode import inspect_library
 from .elf_versions import glibc_newer_than
 from .frontends import import_failure, output_specs
+from .gemm_tuning import load_configs
 from .pipeline import BuildContext, stage, tensor_cores_enabled
+from .tuning import find_gemm_configs
 
 
 def tool_versions() -> dict[str, str]:
@@ -132,11 +134,17 @@ def compile_cuda(ctx: BuildContext) -> None:
     _rules_fall_through()
     target = make_target(ctx)
     config = {"relax.backend.use_cuda_graph": ctx.cuda_graph}
-    pipeline = cuda_pipeline(target, tensor_cores=tensor_cores_enabled())
+    gemm_file = find_gemm_configs(ctx.profile.name, ctx.tuning_key)
+    rule = TensorCoreGemm(configs=load_configs(gemm_file))
+    pipeline = cuda_pipeline(target, tensor_cores=tensor_cores_enabled(), rule=rule)
     try:
         # the compile callback reads the arch from Target.current(): compile inside `with target`
         with target, tvm.transform.PassContext(opt_level=3, config=config):
             ctx.executable = tvm.compile(ctx.ir, target=target, relax_pipeline=pipeline)
+        if gemm_file is not None:
+            where = f"{gemm_file.parent.parent.name}/{gemm_file.parent.name}/{gemm_file.name}"
+            ctx.gemm_tuning = f"{len(rule.applied)} of {len(rule.seen)} tensor-core kernels tuned ({where})"
+            ctx.progress(f"compile-cuda: {ctx.gemm_tuning}")
     except Exception as e:
         lines = [ln for ln in str(e).strip().splitlines() if ln.strip()]
         raise BuildError(

@@ -1,0 +1,186 @@
+"""What the tensor-core GEMM schedule (cuda_tensorcore.py) chooses per kernel, and how it chooses by default.
+
+One kernel's choices are a `GemmConfig`: the output tile of a thread block, how the warps split it, K
+elements per shared-memory stage, bytes per thread per global load, and thread blocks splitting K.
+`default_config` derives it from the GEMM's shape (rules measured on the H200, below); a tuning run
+(gemm_tuning.py) measures the neighbours of that default on the GPU and stores the faster ones per kernel,
+which builds then apply instead.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+WARP = 32
+FRAG = 16  # WMMA m16n16k16 for f16 and s8
+
+
+@dataclass(frozen=True)
+class Knobs:
+    """Schedule choices a benchmark can vary for every kernel at once (bench/conv_variants.py); the
+    defaults are what builds use where no tuned configuration exists.
+
+    int8_k: K elements (bytes) per shared-memory stage for INT8; fp16_k likewise for FP16.
+    load_bytes: bytes each thread loads per global -> shared copy (the im2col gather included).
+    """
+
+    int8_k: int = 64
+    fp16_k: int = 64
+    load_bytes: int = 16
+    # INT8 grids of at least this many blocks give each warp 4x4 fragments (64x64 outputs; 2 warps on a
+    # 128x64 tile, 4 on 128x128) instead of 2x2: on the H200 1.09x (ResNet-18 layer1, 1568 blocks), 1.25x
+    # (layer3, 196 blocks), 1.6x (1x1 stride 2) at batch 64, but 0.85x on layer4's 100 blocks
+    # (bench/results/h200/run12-warp-tiles); 0 = never
+    wide_warps_from: int = 192
+
+
+@dataclass(frozen=True)
+class Tiles:
+    """Fragments per warp (i3, j3), warps per block (i2, j2), K fragments per shared-memory stage (k1)."""
+
+    i2: int
+    i3: int
+    j2: int
+    j3: int
+    k1: int
+
+    @property
+    def m(self) -> int:
+        return FRAG * self.i2 * self.i3
+
+    @property
+    def n(self) -> int:
+        return FRAG * self.j2 * self.j3
+
+    @property
+    def k(self) -> int:
+        return FRAG * self.k1
+
+
+# Fewer thread blocks than this leave most of a large GPU idle (the H200 has 132 SMs, a T4 40): a batch-1
+# ResNet-18 layer4 convolution (M = 7x7 pixels, N = 512) got 4 blocks of 64x128 outputs from the
+# shape rule alone, each walking K = 4608 on its own.
+MIN_BLOCKS = 96
+SPLIT_BLOCKS = 256
+_ROWS = {128: (4, 2), 64: (2, 2), 32: (2, 1), 16: (1, 1)}  # tile edge -> (warps, fragments per warp)
+_WIDE_ROWS = {**_ROWS, 128: (2, 4), 64: (1, 4)}  # INT8 "wide" warps: 4 fragments per warp on long edges
+
+
+SHORT_K = 256  # a GEMM with fewer K elements (the stem: 7x7x4 = 196) takes 32 per stage: less padding
+
+
+def choose_tiles(m: int, n: int, in_dtype: str, batch: int = 1, knobs: Knobs = Knobs(), k: int = SHORT_K) -> Tiles:
+    """Block tiles from the GEMM's shape: 128 on an edge longer than 64, else 64 (N = 64 -> 128x64 tiles);
+    then, while the grid has fewer than MIN_BLOCKS blocks, halve the N edge (down to 32) or else the M
+    edge (down to 16)."""
+    tm = 128 if m > 64 else 64
+    tn = 128 if n > 64 else 64
+    while batch * -(-m // tm) * -(-n // tn) < MIN_BLOCKS:
+        if tn > 32 and tn >= tm:
+            tn //= 2
+        elif tm > 16:
+            tm //= 2
+        else:
+            break
+    wide = in_dtype == "int8" and 0 < knobs.wide_warps_from <= batch * -(-m // tm) * -(-n // tn)
+    # K stages of 64 (bench/conv_variants.py on the H200, INT8 batch 64: 1.15-1.48x on the 3x3 layers over
+    # 32; FP16 32 is 0.77-0.88x); INT8 128 fails TVM 0.27's shared-memory merge (LowerIntrin: "tvm_access_ptr
+    # element type must match the source buffer", int8 vs int32)
+    stage = knobs.fp16_k if in_dtype == "float16" else knobs.int8_k
+    return tiles_of(tm, tn, wide, min(stage, 32) if k < SHORT_K else stage)
+
+
+def tiles_of(tm: int, tn: int, wide: bool, stage: int) -> Tiles:
+    rows = _WIDE_ROWS if wide else _ROWS
+    (i2, i3), (j2, j3) = rows[tm], rows[tn]
+    return Tiles(i2, i3, j2, j3, k1=stage // FRAG)
+
+
+def choose_split(t: Tiles, batch: int, m: int, n: int, k: int) -> int:
+    """Thread blocks that split K between them (int32/float partial sums, added up with the epilogue by a
+    second kernel) while the tiles alone give fewer than MIN_BLOCKS and K is long: a batch-1 ResNet-18
+    layer4 convolution would otherwise walk K = 4608 in 72 shared-memory stages in each of 64 blocks.
+    Up to SPLIT_BLOCKS blocks in all; each keeps at least 8 stages."""
+    blocks = batch * -(-m // t.m) * -(-n // t.n)
+    if blocks >= MIN_BLOCKS:
+        return 1
+    stages = -(-k // t.k)
+    split = 1
+    while blocks * split * 2 <= SPLIT_BLOCKS and stages // (split * 2) >= 8:
+        split *= 2
+    return split
+
+
+@dataclass(frozen=True)
+class GemmConfig:
+    """Everything the schedule chooses for one kernel. `text` is its name in tuning databases."""
+
+    tm: int  # output rows (pixels) per thread block: 16, 32, 64 or 128
+    tn: int  # output columns (channels) per thread block: 32, 64 or 128
+    wide: bool  # INT8: 4 fragments per warp along 64/128 edges (fewer warps, more work each)
+    stage: int  # K elements per shared-memory stage: 32 or 64
+    load_bytes: int  # bytes per thread per global load, where the layout allows more than 4 elements
+    split: int  # thread blocks splitting K (1: none)
+
+    @property
+    def tiles(self) -> Tiles:
+        return tiles_of(self.tm, self.tn, self.wide, self.stage)
+
+    @property
+    def text(self) -> str:
+        return f"{self.tm}x{self.tn}{'w' if self.wide else ''}-k{self.stage}-v{self.load_bytes}-s{self.split}"
+
+    @classmethod
+    def parse(cls, text: str) -> GemmConfig:
+        tile, k, v, s = text.split("-")
+        tm, tn = tile.rstrip("w").split("x")
+        return cls(int(tm), int(tn), tile.endswith("w"), int(k[1:]), int(v[1:]), int(s[1:]))
+
+
+def default_config(m: int, n: int, k: int, batch: int, in_dtype: str, knobs: Knobs = Knobs()) -> GemmConfig:
+    t = choose_tiles(m, n, in_dtype, batch, knobs, k)
+    wide = t.i3 == 4 or t.j3 == 4
+    return GemmConfig(t.m, t.n, wide, t.k, knobs.load_bytes, choose_split(t, batch, m, n, k))
+
+
+def neighbours(m: int, n: int, k: int, batch: int, in_dtype: str, knobs: Knobs = Knobs()) -> list[GemmConfig]:
+    """The configurations a tuning run tries for one kernel, nearest to the default first: each single
+    change (tile edges, warp shape, stage, load width, split), then pairs of tile and warp changes. Tile
+    edges over twice the GEMM's (all padding) are left out."""
+    base = default_config(m, n, k, batch, in_dtype, knobs)
+    edges_m = [e for e in (16, 32, 64, 128) if e <= max(16, 2 * m)]
+    edges_n = [e for e in (32, 64, 128) if e <= max(32, 2 * n)]
+    out: list[GemmConfig] = []
+
+    def add(c: GemmConfig) -> None:
+        if c != base and c not in out and _valid(c, in_dtype, k):
+            out.append(c)
+
+    def near(edges: list[int], e: int) -> list[int]:
+        return sorted(edges, key=lambda x: abs(math.log2(x / e)))
+
+    for tm in near(edges_m, base.tm):
+        add(replace(base, tm=tm, split=1))
+    for tn in near(edges_n, base.tn):
+        add(replace(base, tn=tn, split=1))
+    if in_dtype == "int8":
+        add(replace(base, wide=not base.wide))
+    add(replace(base, stage=32 if base.stage == 64 else 64))
+    add(replace(base, load_bytes=4 if base.load_bytes > 4 else 16))
+    if batch * -(-m // base.tm) * -(-n // base.tn) < SPLIT_BLOCKS:  # splitting K helps small grids only
+        for split in (1, 2, 4, 8):
+            add(replace(base, split=split))
+    for tm in edges_m:
+        for tn in edges_n:
+            for wide in (False, True) if in_dtype == "int8" else (False,):
+                add(replace(base, tm=tm, tn=tn, wide=wide, split=1))
+    return out
+
+
+def _valid(c: GemmConfig, in_dtype: str, k: int) -> bool:
+    if c.wide and (in_dtype != "int8" or (c.tm < 64 and c.tn < 64)):
+        return False  # WMMA FP16 keeps 2x2 fragments (unmeasured); a tile of edges < 64 has nothing to widen
+    if c.split > 1 and -(-k // c.tiles.k) // c.split < 2:
+        return False
+    return c.stage in (32, 64) and c.load_bytes in (4, 8, 16)

@@ -1,0 +1,382 @@
+"""Tensor-core GEMM configurations searched on the GPU, stored per (profile, model, precision), applied by builds.
+
+MetaSchedule never searches the kernels `TensorCoreGemm` (cuda_tensorcore.py) schedules: it is a hand
+schedule, and what it chooses per kernel is a handful of numbers (`cuda_tiles.GemmConfig`: block tile,
+warp shape, K stage, load width, split-K). Their defaults come from rules measured on one GPU (the H200)
+and one model; the best choice differs per layer and GPU (bench/results/h200/run12-warp-tiles: wider warps
+1.6x on one convolution, 0.85x on another). This search measures, on the GPU, each kernel's default and
+its neighbours (`cuda_tiles.neighbours`, nearest first):
+
+1. the kernels: every kernel of the exported module that TensorCoreGemm takes, with its calls per inference;
+2. each default is built and timed; its time x calls is the kernel's share of the model's GEMM time, and
+   the candidates go to kernels by that share (`tuning_common.allocate_trials`);
+3. candidates already in the database are skipped: a run resumes where the last one stopped (the file is
+   rewritten atomically after every measurement, so a killed run keeps all it measured);
+4. candidates build in parallel processes (one per core, the slow part) and are timed one at a time on the
+   GPU (median of TVM's time evaluator), each output compared with the default's on the same random inputs
+   (INT8: bit-identical, which exact int32 sums and the same requantize guarantee; FP16: 1e-2 relative);
+5. a kernel keeps its fastest correct candidate only if, timed again alternately with the default, it is
+   at least MIN_GAIN faster; otherwise the default stays.
+
+    python -m edgedeploy.compile.tune_offline DIR --gemm-minutes 10    # DIR: `edgedeploy tune --export`
+    edgedeploy tune --import DIR      # stores DIR/gemm_configs.json beside the MetaSchedule database
+
+Needs tvm with its compiler, nvcc (or NVRTC) and a GPU; nothing else of edgedeploy's dependencies.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import tempfile
+import time
+from collections.abc import Callable
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from dataclasses import dataclass
+from multiprocessing import get_context
+from pathlib import Path
+from typing import Any
+
+from edgedeploy_agent.durable import write_json_atomic
+
+from .cuda_tiles import GemmConfig, neighbours
+from .tuning_common import allocate_trials, random_input
+
+GEMM_FILE = "gemm_configs.json"
+# (kernel, configuration, its library) -> (ms per call, the kernel's output): GpuMeasurer, or a test's stand-in
+Measure = Callable[["GemmKernel", GemmConfig, Path], tuple[float, Any]]
+MIN_GAIN = 0.03  # a tuned configuration must beat the default by 3 % (timing noise on the H200: ~1 %)
+VERSION = 1
+
+
+@dataclass(frozen=True)
+class GemmKernel:
+    key: str  # cuda_tensorcore.kernel_key
+    name: str  # the kernel's name in the module (for people)
+    func: Any  # the unscheduled PrimFunc
+    shape: str  # e.g. "b1 m200704 n64 k576 int8"
+    default: GemmConfig
+    calls: int  # per inference
+    in_dtype: str
+    dims: tuple[int, int, int, int]  # batch, m, n, k
+
+
+def gemm_kernels(mod: Any, target: Any) -> list[GemmKernel]:
+    """The kernels of a fused module (tuning.tuning_module) that TensorCoreGemm schedules."""
+    import tvm
+    from tvm import relax
+
+    from .cuda_tensorcore import TensorCoreGemm
+
+    calls: dict[str, int] = {}
+    call_tir = tvm.ir.Op.get("relax.call_tir")
+
+    def count(e: Any) -> None:
+        if isinstance(e, relax.Call) and e.op.same_as(call_tir):
+            calls[e.args[0].name_hint] = calls.get(e.args[0].name_hint, 0) + 1
+
+    for f in mod.functions.values():
+        if isinstance(f, relax.Function):
+            relax.analysis.post_order_visit(f.body, count)
+    out = []
+    with target:
+        for gv, f in mod.functions.items():
+            if not isinstance(f, tvm.tirx.PrimFunc):
+                continue
+            rule = TensorCoreGemm()
+            if rule.apply(f, target, False) is None or not rule.seen:
+                continue
+            ((key, ((b, m, n, k), dtype, default)),) = rule.seen.items()
+            shape = f"b{b} m{m} n{n} k{k} {dtype}"
+            out.append(
+                GemmKernel(key, gv.name_hint, f, shape, default, calls.get(gv.name_hint, 1), dtype, (b, m, n, k))
+            )
+    return out
+
+
+def load_configs(path: Path | None) -> dict[str, GemmConfig]:
+    """kernel_key -> the configuration a build applies (each kernel's kept best)."""
+    if path is None or not path.is_file():
+        return {}
+    doc = json.loads(path.read_text())
+    return {k: GemmConfig.parse(v["best"]) for k, v in doc.get("kernels", {}).items() if v.get("best")}
+
+
+def merge_into(src: Path, dest: Path) -> int:
+    """Merge the database `src` into `dest`, kernel by kernel; returns the kernels with a kept best."""
+    doc: dict[str, Any] = json.loads(src.read_text())
+    old: dict[str, Any] = json.loads(dest.read_text()) if dest.is_file() else {"version": VERSION, "kernels": {}}
+    for key, entry in doc.get("kernels", {}).items():
+        # the newest entry wins: a file copied beside another module's run holds older entries of the
+        # kernels that run did not touch
+        if entry.get("updated", 0) >= old["kernels"].get(key, {}).get("updated", 0):
+            old["kernels"][key] = entry
+    old["target"] = doc.get("target", old.get("target"))
+    _save(dest, old)
+    return sum(1 for v in old["kernels"].values() if v.get("best"))
+
+
+class GpuMeasurer:
+    """Times one built candidate on the GPU and returns its output (the kernel's last argument)."""
+
+    def __init__(self, repeat: int = 7) -> None:
+        import tvm
+
+        self.dev = tvm.cuda(0)
+        self.repeat = repeat
+        self._inputs: dict[str, list[Any]] = {}
+
+    def __call__(self, kernel: GemmKernel, config: GemmConfig, library: Path) -> tuple[float, Any]:
+        import numpy as np
+        import tvm
+
+        if kernel.key not in self._inputs:
+            from tvm.s_tir.meta_schedule.arg_info import ArgInfo
+
+            rng = np.random.default_rng(0)
+            infos = ArgInfo.from_prim_func(kernel.func)
+            self._inputs[kernel.key] = [_kernel_input(rng, kernel, a) for a in infos]
+        args = [tvm.runtime.tensor(a, self.dev) for a in self._inputs[kernel.key]]
+        lib = tvm.runtime.load_module(str(library))
+        timer = lib.time_evaluator("main", self.dev, number=1, repeat=self.repeat, min_repeat_ms=20)
+        ms = statistics.median(timer(*args).results) * 1e3
+        lib["main"](*args)
+        return ms, args[-1].numpy()
+
+
+def _kernel_input(rng: Any, kernel: GemmKernel, arg: Any) -> Any:
+    """Random inputs that keep an INT8 kernel's outputs off saturation: float parameters (requantize
+    multipliers, dequantize scales) sized so that the int32 sums map to a spread of int8 values."""
+    import numpy as np
+
+    a = random_input(rng, arg)
+    if kernel.in_dtype == "int8" and a.dtype.kind == "f":
+        k = kernel.dims[3]
+        a = (rng.uniform(0.5, 1.5, a.shape) * 60 / (np.sqrt(k) * 128 * 128 / 3)).astype(a.dtype)
+    return a
+
+
+def _same(ref: Any, got: Any) -> bool:
+    import numpy as np
+
+    if ref.dtype.kind in "iub":
+        return bool(np.array_equal(ref, got))
+    scale = max(float(np.abs(ref.astype(np.float32)).max()), 1e-6)
+    return bool(np.abs(ref.astype(np.float32) - got.astype(np.float32)).max() <= 1e-2 * scale)
+
+
+def build_candidate(func_json: str, key: str, config: str, target_spec: dict[str, Any], out: str) -> str:
+    """One candidate as a shared library (run in a builder process); raises when it does not schedule or compile."""
+    import tvm
+
+    from .cuda_tensorcore import TensorCoreGemm
+
+    func = tvm.ir.load_json(func_json)
+    target = tvm.target.Target(target_spec)
+    rule = TensorCoreGemm(configs={key: GemmConfig.parse(config)})
+    with target:
+        sch = rule._apply(func, target)  # noqa: SLF001 (the errors, not apply's None)
+        if sch is None or key not in rule.applied:
+            raise ValueError("TensorCoreGemm declined this configuration")
+        prim = sch.mod["main"].with_attr("global_symbol", "main")
+        lib = tvm.compile(tvm.IRModule({"main": prim}), target=target)
+    lib.export_library(out)
+    return out
+
+
+def tune(
+    mod: Any,
+    target_spec: dict[str, Any],
+    db_file: Path,
+    minutes: float,
+    trials: int = 0,
+    measure: Measure | None = None,
+    workers: int = 0,
+    progress: Callable[[str], None] = print,
+) -> dict[str, Any]:
+    """Extend the database `db_file` for the kernels of `mod` within `minutes` (the confirmation of step 5
+    comes after); returns the run's summary. `trials` caps the candidates (0: every untried neighbour of
+    every kernel with at least 2 % of the GEMM time)."""
+    import tvm
+
+    target = tvm.target.Target(target_spec)
+    doc = json.loads(db_file.read_text()) if db_file.is_file() else {"version": VERSION, "kernels": {}}
+    doc["target"] = str(target)
+    kernels = {k.key: k for k in gemm_kernels(mod, target)}
+    workers = workers or max(1, (os.cpu_count() or 2) - 1)
+    t0 = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="edgedeploy-gemm-") as work:
+        search = _Search(kernels, doc, db_file, target_spec, measure or GpuMeasurer(), Path(work), workers)
+        try:
+            search.run(deadline=t0 + minutes * 60, trials=trials, progress=progress)
+            stats = search.stats | {"search_s": round(time.monotonic() - t0, 1), "left": len(search.pending)}
+            stats["kept"] = search.confirm()
+        finally:
+            search.close()
+    stats["minutes"] = round((time.monotonic() - t0) / 60, 2)
+    progress("gemm: " + json.dumps(stats))
+    return stats
+
+
+class _Search:
+    """Builds in a process pool, measures in this process (one GPU), records every result as it comes."""
+
+    def __init__(
+        self,
+        kernels: dict[str, GemmKernel],
+        doc: dict[str, Any],
+        db_file: Path,
+        target_spec: dict[str, Any],
+        measure: Measure,
+        work: Path,
+        workers: int,
+    ) -> None:
+        self.kernels, self.doc, self.db_file, self.target_spec = kernels, doc, db_file, target_spec
+        self.measure, self.work = measure, work
+        self.pool = ProcessPoolExecutor(max_workers=workers, mp_context=get_context("spawn"))
+        self.pending: dict[Future[str], tuple[GemmKernel, GemmConfig]] = {}
+        self.refs: dict[str, Any] = {}  # kernel key -> the default's output
+        self.costs: dict[str, float] = {}  # kernel key -> default ms x calls
+        self.stats = {"kernels": len(kernels), "built": 0, "measured": 0, "build_errors": 0, "differs": 0}
+
+    def submit(self, k: GemmKernel, config: GemmConfig, tag: str = "") -> Future[str]:
+        import tvm
+
+        out = str(self.work / f"{tag}{k.key}-{config.text}.so")
+        fut = self.pool.submit(build_candidate, tvm.ir.save_json(k.func), k.key, config.text, self.target_spec, out)
+        self.pending[fut] = (k, config)
+        return fut
+
+    def entry(self, k: GemmKernel) -> dict[str, Any]:
+        entry = self.doc["kernels"].setdefault(k.key, {"tried": {}})
+        entry.update({"name": k.name, "shape": k.shape, "calls": k.calls, "default": k.default.text})
+        entry["updated"] = round(time.time(), 1)  # merge_into: the newest entry of a kernel wins
+        return entry  # type: ignore[no-any-return]
+
+    def run(self, deadline: float, trials: int, progress: Callable[[str], None]) -> None:
+        """Defaults first (their share of the time decides where the candidates go), then the candidates."""
+        for k in self.kernels.values():
+            self.submit(k, k.default)
+        while self.pending and time.monotonic() < deadline:
+            done, _ = wait(self.pending, timeout=max(0.0, deadline - time.monotonic()), return_when=FIRST_COMPLETED)
+            for fut in done:
+                k, config = self.pending.pop(fut)
+                self.finish(fut, k, config)
+                if config == k.default and len(self.costs) == len(self.kernels):  # the last default: plan
+                    plan = _plan(self.kernels, self.costs, self.doc, trials)
+                    n = sum(len(v) for v in plan.values())
+                    progress(f"gemm: {len(self.kernels)} kernels, {sum(self.costs.values()):.3f} ms; {n} candidates")
+                    for key, configs in plan.items():
+                        for c in configs:
+                            self.submit(self.kernels[key], c)
+
+    def finish(self, fut: Future[str], k: GemmKernel, config: GemmConfig) -> None:
+        entry = self.entry(k)
+        try:
+            library = Path(fut.result())
+            self.stats["built"] += 1
+        except Exception as e:  # a candidate that does not schedule or compile
+            self.stats["build_errors"] += 1
+            entry["tried"][config.text] = f"error: {_last_line(e)}"
+            if config == k.default:  # cannot happen for a kernel TensorCoreGemm took; then not tuned
+                self.costs[k.key] = 0.0
+        else:
+            try:
+                ms, output = self.measure(k, config, library)
+            except Exception as e:  # a launch the GPU refuses (resources): recorded, not retried
+                if config == k.default:
+                    raise
+                entry["tried"][config.text] = f"error: {_last_line(e)}"
+                _save(self.db_file, self.doc)
+                return
+            finally:
+                library.unlink(missing_ok=True)
+            self.stats["measured"] += 1
+            if config == k.default:
+                self.refs[k.key] = output
+                entry["default_ms"] = round(ms, 5)
+                self.costs[k.key] = ms * k.calls
+            elif _same(self.refs[k.key], output):
+                entry["tried"][config.text] = round(ms, 5)
+            else:
+                self.stats["differs"] += 1
+                entry["tried"][config.text] = "differs"
+        _save(self.db_file, self.doc)
+
+    def confirm(self) -> int:
+        """Step 5 for every kernel measured in this run (the builds of all of them at once); returns how many
+        keep a tuned configuration."""
+        for fut in self.pending:
+            fut.cancel()
+        self.pending.clear()
+        chosen: dict[str, str] = {}
+        for key, entry in self.doc["kernels"].items():
+            entry_best = _fastest(entry) if key in self.refs else None
+            if key in self.refs:
+                entry["best"] = None
+            if entry_best is not None:
+                chosen[key] = entry_best
+        builds = {
+            (key, c): self.submit(self.kernels[key], GemmConfig.parse(c), "confirm-")
+            for key, best in chosen.items()
+            for c in (self.kernels[key].default.text, best)
+        }
+        self.pending.clear()
+        for key, best in chosen.items():
+            k, entry = self.kernels[key], self.doc["kernels"][key]
+            paths = {c: Path(builds[(key, c)].result()) for c in (k.default.text, best)}
+            entry["best"] = self._confirm_one(k, entry, best, paths)
+            entry["updated"] = round(time.time(), 1)
+            _save(self.db_file, self.doc)
+        return sum(1 for key in self.refs if self.doc["kernels"][key].get("best"))
+
+    def _confirm_one(self, k: GemmKernel, entry: dict[str, Any], best: str, paths: dict[str, Path]) -> str | None:
+        times: dict[str, list[float]] = {c: [] for c in paths}
+        for _ in range(3):
+            for c, path in paths.items():
+                ms, output = self.measure(k, GemmConfig.parse(c), path)
+                if c == best and not _same(self.refs[k.key], output):
+                    return None
+                times[c].append(ms)
+        ratio = statistics.median(times[best]) / statistics.median(times[k.default.text])
+        entry["confirmed_ratio"] = round(ratio, 4)
+        return best if ratio <= 1 - MIN_GAIN else None
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=False, cancel_futures=True)
+
+
+def _fastest(entry: dict[str, Any]) -> str | None:
+    """The fastest correct candidate of a kernel, if it beats the default by MIN_GAIN in the search."""
+    timed = {c: ms for c, ms in entry["tried"].items() if isinstance(ms, float)}
+    best = min(timed, key=lambda c: timed[c]) if timed else None
+    return best if best is not None and timed[best] <= entry["default_ms"] * (1 - MIN_GAIN) else None
+
+
+def _plan(
+    kernels: dict[str, GemmKernel], costs: dict[str, float], doc: dict[str, Any], trials: int
+) -> dict[str, list[GemmConfig]]:
+    """Per kernel, the candidates not tried yet, as many as its share of the time allows, nearest first."""
+    untried = {
+        key: [c for c in neighbours(*_dims(k), k.in_dtype) if c.text not in doc["kernels"][key]["tried"]]
+        for key, k in kernels.items()
+    }
+    total = trials or sum(len(v) for v in untried.values())
+    shares = allocate_trials({k: v for k, v in costs.items() if untried[k]}, total, step=1)
+    return {key: untried[key][:n] for key, n in shares.items() if n}
+
+
+def _dims(k: GemmKernel) -> tuple[int, int, int, int]:
+    b, m, n, kk = k.dims
+    return m, n, kk, b
+
+
+def _save(path: Path, doc: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(path, doc)
+
+
+def _last_line(e: BaseException) -> str:
+    lines = [ln for ln in str(e).splitlines() if ln.strip()]
+    return (lines[-1] if lines else type(e).__name__)[:200]

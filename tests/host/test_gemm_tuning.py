@@ -1,0 +1,149 @@
+"""The tensor-core GEMM search (compile/gemm_tuning.py) and what builds take from its database.
+
+Candidates are compiled for real (nvcc, sm_90); what cannot run here is the GPU, so the measurer is a
+stand-in behind the same interface that answers with the times the H200 measured for the same
+configurations of a ResNet-18 layer1 convolution with a residual (bench/results/h200/run14-gemm-tuning, as
+committed in profiles/tuning/h200/): its default (4x4-fragment warps) 0.081 ms, the 2x2-warp tile 0.062 ms.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+tvm = pytest.importorskip("tvm")
+
+from edgedeploy.compile.cuda_tiles import GemmConfig, default_config, neighbours  # noqa: E402
+from edgedeploy.compile.gemm_tuning import GemmKernel, gemm_kernels, load_configs, merge_into, tune  # noqa: E402
+from tests.host.test_cuda_tiles import _int8_conv_model  # noqa: E402
+from tests.host.test_gpu_build import _toolchain_or_skip  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[2]
+CAPTURED = REPO / "profiles" / "tuning" / "h200" / "1c85c1aa47bf1377-int8" / "gemm_configs.json"
+LAYER1_RESIDUAL = "9127d464f5600bdb"  # fused_dequantize_conv2d1_...: b1 m200704 n64 k576 int8
+TARGET = {"kind": "cuda", "arch": "sm_90", "host": {"kind": "llvm"}}
+
+
+def test_neighbours_are_single_changes_first_and_never_the_default() -> None:
+    shape = (200704, 64, 576, 1, "int8")  # ResNet-18 layer1 at batch 64 (NHWC: batch folded into M)
+    base = default_config(*shape)
+    assert base == GemmConfig(128, 64, True, 64, 16, 1)
+    cands = neighbours(*shape)
+    assert base not in cands and len(cands) == len(set(cands)) > 10
+    fields = ("tm", "tn", "wide", "stage", "load_bytes", "split")
+
+    def changed(c: GemmConfig) -> int:
+        return sum(getattr(c, f) != getattr(base, f) for f in fields)
+
+    n_single = sum(1 for c in cands if changed(c) == 1)
+    assert all(changed(c) == 1 for c in cands[:n_single]) and n_single >= 6
+    assert replace(base, wide=False) in cands[:n_single]  # the warp shape the H200 run preferred here
+    assert all(GemmConfig.parse(c.text) == c for c in cands)
+    # few blocks (layer4 at batch 1): split-K is among the choices; many blocks: it is not
+    assert any(c.split > 1 for c in neighbours(49, 512, 4608, 1, "int8"))
+    assert not any(c.split > 1 for c in cands)
+
+
+class CapturedH200:
+    """Measurer stand-in: the H200's time for each configuration of the captured kernel, the same output for
+    all (a correct kernel) except the configurations in `wrong`. Records what it was asked to measure."""
+
+    def __init__(self, wrong: tuple[str, ...] = ()) -> None:
+        entry = json.loads(CAPTURED.read_text())["kernels"][LAYER1_RESIDUAL]
+        self.ms = {c: v for c, v in entry["tried"].items() if isinstance(v, float)} | {
+            entry["default"]: entry["default_ms"]
+        }
+        self.wrong = wrong
+        self.asked: list[str] = []
+
+    def __call__(self, kernel: GemmKernel, config: GemmConfig, library: Path) -> tuple[float, Any]:
+        assert library.stat().st_size > 0  # a real library was built for it
+        self.asked.append(config.text)
+        out = np.zeros(16, np.int8)
+        return self.ms[config.text], out + 1 if config.text in self.wrong else out
+
+
+@pytest.fixture(scope="module")
+def layer1() -> Any:
+    _toolchain_or_skip("h200")
+    from edgedeploy.compile.cuda_toolchain import resolve_toolchain
+    from edgedeploy.compile.tuning import tuning_module
+    from edgedeploy.profiles import get_profile
+
+    env = resolve_toolchain(get_profile("h200")).env
+    with pytest.MonkeyPatch.context() as mp:
+        for k, v in env.items():
+            mp.setenv(k, v)  # the builder processes inherit it: nvcc, a stub libcuda
+        with tvm.target.Target(TARGET):
+            mod = tuning_module(_int8_conv_model(batch=64, channels=64, size=56))
+        yield mod
+
+
+def test_search_resumes_keeps_only_correct_faster_configurations(layer1: Any, tmp_path: Path) -> None:
+    [kernel] = gemm_kernels(layer1, tvm.target.Target(TARGET))
+    assert (kernel.shape, kernel.default.text) == ("b1 m200704 n64 k576 int8", "128x64w-k64-v16-s1")
+    db = tmp_path / "gemm_configs.json"
+    first = CapturedH200()
+    s1 = tune(layer1, TARGET, db, minutes=10, trials=3, measure=first, workers=2)
+    entry = json.loads(db.read_text())["kernels"][kernel.key]
+    tried1 = set(entry["tried"])
+    # the three nearest neighbours (64x64, 32x64, 16x64 wide tiles) are all slower on the H200: default kept
+    assert len(tried1) == 3 and entry["best"] is None and s1["kept"] == 0
+    assert load_configs(db) == {}
+
+    # the next run resumes: the default again (the reference output), then only untried candidates; the
+    # 2x2-warp tile is among them, and here it computes a wrong output: recorded, never kept
+    second = CapturedH200(wrong=("128x64-k64-v16-s1",))
+    tune(layer1, TARGET, db, minutes=10, trials=3, measure=second, workers=2)
+    entry = json.loads(db.read_text())["kernels"][kernel.key]
+    assert second.asked[0] == kernel.default.text and not tried1 & set(second.asked[1:])
+    assert entry["tried"]["128x64-k64-v16-s1"] == "differs" and entry["best"] is None
+
+    # once it is correct (its record dropped, measured again), it is 0.76x the default: kept after the
+    # alternating re-timing, and a build applies it
+    doc = json.loads(db.read_text())
+    del doc["kernels"][kernel.key]["tried"]["128x64-k64-v16-s1"]
+    db.write_text(json.dumps(doc))
+    third = CapturedH200()
+    s3 = tune(layer1, TARGET, db, minutes=10, trials=1, measure=third, workers=2)
+    entry = json.loads(db.read_text())["kernels"][kernel.key]
+    assert third.asked[1] == "128x64-k64-v16-s1" and s3["kept"] == 1
+    assert entry["best"] == "128x64-k64-v16-s1" and entry["confirmed_ratio"] < 0.97
+    assert third.asked.count("128x64-k64-v16-s1") == 4  # search, then 3 alternating re-timings
+    assert load_configs(db) == {kernel.key: GemmConfig.parse("128x64-k64-v16-s1")}
+
+    # importing into a database that holds an older entry of the same kernel keeps the newer one
+    older = tmp_path / "older.json"
+    stale = json.loads(db.read_text())
+    stale["kernels"][kernel.key] |= {"best": None, "updated": 0}
+    older.write_text(json.dumps(stale))
+    assert merge_into(db, older) == 1 and load_configs(older) == load_configs(db)
+    stale_file = tmp_path / "stale.json"
+    stale_file.write_text(json.dumps(stale))
+    assert merge_into(stale_file, db) == 1 and load_configs(db) == load_configs(older)  # the stale one loses
+
+
+def test_the_build_applies_a_tuned_configuration(layer1: Any) -> None:
+    """The rule finds a configuration by the kernel's key and schedules with it: here the 2x2 warp tile
+    (8 warps of 2x2 fragments on a 128x64 tile) instead of the default's 2 warps of 4x4."""
+    from edgedeploy.compile.cuda_tensorcore import TensorCoreGemm, legalize_passes
+
+    target = tvm.target.Target(TARGET)
+    [kernel] = gemm_kernels(layer1, target)
+
+    def threads(rule: TensorCoreGemm) -> set[int]:
+        with target:
+            mod = tvm.transform.Sequential(legalize_passes(target, rule))(_int8_conv_model(64, 64, 56))
+        script = "\n".join(f.script() for f in mod.functions.values() if isinstance(f, tvm.tirx.PrimFunc))
+        return {int(n) for n in re.findall(r'T.thread_binding\((?:T.int64\()?(\d+)\)?, thread="threadIdx.y"', script)}
+
+    default, tuned = TensorCoreGemm(), TensorCoreGemm(configs={kernel.key: GemmConfig.parse("128x64-k64-v16-s1")})
+    assert threads(default) == {2} and threads(tuned) == {8}
+    assert kernel.key in tuned.seen and tuned.applied == {kernel.key: GemmConfig.parse("128x64-k64-v16-s1")}
+    assert default.applied == {}
