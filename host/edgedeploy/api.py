@@ -9,7 +9,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +33,7 @@ from .remote.execute import stop_agent as stop_agent_on
 from .remote.execute import wait_finished as wait_finished_on
 from .remote.facts import DeviceFacts
 from .remote.fleet import FleetResult, run_fleet
+from .remote.install import InstallOptions
 from .remote.plan import HealthPolicy
 from .remote.reports import load_local_reports, pull_reports, reports_dir
 from .remote.rollout import RolloutState, plan_rollout
@@ -49,6 +50,7 @@ from .signing import fleet_public_keys
 
 DEFAULT_HEALTH = HealthPolicy()
 DEFAULT_NET = Network()
+DEFAULT_INSTALL = InstallOptions()
 
 
 def build(
@@ -141,13 +143,10 @@ def enroll(
     replace: bool = False,
     confirm: Callable[[str], bool] = lambda fp: True,
 ) -> dict[str, Any]:
-    """Pin the device's host key (shown to the technician), then initialise the agent root."""
-    from .remote.enroll import enroll_device, pin_device_key
+    """Pin the device's host key (shown to the technician), then initialise the agent root (remote.enroll)."""
+    from .remote.enroll import enroll as enroll_in
 
-    dev = inv.get(name)
-    fp = pin_device_key(inv.known_hosts, dev, expect_fingerprint, replace, confirm)
-    with connected(dev, inv.known_hosts) as t:
-        return {"device": name, "fingerprint": fp, **enroll_device(t, dev, fleet_public_keys())}
+    return enroll_in(inv, name, expect_fingerprint, replace, confirm)
 
 
 def facts(inv: Inventory, name: str) -> DeviceFacts:
@@ -370,58 +369,13 @@ def _device_status(inv: Inventory, dev: Device, dest: Path | None) -> DeviceStat
 def install_agent(
     inv: Inventory,
     name: str,
+    options: InstallOptions = DEFAULT_INSTALL,
     *,
-    python: str = "python3",
-    venv: str = "/opt/edgedeploy/venv",
-    wheelhouse: Path | None = None,
-    runtime_lib: Path | None = None,
-    offline: bool = False,
-    system_site_packages: bool = False,
     dry_run: bool = False,
     step: Callable[[str], None] = lambda s: None,
 ) -> dict[str, Any]:
-    """Bootstrap the agent on a device (user, venv, agent, TVM runtime, unit), then point the inventory at it."""
-    import tempfile
+    """Bootstrap the agent on a device (user, venv, agent, TVM runtime, unit), then point the inventory at it
+    (remote.install_run); the device is probed once."""
+    from .remote.install_run import install_agent as install
 
-    from .remote.install import InstallSpec, execute_install, plan_install, probe, write_install_files
-    from .remote.wheelhouse import check_wheelhouse
-    from .remote.wheels import agent_wheels, default_runtime_lib
-
-    dev = inv.get(name)
-    with tempfile.TemporaryDirectory() as tmp:
-        step("agent wheel")
-        wheels = agent_wheels(Path(tmp), wheelhouse)
-        spec = InstallSpec(
-            python=python,
-            venv=venv,
-            root=dev.root,
-            mode=dev.service,
-            user=dev.user if dev.service == "process" else "edgedeploy",
-            wheels=tuple(wheels),
-            runtime_lib=runtime_lib,
-            system_site_packages=system_site_packages,
-            offline=offline,
-            source=dev.source,
-            login_user=dev.user,
-        )
-        step("connect")
-        with connected(dev, inv.known_hosts) as t:
-            facts = probe(t, spec)
-            if offline and wheelhouse is not None and facts.python is not None:
-                check_wheelhouse(wheelhouse, facts.python, facts.arch)
-            if spec.runtime_lib is None:
-                spec = replace(spec, runtime_lib=default_runtime_lib(facts.arch))
-            if dry_run:
-                steps = plan_install(facts, spec, *write_install_files(spec, Path(tmp)))
-                return {"device": name, "dry_run": True, "steps": [s.name for s in steps], "facts": facts.__dict__}
-            result = execute_install(t, dev, spec, step=step, work_dir=Path(tmp))
-    if dev.agent_command != result.agent_command:
-        inv.add(dev.model_copy(update={"agent_command": result.agent_command}), replace=True)
-    return {
-        "device": name,
-        "changed": result.steps,
-        "agent_command": result.agent_command,
-        "opencv": result.opencv,
-        "healthy": bool(result.health.get("ok") and result.health.get("initialised")),
-        "facts": result.facts.__dict__,
-    }
+    return install(inv, name, options, dry_run=dry_run, step=step)
