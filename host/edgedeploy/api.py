@@ -27,13 +27,14 @@ from .profiles import get_profile
 from .remote.agent_client import AgentClient
 from .remote.blobs import bundle_blobs
 from .remote.connect import connected
+from .remote.enroll import enroll as enroll  # `devices enroll`: pin the host key, init the agent
 from .remote.execute import PushResult, get_facts, install_keys, push
 from .remote.execute import rollback as _rollback
 from .remote.execute import stop_agent as stop_agent_on
 from .remote.execute import wait_finished as wait_finished_on
 from .remote.facts import DeviceFacts
 from .remote.fleet import FleetResult, run_fleet
-from .remote.install import InstallOptions
+from .remote.install_run import install_agent as install_agent  # `agent install`: one probe, plan, execute
 from .remote.plan import HealthPolicy
 from .remote.reports import load_local_reports, pull_reports, reports_dir
 from .remote.rollout import RolloutState, plan_rollout
@@ -50,7 +51,6 @@ from .signing import fleet_public_keys
 
 DEFAULT_HEALTH = HealthPolicy()
 DEFAULT_NET = Network()
-DEFAULT_INSTALL = InstallOptions()
 
 
 def build(
@@ -134,19 +134,6 @@ def evaluate(
 def inspect_bundle(path: Path) -> Manifest:
     with agent_input():
         return read_manifest(path)
-
-
-def enroll(
-    inv: Inventory,
-    name: str,
-    expect_fingerprint: str | None = None,
-    replace: bool = False,
-    confirm: Callable[[str], bool] = lambda fp: True,
-) -> dict[str, Any]:
-    """Pin the device's host key (shown to the technician), then initialise the agent root (remote.enroll)."""
-    from .remote.enroll import enroll as enroll_in
-
-    return enroll_in(inv, name, expect_fingerprint, replace, confirm)
 
 
 def facts(inv: Inventory, name: str) -> DeviceFacts:
@@ -364,18 +351,3 @@ def _device_status(inv: Inventory, dev: Device, dest: Path | None) -> DeviceStat
         f = get_facts(AgentClient(t, dev))
         new = pull_reports(t, dev, d)
     return DeviceStatus(dev, f, new, load_local_reports(d))
-
-
-def install_agent(
-    inv: Inventory,
-    name: str,
-    options: InstallOptions = DEFAULT_INSTALL,
-    *,
-    dry_run: bool = False,
-    step: Callable[[str], None] = lambda s: None,
-) -> dict[str, Any]:
-    """Bootstrap the agent on a device (user, venv, agent, TVM runtime, unit), then point the inventory at it
-    (remote.install_run); the device is probed once."""
-    from .remote.install_run import install_agent as install
-
-    return install(inv, name, options, dry_run=dry_run, step=step)
