@@ -16,12 +16,11 @@ from pathlib import Path
 from typing import Literal
 
 import tomli_w
-import tomllib
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from .errors import InventoryError, validation_text
+from .errors import InputError, InventoryError, validation_text
 from .paths import config_dir
-from .userfiles import read_text, write_text_atomic
+from .userfiles import read_toml, write_text_atomic
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
@@ -79,10 +78,7 @@ class Inventory:
         path = inventory_path(override)
         if not path.exists():
             return cls(path, {})
-        try:
-            data = tomllib.loads(read_text(path, "inventory"))
-        except tomllib.TOMLDecodeError as e:
-            raise InventoryError(f"inventory {path} is not valid TOML: {e}") from None
+        data = read_toml(path, "inventory", InventoryError)
         devices: dict[str, Device] = {}
         table = data.get("devices", {})
         if not isinstance(table, dict) or set(data) - {"devices"}:
@@ -128,3 +124,13 @@ class Inventory:
         }
         hint = "choose a writable place with --inventory (or EDGEDEPLOY_INVENTORY, EDGEDEPLOY_CONFIG_DIR)"
         write_text_atomic(self.path, tomli_w.dumps(data), "inventory", hint)
+
+
+def select_devices(inv: Inventory, names: list[str] | None, tag: str | None) -> list[str]:
+    """The names `--devices a,b,c` or `--group TAG` choose (one of them is required; a tag must match)."""
+    if not names and not tag:
+        raise InputError("say which devices: --group TAG or --devices a,b,c")
+    chosen = [d.name for d in inv.select(names, tag)]
+    if not chosen:
+        raise InputError(f"no device in {inv.path} has tag {tag!r}")
+    return chosen
