@@ -52,3 +52,28 @@ def test_pooling_gets_a_thread_per_output_and_long_reductions_keep_dlight() -> N
     assert pool and max(pool) == -(-outputs // 1024), blocks  # not `outputs` blocks of 256 threads
     # a softmax over 1000 classes is a long reduction: dlight's reduction rule, one block per row
     assert max(blocks["softmax"]) == 8, blocks
+
+
+def _pool_script(shape: tuple[int, ...], layout: str, dtype: str = "int8") -> str:
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType(shape, dtype))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            pooled = relax.op.nn.max_pool2d(x, pool_size=(3, 3), strides=(2, 2), padding=(1, 1, 1, 1), layout=layout)
+            out = bb.emit_output(bb.emit(pooled))
+        bb.emit_func_output(out)
+    target = tvm.target.Target(TARGET)
+    with target:
+        mod = tvm.transform.Sequential(legalize_passes(target))(bb.get())
+    return "\n".join(f.script() for f in mod.functions.values() if isinstance(f, tvm.tirx.PrimFunc))
+
+
+def test_nhwc_pooling_takes_four_channels_per_thread_with_the_max_in_registers() -> None:
+    """ResNet-18's INT8 max pooling (NHWC, 64 channels): each thread reads 4 channels per window tap and keeps
+    the running max in a register (before: one byte per thread and the max kept in global memory, 9 read-
+    modify-writes per output); NCHW pooling (channels not innermost) keeps one output per thread."""
+    nhwc = _pool_script((8, 112, 112, 64), "NHWC")
+    assert "T.vectorized(T.int64(4))" in nhwc and 'scope="local"' in nhwc, nhwc
+    assert re.findall(r'T.int64\((\d+)\), thread="blockIdx.x"', nhwc) == [str(8 * 56 * 56 * 64 // 4 // 256)]
+    nchw = _pool_script((8, 64, 112, 112), "NCHW")
+    assert "T.vectorized" not in nchw and 'scope="local"' not in nchw

@@ -317,6 +317,7 @@ class _Search:
                 entry["best"] = None
             if entry_best is not None:
                 chosen[key] = entry_best
+        _save(self.db_file, self.doc)
         builds = {
             (key, c): self.submit(self.kernels[key], GemmConfig.parse(c), "confirm-")
             for key, best in chosen.items()
