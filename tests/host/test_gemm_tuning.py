@@ -147,3 +147,18 @@ def test_the_build_applies_a_tuned_configuration(layer1: Any) -> None:
     assert threads(default) == {2} and threads(tuned) == {8}
     assert kernel.key in tuned.seen and tuned.applied == {kernel.key: GemmConfig.parse("128x64-k64-v16-s1")}
     assert default.applied == {}
+
+
+def test_import_stores_a_gemm_only_export(tmp_path: Path, hermetic: Path) -> None:
+    """`edgedeploy tune --import DIR` of a folder where only the GEMM search ran (no MetaSchedule files)."""
+    from edgedeploy.compile.tuning import find_gemm_configs, import_database
+
+    folder = tmp_path / "export"
+    folder.mkdir()
+    (folder / "tuning.json").write_text(json.dumps({"profile": "h200", "key": "abc-int8", "target": TARGET}))
+    doc = json.loads(CAPTURED.read_text())
+    (folder / "gemm_configs.json").write_text(json.dumps(doc))
+    dest, kept = import_database(folder)
+    assert kept == sum(1 for v in doc["kernels"].values() if v.get("best")) > 0
+    assert find_gemm_configs("h200", "abc-int8") == dest / "gemm_configs.json"
+    assert load_configs(dest / "gemm_configs.json") == load_configs(CAPTURED)
