@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
 import re
 import shlex
 import shutil
@@ -28,13 +29,27 @@ import cv2
 import numpy as np
 import pytest
 
+from edgedeploy.fleet_servers import servers_available
 from edgedeploy.localdevice import free_port
+from edgedeploy.signing import list_keys
 from edgedeploy_agent.bundle import extract_bundle, read_manifest
 from edgedeploy_agent.loop import top_k
 from edgedeploy_agent.preprocess import preprocess
 from edgedeploy_agent.runtime import load_runtime
+from edgedeploy_agent.unit import RESTART_PATH_UNIT, RESTART_UNIT, WATCH_UNIT, render_unit
+from tests.conftest import require
 from tests.helpers import Cli
-from tests.integration.arm64root import FRAMES, LOGIN, UNIT, VENV, Container, PreparedRoot, set_up_disk
+from tests.integration.arm64root import (
+    EMULATED_CPUINFO_DROPIN,
+    FRAMES,
+    LOGIN,
+    UNIT,
+    VENV,
+    Container,
+    PreparedRoot,
+    set_up_disk,
+)
+from tests.integration.pullfleet import PUBLISHER, PullFleet, start_pull_fleet
 from tests.integration.test_serving_health import crashing_on_real_frames
 
 pytestmark = pytest.mark.integration
@@ -399,3 +414,84 @@ def test_the_agent_runs_as_the_service_user_without_privileges_on_a_read_only_sy
     mounts = {f[4]: f[5] for f in (ln.split() for ln in c.exec(["cat", f"/proc/{pid}/mountinfo"]).stdout.splitlines())}
     assert mounts["/"].startswith("ro") and mounts[ROOT].startswith("rw"), mounts  # ProtectSystem=strict
     assert c.exec(["stat", "-c", "%U %a", ROOT]).stdout.split() == ["edgedeploy", "2770"]
+
+
+# --- pull rollouts: the watch service deploys, the restart path unit restarts the inference unit --------
+
+
+def install_watch_units(c: Container, fleet: PullFleet, name: str) -> None:
+    """What the device needs for pull rollouts: broker password, pinned keys, watch.json, the three units."""
+    keys = {k.name: k.public for k in list_keys()}
+    password = Path(c.merged, ROOT.lstrip("/"), "mqtt-password")
+    password.write_text(fleet.broker.devices[name])
+    uid, gid = (int(c.exec(["id", flag, "edgedeploy"]).stdout) for flag in ("-u", "-g"))
+    os.chown(password, uid, gid)
+    password.chmod(0o600)
+    as_service = ["runuser", "-u", "edgedeploy", "--", f"{VENV}/bin/edgedeploy-agent", "--root", ROOT]
+    c.exec([*as_service, "trust", "--set", keys["fleet-1"]])
+    c.exec([
+        *as_service, "watch-config", "--broker", fleet.broker.address, "--registry", fleet.cache.url,
+        "--password-file", f"{ROOT}/mqtt-password", "--rollout-key", keys["rollout-1"],
+    ])  # fmt: skip
+    systemd = c.merged / "etc/systemd/system"
+    watch_argv = [f"{VENV}/bin/edgedeploy-agent", "--root", ROOT, "watch"]
+    (systemd / WATCH_UNIT).write_text(render_unit(watch_argv, root=ROOT, name=WATCH_UNIT))
+    for unit in (RESTART_PATH_UNIT, RESTART_UNIT):
+        (systemd / unit).write_text(render_unit(root=ROOT, name=unit))
+    (systemd / f"{WATCH_UNIT}.d").mkdir(exist_ok=True)  # the same emulation stand-in as the inference unit's
+    (systemd / f"{WATCH_UNIT}.d/emulated-cpuinfo.conf").write_text(EMULATED_CPUINFO_DROPIN)
+    c.exec(["systemctl", "daemon-reload"])
+    c.exec(["systemctl", "enable", "--now", RESTART_PATH_UNIT, WATCH_UNIT])
+
+
+@in_container
+def test_a_pull_rollout_over_mqtt_restarts_the_inference_unit_without_sudo(
+    arm: ArmDevice, cli: Cli, bundles: dict[str, Path], tmp_path: Path, hermetic: Path
+) -> None:
+    """Desired state from a real mosquitto here, the bundle from a real registry here; in the container the
+    watch service (NoNewPrivileges=yes, no sudo possible) downloads and activates it, and asks the restart
+    path unit to restart edgedeploy-agent.service onto the new release."""
+    require("FLEET_SERVERS", servers_available())
+    c = arm.container
+    fleet = start_pull_fleet(tmp_path / "pull", cli, [arm.name])
+    try:
+        fleet.setup_host(hermetic)
+        for port in (fleet.broker.port, fleet.cache.port):
+            c.forward_in(port)
+        install_watch_units(c, fleet, arm.name)
+        bundle = tmp_path / "signed.edb"
+        assert cli("sign", str(bundles["mnist-xavier-cpu"]), "--key", "fleet-1", "-o", str(bundle)).code == 0
+        release = read_manifest(bundle).release_name
+        env = {"EDGEDEPLOY_REGISTRY_PASSWORD": PUBLISHER[1]}
+        registry = f"{fleet.origin.address}/models/mnist"
+        r = cli("publish", str(bundle), "--registry", registry, "--user", PUBLISHER[0], env=env)
+        assert r.code == 0, r.err
+        before = arm.unit()
+        watch = ["systemctl", "show", "-p", "MainPID", "--value", WATCH_UNIT]
+        watch_pid = wait_for("the watch service", lambda: (pid := c.exec(watch).stdout.strip()) != "0" and pid, 60)
+        status = c.exec(["cat", f"/proc/{watch_pid}/status"]).stdout
+        assert re.search(r"^NoNewPrivs:\s+1$", status, re.M) and re.search(r"^CapEff:\s+0+$", status, re.M), status
+        assert c.exec(["ps", "-o", "user=", "-p", watch_pid]).stdout.strip() == "edgedeploy"
+
+        r = timed("pull rollout", lambda: cli(
+            "rollout", str(bundle), "--devices", arm.name, "--via", "mqtt", "--canary", "0", "--timeout", "300",
+            "--pull-timeout", "300", "--json", *arm.args(), timeout=900,
+        ))  # fmt: skip
+        journal = c.exec(["journalctl", "-u", WATCH_UNIT, "--no-pager", "-o", "cat"]).stdout
+        assert r.code == 0, r.out + r.err + journal[-3000:]
+        assert json.loads(r.out)["devices"][arm.name]["status"] == "committed"
+        after = arm.unit()
+        assert after["MainPID"] != before["MainPID"] and (after["ActiveState"], after["SubState"]) == (
+            "active",
+            "running",
+        )
+        f = arm.facts(cli)
+        assert f["current_release"] == release and f["healthy_release"] == release, f
+        restarts = c.exec(["journalctl", "-u", RESTART_UNIT, "--no-pager", "-o", "cat"]).stdout
+        assert "Finished" in restarts or "Succeeded" in restarts or "Deactivated successfully" in restarts, restarts
+        assert "sudo" not in journal, journal[-3000:]
+        r = cli("status", arm.name, "--via", "mqtt", "--json", *arm.args())
+        assert r.code == 0 and json.loads(r.out)["devices"][arm.name]["state"] == "committed", r.out + r.err
+    finally:
+        c.exec(["systemctl", "stop", WATCH_UNIT], check=False)
+        fleet.close()
