@@ -9,7 +9,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -27,12 +27,14 @@ from .profiles import get_profile
 from .remote.agent_client import AgentClient
 from .remote.blobs import bundle_blobs
 from .remote.connect import connected
+from .remote.enroll import enroll as enroll  # `devices enroll`: pin the host key, init the agent
 from .remote.execute import PushResult, get_facts, install_keys, push
 from .remote.execute import rollback as _rollback
 from .remote.execute import stop_agent as stop_agent_on
 from .remote.execute import wait_finished as wait_finished_on
 from .remote.facts import DeviceFacts
 from .remote.fleet import FleetResult, run_fleet
+from .remote.install_run import install_agent as install_agent  # `agent install`: one probe, plan, execute
 from .remote.plan import HealthPolicy
 from .remote.reports import load_local_reports, pull_reports, reports_dir
 from .remote.rollout import RolloutState, plan_rollout
@@ -132,22 +134,6 @@ def evaluate(
 def inspect_bundle(path: Path) -> Manifest:
     with agent_input():
         return read_manifest(path)
-
-
-def enroll(
-    inv: Inventory,
-    name: str,
-    expect_fingerprint: str | None = None,
-    replace: bool = False,
-    confirm: Callable[[str], bool] = lambda fp: True,
-) -> dict[str, Any]:
-    """Pin the device's host key (shown to the technician), then initialise the agent root."""
-    from .remote.enroll import enroll_device, pin_device_key
-
-    dev = inv.get(name)
-    fp = pin_device_key(inv.known_hosts, dev, expect_fingerprint, replace, confirm)
-    with connected(dev, inv.known_hosts) as t:
-        return {"device": name, "fingerprint": fp, **enroll_device(t, dev, fleet_public_keys())}
 
 
 def facts(inv: Inventory, name: str) -> DeviceFacts:
@@ -365,63 +351,3 @@ def _device_status(inv: Inventory, dev: Device, dest: Path | None) -> DeviceStat
         f = get_facts(AgentClient(t, dev))
         new = pull_reports(t, dev, d)
     return DeviceStatus(dev, f, new, load_local_reports(d))
-
-
-def install_agent(
-    inv: Inventory,
-    name: str,
-    *,
-    python: str = "python3",
-    venv: str = "/opt/edgedeploy/venv",
-    wheelhouse: Path | None = None,
-    runtime_lib: Path | None = None,
-    offline: bool = False,
-    system_site_packages: bool = False,
-    dry_run: bool = False,
-    step: Callable[[str], None] = lambda s: None,
-) -> dict[str, Any]:
-    """Bootstrap the agent on a device (user, venv, agent, TVM runtime, unit), then point the inventory at it."""
-    import tempfile
-
-    from .remote.install import InstallSpec, execute_install, plan_install, probe, write_install_files
-    from .remote.wheelhouse import check_wheelhouse
-    from .remote.wheels import agent_wheels, default_runtime_lib
-
-    dev = inv.get(name)
-    with tempfile.TemporaryDirectory() as tmp:
-        step("agent wheel")
-        wheels = agent_wheels(Path(tmp), wheelhouse)
-        spec = InstallSpec(
-            python=python,
-            venv=venv,
-            root=dev.root,
-            mode=dev.service,
-            user=dev.user if dev.service == "process" else "edgedeploy",
-            wheels=tuple(wheels),
-            runtime_lib=runtime_lib,
-            system_site_packages=system_site_packages,
-            offline=offline,
-            source=dev.source,
-            login_user=dev.user,
-        )
-        step("connect")
-        with connected(dev, inv.known_hosts) as t:
-            facts = probe(t, spec)
-            if offline and wheelhouse is not None and facts.python is not None:
-                check_wheelhouse(wheelhouse, facts.python, facts.arch)
-            if spec.runtime_lib is None:
-                spec = replace(spec, runtime_lib=default_runtime_lib(facts.arch))
-            if dry_run:
-                steps = plan_install(facts, spec, *write_install_files(spec, Path(tmp)))
-                return {"device": name, "dry_run": True, "steps": [s.name for s in steps], "facts": facts.__dict__}
-            result = execute_install(t, dev, spec, step=step, work_dir=Path(tmp))
-    if dev.agent_command != result.agent_command:
-        inv.add(dev.model_copy(update={"agent_command": result.agent_command}), replace=True)
-    return {
-        "device": name,
-        "changed": result.steps,
-        "agent_command": result.agent_command,
-        "opencv": result.opencv,
-        "healthy": bool(result.health.get("ok") and result.health.get("initialised")),
-        "facts": result.facts.__dict__,
-    }

@@ -16,12 +16,11 @@ from pathlib import Path
 from typing import Literal
 
 import tomli_w
-import tomllib
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from .errors import InventoryError, validation_text
 from .paths import config_dir
-from .userfiles import read_text, write_text_atomic
+from .userfiles import read_toml, write_text_atomic
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
@@ -79,10 +78,7 @@ class Inventory:
         path = inventory_path(override)
         if not path.exists():
             return cls(path, {})
-        try:
-            data = tomllib.loads(read_text(path, "inventory"))
-        except tomllib.TOMLDecodeError as e:
-            raise InventoryError(f"inventory {path} is not valid TOML: {e}") from None
+        data = read_toml(path, "inventory", InventoryError)
         devices: dict[str, Device] = {}
         table = data.get("devices", {})
         if not isinstance(table, dict) or set(data) - {"devices"}:

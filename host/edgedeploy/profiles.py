@@ -11,12 +11,11 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Literal
 
-import tomllib
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from .errors import ProfileError, validation_text
+from .errors import ProfileError
 from .paths import config_dir
-from .userfiles import read_text
+from .userfiles import read_toml_model
 
 
 class CompilerSpec(BaseModel):
@@ -83,14 +82,7 @@ def profile_dirs() -> list[Path]:
 
 
 def load_profile_file(path: Path) -> DeviceProfile:
-    try:
-        data = tomllib.loads(read_text(path, "profile"))
-    except tomllib.TOMLDecodeError as e:
-        raise ProfileError(f"profile {path}: {e}") from None
-    try:
-        return DeviceProfile.model_validate({**data, "source": str(path)})
-    except ValidationError as e:
-        raise ProfileError(f"profile {path}: {validation_text(e)}") from None
+    return read_toml_model(path, "profile", DeviceProfile, ProfileError, source=str(path))
 
 
 def all_profiles() -> dict[str, DeviceProfile]:

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from edgedeploy.errors import DeviceError
-from edgedeploy.remote.install import InstallSpec, parse_install_probe, plan_install
+from edgedeploy.remote.install import InstallFiles, InstallSpec, parse_install_probe, plan_install
 
 
 def _wheel(tmp_path: Path) -> Path:
@@ -37,7 +37,7 @@ def test_fresh_jetson_gets_everything_but_no_restart_without_a_release(tmp_path:
     unit.write_text(spec.unit_text())
     facts = parse_install_probe(FRESH_JETSON)
     assert facts.jetson and facts.uid == 1000 and facts.python == "3.9"
-    steps = plan_install(facts, spec, unit)
+    steps = plan_install(facts, spec, InstallFiles(unit))
     names = [s.name for s in steps]
     assert names[0] == "create user" and "create venv" in names and "install unit" in names
     assert "hand the root to the service user" in names and "restart agent" not in names
@@ -54,22 +54,22 @@ def test_installed_device_plans_nothing(tmp_path: Path) -> None:
         f"unit_sha256={hashlib.sha256(unit.read_bytes()).hexdigest()}\n"
         f"runtime_sha256={hashlib.sha256(b'lib').hexdigest()}\n"
     )
-    assert plan_install(parse_install_probe(done), spec, unit) == []
+    assert plan_install(parse_install_probe(done), spec, InstallFiles(unit)) == []
     # a changed unit alone: install it, reload, enable, and restart the agent that has a release
     changed = done.replace("unit_sha256=", "unit_sha256=0")
-    names = [s.name for s in plan_install(parse_install_probe(changed), spec, unit)]
+    names = [s.name for s in plan_install(parse_install_probe(changed), spec, InstallFiles(unit))]
     assert names == ["install unit", "reload systemd", "enable unit", "restart agent"]
 
 
 def test_missing_python_and_missing_systemd_are_clear_errors(tmp_path: Path) -> None:
     spec = _spec(tmp_path)
     with pytest.raises(DeviceError, match="python3.9 not found") as e:
-        plan_install(parse_install_probe("uid=0\narch=aarch64\nsystemctl=1\n"), spec, None)
+        plan_install(parse_install_probe("uid=0\narch=aarch64\nsystemctl=1\n"), spec)
     assert "python3.9-venv" in (e.value.hint or "")
     with pytest.raises(DeviceError, match="no systemctl"):
-        plan_install(parse_install_probe("uid=0\narch=x86_64\npython=3.11\n"), spec, None)
+        plan_install(parse_install_probe("uid=0\narch=x86_64\npython=3.11\n"), spec)
     process = dataclasses.replace(spec, mode="process")
-    steps = plan_install(parse_install_probe("uid=0\narch=x86_64\npython=3.11\n"), process, None)
+    steps = plan_install(parse_install_probe("uid=0\narch=x86_64\npython=3.11\n"), process)
     assert not any(s.root for s in steps) and "create user" not in [s.name for s in steps]
 
 
@@ -85,7 +85,7 @@ def test_a_non_root_login_gets_the_group_and_a_sudoers_rule_for_this_unit_only(t
     assert rule.count("NOPASSWD") == 1 and rule.startswith("# installed") and "deploy ALL=(root) NOPASSWD:" in rule
     assert "/usr/bin/systemctl restart edgedeploy-agent.service" in rule and "ALL\n" not in rule.split("NOPASSWD:")[1]
     assert "/usr/bin/systemctl reset-failed edgedeploy-agent.service" in rule  # deploys do not spend the start limit
-    names = [s.name for s in plan_install(parse_install_probe(FRESH_JETSON), spec, unit, sudoers)]
+    names = [s.name for s in plan_install(parse_install_probe(FRESH_JETSON), spec, InstallFiles(unit, sudoers))]
     i = names.index("upload sudoers rule")
     assert names[i : i + 3] == ["upload sudoers rule", "check sudoers rule", "install sudoers rule"]
     assert "add the login to the service group" in names
@@ -95,7 +95,7 @@ def test_a_non_root_login_gets_the_group_and_a_sudoers_rule_for_this_unit_only(t
         f"runtime_sha256={hashlib.sha256(b'lib').hexdigest()}\n"
         f"sudoers_sha256={hashlib.sha256(sudoers.read_bytes()).hexdigest()}\n"
     )
-    assert plan_install(parse_install_probe(done), spec, unit, sudoers) == []
+    assert plan_install(parse_install_probe(done), spec, InstallFiles(unit, sudoers)) == []
 
 
 def test_a_root_with_spaces_is_quoted_and_unsafe_values_are_refused(tmp_path: Path) -> None:

@@ -74,3 +74,21 @@ def test_a_profile_file_that_is_not_utf8_is_an_input_error(tmp_path: Path, monke
     monkeypatch.setenv("EDGEDEPLOY_PROFILES", str(tmp_path))
     with pytest.raises(InputError, match="latin1.toml is not UTF-8 text"):
         all_profiles()
+
+
+def test_a_profile_or_card_that_is_not_toml_or_has_a_wrong_field_names_the_file(tmp_path: Path) -> None:
+    from edgedeploy.compile.cards import load_card
+    from edgedeploy.errors import InputError
+    from edgedeploy.profiles import load_profile_file
+
+    broken, wrong = tmp_path / "broken.toml", tmp_path / "wrong.toml"
+    broken.write_text("name = \n")
+    wrong.write_text('name = "x"\nlabels = 3\n')
+    with pytest.raises(ProfileError, match=f"^profile {re.escape(str(broken))} is not valid TOML: "):
+        load_profile_file(broken)
+    with pytest.raises(ProfileError, match=f"^profile {re.escape(str(wrong))}: "):
+        load_profile_file(wrong)
+    with pytest.raises(InputError, match=f"^model card {re.escape(str(broken))} is not valid TOML: "):
+        load_card(broken)
+    with pytest.raises(InputError, match=f"^model card {re.escape(str(wrong))}: labels: "):
+        load_card(wrong)

@@ -10,6 +10,7 @@ import typer
 from .. import api, field_api
 from ..errors import InputError
 from ..inventory import Inventory
+from ..remote.install import InstallOptions
 from . import render
 from .options import InventoryOpt, JsonOpt
 
@@ -39,18 +40,15 @@ def install(
     if offline is not None and wheelhouse is not None:
         raise InputError("give --offline DIR or --wheelhouse DIR, not both")
     with render.steps(f"install {device}") as step:
-        res = api.install_agent(
-            Inventory.load(inventory),
-            device,
+        options = InstallOptions(
             python=python,
             venv=venv,
             wheelhouse=offline or wheelhouse,
             runtime_lib=runtime_lib,
             offline=offline is not None,
             system_site_packages=system_site_packages,
-            dry_run=dry_run,
-            step=step,
         )
+        res = api.install_agent(Inventory.load(inventory), device, options, dry_run=dry_run, step=step)
     if json_:
         render.print_json(res)
         return

@@ -7,14 +7,13 @@ import hashlib
 from pathlib import Path
 from typing import Any
 
-import tomllib
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from edgedeploy_agent.bundle import MODEL_NAME_PATTERN, MODEL_VERSION_PATTERN, HealthSpec, Postprocess, Preprocess
 
 from ..errors import InputError, validation_text
 from ..paths import config_dir
-from ..userfiles import read_text
+from ..userfiles import read_text, read_toml_model
 
 
 class ModelCard(BaseModel):
@@ -34,14 +33,7 @@ class ModelCard(BaseModel):
 
 
 def load_card(path: Path) -> ModelCard:
-    try:
-        data = tomllib.loads(read_text(path, "model card"))
-    except tomllib.TOMLDecodeError as e:
-        raise InputError(f"model card {path} is not valid TOML: {e}") from None
-    try:
-        card = ModelCard.model_validate(data)
-    except ValidationError as e:
-        raise InputError(f"model card {path}: {validation_text(e)}") from None
+    card = read_toml_model(path, "model card", ModelCard)
     if card.labels_file:
         card = card.model_copy(update={"labels": read_labels(path.parent / card.labels_file), "labels_file": None})
     return card

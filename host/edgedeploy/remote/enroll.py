@@ -8,10 +8,27 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ConnectionFailed, InputError
-from ..inventory import Device
+from ..inventory import Device, Inventory
+from ..signing import fleet_public_keys
 from .agent_client import AgentClient
+from .connect import connected
 from .execute import get_facts, init_agent, install_keys
 from .transport import Transport
+
+
+def enroll(
+    inv: Inventory,
+    name: str,
+    expect_fingerprint: str | None = None,
+    replace: bool = False,
+    confirm: Callable[[str], bool] = lambda fp: True,
+) -> dict[str, Any]:
+    """`devices enroll`: pin the host key `confirm` accepts, then initialise the agent root over the pinned
+    connection and pin the fleet's signing keys there."""
+    dev = inv.get(name)
+    fp = pin_device_key(inv.known_hosts, dev, expect_fingerprint, replace, confirm)
+    with connected(dev, inv.known_hosts) as t:
+        return {"device": name, "fingerprint": fp, **enroll_device(t, dev, fleet_public_keys())}
 
 
 def pin_device_key(

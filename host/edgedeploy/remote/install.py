@@ -1,23 +1,21 @@
-"""`edgedeploy agent install`: bootstrap a device over SSH. Probe (one fixed script + a pure parser),
-plan (pure), execute. Every step is planned only when the probe shows it is needed, so a second
-run changes nothing.
+"""`edgedeploy agent install`'s facts and plan: the probe (one fixed script + a pure parser), what the device
+should end up with (InstallSpec), and the pure planner, part by part (PLAN_PARTS). Every step is planned
+only when the probe shows it is needed, so a second run changes nothing. remote/install_run.py runs it.
 """
 
 from __future__ import annotations
 
 import hashlib
 import re
-import shlex
 import zipfile
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import NamedTuple
 
 from edgedeploy_agent.unit import UNIT_NAME, render_unit
 
 from ..errors import DeviceError, InputError
-from ..inventory import Device
 from .transport import Transport
 
 UNIT_PATH = f"/etc/systemd/system/{UNIT_NAME}"
@@ -44,12 +42,6 @@ id -nG "$login" 2>/dev/null | tr ' ' '\n' | grep -qx "$user" && echo "login_in_g
 [ -f "$root/lib/libtvm_runtime.so" ] && echo "runtime_sha256=$(sha256sum "$root/lib/libtvm_runtime.so" | cut -d' ' -f1)"
 true
 """
-
-OPENCV_PROBE = (
-    "import re, cv2; info = cv2.getBuildInformation(); "
-    "m = re.search(r'^\\s*GStreamer:\\s*(\\S+)', info, re.M); "
-    "print(cv2.__version__, 'gstreamer' if m and m.group(1).upper().startswith('YES') else 'v4l2-only')"
-)
 
 
 @dataclass(frozen=True)
@@ -92,6 +84,18 @@ def parse_install_probe(stdout: str) -> InstallFacts:
 
 
 @dataclass(frozen=True)
+class InstallOptions:
+    """What `agent install` was asked for (the device's inventory entry gives the rest)."""
+
+    python: str = "python3"
+    venv: str = "/opt/edgedeploy/venv"
+    wheelhouse: Path | None = None
+    runtime_lib: Path | None = None
+    offline: bool = False  # dependencies only from the wheelhouse
+    system_site_packages: bool = False
+
+
+@dataclass(frozen=True)
 class InstallSpec:
     """What the device should end up with."""
 
@@ -106,6 +110,11 @@ class InstallSpec:
     offline: bool = False  # dependencies only from the uploaded wheels (--no-index)
     source: str | None = None
     login_user: str | None = None  # the SSH user that will deploy; None or root: nothing to grant
+
+    @property
+    def as_root(self) -> bool:
+        """Venv, wheels, runtime and agent root: made as root in systemd mode, as the login in process mode."""
+        return self.mode == "systemd"
 
     @property
     def grants_login(self) -> bool:
@@ -159,109 +168,160 @@ class Step:
     root: bool = False  # needs root (sudo -n when the SSH user is not root)
 
 
-@dataclass
-class InstallResult:
-    device: str
-    steps: list[str]
-    facts: InstallFacts
-    agent_command: str
-    opencv: str = ""
-    health: dict[str, Any] = field(default_factory=dict)
+class InstallFiles(NamedTuple):
+    """The rendered files a plan uploads (systemd mode only; None: nothing of that kind to install)."""
+
+    unit: Path | None = None
+    sudoers: Path | None = None
+
+
+NO_FILES = InstallFiles()
 
 
 def _sha256(p: Path) -> str:
     return hashlib.sha256(p.read_bytes()).hexdigest()
 
 
-def plan_install(
-    facts: InstallFacts, spec: InstallSpec, unit_file: Path | None, sudoers_file: Path | None = None
-) -> list[Step]:
-    """Pure: the steps still needed on a device that looks like `facts`."""
+def _check_device(facts: InstallFacts, spec: InstallSpec) -> None:
     if facts.python is None:
         raise DeviceError(
             f"{spec.python} not found on the device",
             hint="on JetPack 5: apt-get install python3.9 python3.9-venv, then --python python3.9 "
             "(docs/agent-service.md)",
         )
-    systemd = spec.mode == "systemd"
-    if systemd and not facts.systemctl:
+    if spec.mode == "systemd" and not facts.systemctl:
         raise DeviceError("the device has no systemctl", hint="install with --service process")
-    steps: list[Step] = []
-    if systemd and not facts.user_exists:
+
+
+def _service_user(facts: InstallFacts, spec: InstallSpec, files: InstallFiles) -> list[Step]:
+    if spec.mode != "systemd" or facts.user_exists:
+        return []
+    useradd = ("useradd", "--system", "--user-group", "--groups", "video", "--home-dir", spec.root)
+    return [Step("create user", (*useradd, "--no-create-home", "--shell", "/usr/sbin/nologin", spec.user), root=True)]
+
+
+def _venv(facts: InstallFacts, spec: InstallSpec, files: InstallFiles) -> list[Step]:
+    if facts.venv:
+        return []
+    venv_args = ("--system-site-packages",) if spec.system_site_packages else ()
+    return [
+        Step("make venv dir", ("mkdir", "-p", spec.venv), root=spec.as_root),
+        Step("create venv", (spec.python, "-m", "venv", *venv_args, spec.venv), root=spec.as_root),
+    ]
+
+
+def _agent_wheels(facts: InstallFacts, spec: InstallSpec, files: InstallFiles) -> list[Step]:
+    if facts.stamp == spec.stamp:
+        return []
+    wheel_dir = f"{spec.venv}/wheels"
+    steps = [Step("make wheel dir", ("mkdir", "-p", wheel_dir), root=spec.as_root)]
+    steps += [Step(f"upload {w.name}", put=(w, f"{wheel_dir}/{w.name}"), root=spec.as_root) for w in spec.wheels]
+    index = ("--no-index",) if spec.offline else ()
+    agent_wheel = f"{wheel_dir}/{spec.wheels[0].name}[agent]"
+    pip = (f"{spec.venv}/bin/python", "-m", "pip", "install", "-q", *index, "--find-links", wheel_dir, agent_wheel)
+    write_stamp = ("sh", "-c", 'printf %s "$1" > "$2"', "sh", spec.stamp, f"{spec.venv}/{STAMP}")
+    return [
+        *steps,
+        Step("install agent", pip, root=spec.as_root),
+        Step("record installed version", write_stamp, root=spec.as_root),
+    ]
+
+
+def _new_runtime(facts: InstallFacts, spec: InstallSpec) -> bool:
+    return spec.runtime_lib is not None and facts.runtime_sha256 != _sha256(spec.runtime_lib)
+
+
+def _runtime(facts: InstallFacts, spec: InstallSpec, files: InstallFiles) -> list[Step]:
+    if spec.runtime_lib is None or not _new_runtime(facts, spec):
+        return []
+    return [
+        Step("make lib dir", ("mkdir", "-p", f"{spec.root}/lib"), root=spec.as_root),
+        Step("upload TVM runtime", put=(spec.runtime_lib, f"{spec.root}/lib/libtvm_runtime.so"), root=spec.as_root),
+    ]
+
+
+def _agent_root(facts: InstallFacts, spec: InstallSpec, files: InstallFiles) -> list[Step]:
+    if facts.initialised and not _new_runtime(facts, spec):  # init keeps the rest of an existing config
+        return []
+    init = [f"{spec.venv}/bin/edgedeploy-agent", "--root", spec.root, "--json", "init", "--service", spec.mode]
+    if spec.runtime_lib is not None:
+        init += ["--tvm-runtime-lib", f"{spec.root}/lib/libtvm_runtime.so"]
+    if spec.source:
+        init += ["--source", spec.source]
+    steps = [Step("initialise agent root", tuple(init), root=spec.as_root)]
+    if spec.mode == "systemd" and not facts.initialised:
+        # owned by the service user; group-writable and setgid so a deploying login in the group can write
+        own = 'chown -R "$1:$1" "$2" && chmod -R g+rwX "$2" && find "$2" -type d -exec chmod g+s {} +'
         steps.append(
-            Step(
-                "create user",
-                ("useradd", "--system", "--user-group", "--groups", "video", "--home-dir", spec.root)
-                + ("--no-create-home", "--shell", "/usr/sbin/nologin", spec.user),
-                root=True,
-            )
+            Step("hand the root to the service user", ("sh", "-c", own, "sh", spec.user, spec.root), root=True)
         )
-    if not facts.venv:
-        venv_args = ("--system-site-packages",) if spec.system_site_packages else ()
-        steps.append(Step("make venv dir", ("mkdir", "-p", spec.venv), root=systemd))
-        steps.append(Step("create venv", (spec.python, "-m", "venv", *venv_args, spec.venv), root=systemd))
-    if facts.stamp != spec.stamp:
-        wheel_dir = f"{spec.venv}/wheels"
-        steps.append(Step("make wheel dir", ("mkdir", "-p", wheel_dir), root=systemd))
-        steps += [Step(f"upload {w.name}", put=(w, f"{wheel_dir}/{w.name}"), root=systemd) for w in spec.wheels]
-        index = ("--no-index",) if spec.offline else ()
-        agent_wheel = f"{wheel_dir}/{spec.wheels[0].name}[agent]"
-        pip = (f"{spec.venv}/bin/python", "-m", "pip", "install", "-q", *index, "--find-links", wheel_dir, agent_wheel)
-        steps.append(Step("install agent", pip, root=systemd))
-        write_stamp = ("sh", "-c", 'printf %s "$1" > "$2"', "sh", spec.stamp, f"{spec.venv}/{STAMP}")
-        steps.append(Step("record installed version", write_stamp, root=systemd))
-    new_runtime = spec.runtime_lib is not None and facts.runtime_sha256 != _sha256(spec.runtime_lib)
-    if spec.runtime_lib is not None and new_runtime:
-        steps.append(Step("make lib dir", ("mkdir", "-p", f"{spec.root}/lib"), root=systemd))
-        lib = f"{spec.root}/lib/libtvm_runtime.so"
-        steps.append(Step("upload TVM runtime", put=(spec.runtime_lib, lib), root=systemd))
-    if not facts.initialised or new_runtime:  # init keeps the rest of an existing config
-        init = [f"{spec.venv}/bin/edgedeploy-agent", "--root", spec.root, "--json", "init", "--service", spec.mode]
-        if spec.runtime_lib is not None:
-            init += ["--tvm-runtime-lib", f"{spec.root}/lib/libtvm_runtime.so"]
-        if spec.source:
-            init += ["--source", spec.source]
-        steps.append(Step("initialise agent root", tuple(init), root=systemd))
-        if systemd and not facts.initialised:
-            # owned by the service user; group-writable and setgid so a deploying login in the group can write
-            own = 'chown -R "$1:$1" "$2" && chmod -R g+rwX "$2" && find "$2" -type d -exec chmod g+s {} +'
-            steps.append(
-                Step("hand the root to the service user", ("sh", "-c", own, "sh", spec.user, spec.root), root=True)
-            )
-    if spec.grants_login and spec.login_user != spec.user and not facts.login_in_group:
-        steps.append(
-            Step("add the login to the service group", ("usermod", "-aG", spec.user, str(spec.login_user)), root=True)
-        )
-    if spec.grants_login and sudoers_file is not None and facts.sudoers_sha256 != _sha256(sudoers_file):
-        tmp = "/tmp/edgedeploy-sudoers"
-        steps += [
-            Step("upload sudoers rule", put=(sudoers_file, tmp)),
-            Step("check sudoers rule", ("visudo", "-cf", tmp), root=True),
-            Step("install sudoers rule", ("install", "-m", "0440", tmp, SUDOERS_PATH), root=True),
-        ]
-    if systemd and unit_file is not None and facts.unit_sha256 != _sha256(unit_file):
-        steps += [
-            Step("install unit", put=(unit_file, UNIT_PATH), root=True),
-            Step("reload systemd", ("systemctl", "daemon-reload"), root=True),
-            Step("enable unit", ("systemctl", "enable", UNIT_NAME), root=True),
-        ]
-    if systemd and steps and facts.has_release:
+    return steps
+
+
+def _login_group(facts: InstallFacts, spec: InstallSpec, files: InstallFiles) -> list[Step]:
+    if not spec.grants_login or spec.login_user == spec.user or facts.login_in_group:
+        return []
+    return [Step("add the login to the service group", ("usermod", "-aG", spec.user, str(spec.login_user)), root=True)]
+
+
+def _sudoers(facts: InstallFacts, spec: InstallSpec, files: InstallFiles) -> list[Step]:
+    if not spec.grants_login or files.sudoers is None or facts.sudoers_sha256 == _sha256(files.sudoers):
+        return []
+    tmp = "/tmp/edgedeploy-sudoers"
+    return [
+        Step("upload sudoers rule", put=(files.sudoers, tmp)),
+        Step("check sudoers rule", ("visudo", "-cf", tmp), root=True),
+        Step("install sudoers rule", ("install", "-m", "0440", tmp, SUDOERS_PATH), root=True),
+    ]
+
+
+def _unit(facts: InstallFacts, spec: InstallSpec, files: InstallFiles) -> list[Step]:
+    if spec.mode != "systemd" or files.unit is None or facts.unit_sha256 == _sha256(files.unit):
+        return []
+    return [
+        Step("install unit", put=(files.unit, UNIT_PATH), root=True),
+        Step("reload systemd", ("systemctl", "daemon-reload"), root=True),
+        Step("enable unit", ("systemctl", "enable", UNIT_NAME), root=True),
+    ]
+
+
+Planner = Callable[[InstallFacts, InstallSpec, InstallFiles], list[Step]]
+# The install, part by part, in the order it runs. Each part plans its steps from the facts alone (nothing
+# when the device already has it), so a second run changes nothing. A new part (a probe line for what it
+# checks, an InstallFacts field, a file in InstallFiles) joins this tuple.
+PLAN_PARTS: tuple[Planner, ...] = (
+    _service_user,
+    _venv,
+    _agent_wheels,
+    _runtime,
+    _agent_root,
+    _login_group,
+    _sudoers,
+    _unit,
+)
+
+
+def plan_install(facts: InstallFacts, spec: InstallSpec, files: InstallFiles = NO_FILES) -> list[Step]:
+    """Pure: the steps still needed on a device that looks like `facts`."""
+    _check_device(facts, spec)
+    steps = [s for part in PLAN_PARTS for s in part(facts, spec, files)]
+    if spec.mode == "systemd" and steps and facts.has_release:
         # without a release the agent has nothing to serve: the first push starts it
         steps.append(Step("restart agent", ("systemctl", "restart", UNIT_NAME), root=True))
     return steps
 
 
-def write_install_files(spec: InstallSpec, work_dir: Path | None) -> tuple[Path | None, Path | None]:
+def write_install_files(spec: InstallSpec, work_dir: Path | None) -> InstallFiles:
     """The rendered unit and sudoers rule as local files to upload (systemd mode only)."""
     if spec.mode != "systemd" or work_dir is None:
-        return None, None
+        return NO_FILES
     unit_file = work_dir / UNIT_NAME
     unit_file.write_text(spec.unit_text(), encoding="utf-8")
     sudoers_file = None
     if spec.grants_login:
         sudoers_file = work_dir / "edgedeploy.sudoers"
         sudoers_file.write_text(spec.sudoers_text(), encoding="utf-8")
-    return unit_file, sudoers_file
+    return InstallFiles(unit_file, sudoers_file)
 
 
 def probe(transport: Transport, spec: InstallSpec) -> InstallFacts:
@@ -284,51 +344,3 @@ def probe(transport: Transport, spec: InstallSpec) -> InstallFacts:
     if r.exit_code != 0:
         raise DeviceError(f"install probe failed (exit {r.exit_code}): {r.stderr.strip()[-300:]}")
     return parse_install_probe(r.stdout)
-
-
-def execute_install(
-    transport: Transport,
-    device: Device,
-    spec: InstallSpec,
-    step: Callable[[str], None] = lambda s: None,
-    work_dir: Path | None = None,
-) -> InstallResult:
-    facts = probe(transport, spec)
-    unit_file, sudoers_file = write_install_files(spec, work_dir)
-    steps = plan_install(facts, spec, unit_file, sudoers_file)
-    sudo = ["sudo", "-n"] if facts.uid != 0 else []
-    for s in steps:
-        step(s.name)
-        if s.put is not None:
-            if s.root and sudo:
-                # upload as the SSH user, then move into place as root
-                tmp = f"/tmp/edgedeploy-install-{s.put[0].name}"
-                transport.put(s.put[0], tmp)
-                _run(transport, [*sudo, "install", "-m", "0644", tmp, s.put[1]], s.name)
-            else:
-                transport.put(s.put[0], s.put[1])
-        else:
-            _run(transport, [*(sudo if s.root else []), *s.argv], s.name)
-    agent = f"{spec.venv}/bin/edgedeploy-agent"
-    step("health check")
-    # as the service user: a login just added to its group is not in it before its next SSH connection
-    as_service = [*sudo, "-u", spec.user] if sudo and spec.mode == "systemd" else []
-    health = _json_tail(_run(transport, [*as_service, agent, "--root", spec.root, "--json", "facts"], "health check"))
-    opencv = _run(transport, [f"{spec.venv}/bin/python", "-c", OPENCV_PROBE], "opencv check").strip()
-    return InstallResult(device.name, [s.name for s in steps], facts, agent, opencv, health)
-
-
-def _run(transport: Transport, argv: list[str], what: str) -> str:
-    r = transport.run(argv, timeout=900)
-    if r.exit_code != 0:
-        detail = (r.stderr.strip() or r.stdout.strip() or "no output").splitlines()[-1]
-        raise DeviceError(f"install step '{what}' failed (exit {r.exit_code}): {detail}", hint=shlex.join(argv))
-    return r.stdout
-
-
-def _json_tail(stdout: str) -> dict[str, Any]:
-    import json
-
-    lines = [ln for ln in stdout.splitlines() if ln.strip()]
-    data: dict[str, Any] = json.loads(lines[-1]) if lines else {}
-    return data
