@@ -14,10 +14,10 @@ from __future__ import annotations
 
 import gzip
 import json
-import os
 import re
 import shlex
 import shutil
+import signal
 import subprocess
 import time
 from collections.abc import Callable, Iterator
@@ -31,16 +31,14 @@ import pytest
 
 from edgedeploy.fleet_servers import servers_available
 from edgedeploy.localdevice import free_port
-from edgedeploy.signing import list_keys
 from edgedeploy_agent.bundle import extract_bundle, read_manifest
 from edgedeploy_agent.loop import top_k
 from edgedeploy_agent.preprocess import preprocess
 from edgedeploy_agent.runtime import load_runtime
-from edgedeploy_agent.unit import RESTART_PATH_UNIT, RESTART_UNIT, WATCH_UNIT, render_unit
+from edgedeploy_agent.unit import RESTART_UNIT, WATCH_UNIT
 from tests.conftest import require
 from tests.helpers import Cli
 from tests.integration.arm64root import (
-    EMULATED_CPUINFO_DROPIN,
     FRAMES,
     LOGIN,
     UNIT,
@@ -419,29 +417,26 @@ def test_the_agent_runs_as_the_service_user_without_privileges_on_a_read_only_sy
 # --- pull rollouts: the watch service deploys, the restart path unit restarts the inference unit --------
 
 
-def install_watch_units(c: Container, fleet: PullFleet, name: str) -> None:
-    """What the device needs for pull rollouts: broker password, pinned keys, watch.json, the three units."""
-    keys = {k.name: k.public for k in list_keys()}
-    password = Path(c.merged, ROOT.lstrip("/"), "mqtt-password")
-    password.write_text(fleet.broker.devices[name])
-    uid, gid = (int(c.exec(["id", flag, "edgedeploy"]).stdout) for flag in ("-u", "-g"))
-    os.chown(password, uid, gid)
-    password.chmod(0o600)
-    as_service = ["runuser", "-u", "edgedeploy", "--", f"{VENV}/bin/edgedeploy-agent", "--root", ROOT]
-    c.exec([*as_service, "trust", "--set", keys["fleet-1"]])
-    c.exec([
-        *as_service, "watch-config", "--broker", fleet.broker.address, "--registry", fleet.cache.url,
-        "--password-file", f"{ROOT}/mqtt-password", "--rollout-key", keys["rollout-1"],
-    ])  # fmt: skip
-    systemd = c.merged / "etc/systemd/system"
-    watch_argv = [f"{VENV}/bin/edgedeploy-agent", "--root", ROOT, "watch"]
-    (systemd / WATCH_UNIT).write_text(render_unit(watch_argv, root=ROOT, name=WATCH_UNIT))
-    for unit in (RESTART_PATH_UNIT, RESTART_UNIT):
-        (systemd / unit).write_text(render_unit(root=ROOT, name=unit))
-    (systemd / f"{WATCH_UNIT}.d").mkdir(exist_ok=True)  # the same emulation stand-in as the inference unit's
-    (systemd / f"{WATCH_UNIT}.d/emulated-cpuinfo.conf").write_text(EMULATED_CPUINFO_DROPIN)
-    c.exec(["systemctl", "daemon-reload"])
-    c.exec(["systemctl", "enable", "--now", RESTART_PATH_UNIT, WATCH_UNIT])
+def install_for_pull(cli: Cli, arm: ArmDevice, fleet: PullFleet) -> dict[str, Any]:
+    """`agent install --mqtt` by a technician with the bootstrap grant (given back for it, then taken away)."""
+    grant = arm.container.merged / "etc/sudoers.d/00-bootstrap"
+    grant.write_text(f"{LOGIN} ALL=(ALL) NOPASSWD: ALL\n")
+    grant.chmod(0o440)
+    try:
+        install = [
+            "agent", "install", arm.name, "--python", "python3.9", "--venv", VENV,
+            "--runtime-lib", str(arm.prepared.runtime_lib), "--mqtt", fleet.broker.address,
+            "--registry", fleet.cache.url, "--broker-passwd", str(fleet.broker.base / "passwd"), "--json", *arm.args(),
+        ]  # fmt: skip
+        r = timed("agent install --mqtt", lambda: cli(*install, timeout=1200))
+        assert r.code == 0, r.err
+        again = timed("agent install --mqtt again", lambda: cli(*install, timeout=1200))
+        assert again.code == 0 and json.loads(again.out)["changed"] == [], again.out + again.err
+    finally:
+        grant.unlink()
+    assert fleet.broker.proc is not None
+    fleet.broker.proc.send_signal(signal.SIGHUP)  # mosquitto reads its password file again
+    return dict(json.loads(r.out))
 
 
 @in_container
@@ -458,7 +453,13 @@ def test_a_pull_rollout_over_mqtt_restarts_the_inference_unit_without_sudo(
         fleet.setup_host(hermetic)
         for port in (fleet.broker.port, fleet.cache.port):
             c.forward_in(port)
-        install_watch_units(c, fleet, arm.name)
+        assert cli("keys", "install", arm.name, *arm.args()).code == 0  # the bundle key, pinned as at enrolment
+        installed = install_for_pull(cli, arm, fleet)
+        for step in ("install broker password", "configure watch", f"install {WATCH_UNIT}", "start pull units"):
+            assert step in installed["changed"], installed["changed"]
+        assert installed["broker_user"]["added_to"] == str(fleet.broker.base / "passwd")
+        mode = c.exec(["stat", "-c", "%a %U", f"{ROOT}/mqtt-password"]).stdout.split()
+        assert mode == ["600", "edgedeploy"], mode
         bundle = tmp_path / "signed.edb"
         assert cli("sign", str(bundles["mnist-xavier-cpu"]), "--key", "fleet-1", "-o", str(bundle)).code == 0
         release = read_manifest(bundle).release_name

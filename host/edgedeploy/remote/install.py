@@ -11,12 +11,15 @@ import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 from edgedeploy_agent.unit import UNIT_NAME, render_unit
 
 from ..errors import DeviceError, InputError
 from .transport import Transport
+
+if TYPE_CHECKING:
+    from .install_pull import PullOptions
 
 UNIT_PATH = f"/etc/systemd/system/{UNIT_NAME}"
 STAMP = ".edgedeploy-install"
@@ -93,6 +96,7 @@ class InstallOptions:
     runtime_lib: Path | None = None
     offline: bool = False  # dependencies only from the wheelhouse
     system_site_packages: bool = False
+    pull: PullOptions | None = None  # --mqtt: set the device up for pull rollouts (remote/install_pull.py)
 
 
 @dataclass(frozen=True)
@@ -324,23 +328,12 @@ def write_install_files(spec: InstallSpec, work_dir: Path | None) -> InstallFile
     return InstallFiles(unit_file, sudoers_file)
 
 
-def probe(transport: Transport, spec: InstallSpec) -> InstallFacts:
+def run_probe(transport: Transport, spec: InstallSpec, extra: str = "") -> str:
+    """The probe's output; `extra` is more of the same script (remote/install_pull.py's lines), so an install
+    with every option still asks the device once."""
     login = spec.login_user or "root"
-    argv = [
-        "sh",
-        "-c",
-        PROBE,
-        "sh",
-        spec.python,
-        spec.venv,
-        spec.root,
-        spec.user,
-        UNIT_PATH,
-        STAMP,
-        login,
-        SUDOERS_PATH,
-    ]
-    r = transport.run(argv, timeout=60)
+    args = [spec.python, spec.venv, spec.root, spec.user, UNIT_PATH, STAMP, login, SUDOERS_PATH]
+    r = transport.run(["sh", "-c", PROBE + extra, "sh", *args], timeout=60)
     if r.exit_code != 0:
         raise DeviceError(f"install probe failed (exit {r.exit_code}): {r.stderr.strip()[-300:]}")
-    return parse_install_probe(r.stdout)
+    return r.stdout
