@@ -18,7 +18,7 @@ from typing import Literal
 import tomli_w
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from .errors import InventoryError, validation_text
+from .errors import InputError, InventoryError, validation_text
 from .paths import config_dir
 from .userfiles import read_toml, write_text_atomic
 
@@ -124,3 +124,13 @@ class Inventory:
         }
         hint = "choose a writable place with --inventory (or EDGEDEPLOY_INVENTORY, EDGEDEPLOY_CONFIG_DIR)"
         write_text_atomic(self.path, tomli_w.dumps(data), "inventory", hint)
+
+
+def select_devices(inv: Inventory, names: list[str] | None, tag: str | None) -> list[str]:
+    """The names `--devices a,b,c` or `--group TAG` choose (one of them is required; a tag must match)."""
+    if not names and not tag:
+        raise InputError("say which devices: --group TAG or --devices a,b,c")
+    chosen = [d.name for d in inv.select(names, tag)]
+    if not chosen:
+        raise InputError(f"no device in {inv.path} has tag {tag!r}")
+    return chosen

@@ -6,7 +6,6 @@ Bytes go through an OCI registry (publish.py), intent and status through an MQTT
 
 from __future__ import annotations
 
-import datetime as dt
 import json
 from dataclasses import asdict
 from pathlib import Path
@@ -22,7 +21,7 @@ from .remote.install_pull import PullOptions
 from .remote.mqtt import Controller, FleetConfig, desired_payload, load_fleet_config
 from .remote.mqtt_rollout import MqttRolloutRunner, PullPolicy, status_facts
 from .remote.plan import HealthPolicy
-from .remote.rollout import RolloutState, plan_rollout
+from .remote.rollout import RolloutState, new_rollout_id, plan_rollout
 from .remote.rollout_runner import Listener, prepare_resume, rollouts_dir
 from .signing import list_keys, next_serial
 
@@ -54,7 +53,7 @@ def rollout_via_mqtt(
     key = _rollout_key(cfg)
     blobs = bundle_blobs(bundle)
     ref = published_ref(blobs)
-    rid = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%S") + f"-{blobs.manifest.bundle_id[:8]}"
+    rid = new_rollout_id(blobs.manifest.bundle_id)
     with Controller(cfg.mqtt) as controller:
         statuses = controller.read_statuses(names)
         facts = {n: status_facts(statuses.get(n)) for n in names}

@@ -47,6 +47,8 @@ def _put_cache(store: Path, data_path: Path, sha: str) -> Path:
 
 def bundle_blobs(bundle: Path) -> BundleBlobs:
     """Verify every byte of the bundle (by unpacking it) and file its parts in the host's blob cache."""
+    if not bundle.is_file():
+        raise InputError(f"bundle file {bundle} does not exist")
     store = cache_dir() / "blobs"
     store.mkdir(parents=True, exist_ok=True)
     with agent_input():

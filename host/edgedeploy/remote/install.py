@@ -279,20 +279,29 @@ def _sudoers(facts: InstallFacts, spec: InstallSpec, files: InstallFiles) -> lis
     ]
 
 
-def _unit(facts: InstallFacts, spec: InstallSpec, files: InstallFiles) -> list[Step]:
-    if spec.mode != "systemd" or files.unit is None or facts.unit_sha256 == _sha256(files.unit):
+def unit_steps(unit_file: Path, unit_path: str, installed_sha256: str | None, label: str = "unit") -> list[Step]:
+    """Install a systemd unit file at `unit_path`, reload systemd, enable the unit; nothing when the device
+    already has these bytes there (`installed_sha256`, from the probe)."""
+    if installed_sha256 == _sha256(unit_file):
         return []
     return [
-        Step("install unit", put=(files.unit, UNIT_PATH), root=True),
+        Step(f"install {label}", put=(unit_file, unit_path), root=True),
         Step("reload systemd", ("systemctl", "daemon-reload"), root=True),
-        Step("enable unit", ("systemctl", "enable", UNIT_NAME), root=True),
+        Step(f"enable {label}", ("systemctl", "enable", Path(unit_path).name), root=True),
     ]
+
+
+def _unit(facts: InstallFacts, spec: InstallSpec, files: InstallFiles) -> list[Step]:
+    if spec.mode != "systemd" or files.unit is None:
+        return []
+    return unit_steps(files.unit, UNIT_PATH, facts.unit_sha256)
 
 
 Planner = Callable[[InstallFacts, InstallSpec, InstallFiles], list[Step]]
 # The install, part by part, in the order it runs. Each part plans its steps from the facts alone (nothing
-# when the device already has it), so a second run changes nothing. A new part (a probe line for what it
-# checks, an InstallFacts field, a file in InstallFiles) joins this tuple.
+# when the device already has it), so a second run changes nothing. A new part joins this tuple with what
+# it needs: a probe line for what it checks, an InstallFacts field, a rendered file in InstallFiles (a
+# second systemd unit: unit_steps).
 PLAN_PARTS: tuple[Planner, ...] = (
     _service_user,
     _venv,

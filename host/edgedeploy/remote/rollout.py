@@ -1,11 +1,12 @@
 """Rollouts: the pure planner (devices + facts -> canary and waves) and the state kept on disk.
 
-The planner does no I/O. The executor (fleet.py) runs a plan wave by wave and writes the state file
-after every device, so an interrupted rollout can be shown and resumed.
+The planner does no I/O. The executors (rollout_runner.py over SSH, mqtt_rollout.py over MQTT) run a plan
+wave by wave and write the state file after every device, so an interrupted rollout can be shown and resumed.
 """
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -112,6 +113,11 @@ class RolloutState:
     def save(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         write_atomic(path, json.dumps(self.to_json(), indent=1, default=str))
+
+
+def new_rollout_id(bundle_id: str) -> str:
+    """When the rollout started (UTC) and which bundle it rolls out: ids sort by start time."""
+    return dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%S") + f"-{bundle_id[:8]}"
 
 
 def plan_rollout(

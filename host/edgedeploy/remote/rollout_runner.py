@@ -3,28 +3,31 @@
 One bad device never hides the others: each device's failure is caught and recorded with its reason
 and code. The rollout halts (devices not started stay untouched) when a canary fails or more
 devices failed than the budget allows. The state file is rewritten after every device.
+`rollout`, `resume_rollout` and `load_rollout` are the SSH rollout's entry points (pull_api.py: MQTT's).
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import json
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from functools import partial
 from pathlib import Path
 
-from ..errors import EdgeDeployError, error_code
+from ..errors import EdgeDeployError, InputError, error_code
 from ..inventory import Inventory
 from ..paths import state_dir
 from .agent_client import AgentClient
-from .blobs import BundleBlobs
+from .blobs import BundleBlobs, bundle_blobs
 from .connect import connected
 from .execute import get_facts, push
+from .facts import DeviceFacts
 from .fleet import run_fleet
-from .plan import HealthPolicy
-from .rollout import FINAL_OUTCOMES, OK_OUTCOMES, RolloutState
+from .plan import DEFAULT_HEALTH, HealthPolicy
+from .rollout import FINAL_OUTCOMES, OK_OUTCOMES, RolloutState, new_rollout_id, plan_rollout
 
 # (device, status, detail) after every change; the renderer draws it
 Listener = Callable[[str, str, str], None]
@@ -34,6 +37,9 @@ Listener = Callable[[str, str, str], None]
 class Network:
     connect_timeout: float = 10.0
     io_timeout: float = 30.0
+
+
+DEFAULT_NET = Network()
 
 
 def rollouts_dir() -> Path:
@@ -66,7 +72,7 @@ class RolloutRunner:
         blobs: BundleBlobs,
         path: Path,
         health: HealthPolicy,
-        net: Network = Network(),
+        net: Network = DEFAULT_NET,
         listener: Listener = lambda d, s, m: None,
     ) -> None:
         self.inv, self.state, self.blobs, self.path = inv, state, blobs, path
@@ -161,6 +167,82 @@ def prepare_resume(state: RolloutState) -> RolloutState:
             d.status = "pending"
     state.halted_reason = None
     return state
+
+
+def gather_facts(inv: Inventory, names: list[str], net: Network) -> dict[str, DeviceFacts | str]:
+    """Each device's facts, or why there are none (one device's error never stops the others)."""
+
+    def one(name: str) -> DeviceFacts:
+        dev = inv.get(name)  # an unknown name fails on its own
+        with connected(dev, inv.known_hosts, net.connect_timeout, net.io_timeout) as t:
+            return get_facts(AgentClient(t, dev))
+
+    result = run_fleet(names, one, name=str)
+    return {n: result.succeeded[n] if n in result.succeeded else result.failed[n].message for n in names}
+
+
+def rollout(
+    inv: Inventory,
+    bundle: Path,
+    names: list[str],
+    *,
+    canary: int = 1,
+    wave: str | None = None,
+    max_fail: float = 0.0,
+    concurrency: int = 4,
+    dry_run: bool = False,
+    health: HealthPolicy = DEFAULT_HEALTH,
+    net: Network = DEFAULT_NET,
+    listener: Listener = lambda d, s, m: None,
+) -> RolloutState:
+    """Plan from the devices' current facts; unless dry_run, execute it with its state kept on disk."""
+    blobs = bundle_blobs(bundle)
+    rid = new_rollout_id(blobs.manifest.bundle_id)
+    # a dry run shows what each device would do now; a real run reads each device's facts right
+    # before acting on it (push does), so it does not ask every device twice
+    state = plan_rollout(
+        rid,
+        str(bundle.resolve()),
+        blobs.manifest.release_name,
+        names,
+        gather_facts(inv, names, net) if dry_run else {},
+        canary=canary,
+        wave=wave,
+        max_fail=max_fail,
+        concurrency=concurrency,
+    )
+    state.options = {"health": asdict(health), "net": asdict(net)}
+    if dry_run:
+        return state
+    return RolloutRunner(inv, state, blobs, rollouts_dir() / f"{rid}.json", health, net, listener).run()
+
+
+def load_rollout(rollout_id: str | None = None) -> tuple[RolloutState, Path]:
+    """The named rollout, or the newest one."""
+    d = rollouts_dir()
+    files = sorted(d.glob("*.json")) if d.is_dir() else []
+    if rollout_id:
+        files = [p for p in files if p.stem == rollout_id]
+    if not files:
+        raise InputError(f"no rollout {rollout_id or ''} recorded in {d}".replace("  ", " "))
+    path = files[-1]
+    try:
+        return RolloutState.from_json(json.loads(path.read_text(encoding="utf-8"))), path
+    except (ValueError, KeyError, TypeError) as e:
+        raise InputError(f"rollout state {path} is unreadable: {e}") from None
+
+
+def resume_rollout(
+    inv: Inventory, rollout_id: str | None = None, listener: Listener = lambda d, s, m: None
+) -> RolloutState:
+    """Run again what an interrupted or halted rollout left: devices that did not end ok."""
+    state, path = load_rollout(rollout_id)
+    blobs = bundle_blobs(Path(state.bundle))
+    if blobs.manifest.release_name != state.release:
+        raise InputError(f"{state.bundle} changed since the rollout started ({state.release})")
+    health = HealthPolicy(**state.options.get("health", {}))
+    net = Network(**state.options.get("net", {}))
+    return RolloutRunner(inv, prepare_resume(state), blobs, path, health, net, listener).run()
 
 
 def _secs(t0: float) -> float:
