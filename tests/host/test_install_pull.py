@@ -53,7 +53,8 @@ def test_a_fresh_device_gets_password_config_and_the_three_units(tmp_path: Path,
     steps = plan_pull(facts, spec, pull, files)
     assert _names(steps) == [
         "make a private upload folder", "upload broker password", "install broker password",
-        "remove the upload folder", "configure watch", f"install {WATCH_UNIT}", f"install {RESTART_PATH_UNIT}",
+        "remove the upload folder", "configure watch", "hand the watch config to the service user",
+        f"install {WATCH_UNIT}", f"install {RESTART_PATH_UNIT}",
         f"install {RESTART_UNIT}", "reload systemd", "enable pull units", "start pull units",
     ]  # fmt: skip
     by_name = {s.name: s for s in steps}
@@ -63,7 +64,8 @@ def test_a_fresh_device_gets_password_config_and_the_three_units(tmp_path: Path,
     assert by_name["install broker password"].argv[:6] == ("install", "-m", "0600", "-o", "edgedeploy", "-g")
     assert (files.password.stat().st_mode & 0o777) == 0o600 and len(files.password.read_text().strip()) >= 24
     configure = by_name["configure watch"].argv
-    assert configure[:4] == ("runuser", "-u", "edgedeploy", "--") and pull.rollout_key in configure
+    assert configure[0] == "/opt/edgedeploy/venv/bin/edgedeploy-agent" and pull.rollout_key in configure
+    assert by_name["hand the watch config to the service user"].argv[-2:] == ("edgedeploy", str(tmp_path / "root"))
     assert "ExecStart=/opt/edgedeploy/venv/bin/edgedeploy-agent --root " in files.units[WATCH_UNIT].read_text()
     assert f"PathChanged={tmp_path}/root/run/restart-request" in files.units[RESTART_PATH_UNIT].read_text()
 
@@ -89,7 +91,9 @@ def test_a_device_that_has_it_all_plans_nothing_and_a_new_broker_only_reconfigur
     moved = dataclasses.replace(pull, broker="broker2.site:1883")
     (tmp_path / "again").mkdir()
     files2 = write_pull_files(spec, moved, tmp_path / "again")
-    assert _names(plan_pull(facts, spec, moved, files2)) == ["configure watch", "start pull units"]
+    assert _names(plan_pull(facts, spec, moved, files2)) == [
+        "configure watch", "hand the watch config to the service user", "start pull units",
+    ]  # fmt: skip
     assert json.loads(files2.watch_config.read_text())["broker"] == "broker2.site:1883"
 
 

@@ -41,7 +41,9 @@ command -v systemctl >/dev/null 2>&1 && echo "systemctl=1"
 [ -f "$root/agent.json" ] && echo "initialised=1"
 [ -L "$root/current" ] && echo "has_release=1"
 id -nG "$login" 2>/dev/null | tr ' ' '\n' | grep -qx "$user" && echo "login_in_group=1"
-[ -f "$sudoers" ] && echo "sudoers_sha256=$(sha256sum "$sudoers" 2>/dev/null | cut -d' ' -f1)"
+# the rule is root's (0440): a non-root login reads it through sudo (the install's grant), else it is planned again
+[ -f "$sudoers" ] && echo "sudoers_sha256=$( (sha256sum "$sudoers" || sudo -n sha256sum "$sudoers") 2>/dev/null |
+  cut -d' ' -f1)"
 [ -f "$root/lib/libtvm_runtime.so" ] && echo "runtime_sha256=$(sha256sum "$root/lib/libtvm_runtime.so" | cut -d' ' -f1)"
 true
 """

@@ -151,11 +151,15 @@ def plan_pull(facts: PullFacts, spec: InstallSpec, pull: PullOptions, files: Pul
     wanted_keys = (key_id(parse_public_key(pull.rollout_key)),)
     if facts.watch_config_sha256 != _sha256(files.watch_config) or facts.rollout_keys != wanted_keys:
         cfg = _watch_config(spec, pull)
-        argv = ["runuser", "-u", user, "--", f"{spec.venv}/bin/edgedeploy-agent", "--root", root, "--json"]
-        argv += ["watch-config", "--broker", cfg.broker, "--registry", cfg.registry_url]
-        argv += ["--password-file", str(cfg.password_file), "--rollout-key", pull.rollout_key]
-        argv += ["--ca-file", cfg.ca_file] if cfg.ca_file else []
-        steps.append(Step("configure watch", tuple(argv), root=True))
+        argv = [f"{spec.venv}/bin/edgedeploy-agent", "--root", root, "--json", "watch-config", "--broker", cfg.broker]
+        argv += ["--registry", cfg.registry_url, "--password-file", str(cfg.password_file)]
+        argv += ["--rollout-key", pull.rollout_key, *(["--ca-file", cfg.ca_file] if cfg.ca_file else [])]
+        # as root, then handed to the service user: ROOT/trust may be the deploying login's (`keys install`)
+        own = 'chown -R "$1:$1" "$2/watch.json" "$2/trust/rollout" && chmod -R g+rwX "$2/watch.json" "$2/trust/rollout"'
+        steps += [
+            Step("configure watch", tuple(argv), root=True),
+            Step("hand the watch config to the service user", ("sh", "-c", own, "sh", user, root), root=True),
+        ]
     changed_units = [n for n in PULL_UNITS if facts.unit_sha256.get(n) != _sha256(files.units[n])]
     for name in changed_units:
         steps.append(Step(f"install {name}", put=(files.units[name], f"/etc/systemd/system/{name}"), root=True))
