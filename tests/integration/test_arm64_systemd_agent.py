@@ -493,6 +493,19 @@ def test_a_pull_rollout_over_mqtt_restarts_the_inference_unit_without_sudo(
         assert "sudo" not in journal, journal[-3000:]
         r = cli("status", arm.name, "--via", "mqtt", "--json", *arm.args())
         assert r.code == 0 and json.loads(r.out)["devices"][arm.name]["state"] == "committed", r.out + r.err
+
+        # the deploying login's pushes restart through the same path unit now (the request file is the group's)
+        pushed = tmp_path / "signed-mobilenet.edb"
+        assert cli("sign", str(bundles["mobilenet-xavier-cpu"]), "--key", "fleet-1", "-o", str(pushed)).code == 0
+        starts = restarts.count("Starting edgedeploy: restart the inference agent (requested")
+        pid = arm.unit()["MainPID"]
+        r = timed("push through the path unit", lambda: push(cli, arm, pushed))
+        assert r.code == 0 and json.loads(r.out)["release"] == read_manifest(pushed).release_name, r.err
+        assert arm.unit()["MainPID"] != pid
+        restarts = c.exec(["journalctl", "-u", RESTART_UNIT, "--no-pager", "-o", "cat"]).stdout
+        assert restarts.count("Starting edgedeploy: restart the inference agent (requested") == starts + 1, restarts
+        owner = c.exec(["stat", "-c", "%U %G %a", f"{ROOT}/run/restart-request"]).stdout.split()
+        assert owner == ["edgedeploy", "edgedeploy", "660"], owner
     finally:
         c.exec(["systemctl", "stop", WATCH_UNIT], check=False)
         fleet.close()
