@@ -54,8 +54,9 @@ def test_a_fresh_device_gets_password_config_and_the_three_units(tmp_path: Path,
     assert _names(steps) == [
         "make a private upload folder", "upload broker password", "install broker password",
         "remove the upload folder", "configure watch", "hand the watch config to the service user",
-        f"install {WATCH_UNIT}", f"install {RESTART_PATH_UNIT}",
-        f"install {RESTART_UNIT}", "reload systemd", "enable pull units", "start pull units",
+        f"install {RESTART_UNIT}", "reload systemd",
+        f"install {RESTART_PATH_UNIT}", "reload systemd", f"enable {RESTART_PATH_UNIT}",
+        f"install {WATCH_UNIT}", "reload systemd", f"enable {WATCH_UNIT}", "start pull units",
     ]  # fmt: skip
     by_name = {s.name: s for s in steps}
     # the password reaches the device through a private folder, as a file the service user alone can read

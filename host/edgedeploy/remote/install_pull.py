@@ -28,7 +28,7 @@ from edgedeploy_agent.watch import WatchConfig
 
 from ..errors import InputError, validation_text
 from ..paths import state_dir
-from .install import InstallSpec, Step
+from .install import InstallSpec, Step, unit_steps
 
 PULL_UNITS = (WATCH_UNIT, RESTART_PATH_UNIT, RESTART_UNIT)
 PASSWORD = "mqtt-password"
@@ -160,14 +160,14 @@ def plan_pull(facts: PullFacts, spec: InstallSpec, pull: PullOptions, files: Pul
             Step("configure watch", tuple(argv), root=True),
             Step("hand the watch config to the service user", ("sh", "-c", own, "sh", user, root), root=True),
         ]
-    changed_units = [n for n in PULL_UNITS if facts.unit_sha256.get(n) != _sha256(files.units[n])]
-    for name in changed_units:
-        steps.append(Step(f"install {name}", put=(files.units[name], f"/etc/systemd/system/{name}"), root=True))
-    if changed_units:
-        steps += [
-            Step("reload systemd", ("systemctl", "daemon-reload"), root=True),
-            Step("enable pull units", ("systemctl", "enable", RESTART_PATH_UNIT, WATCH_UNIT), root=True),
-        ]
+    # the oneshot first (it has no [Install]: installed, never enabled), then the two units that are enabled
+    unit_dir = "/etc/systemd/system"
+    if facts.unit_sha256.get(RESTART_UNIT) != _sha256(files.units[RESTART_UNIT]):
+        steps.append(Step(f"install {RESTART_UNIT}", put=(files.units[RESTART_UNIT], f"{unit_dir}/{RESTART_UNIT}"),
+                          root=True))  # fmt: skip
+        steps.append(Step("reload systemd", ("systemctl", "daemon-reload"), root=True))
+    for name in (RESTART_PATH_UNIT, WATCH_UNIT):
+        steps += unit_steps(files.units[name], f"{unit_dir}/{name}", facts.unit_sha256.get(name), label=name)
     if steps:  # a new config or unit: the watch service starts (again) with it
         steps.append(Step("start pull units", ("systemctl", "restart", RESTART_PATH_UNIT, WATCH_UNIT), root=True))
     return steps
