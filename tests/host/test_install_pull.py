@@ -126,3 +126,19 @@ def test_the_cli_refuses_half_an_mqtt_setup_in_one_line(cli: Cli) -> None:
     assert_one_line_error(cli("agent", "install", "cam1", "--mqtt", "b:1883"), 2, "--mqtt needs --registry")
     r = cli("agent", "install", "cam1", "--mqtt", "b:1883", "--registry", "http://c:5000", "--rollout-key", "nope")
     assert_one_line_error(r, 2, "no signing key named 'nope'")
+
+
+def test_a_fleet_ca_is_uploaded_and_named_in_the_watch_config(tmp_path: Path, pull: PullOptions) -> None:
+    ca = tmp_path / "fleet-ca.crt"
+    ca.write_text("-----BEGIN CERTIFICATE-----\n")
+    with_ca = dataclasses.replace(pull, ca_file=ca)
+    spec = _spec(tmp_path / "root")
+    files = write_pull_files(spec, with_ca, tmp_path)
+    steps = {s.name: s for s in plan_pull(parse_pull_probe(""), spec, with_ca, files)}
+    assert steps["upload fleet CA"].put == (ca, f"{tmp_path}/root/fleet-ca.crt") and steps["upload fleet CA"].root
+    assert steps["configure watch"].argv[-2:] == ("--ca-file", f"{tmp_path}/root/fleet-ca.crt")
+    assert json.loads(files.watch_config.read_text())["ca_file"] == f"{tmp_path}/root/fleet-ca.crt"
+    sha = hashlib.sha256(ca.read_bytes()).hexdigest()
+    assert "upload fleet CA" not in _names(
+        plan_pull(parse_pull_probe(f"fleet_ca_sha256={sha}\n"), spec, with_ca, files)
+    )
