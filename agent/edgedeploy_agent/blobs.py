@@ -90,6 +90,17 @@ class BlobStore:
         return removed
 
 
+def _link_or_copy(blob: Path, dst: Path) -> None:
+    """A hard link to the blob; a copy where the kernel refuses one: with fs.protected_hardlinks (the default)
+    only a file's owner may link a file it cannot write, and a blob (0444) that the deploying login uploaded is
+    not the watch service's (nor the reverse) in systemd mode. The copy costs that artifact's size once."""
+    try:
+        os.link(blob, dst)
+    except PermissionError:
+        shutil.copyfile(blob, dst)
+        os.chmod(dst, 0o444)
+
+
 class FileSource:
     """A bundle uploaded as one .edb file; one in ROOT/incoming/ is the device's to remove, others are not."""
 
@@ -158,7 +169,7 @@ class BlobSource:
                     raise BundleError(f"blob for {a.path} is {blob.stat().st_size} bytes, manifest says {a.size}")
                 links[a.path] = a.sha256
             for name, sha in links.items():
-                os.link(self.blobs.path(sha), tmp / name)
+                _link_or_copy(self.blobs.path(sha), tmp / name)
             fsync_dir(tmp)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)

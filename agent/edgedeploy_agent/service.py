@@ -7,6 +7,7 @@ served (see loop.run_agent).
 """
 
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -19,6 +20,9 @@ from .bundle import HealthSpec
 from .durable import write_json_atomic
 from .heartbeat import BUILD_STATES, pid_alive
 from .store import DeviceStore, utcnow
+from .unit import RESTART_PATH_UNIT, RESTART_REQUEST
+
+log = logging.getLogger("edgedeploy_agent.service")
 
 HEALTHY_STATES = ("ready", "finished")
 
@@ -105,18 +109,43 @@ class ProcessService:
 
 
 class SystemdService:
-    """The systemd unit; with Type=notify, `systemctl restart` returns once READY=1 was sent."""
+    """The systemd unit; with Type=notify, `systemctl restart` returns once READY=1 was sent.
 
-    def __init__(self, store: DeviceStore, unit: str) -> None:
-        self.store, self.unit = store, unit
+    A process that is not root restarts the unit through the restart path unit when it is installed (the
+    watch service, under NoNewPrivileges=yes, cannot use sudo), else through the installer's sudoers rule."""
+
+    def __init__(self, store: DeviceStore, unit: str, request_wait_s: float = 60.0) -> None:
+        self.store, self.unit, self.request_wait_s = store, unit, request_wait_s
 
     def _systemctl(self, *args: str, privileged: bool = False) -> "subprocess.CompletedProcess[str]":
         # a non-root deploying login may restart/stop exactly this unit through the installer's sudoers rule
         sudo = ["sudo", "-n"] if privileged and os.geteuid() != 0 else []
         return subprocess.run([*sudo, "systemctl", *args, self.unit], capture_output=True, text=True, timeout=300)
 
+    def _show(self, prop: str, unit: Optional[str] = None) -> str:
+        argv = ["systemctl", "show", "-p", prop, "--value", unit or self.unit]
+        return subprocess.run(argv, capture_output=True, text=True, timeout=60).stdout.strip()
+
+    def _via_path_unit(self) -> bool:
+        return os.geteuid() != 0 and self._show("ActiveState", RESTART_PATH_UNIT) == "active"
+
+    def _request_restart(self) -> None:
+        """Write the request the path unit watches, then wait until a new invocation of the unit started."""
+        before = self._show("InvocationID")
+        write_restart_request(self.store.root / RESTART_REQUEST, f"{utcnow()} pid {os.getpid()}\n")
+        deadline = time.monotonic() + self.request_wait_s
+        while time.monotonic() < deadline:
+            if self._show("InvocationID") not in ("", before):
+                return
+            time.sleep(0.2)
+        # not raised: the deploy's health check then fails with the old release still running, and rolls back
+        log.warning("%s did not restart %s within %.0f s", RESTART_PATH_UNIT, self.unit, self.request_wait_s)
+
     def restart(self) -> None:
         (self.store.run_dir / "health.json").unlink(missing_ok=True)
+        if self._via_path_unit():
+            self._request_restart()
+            return
         # a deploy's restart is deliberate: it must not spend the unit's start limit (5 in 300 s), which is
         # there for crash loops; a push, a rollback (two starts) and a restart hit it within minutes.
         # reset-failed zeroes the counter (an older sudoers rule without it: the restart is tried anyway)
@@ -128,6 +157,22 @@ class SystemdService:
 
     def is_running(self) -> bool:
         return self._systemctl("is-active").stdout.strip() in ("active", "activating", "reloading")
+
+
+def write_restart_request(path: Path, text: str) -> None:
+    """Rewrite the request file in place (a close after writing is what PathChanged= sees; the content is only
+    for a person reading it), group-writable so that the watch service and a deploying login can both write it."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o660)
+    except PermissionError:  # written by the other user before it was group-writable: replace it
+        path.unlink()
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o660)
+    try:
+        if os.fstat(fd).st_uid == os.geteuid():
+            os.fchmod(fd, 0o660)  # the creating service's UMask=0027 took the group's write bit
+        os.write(fd, text.encode())
+    finally:
+        os.close(fd)
 
 
 def make_service(store: DeviceStore) -> Service:

@@ -1,4 +1,5 @@
-"""The systemd unit shipped with the agent (systemd/edgedeploy-agent.service), rendered for one device.
+"""The systemd units shipped with the agent (systemd/), rendered for one device: the inference service, the
+watch service (pull rollouts) and the restart path unit with its oneshot (restarts without sudo).
 
 Values from the inventory end up in unit lines, so each is checked and quoted as systemd reads it back
 (systemd.syntax(7), systemd.service(5) "Command lines"): a path with spaces is one double-quoted word,
@@ -13,6 +14,10 @@ from importlib.resources import files
 from typing import Optional
 
 UNIT_NAME = "edgedeploy-agent.service"
+WATCH_UNIT = "edgedeploy-agent-watch.service"
+RESTART_PATH_UNIT = "edgedeploy-agent-restart.path"
+RESTART_UNIT = "edgedeploy-agent-restart.service"
+RESTART_REQUEST = "run/restart-request"  # under the agent root; the path unit watches it
 DEFAULT_ROOT = "/var/lib/edgedeploy"
 DEFAULT_USER = "edgedeploy"
 
@@ -34,12 +39,28 @@ def unit_word(value: str, what: str, in_exec: bool = False) -> str:
     return f'"{value}"'
 
 
-def unit_template() -> str:
-    return files("edgedeploy_agent").joinpath("systemd").joinpath(UNIT_NAME).read_text(encoding="utf-8")
+def restart_request_path(root: str) -> str:
+    """The file the restart path unit watches; path settings take no quotes: a root that needs them is refused."""
+    path = root.rstrip("/") + "/" + RESTART_REQUEST
+    if not _PLAIN.fullmatch(path):
+        raise ValueError(f"agent root {root!r} holds characters a path unit cannot carry (spaces, '%', ...)")
+    return path
 
 
-def render_unit(exec_start: Optional[Sequence[str]] = None, user: str = DEFAULT_USER, root: str = DEFAULT_ROOT) -> str:
-    """The shipped unit with this device's command line (an argv list), service user and state folder."""
+def unit_template(name: str = UNIT_NAME) -> str:
+    return files("edgedeploy_agent").joinpath("systemd").joinpath(name).read_text(encoding="utf-8")
+
+
+def render_unit(
+    exec_start: Optional[Sequence[str]] = None,
+    user: str = DEFAULT_USER,
+    root: str = DEFAULT_ROOT,
+    name: str = UNIT_NAME,
+) -> str:
+    """The shipped unit `name` with this device's command line (an argv list), service user and state folder.
+
+    The restart oneshot has fixed command lines (it restarts UNIT_NAME only): `exec_start` is for the two
+    agent services."""
     if not _USER.fullmatch(user):
         raise ValueError(f"service user {user!r} is not a portable user name (letters, digits, '_', '.', '-')")
     command = ""
@@ -49,13 +70,17 @@ def render_unit(exec_start: Optional[Sequence[str]] = None, user: str = DEFAULT_
             raise ValueError(f"ExecStart executable {exe!r} holds a '$'")
         words = [unit_word(exe, "ExecStart executable")] + [unit_word(a, "ExecStart argument", True) for a in args]
         command = " ".join(words)
+    if exec_start and name == RESTART_UNIT:
+        raise ValueError(f"{RESTART_UNIT} runs fixed command lines only")
     out = []
-    for line in unit_template().splitlines():
+    for line in unit_template(name).splitlines():
         key = line.split("=", 1)[0]
         if key == "ExecStart" and command:
             line = f"ExecStart={command}"
         elif key in ("User", "Group"):
             line = f"{key}={user}"
+        elif key == "PathChanged":
+            line = f"PathChanged={restart_request_path(root)}"
         elif key == "ReadWritePaths":
             line = f"ReadWritePaths={unit_word(root, 'agent root')}"
         elif key in ("StateDirectory", "StateDirectoryMode") and root != DEFAULT_ROOT:

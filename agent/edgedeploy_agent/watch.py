@@ -266,6 +266,9 @@ class Watcher:
             self._finish(doc, "rolled-back", base, code=e.code, message=e.message)
         except AgentError as e:
             self._finish(doc, "refused", base, code=e.code, message=e.message)
+        except OSError as e:  # the deploy path left the device on its release; crashing would retry it forever
+            log.exception("deploy of %s failed", doc.ref)
+            self._finish(doc, "refused", base, code="os-error", message=str(e))
         else:
             self._finish(doc, "committed", base, outcome=result["outcome"])
 

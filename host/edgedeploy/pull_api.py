@@ -17,12 +17,13 @@ from .errors import InputError
 from .inventory import Inventory
 from .publish import published_ref
 from .remote.blobs import bundle_blobs
+from .remote.install_pull import PullOptions
 from .remote.mqtt import Controller, FleetConfig, desired_payload, load_fleet_config
 from .remote.mqtt_rollout import MqttRolloutRunner, PullPolicy, status_facts
 from .remote.plan import HealthPolicy
 from .remote.rollout import RolloutState, new_rollout_id, plan_rollout
 from .remote.rollout_runner import Listener, prepare_resume, rollouts_dir
-from .signing import next_serial
+from .signing import list_keys, next_serial
 
 
 def _rollout_key(cfg: FleetConfig) -> str:
@@ -128,3 +129,26 @@ def rollback_via_mqtt(names: list[str], timeout: float = 300.0) -> dict[str, dic
                 st if st.get("serial") == serial else {"state": "timeout", "message": f"no outcome in {timeout} s"}
             )
     return results
+
+
+def pull_install_options(
+    broker: str | None,
+    registry: str | None,
+    rollout_key: str | None,
+    ca_file: Path | None,
+    broker_passwd: Path | None,
+) -> PullOptions | None:
+    """`agent install --mqtt ...`: the rollout key's public half (named, or fleet.toml's), or None without --mqtt."""
+    if broker is None:
+        if registry or rollout_key or ca_file or broker_passwd:
+            raise InputError("--registry, --rollout-key, --mqtt-ca and --broker-passwd go with --mqtt BROKER")
+        return None
+    if registry is None:
+        raise InputError("--mqtt needs --registry URL: the device's read-only registry endpoint")
+    name = rollout_key or _rollout_key(load_fleet_config())
+    keys = {k.name: k.public for k in list_keys()}
+    if name not in keys:
+        raise InputError(f"no signing key named {name!r}", hint=f"edgedeploy keys generate {name}")
+    if ca_file is not None and not ca_file.is_file():
+        raise InputError(f"fleet CA {ca_file} does not exist")
+    return PullOptions(broker, registry, keys[name], ca_file, broker_passwd)

@@ -85,3 +85,39 @@ def test_a_refused_bundle_leaves_none_of_its_blobs_but_keeps_shared_ones(store: 
     assert _blob_files(store) == before  # the shared labels blob stays: the committed release links it
     rel = store.release_dir(store.current() or "")
     assert (rel / "labels.txt").is_file() and store.load_release(rel.name)
+
+
+def test_a_blob_another_user_wrote_is_copied_where_the_kernel_refuses_a_link() -> None:
+    """fs.protected_hardlinks: the watch service cannot hard-link a 0444 blob the deploying login uploaded (seen
+    in the arm64 systemd container after an SSH push); the release gets a copy. Run as user nobody, since root
+    may link anything."""
+    import os
+    import sys
+    import tempfile
+
+    if os.geteuid() != 0 or Path("/proc/sys/fs/protected_hardlinks").read_text().strip() != "1":
+        pytest.skip("needs root (to act as another user) and fs.protected_hardlinks=1")
+    with tempfile.TemporaryDirectory() as d:  # pytest's tmp_path is root's alone (0700 above it)
+        _copied_as_nobody(Path(d), sys.executable)
+
+
+def _copied_as_nobody(tmp_path: Path, python: str) -> None:
+    import subprocess
+
+    tmp_path.chmod(0o755)
+    blob = tmp_path / "blob"
+    blob.write_bytes(b"model bytes")
+    blob.chmod(0o444)  # root's, as a blob in the store is
+    out = tmp_path / "release"
+    out.mkdir(mode=0o777)
+    out.chmod(0o777)
+    script = (
+        "import os, sys; from pathlib import Path; from edgedeploy_agent.blobs import _link_or_copy\n"
+        "try:\n    os.link(sys.argv[1], sys.argv[2] + '.link')\nexcept PermissionError:\n    print('refused')\n"
+        "_link_or_copy(Path(sys.argv[1]), Path(sys.argv[2]) / 'model.so')\n"
+    )
+    as_nobody = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", python, "-c", script]
+    p = subprocess.run([*as_nobody, str(blob), str(out)], capture_output=True, text=True)
+    assert p.returncode == 0 and p.stdout.strip() == "refused", p.stdout + p.stderr  # a plain link fails there
+    copy = out / "model.so"
+    assert copy.read_bytes() == b"model bytes" and copy.stat().st_mode & 0o777 == 0o444 and copy.stat().st_nlink == 1

@@ -1,5 +1,6 @@
 """The shipped unit passes `systemd-analyze verify` silently and scores <= 4.0 on `security --offline`."""
 
+import os
 import re
 import shutil
 import subprocess
@@ -8,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from edgedeploy_agent.unit import DEFAULT_ROOT, render_unit
+from edgedeploy_agent.service import write_restart_request
+from edgedeploy_agent.unit import DEFAULT_ROOT, RESTART_PATH_UNIT, RESTART_UNIT, WATCH_UNIT, render_unit
 from tests.conftest import require
 
 MAX_EXPOSURE = 4.0
@@ -114,18 +116,58 @@ def test_control_characters_quotes_and_odd_users_are_refused(
         render_unit(exec_start=argv, user=user, root=root)
 
 
-def test_watch_unit_verifies_silently_and_is_locked_down(analyze: str, tmp_path: Path) -> None:
-    """The second unit (`edgedeploy-agent watch`, pull rollouts) beside the inference service."""
-    text = files("edgedeploy_agent").joinpath("systemd/edgedeploy-agent-watch.service").read_text()
-    python = str(shutil.which("python3"))
-    unit = tmp_path / "edgedeploy-agent-watch.service"
-    unit.write_text(
-        re.sub(
-            r"^ExecStart=.*$", f"ExecStart={python} -m edgedeploy_agent --root {DEFAULT_ROOT} watch", text, flags=re.M
-        )
-    )
-    p = subprocess.run([analyze, "verify", str(unit)], capture_output=True, text=True)
-    assert p.returncode == 0 and p.stdout == "" and p.stderr == "", p.stdout + p.stderr
+def _exposure(analyze: str, unit: Path) -> float:
     p = subprocess.run([analyze, "security", "--offline=yes", "--no-pager", str(unit)], capture_output=True, text=True)
     m = re.search(r"Overall exposure level for \S+: (\d+\.\d+)", p.stdout)
-    assert m and float(m.group(1)) <= MAX_EXPOSURE, p.stdout + p.stderr
+    assert m, p.stdout + p.stderr
+    return float(m.group(1))
+
+
+def test_watch_unit_verifies_silently_and_is_locked_down(analyze: str, tmp_path: Path) -> None:
+    """The second unit (`edgedeploy-agent watch`, pull rollouts) beside the inference service."""
+    python = str(shutil.which("python3"))
+    unit = tmp_path / WATCH_UNIT
+    unit.write_text(render_unit([python, "-m", "edgedeploy_agent", "--root", DEFAULT_ROOT, "watch"], name=WATCH_UNIT))
+    assert f"ExecStart={python} -m edgedeploy_agent --root {DEFAULT_ROOT} watch" in unit.read_text()
+    p = subprocess.run([analyze, "verify", str(unit)], capture_output=True, text=True)
+    assert p.returncode == 0 and p.stdout == "" and p.stderr == "", p.stdout + p.stderr
+    assert _exposure(analyze, unit) <= MAX_EXPOSURE
+
+
+def test_restart_path_unit_and_its_root_oneshot_verify_and_are_locked_down(analyze: str, tmp_path: Path) -> None:
+    """Restarts without sudo (docs/agent-service.md): the path unit watches ROOT/run/restart-request and starts
+    a root oneshot that restarts the inference unit only, with no network and no capabilities."""
+    for name in (RESTART_PATH_UNIT, RESTART_UNIT):
+        (tmp_path / name).write_text(render_unit(root="/srv/ed", name=name))
+    assert "PathChanged=/srv/ed/run/restart-request" in (tmp_path / RESTART_PATH_UNIT).read_text()
+    oneshot = (tmp_path / RESTART_UNIT).read_text()
+    commands = [ln for ln in oneshot.splitlines() if ln.startswith("ExecStart")]
+    assert commands == [
+        "ExecStart=-/bin/systemctl reset-failed edgedeploy-agent.service",
+        "ExecStart=/bin/systemctl restart --no-block edgedeploy-agent.service",
+    ]
+    for line in ("NoNewPrivileges=yes", "CapabilityBoundingSet=\n", "RestrictAddressFamilies=AF_UNIX\n"):
+        assert line in oneshot
+    p = subprocess.run([analyze, "verify", *(str(tmp_path / n) for n in (RESTART_PATH_UNIT, RESTART_UNIT))],
+                       capture_output=True, text=True)  # fmt: skip
+    assert p.returncode == 0 and p.stdout == "" and p.stderr == "", p.stdout + p.stderr
+    assert _exposure(analyze, tmp_path / RESTART_UNIT) <= 2.0
+
+
+def test_the_restart_units_refuse_what_they_cannot_carry() -> None:
+    with pytest.raises(ValueError, match="fixed command lines"):
+        render_unit(["/bin/sh", "-c", "id"], name=RESTART_UNIT)
+    with pytest.raises(ValueError, match="path unit cannot carry"):
+        render_unit(root="/srv/edge deploy", name=RESTART_PATH_UNIT)
+
+
+def test_a_restart_request_is_group_writable_whatever_the_umask(tmp_path: Path) -> None:
+    """The watch service (UMask=0027) and the deploying login (another user, same group) both rewrite it."""
+    request = tmp_path / "restart-request"
+    old = os.umask(0o027)
+    try:
+        write_restart_request(request, "one\n")
+        write_restart_request(request, "two\n")
+    finally:
+        os.umask(old)
+    assert request.read_text() == "two\n" and request.stat().st_mode & 0o777 == 0o660

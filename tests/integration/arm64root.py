@@ -206,6 +206,7 @@ class Container:
     boots: list[float] = field(default_factory=list)  # seconds from nspawn start to a running system
     _nspawn: subprocess.Popen[bytes] | None = None
     _forward: subprocess.Popen[bytes] | None = None
+    _inward: list[subprocess.Popen[bytes]] = field(default_factory=list)
     leader: int = 0  # the container's PID 1, as this machine sees it
 
     @property
@@ -248,6 +249,15 @@ class Container:
         self._forward = subprocess.Popen(["socat", listen, inner], stdin=subprocess.DEVNULL)
         time.sleep(0.3)
 
+    def forward_in(self, port: int) -> None:
+        """The container's 127.0.0.1:`port` reaches this machine's 127.0.0.1:`port` (a server the test runs
+        here, such as the broker): socat in the container's network namespace, each connection entering this
+        process's namespace again. Until the next power-off."""
+        back = f"EXEC:nsenter -t {os.getpid()} -n socat STDIO TCP\\:127.0.0.1\\:{port}"
+        listen = f"TCP-LISTEN:{port},bind=127.0.0.1,reuseaddr,fork"
+        argv = ["nsenter", "-t", str(self.leader), "-n", "socat", listen, back]
+        self._inward.append(subprocess.Popen(argv, stdin=subprocess.DEVNULL))
+
     def exec(self, argv: list[str], check: bool = True, timeout: float = 120) -> subprocess.CompletedProcess[str]:
         """Run a command as root inside the container (all its namespaces)."""
         p = subprocess.run(
@@ -262,6 +272,10 @@ class Container:
         return p
 
     def poweroff(self, timeout: float = 120) -> None:
+        for proc in self._inward:
+            proc.terminate()
+            proc.wait(10)
+        self._inward.clear()
         if self._forward is not None:
             self._forward.terminate()
             self._forward.wait(10)
@@ -318,7 +332,8 @@ def set_up_disk(merged: Path, public_key: str, frames: Path) -> None:
     (systemd / "emulated-cpuinfo.service").write_text(EMULATED_CPUINFO_UNIT)
     (systemd / "multi-user.target.wants").mkdir(exist_ok=True)
     (systemd / "multi-user.target.wants/emulated-cpuinfo.service").symlink_to("../emulated-cpuinfo.service")
-    (systemd / f"{UNIT}.d").mkdir(exist_ok=True)
-    (systemd / f"{UNIT}.d/emulated-cpuinfo.conf").write_text(EMULATED_CPUINFO_DROPIN)
+    for unit in (UNIT, "edgedeploy-agent-watch.service"):  # the watch service deploys too (pull rollouts)
+        (systemd / f"{unit}.d").mkdir(exist_ok=True)
+        (systemd / f"{unit}.d/emulated-cpuinfo.conf").write_text(EMULATED_CPUINFO_DROPIN)
     (merged / "srv/frames").mkdir(parents=True, exist_ok=True)
     (merged / FRAMES.lstrip("/")).write_bytes(frames.read_bytes())

@@ -96,11 +96,12 @@ class PullFleet:
         self.devices[name] = dev
         return dev
 
-    def start(self, name: str) -> WatchDevice:
+    def start(self, name: str, agent_command: Path = BIN / "edgedeploy-agent") -> WatchDevice:
+        """`edgedeploy-agent watch` for this device (this venv's, or another interpreter's install)."""
         dev = self.devices[name]
         with open(dev.root / "watch.log", "ab") as log:
             dev.proc = subprocess.Popen(
-                [str(BIN / "edgedeploy-agent"), "--root", str(dev.root), "watch"],
+                [str(agent_command), "--root", str(dev.root), "watch"],
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,

@@ -17,6 +17,7 @@ import json
 import re
 import shlex
 import shutil
+import signal
 import subprocess
 import time
 from collections.abc import Callable, Iterator
@@ -28,13 +29,25 @@ import cv2
 import numpy as np
 import pytest
 
+from edgedeploy.fleet_servers import servers_available
 from edgedeploy.localdevice import free_port
 from edgedeploy_agent.bundle import extract_bundle, read_manifest
 from edgedeploy_agent.loop import top_k
 from edgedeploy_agent.preprocess import preprocess
 from edgedeploy_agent.runtime import load_runtime
+from edgedeploy_agent.unit import RESTART_UNIT, WATCH_UNIT
+from tests.conftest import require
 from tests.helpers import Cli
-from tests.integration.arm64root import FRAMES, LOGIN, UNIT, VENV, Container, PreparedRoot, set_up_disk
+from tests.integration.arm64root import (
+    FRAMES,
+    LOGIN,
+    UNIT,
+    VENV,
+    Container,
+    PreparedRoot,
+    set_up_disk,
+)
+from tests.integration.pullfleet import PUBLISHER, PullFleet, start_pull_fleet
 from tests.integration.test_serving_health import crashing_on_real_frames
 
 pytestmark = pytest.mark.integration
@@ -399,3 +412,100 @@ def test_the_agent_runs_as_the_service_user_without_privileges_on_a_read_only_sy
     mounts = {f[4]: f[5] for f in (ln.split() for ln in c.exec(["cat", f"/proc/{pid}/mountinfo"]).stdout.splitlines())}
     assert mounts["/"].startswith("ro") and mounts[ROOT].startswith("rw"), mounts  # ProtectSystem=strict
     assert c.exec(["stat", "-c", "%U %a", ROOT]).stdout.split() == ["edgedeploy", "2770"]
+
+
+# --- pull rollouts: the watch service deploys, the restart path unit restarts the inference unit --------
+
+
+def install_for_pull(cli: Cli, arm: ArmDevice, fleet: PullFleet) -> dict[str, Any]:
+    """`agent install --mqtt` by a technician with the bootstrap grant (given back for it, then taken away)."""
+    grant = arm.container.merged / "etc/sudoers.d/00-bootstrap"
+    grant.write_text(f"{LOGIN} ALL=(ALL) NOPASSWD: ALL\n")
+    grant.chmod(0o440)
+    try:
+        install = [
+            "agent", "install", arm.name, "--python", "python3.9", "--venv", VENV,
+            "--runtime-lib", str(arm.prepared.runtime_lib), "--mqtt", fleet.broker.address,
+            "--registry", fleet.cache.url, "--broker-passwd", str(fleet.broker.base / "passwd"), "--json", *arm.args(),
+        ]  # fmt: skip
+        r = timed("agent install --mqtt", lambda: cli(*install, timeout=1200))
+        assert r.code == 0, r.err
+        again = timed("agent install --mqtt again", lambda: cli(*install, timeout=1200))
+        assert again.code == 0 and json.loads(again.out)["changed"] == [], again.out + again.err
+    finally:
+        grant.unlink()
+    assert fleet.broker.proc is not None
+    fleet.broker.proc.send_signal(signal.SIGHUP)  # mosquitto reads its password file again
+    return dict(json.loads(r.out))
+
+
+@in_container
+def test_a_pull_rollout_over_mqtt_restarts_the_inference_unit_without_sudo(
+    arm: ArmDevice, cli: Cli, bundles: dict[str, Path], tmp_path: Path, hermetic: Path
+) -> None:
+    """Desired state from a real mosquitto here, the bundle from a real registry here; in the container the
+    watch service (NoNewPrivileges=yes, no sudo possible) downloads and activates it, and asks the restart
+    path unit to restart edgedeploy-agent.service onto the new release."""
+    require("FLEET_SERVERS", servers_available())
+    c = arm.container
+    fleet = start_pull_fleet(tmp_path / "pull", cli, [arm.name])
+    try:
+        fleet.setup_host(hermetic)
+        for port in (fleet.broker.port, fleet.cache.port):
+            c.forward_in(port)
+        assert cli("keys", "install", arm.name, *arm.args()).code == 0  # the bundle key, pinned as at enrolment
+        installed = install_for_pull(cli, arm, fleet)
+        for step in ("install broker password", "configure watch", f"install {WATCH_UNIT}", "start pull units"):
+            assert step in installed["changed"], installed["changed"]
+        assert installed["broker_user"]["added_to"] == str(fleet.broker.base / "passwd")
+        mode = c.exec(["stat", "-c", "%a %U", f"{ROOT}/mqtt-password"]).stdout.split()
+        assert mode == ["600", "edgedeploy"], mode
+        bundle = tmp_path / "signed.edb"
+        assert cli("sign", str(bundles["mnist-xavier-cpu"]), "--key", "fleet-1", "-o", str(bundle)).code == 0
+        release = read_manifest(bundle).release_name
+        env = {"EDGEDEPLOY_REGISTRY_PASSWORD": PUBLISHER[1]}
+        registry = f"{fleet.origin.address}/models/mnist"
+        r = cli("publish", str(bundle), "--registry", registry, "--user", PUBLISHER[0], env=env)
+        assert r.code == 0, r.err
+        before = arm.unit()
+        watch = ["systemctl", "show", "-p", "MainPID", "--value", WATCH_UNIT]
+        watch_pid = wait_for("the watch service", lambda: (pid := c.exec(watch).stdout.strip()) != "0" and pid, 60)
+        status = c.exec(["cat", f"/proc/{watch_pid}/status"]).stdout
+        assert re.search(r"^NoNewPrivs:\s+1$", status, re.M) and re.search(r"^CapEff:\s+0+$", status, re.M), status
+        assert c.exec(["ps", "-o", "user=", "-p", watch_pid]).stdout.strip() == "edgedeploy"
+
+        r = timed("pull rollout", lambda: cli(
+            "rollout", str(bundle), "--devices", arm.name, "--via", "mqtt", "--canary", "0", "--timeout", "300",
+            "--pull-timeout", "300", "--json", *arm.args(), timeout=900,
+        ))  # fmt: skip
+        journal = c.exec(["journalctl", "-u", WATCH_UNIT, "--no-pager", "-o", "cat"]).stdout
+        assert r.code == 0, r.out + r.err + journal[-3000:]
+        assert json.loads(r.out)["devices"][arm.name]["status"] == "committed"
+        after = arm.unit()
+        assert after["MainPID"] != before["MainPID"] and (after["ActiveState"], after["SubState"]) == (
+            "active",
+            "running",
+        )
+        f = arm.facts(cli)
+        assert f["current_release"] == release and f["healthy_release"] == release, f
+        restarts = c.exec(["journalctl", "-u", RESTART_UNIT, "--no-pager", "-o", "cat"]).stdout
+        assert "Finished" in restarts or "Succeeded" in restarts or "Deactivated successfully" in restarts, restarts
+        assert "sudo" not in journal, journal[-3000:]
+        r = cli("status", arm.name, "--via", "mqtt", "--json", *arm.args())
+        assert r.code == 0 and json.loads(r.out)["devices"][arm.name]["state"] == "committed", r.out + r.err
+
+        # the deploying login's pushes restart through the same path unit now (the request file is the group's)
+        pushed = tmp_path / "signed-mobilenet.edb"
+        assert cli("sign", str(bundles["mobilenet-xavier-cpu"]), "--key", "fleet-1", "-o", str(pushed)).code == 0
+        starts = restarts.count("Starting edgedeploy: restart the inference agent (requested")
+        pid = arm.unit()["MainPID"]
+        r = timed("push through the path unit", lambda: push(cli, arm, pushed))
+        assert r.code == 0 and json.loads(r.out)["release"] == read_manifest(pushed).release_name, r.err
+        assert arm.unit()["MainPID"] != pid
+        restarts = c.exec(["journalctl", "-u", RESTART_UNIT, "--no-pager", "-o", "cat"]).stdout
+        assert restarts.count("Starting edgedeploy: restart the inference agent (requested") == starts + 1, restarts
+        owner = c.exec(["stat", "-c", "%U %G %a", f"{ROOT}/run/restart-request"]).stdout.split()
+        assert owner == ["edgedeploy", "edgedeploy", "660"], owner
+    finally:
+        c.exec(["systemctl", "stop", WATCH_UNIT], check=False)
+        fleet.close()

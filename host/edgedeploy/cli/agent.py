@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from .. import api, field_api
+from .. import api, field_api, pull_api
 from ..errors import InputError
 from ..inventory import Inventory
 from ..remote.install import InstallOptions
@@ -31,14 +31,29 @@ def install(
     system_site_packages: Annotated[
         bool, typer.Option(help="let the venv see the system's packages (a GStreamer OpenCV)")
     ] = False,
+    mqtt: Annotated[
+        str | None, typer.Option(help="pull rollouts: the MQTT broker HOST:PORT as the device reaches it")
+    ] = None,
+    registry: Annotated[
+        str | None, typer.Option(help="with --mqtt: the device's read-only registry endpoint, e.g. http://cache:5000")
+    ] = None,
+    rollout_key: Annotated[
+        str | None, typer.Option(help="with --mqtt: key that signs desired state (default: fleet.toml's [rollout])")
+    ] = None,
+    mqtt_ca: Annotated[Path | None, typer.Option(help="with --mqtt: fleet CA; the device uses TLS")] = None,
+    broker_passwd: Annotated[
+        Path | None, typer.Option(help="with --mqtt: mosquitto password file here to add the device's user to")
+    ] = None,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="show the steps; change nothing")] = False,
     inventory: InventoryOpt = None,
     json_: JsonOpt = False,
 ) -> None:
     """Create the user and folders, install the agent and its TVM runtime in a venv, install the systemd
-    unit, start it and check health. Running it again changes nothing."""
+    unit, start it and check health. With --mqtt, also the watch service for pull rollouts (docs/fleet.md).
+    Running it again changes nothing."""
     if offline is not None and wheelhouse is not None:
         raise InputError("give --offline DIR or --wheelhouse DIR, not both")
+    pull = pull_api.pull_install_options(mqtt, registry, rollout_key, mqtt_ca, broker_passwd)
     with render.steps(f"install {device}") as step:
         options = InstallOptions(
             python=python,
@@ -47,6 +62,7 @@ def install(
             runtime_lib=runtime_lib,
             offline=offline is not None,
             system_site_packages=system_site_packages,
+            pull=pull,
         )
         res = api.install_agent(Inventory.load(inventory), device, options, dry_run=dry_run, step=step)
     if json_:
@@ -57,6 +73,10 @@ def install(
     render.out.print(f"{device}: {verb}: {', '.join(steps) if steps else 'nothing (already installed)'}")
     if not dry_run:
         render.out.print(f"  agent {res['agent_command']}; OpenCV {res['opencv']}; healthy: {res['healthy']}")
+        if res.get("broker_user"):
+            u = res["broker_user"]
+            where = f"added to {u['added_to']}: reload the broker" if u["added_to"] else "add it to the broker"
+            render.out.print(f"  broker user {u['user']}: password in {u['password_file']}; {where}")
 
 
 @app.command()

@@ -11,12 +11,15 @@ import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 from edgedeploy_agent.unit import UNIT_NAME, render_unit
 
 from ..errors import DeviceError, InputError
 from .transport import Transport
+
+if TYPE_CHECKING:
+    from .install_pull import PullOptions
 
 UNIT_PATH = f"/etc/systemd/system/{UNIT_NAME}"
 STAMP = ".edgedeploy-install"
@@ -38,7 +41,9 @@ command -v systemctl >/dev/null 2>&1 && echo "systemctl=1"
 [ -f "$root/agent.json" ] && echo "initialised=1"
 [ -L "$root/current" ] && echo "has_release=1"
 id -nG "$login" 2>/dev/null | tr ' ' '\n' | grep -qx "$user" && echo "login_in_group=1"
-[ -f "$sudoers" ] && echo "sudoers_sha256=$(sha256sum "$sudoers" 2>/dev/null | cut -d' ' -f1)"
+# the rule is root's (0440): a non-root login reads it through sudo (the install's grant), else it is planned again
+[ -f "$sudoers" ] && echo "sudoers_sha256=$( (sha256sum "$sudoers" || sudo -n sha256sum "$sudoers") 2>/dev/null |
+  cut -d' ' -f1)"
 [ -f "$root/lib/libtvm_runtime.so" ] && echo "runtime_sha256=$(sha256sum "$root/lib/libtvm_runtime.so" | cut -d' ' -f1)"
 true
 """
@@ -93,6 +98,7 @@ class InstallOptions:
     runtime_lib: Path | None = None
     offline: bool = False  # dependencies only from the wheelhouse
     system_site_packages: bool = False
+    pull: PullOptions | None = None  # --mqtt: set the device up for pull rollouts (remote/install_pull.py)
 
 
 @dataclass(frozen=True)
@@ -333,23 +339,12 @@ def write_install_files(spec: InstallSpec, work_dir: Path | None) -> InstallFile
     return InstallFiles(unit_file, sudoers_file)
 
 
-def probe(transport: Transport, spec: InstallSpec) -> InstallFacts:
+def run_probe(transport: Transport, spec: InstallSpec, extra: str = "") -> str:
+    """The probe's output; `extra` is more of the same script (remote/install_pull.py's lines), so an install
+    with every option still asks the device once."""
     login = spec.login_user or "root"
-    argv = [
-        "sh",
-        "-c",
-        PROBE,
-        "sh",
-        spec.python,
-        spec.venv,
-        spec.root,
-        spec.user,
-        UNIT_PATH,
-        STAMP,
-        login,
-        SUDOERS_PATH,
-    ]
-    r = transport.run(argv, timeout=60)
+    args = [spec.python, spec.venv, spec.root, spec.user, UNIT_PATH, STAMP, login, SUDOERS_PATH]
+    r = transport.run(["sh", "-c", PROBE + extra, "sh", *args], timeout=60)
     if r.exit_code != 0:
         raise DeviceError(f"install probe failed (exit {r.exit_code}): {r.stderr.strip()[-300:]}")
-    return parse_install_probe(r.stdout)
+    return r.stdout

@@ -16,7 +16,17 @@ from typing import Any
 from ..errors import DeviceError
 from ..inventory import Device, Inventory
 from .connect import connected
-from .install import InstallFacts, InstallOptions, InstallSpec, Step, plan_install, probe, write_install_files
+from .install import (
+    InstallFacts,
+    InstallOptions,
+    InstallSpec,
+    Step,
+    parse_install_probe,
+    plan_install,
+    run_probe,
+    write_install_files,
+)
+from .install_pull import PULL_PROBE, PullFiles, parse_pull_probe, plan_pull, record_broker_user, write_pull_files
 from .transport import Transport
 from .wheelhouse import check_wheelhouse
 from .wheels import agent_wheels, default_runtime_lib
@@ -35,6 +45,7 @@ class InstallPlan:
     facts: InstallFacts
     spec: InstallSpec
     steps: list[Step]
+    pull_files: PullFiles | None = None  # --mqtt: the broker password the plan may upload
 
 
 @dataclass
@@ -67,12 +78,17 @@ def install_spec(dev: Device, options: InstallOptions, wheels: list[Path]) -> In
 def plan_on(transport: Transport, spec: InstallSpec, options: InstallOptions, work_dir: Path) -> InstallPlan:
     """Probe the device (the one time), refuse a wheelhouse made for another device, pick the TVM runtime
     for its architecture, and plan."""
-    facts = probe(transport, spec)
+    stdout = run_probe(transport, spec, PULL_PROBE if options.pull else "")
+    facts = parse_install_probe(stdout)
     if options.offline and options.wheelhouse is not None and facts.python is not None:
         check_wheelhouse(options.wheelhouse, facts.python, facts.arch)
     if spec.runtime_lib is None:
         spec = replace(spec, runtime_lib=default_runtime_lib(facts.arch))
-    return InstallPlan(facts, spec, plan_install(facts, spec, write_install_files(spec, work_dir)))
+    steps = plan_install(facts, spec, write_install_files(spec, work_dir))
+    if options.pull is None:
+        return InstallPlan(facts, spec, steps)
+    files = write_pull_files(spec, options.pull, work_dir)
+    return InstallPlan(facts, spec, steps + plan_pull(parse_pull_probe(stdout), spec, options.pull, files), files)
 
 
 def execute_plan(
@@ -125,6 +141,12 @@ def install_agent(
                     "steps": [s.name for s in plan.steps],
                     "facts": plan.facts.__dict__,
                 }
+            broker_user = None
+            if options.pull and plan.pull_files and "install broker password" in [s.name for s in plan.steps]:
+                # the broker learns the user before the device has its password: the device's first connect works
+                kept = record_broker_user(name, plan.pull_files.password, options.pull.broker_passwd)
+                added = str(options.pull.broker_passwd) if options.pull.broker_passwd else None
+                broker_user = {"user": name, "password_file": str(kept), "added_to": added}
             result = execute_plan(t, dev, plan, step)
     if dev.agent_command != result.agent_command:
         inv.add(dev.model_copy(update={"agent_command": result.agent_command}), replace=True)
@@ -135,6 +157,7 @@ def install_agent(
         "opencv": result.opencv,
         "healthy": bool(result.health.get("ok") and result.health.get("initialised")),
         "facts": result.facts.__dict__,
+        "broker_user": broker_user,
     }
 
 
