@@ -75,7 +75,7 @@ def run(base: Path, n: int, data: Path) -> int:
         assert one.outcome == "committed"
 
         t, host0, all0 = time.perf_counter(), _host_cpu(), _machine_cpu()
-        many = api.rollout(inv, bundle, names[1:], canary=0, concurrency=n)
+        many = api.rollout(inv, bundle, names[1:], api.Waves(canary=0), concurrency=n)
         t_many = time.perf_counter() - t
         host_many, all_many = _host_cpu() - host0, _machine_cpu() - all0
         assert many.exit_code() == 0, many.to_json()
@@ -86,7 +86,7 @@ def run(base: Path, n: int, data: Path) -> int:
         assert again.outcome == "unchanged"
 
         t = time.perf_counter()
-        forced = api.push_bundle(inv, names[0], bundle, force=True)
+        forced = api.push_bundle(inv, names[0], bundle, api.PushOptions(force=True))
         t_forced = time.perf_counter() - t
         print(f"push to 1 device (fresh):            {t_one:6.2f} s")
         print(

@@ -149,6 +149,7 @@ def run(base: Path, args: argparse.Namespace) -> int:
     from edgedeploy.inventory import Device, Inventory
     from edgedeploy.publish import publish
     from edgedeploy.remote.execute import HealthPolicy
+    from edgedeploy.remote.rollout import Waves
     from edgedeploy.signing import list_keys, sign_bundle
     from edgedeploy_agent.bundle import Postprocess, Preprocess
     from edgedeploy_agent.desired import rollout_trust
@@ -211,7 +212,7 @@ def run(base: Path, args: argparse.Namespace) -> int:
         traffic0 = fleet.cache.traffic()
         health = HealthPolicy(timeout=120)
         t0 = time.monotonic()
-        state = pull_api.rollout_via_mqtt(inv, signed[0], names, canary=1, wave="50%", max_fail=0.1, health=health,
+        state = pull_api.rollout_via_mqtt(inv, signed[0], names, Waves(1, "50%", 0.1), health=health,
                                           rate=args.rate, pull_timeout=300)  # fmt: skip
         took = time.monotonic() - t0
         traffic1 = fleet.cache.traffic()
@@ -232,7 +233,7 @@ def run(base: Path, args: argparse.Namespace) -> int:
         rel2 = read_manifest(signed[1]).release_name
         (sim_root / "fail.json").write_text(json.dumps({"release": rel2, "names": failing}))
         t0 = time.monotonic()
-        halted = pull_api.rollout_via_mqtt(inv, signed[1], names, canary=1, wave="10%", max_fail=0.01,
+        halted = pull_api.rollout_via_mqtt(inv, signed[1], names, Waves(1, "10%", 0.01),
                                            health=health, rate=args.rate, pull_timeout=300)  # fmt: skip
         print(f"halt rule: {len(failing)} devices ({len(failing) / len(names):.0%}) fail health, --max-fail 1% "
               f"(budget {halted.fail_budget}): {halted.status} ({halted.halted_reason}) after "
@@ -256,6 +257,7 @@ def _ssh_comparison(base: Path, bundle: Path, n: int, video: Path) -> None:
     from edgedeploy.inventory import Device, Inventory
     from edgedeploy.localdevice import LoopbackSshd
     from edgedeploy.remote.execute import HealthPolicy
+    from edgedeploy.remote.rollout import Waves
 
     agent_cmd = str(Path(sys.executable).parent / "edgedeploy-agent")
     inv = Inventory.load(base / "ssh" / "devices.toml")
@@ -271,7 +273,7 @@ def _ssh_comparison(base: Path, bundle: Path, n: int, video: Path) -> None:
             api.enroll(inv, name)
         names = sorted(inv.devices)
         t0 = time.monotonic()
-        state = api.rollout(inv, bundle, names, canary=1, wave="50%", max_fail=0.1, concurrency=8,
+        state = api.rollout(inv, bundle, names, Waves(1, "50%", 0.1), concurrency=8,
                             health=HealthPolicy(timeout=120))  # fmt: skip
         print(f"ssh rollout to {n} devices (real agents, concurrency 8): {state.status}, {len(state.succeeded)} ok in "
               f"{time.monotonic() - t0:.1f} s")  # fmt: skip

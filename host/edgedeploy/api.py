@@ -30,7 +30,9 @@ from .remote.device_ops import rollback_fleet as rollback_fleet
 from .remote.device_ops import stop_agent as stop_agent
 from .remote.device_ops import wait_finished as wait_finished
 from .remote.enroll import enroll as enroll
+from .remote.execute import PushOptions as PushOptions
 from .remote.install_run import install_agent as install_agent
+from .remote.rollout import Waves as Waves
 from .remote.rollout_runner import load_rollout as load_rollout
 from .remote.rollout_runner import resume_rollout as resume_rollout
 from .remote.rollout_runner import rollout as rollout

@@ -21,7 +21,7 @@ from .remote.install_pull import PullOptions
 from .remote.mqtt import Controller, FleetConfig, desired_payload, load_fleet_config
 from .remote.mqtt_rollout import MqttRolloutRunner, PullPolicy, status_facts
 from .remote.plan import HealthPolicy
-from .remote.rollout import RolloutState, new_rollout_id, plan_rollout
+from .remote.rollout import DEFAULT_WAVES, RolloutState, Waves, new_rollout_id, plan_rollout
 from .remote.rollout_runner import Listener, prepare_resume, rollouts_dir
 from .signing import list_keys, next_serial
 
@@ -36,10 +36,8 @@ def rollout_via_mqtt(
     inv: Inventory,
     bundle: Path,
     names: list[str],
+    waves: Waves = DEFAULT_WAVES,
     *,
-    canary: int = 1,
-    wave: str | None = None,
-    max_fail: float = 0.0,
     health: HealthPolicy | None = None,
     rate: float = 50.0,
     jitter_s: float = 0.0,
@@ -59,7 +57,7 @@ def rollout_via_mqtt(
         facts = {n: status_facts(statuses.get(n)) for n in names}
         state = plan_rollout(
             rid, str(bundle.resolve()), blobs.manifest.release_name, names, facts,
-            canary=canary, wave=wave, max_fail=max_fail, concurrency=max(1, len(names)),
+            canary=waves.canary, wave=waves.wave, max_fail=waves.max_fail, concurrency=max(1, len(names)),
         )  # fmt: skip
         pull = PullPolicy(ref, key, 0, rate, jitter_s, pull_timeout, cfg.rollout.expires_hours if cfg.rollout else 24)
         state.options = {

@@ -90,7 +90,7 @@ def register(app: typer.Typer) -> None:
 
             t = step(4, "push: upload, verify, activate atomically, restart the agent, health-check")
             with render.transfer("      upload") as progress:
-                pushed = api.push_bundle(inv, "demo-01", bundle, progress=progress, force=True)
+                pushed = api.push_bundle(inv, "demo-01", bundle, api.PushOptions(force=True, progress=progress))
             timings["push"] = time.perf_counter() - t
             render.out.print(
                 f"      {pushed.outcome} {pushed.release}; warm-up inference "

@@ -56,17 +56,8 @@ def register(app: typer.Typer) -> None:
         t = time.perf_counter()
         health = HealthPolicy(timeout, min_inferences, max_p95_ms, min_fps, build_timeout if prebuild else None)
         with render.transfer(f"upload {bundle.name}") as progress, render.steps(f"push {device}") as step:
-            result = api.push_bundle(
-                inv,
-                device,
-                bundle,
-                dry_run=dry_run,
-                force=force,
-                health=health,
-                net=Network(connect_timeout, io_timeout),
-                progress=progress,
-                step=step,
-            )
+            options = api.PushOptions(dry_run=dry_run, force=force, health=health, progress=progress, step=step)
+            result = api.push_bundle(inv, device, bundle, options, Network(connect_timeout, io_timeout))
         secs = time.perf_counter() - t
         if json_:
             render.print_json({**dataclasses.asdict(result), "seconds": round(secs, 3)})

@@ -112,6 +112,7 @@ def register(app: typer.Typer) -> None:
             if bundle is None:
                 raise InputError("give a bundle file, or --resume")
             names = api.select_devices(inv, devices.split(",") if devices else None, group)
+            waves = api.Waves(canary, wave, parse_fraction(max_fail, "--max-fail"))
             live = render.fleet(f"rollout {bundle.name}", names) if not dry_run else nullcontext(_quiet)
             with live as listener:
                 if via == "mqtt":
@@ -119,9 +120,7 @@ def register(app: typer.Typer) -> None:
                         inv,
                         bundle,
                         names,
-                        canary=canary,
-                        wave=wave,
-                        max_fail=parse_fraction(max_fail, "--max-fail"),
+                        waves,
                         health=HealthPolicy(timeout, min_inferences, max_p95_ms, min_fps),
                         rate=rate,
                         jitter_s=jitter,
@@ -134,9 +133,7 @@ def register(app: typer.Typer) -> None:
                         inv,
                         bundle,
                         names,
-                        canary=canary,
-                        wave=wave,
-                        max_fail=parse_fraction(max_fail, "--max-fail"),
+                        waves,
                         concurrency=concurrency,
                         dry_run=dry_run,
                         health=HealthPolicy(timeout, min_inferences, max_p95_ms, min_fps),

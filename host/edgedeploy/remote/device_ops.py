@@ -4,7 +4,6 @@ agent). The fleet forms go through run_fleet: one device's failure never hides t
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -14,15 +13,13 @@ from ..signing import fleet_public_keys
 from .agent_client import AgentClient
 from .blobs import bundle_blobs
 from .connect import connected
-from .execute import PushResult, get_facts, install_keys, push
+from .execute import DEFAULT_PUSH, PushOptions, PushResult, get_facts, install_keys, push
 from .execute import rollback as rollback_on
 from .execute import stop_agent as stop_agent_on
 from .execute import wait_finished as wait_finished_on
 from .facts import DeviceFacts
 from .fleet import FleetResult, run_fleet
-from .plan import DEFAULT_HEALTH, HealthPolicy
 from .rollout_runner import DEFAULT_NET, Network, device_log
-from .transport import Progress
 
 
 def facts(inv: Inventory, name: str) -> DeviceFacts:
@@ -49,24 +46,15 @@ def stop_agent(inv: Inventory, name: str) -> None:
 
 
 def push_bundle(
-    inv: Inventory,
-    name: str,
-    bundle: Path,
-    *,
-    dry_run: bool = False,
-    force: bool = False,
-    health: HealthPolicy = DEFAULT_HEALTH,
-    net: Network = DEFAULT_NET,
-    progress: Progress | None = None,
-    step: Callable[[str], None] = lambda s: None,
+    inv: Inventory, name: str, bundle: Path, options: PushOptions = DEFAULT_PUSH, net: Network = DEFAULT_NET
 ) -> PushResult:
     dev = inv.get(name)
     blobs = bundle_blobs(bundle)
-    step("connect")
-    device_log(name, f"push {blobs.manifest.release_name}{' (dry run)' if dry_run else ''}")
+    options.step("connect")
+    device_log(name, f"push {blobs.manifest.release_name}{' (dry run)' if options.dry_run else ''}")
     try:
         with connected(dev, inv.known_hosts, net.connect_timeout, net.io_timeout) as t:
-            r = push(t, dev, blobs, dry_run=dry_run, force=force, health=health, progress=progress, step=step)
+            r = push(t, dev, blobs, options)
     except EdgeDeployError as e:
         device_log(name, f"push failed [{error_code(e)}]: {e.message}")
         raise

@@ -16,6 +16,25 @@ from .plan import DEFAULT_HEALTH, Action, HealthPolicy, plan_push
 from .transport import Progress, Transport
 
 
+def _no_step(_: str) -> None:
+    pass
+
+
+@dataclass(frozen=True)
+class PushOptions:
+    """How a push runs, the same from the CLI, a rollout or the demo: plan only (`dry_run`), deploy even a
+    release the device already runs (`force`), the health rule, and progress callbacks (bytes, steps)."""
+
+    dry_run: bool = False
+    force: bool = False
+    health: HealthPolicy = DEFAULT_HEALTH
+    progress: Progress | None = None
+    step: Callable[[str], None] = _no_step
+
+
+DEFAULT_PUSH = PushOptions()
+
+
 @dataclass
 class PushResult:
     device: str
@@ -32,28 +51,18 @@ def get_facts(client: AgentClient) -> DeviceFacts:
     return parse_facts(client.call("facts", timeout=60), client.device.name)
 
 
-def push(
-    transport: Transport,
-    device: Device,
-    blobs: BundleBlobs,
-    *,
-    dry_run: bool = False,
-    force: bool = False,
-    health: HealthPolicy = DEFAULT_HEALTH,
-    progress: Progress | None = None,
-    step: Callable[[str], None] = lambda s: None,
-) -> PushResult:
+def push(transport: Transport, device: Device, blobs: BundleBlobs, options: PushOptions = DEFAULT_PUSH) -> PushResult:
     """facts -> plan -> upload the missing blobs -> deploy (verify, activate, health-check) on the device."""
     timings: dict[str, float] = {}
     manifest = blobs.manifest
     client = AgentClient(transport, device)
-    step("facts")
+    options.step("facts")
     # one round trip: the device's facts and which blobs it lacks (read only: nothing changes there)
     raw = client.call("facts", "--blobs", *[b.sha256 for b in blobs.blobs], timeout=300)
     facts = parse_facts(raw, device.name)  # validates `blobs` too (absent: the root is not initialised)
     lacking = set(raw["blobs"]["missing"]) if raw["blobs"] else {b.sha256 for b in blobs.blobs}
-    actions = plan_push(blobs, lacking, device, facts, force=force, health=health)
-    if dry_run:
+    actions = plan_push(blobs, lacking, device, facts, force=options.force, health=options.health)
+    if options.dry_run:
         return PushResult(device.name, "planned", manifest.release_name, facts.current_release, actions, timings)
     if all(a.noop for a in actions):
         return PushResult(device.name, "unchanged", manifest.release_name, facts.current_release, actions, timings)
@@ -62,10 +71,10 @@ def push(
     for action in actions:
         if action.noop:
             continue
-        step(action.detail if action.kind == "upload" else action.kind)
+        options.step(action.detail if action.kind == "upload" else action.kind)
         t = time.monotonic()
         if action.puts:
-            uploaded = _upload(transport, action, progress)
+            uploaded = _upload(transport, action, options.progress)
             timings["upload_s"] = round(time.monotonic() - t, 3)
         if action.argv:
             result = _run_deploy(client, action)

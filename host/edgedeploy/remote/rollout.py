@@ -47,6 +47,19 @@ def wave_size(spec: str | None, remaining: int) -> int:
     return n
 
 
+@dataclass(frozen=True)
+class Waves:
+    """How a rollout is cut and when it halts, the same over SSH and over MQTT: `canary` devices first, then
+    waves of `wave` devices ('N' or 'P%'; None: the rest at once), halting once more than `max_fail` of them failed."""
+
+    canary: int = 1
+    wave: str | None = None
+    max_fail: float = 0.0
+
+
+DEFAULT_WAVES = Waves()
+
+
 @dataclass
 class DeviceState:
     wave: int

@@ -23,11 +23,11 @@ from ..paths import state_dir
 from .agent_client import AgentClient
 from .blobs import BundleBlobs, bundle_blobs
 from .connect import connected
-from .execute import get_facts, push
+from .execute import PushOptions, get_facts, push
 from .facts import DeviceFacts
 from .fleet import run_fleet
 from .plan import DEFAULT_HEALTH, HealthPolicy
-from .rollout import FINAL_OUTCOMES, OK_OUTCOMES, RolloutState, new_rollout_id, plan_rollout
+from .rollout import DEFAULT_WAVES, FINAL_OUTCOMES, OK_OUTCOMES, RolloutState, Waves, new_rollout_id, plan_rollout
 
 # (device, status, detail) after every change; the renderer draws it
 Listener = Callable[[str, str, str], None]
@@ -121,7 +121,7 @@ class RolloutRunner:
         This class pushes over SSH; mqtt_rollout.py publishes desired state instead."""
         dev = self.inv.get(name)
         with connected(dev, self.inv.known_hosts, self.net.connect_timeout, self.net.io_timeout) as t:
-            r = push(t, dev, self.blobs, health=self.health, step=lambda s: self._step(name, s))
+            r = push(t, dev, self.blobs, PushOptions(health=self.health, step=lambda s: self._step(name, s)))
         detail = f"{r.outcome} {r.release} (was {r.previous or 'none'}), sent {r.uploaded_bytes / 1e6:.2f} MB"
         return r.outcome, detail, r.release
 
@@ -185,10 +185,8 @@ def rollout(
     inv: Inventory,
     bundle: Path,
     names: list[str],
+    waves: Waves = DEFAULT_WAVES,
     *,
-    canary: int = 1,
-    wave: str | None = None,
-    max_fail: float = 0.0,
     concurrency: int = 4,
     dry_run: bool = False,
     health: HealthPolicy = DEFAULT_HEALTH,
@@ -206,9 +204,9 @@ def rollout(
         blobs.manifest.release_name,
         names,
         gather_facts(inv, names, net) if dry_run else {},
-        canary=canary,
-        wave=wave,
-        max_fail=max_fail,
+        canary=waves.canary,
+        wave=waves.wave,
+        max_fail=waves.max_fail,
         concurrency=concurrency,
     )
     state.options = {"health": asdict(health), "net": asdict(net)}
