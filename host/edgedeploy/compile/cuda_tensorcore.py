@@ -85,11 +85,13 @@ class TensorCoreGemm(GPUScheduleRule):  # type: ignore[misc]
 
     def apply(self, func: Any, target: Target, _: bool) -> Any:
         try:
-            return self._apply(func, target)
+            return self.schedule(func, target)
         except Exception:  # a ScheduleError or TVM check on an unusual kernel: dlight's rules take it
             return None
 
-    def _apply(self, func: Any, target: Target) -> Any:  # noqa: C901 (one schedule, step by step)
+    def schedule(self, func: Any, target: Target) -> Any:  # noqa: C901 (one schedule, step by step)
+        """The schedule, or None where the rule does not apply; raises where scheduling fails (`apply`
+        turns that into None so that dlight's rules take the kernel; the GEMM search wants the error)."""
         if not isinstance(func, tirx.PrimFunc) or not self.is_target_available(target):
             return None
         if target.kind.name != "cuda" or "dlight.do_not_tensorize" in func.attrs.keys():

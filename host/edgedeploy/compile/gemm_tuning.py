@@ -176,7 +176,7 @@ def build_candidate(func_json: str, key: str, config: str, target_spec: dict[str
     target = tvm.target.Target(target_spec)
     rule = TensorCoreGemm(configs={key: GemmConfig.parse(config)})
     with target:
-        sch = rule._apply(func, target)  # noqa: SLF001 (the errors, not apply's None)
+        sch = rule.schedule(func, target)
         if sch is None or key not in rule.applied:
             raise ValueError("TensorCoreGemm declined this configuration")
         prim = sch.mod["main"].with_attr("global_symbol", "main")
