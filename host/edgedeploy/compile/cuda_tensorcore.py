@@ -41,7 +41,7 @@ from tvm.s_tir.dlight.gpu.matmul import (
 )
 from tvm.target import Target
 
-from .cuda_tiles import FRAG, WARP, GemmConfig, Knobs, default_config
+from .cuda_tiles import FRAG, WARP, GemmConfig, GemmShape, Knobs, default_config
 
 MIN_SM = {"float16": 70, "int8": 72}  # Volta HMMA; IMMA from Xavier/Turing on
 
@@ -81,7 +81,7 @@ class TensorCoreGemm(GPUScheduleRule):  # type: ignore[misc]
         self.knobs = knobs or Knobs()
         self.configs = dict(configs or {})  # kernel_key -> a tuned configuration (gemm_tuning.py)
         self.applied: dict[str, GemmConfig] = {}  # kernel_key -> the tuned configuration it got
-        self.seen: dict[str, tuple[tuple[int, int, int, int], str, GemmConfig]] = {}  # key -> (b,m,n,k), dtype, default
+        self.seen: dict[str, GemmShape] = {}  # kernel_key -> its GEMM, for every kernel this rule took
 
     def apply(self, func: Any, target: Target, _: bool) -> Any:
         try:
@@ -134,9 +134,8 @@ class TensorCoreGemm(GPUScheduleRule):  # type: ignore[misc]
         _batch, m, n, k = (int(e.value) for e in extents)
         if min(m, n, k) < FRAG:
             return None
-        config = default_config(m, n, k, int(_batch), a_dtype, self.knobs)
-        self.seen[key] = ((int(_batch), m, n, k), a_dtype, config)
-        config = self.configs.get(key, config)
+        self.seen[key] = GemmShape(int(_batch), m, n, k, a_dtype)
+        config = self.configs.get(key) or default_config(m, n, k, int(_batch), a_dtype, self.knobs)
         t, split = config.tiles, config.split
         exact = m % t.m == 0 and n % t.n == 0 and k % (t.k * split) == 0
         sch.pad_einsum(main, [1, t.m, t.n, t.k * split])

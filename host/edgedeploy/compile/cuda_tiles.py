@@ -113,6 +113,17 @@ def choose_split(t: Tiles, batch: int, m: int, n: int, k: int) -> int:
 
 
 @dataclass(frozen=True)
+class GemmShape:
+    """A GEMM as the schedule sees it (a convolution: M = output pixels, N = output channels, K = c*ky*kx)."""
+
+    batch: int
+    m: int
+    n: int
+    k: int
+    in_dtype: str  # float16 | int8
+
+
+@dataclass(frozen=True)
 class GemmConfig:
     """Everything the schedule chooses for one kernel. `text` is its name in tuning databases."""
 

@@ -40,7 +40,7 @@ from typing import Any
 
 from edgedeploy_agent.durable import write_json_atomic
 
-from .cuda_tiles import GemmConfig, neighbours
+from .cuda_tiles import GemmConfig, GemmShape, default_config, neighbours
 from .tuning_common import allocate_trials, random_input
 
 GEMM_FILE = "gemm_configs.json"
@@ -55,11 +55,22 @@ class GemmKernel:
     key: str  # cuda_tensorcore.kernel_key
     name: str  # the kernel's name in the module (for people)
     func: Any  # the unscheduled PrimFunc
-    shape: str  # e.g. "b1 m200704 n64 k576 int8"
-    default: GemmConfig
     calls: int  # per inference
-    in_dtype: str
-    dims: tuple[int, int, int, int]  # batch, m, n, k
+    gemm: GemmShape
+
+    @property
+    def shape(self) -> str:
+        g = self.gemm
+        return f"b{g.batch} m{g.m} n{g.n} k{g.k} {g.in_dtype}"  # e.g. "b1 m200704 n64 k576 int8"
+
+    @property
+    def default(self) -> GemmConfig:
+        g = self.gemm
+        return default_config(g.m, g.n, g.k, g.batch, g.in_dtype)
+
+    def neighbours(self) -> list[GemmConfig]:
+        g = self.gemm
+        return neighbours(g.m, g.n, g.k, g.batch, g.in_dtype)
 
 
 def gemm_kernels(mod: Any, target: Any) -> list[GemmKernel]:
@@ -87,11 +98,8 @@ def gemm_kernels(mod: Any, target: Any) -> list[GemmKernel]:
             rule = TensorCoreGemm()
             if rule.apply(f, target, False) is None or not rule.seen:
                 continue
-            ((key, ((b, m, n, k), dtype, default)),) = rule.seen.items()
-            shape = f"b{b} m{m} n{n} k{k} {dtype}"
-            out.append(
-                GemmKernel(key, gv.name_hint, f, shape, default, calls.get(gv.name_hint, 1), dtype, (b, m, n, k))
-            )
+            ((key, gemm),) = rule.seen.items()
+            out.append(GemmKernel(key, gv.name_hint, f, calls.get(gv.name_hint, 1), gemm))
     return out
 
 
@@ -151,8 +159,8 @@ def _kernel_input(rng: Any, kernel: GemmKernel, arg: Any) -> Any:
     import numpy as np
 
     a = random_input(rng, arg)
-    if kernel.in_dtype == "int8" and a.dtype.kind == "f":
-        k = kernel.dims[3]
+    if kernel.gemm.in_dtype == "int8" and a.dtype.kind == "f":
+        k = kernel.gemm.k
         a = (rng.uniform(0.5, 1.5, a.shape) * 60 / (np.sqrt(k) * 128 * 128 / 3)).astype(a.dtype)
     return a
 
@@ -360,17 +368,11 @@ def _plan(
 ) -> dict[str, list[GemmConfig]]:
     """Per kernel, the candidates not tried yet, as many as its share of the time allows, nearest first."""
     untried = {
-        key: [c for c in neighbours(*_dims(k), k.in_dtype) if c.text not in doc["kernels"][key]["tried"]]
-        for key, k in kernels.items()
+        key: [c for c in k.neighbours() if c.text not in doc["kernels"][key]["tried"]] for key, k in kernels.items()
     }
     total = trials or sum(len(v) for v in untried.values())
     shares = allocate_trials({k: v for k, v in costs.items() if untried[k]}, total, step=1)
     return {key: untried[key][:n] for key, n in shares.items() if n}
-
-
-def _dims(k: GemmKernel) -> tuple[int, int, int, int]:
-    b, m, n, kk = k.dims
-    return m, n, kk, b
 
 
 def _save(path: Path, doc: dict[str, Any]) -> None:

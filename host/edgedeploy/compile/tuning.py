@@ -103,21 +103,23 @@ def database_dir(profile: str, key: str, root: Path | None = None) -> Path:
     return (root or builtin_root()) / profile / key
 
 
-def find_database(profile: str, key: str) -> Path | None:
-    """The database a build applies: the user's first, then the built-in one; None when neither exists."""
+def _first(profile: str, key: str, found: Callable[[Path], Path | None]) -> Path | None:
+    """The user's database folder first, then the built-in one: what `found` finds there, or None."""
     for root in (user_root(), builtin_root()):
-        if has_database(database_dir(profile, key, root)):
-            return database_dir(profile, key, root)
+        hit = found(database_dir(profile, key, root))
+        if hit is not None:
+            return hit
     return None
+
+
+def find_database(profile: str, key: str) -> Path | None:
+    """The MetaSchedule database a build applies; None when neither place has one."""
+    return _first(profile, key, lambda d: d if has_database(d) else None)
 
 
 def find_gemm_configs(profile: str, key: str) -> Path | None:
     """The tensor-core GEMM configurations (gemm_tuning.py) a CUDA build applies, in the same two places."""
-    for root in (user_root(), builtin_root()):
-        path = database_dir(profile, key, root) / GEMM_FILE
-        if path.is_file():
-            return path
-    return None
+    return _first(profile, key, lambda d: d / GEMM_FILE if (d / GEMM_FILE).is_file() else None)
 
 
 def tuning_target_spec(profile: DeviceProfile) -> dict[str, Any]:
