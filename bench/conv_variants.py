@@ -87,7 +87,7 @@ def build(args: argparse.Namespace) -> None:
     import tvm
     from tc_sass import sass_counts
 
-    from edgedeploy.compile.cuda_tensorcore import TensorCoreGemm, cuda_pipeline
+    from edgedeploy.compile.cuda_tensorcore import TensorCoreGemm, cuda_pipeline, pass_config
     from edgedeploy.compile.cuda_tiles import Knobs
 
     kit = Path(args.kit)
@@ -106,7 +106,7 @@ def build(args: argparse.Namespace) -> None:
         row: dict[str, Any] = {"lib": f"{tag}.so", "variant": name, "knobs": knobs, "precision": args.precision}
         row |= {"batch": args.batch, "cases": cases}
         try:
-            with target, tvm.transform.PassContext(opt_level=3):
+            with target, tvm.transform.PassContext(opt_level=3, config=pass_config(target)):
                 pipeline = cuda_pipeline(target, rule=TensorCoreGemm(Knobs(**knobs)))
                 ex = tvm.compile(bb.get(), target=target, relax_pipeline=pipeline)
             ex.export_library(str(kit / row["lib"]))

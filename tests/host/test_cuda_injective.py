@@ -1,40 +1,127 @@
-"""Injective CUDA kernels (compile/cuda_injective.py): the INT8 zero-point pad and its casts get 4 contiguous
-elements per thread instead of dlight Fallback's one (whose int64 index arithmetic made the pads 0.64 ms
-of NHWC INT8 ResNet-18's 2.27 ms at batch 64 on the H200)."""
+"""Injective CUDA kernels (compile/cuda_injective.py): the INT8 zero-point pads and the uint8 -> int8 shift move
+16 bytes per thread (four 32-bit words) instead of dlight Fallback's one element, whose int64 index arithmetic
+made the pads 0.64 ms of NHWC INT8 ResNet-18's 2.27 ms at batch 64 on the H200; other dtypes get 4 elements.
+
+Checked on the CUDA source TVM writes (no GPU, no nvcc needed): the TIR said `T.vectorized(4)` before this
+was tested, but the bounds check over a fused index made TVM write a loop of single bytes."""
 
 from __future__ import annotations
 
 import re
+from typing import Any
 
+import numpy as np
 import pytest
 
 tvm = pytest.importorskip("tvm")
 from tvm import relax  # noqa: E402
 
-from edgedeploy.compile.cuda_injective import vector_lanes  # noqa: E402
+from edgedeploy.compile.cuda_injective import byte_words, vector_lanes  # noqa: E402
 from edgedeploy.compile.cuda_tensorcore import legalize_passes  # noqa: E402
 from tests.host.test_cuda_window import TARGET  # noqa: E402
 
+SHIFT = "shift"  # uint8 -> int8 (x - 128), as int8_rewrite emits before an INT8 convolution
 
-def _scheduled(dtype: str, channels: int) -> str:
+
+def _graph(shape: tuple[int, ...], dtype: str, shift: bool, pad: list[int] | None, pad_value: float = -128.0) -> Any:
     bb = relax.BlockBuilder()
-    x = relax.Var("x", relax.TensorType((8, 56, 56, channels), "uint8"))
+    x = relax.Var("x", relax.TensorType(shape, "uint8" if shift else dtype))
     with bb.function("main", [x]):
         with bb.dataflow():
-            a = relax.op.astype(relax.op.subtract(relax.op.astype(x, "int16"), relax.const(128, "int16")), dtype)
-            p = bb.emit(relax.op.nn.pad(a, [0, 0, 1, 1, 1, 1, 0, 0], pad_value=-128.0))
-            out = bb.emit_output(p)
+            y: Any = x
+            if shift:
+                y = relax.op.astype(relax.op.subtract(relax.op.astype(x, "int16"), relax.const(128, "int16")), dtype)
+            if pad is not None:
+                y = relax.op.nn.pad(y, pad, pad_value=pad_value)
+            out = bb.emit_output(bb.emit(y))
         bb.emit_func_output(out)
-    target = tvm.target.Target(TARGET)
+    return bb.get()
+
+
+NHWC_PAD = [0, 0, 1, 1, 1, 1, 0, 0]
+
+
+def _cuda_source(mod: Any) -> str:
+    target = tvm.target.Target({**TARGET, "host": {"kind": "llvm"}})
     with target:
-        mod = tvm.transform.Sequential(legalize_passes(target))(bb.get())
-    return "\n".join(f.script() for f in mod.functions.values() if isinstance(f, tvm.tirx.PrimFunc))
+        ex = tvm.compile(tvm.transform.Sequential(legalize_passes(target))(mod), target=target)
+
+    def modules(m: Any) -> Any:
+        yield m
+        for i in m.imports:
+            yield from modules(i)
+
+    return "".join(m.inspect_source() for m in modules(ex.mod) if m.kind == "cuda")
 
 
-@pytest.mark.parametrize(("dtype", "channels", "lanes"), [("int8", 64, 4), ("float32", 64, 4), ("int8", 6, 2)])
-def test_pad_and_casts_get_contiguous_vectors_per_thread(dtype: str, channels: int, lanes: int) -> None:
-    script = _scheduled(dtype, channels)
-    assert re.search(rf"T\.vectorized\(T\.int64\({lanes}\)\)", script), script
+@pytest.mark.parametrize(("shift", "pad"), [(True, NHWC_PAD), (False, NHWC_PAD), (True, None)])
+def test_byte_kernels_move_16_bytes_per_load_and_store(shift: bool, pad: list[int] | None) -> None:
+    src = _cuda_source(_graph((8, 56, 56, 64), "int8", shift, pad))
+    assert "signed char" not in src.split("__global__")[-1], src  # no byte access left in the kernel
+    assert re.search(r"= \*\(int4\*\)\(", src), src  # one 16-byte load...
+    assert re.search(r"^\s*\*\(int4\*\)\(", src, re.M), src  # ...and one 16-byte store per thread
+    if shift:
+        assert "^" in src  # the shift is an XOR of the words
+
+
+def test_float_pad_gets_4_element_vectors() -> None:
+    src = _cuda_source(_graph((8, 56, 56, 64), "float32", False, NHWC_PAD, 0.0))
+    assert re.search(r"= \*\(float4\*\)\(", src), src
+    assert re.search(r"^\s*\*\(float4\*\)\(", src, re.M), src
+
+
+def _fused_kernel(mod: Any) -> Any:
+    passes = [
+        relax.transform.LegalizeOps(),
+        relax.transform.AnnotateTIROpPattern(),
+        relax.transform.FuseOps(),
+        relax.transform.FuseTIR(),
+    ]
+    mod = tvm.transform.Sequential(passes)(mod)
+    (func,) = [f for f in mod.functions.values() if isinstance(f, tvm.tirx.PrimFunc)]
+    return func
+
+
+def _run_on_cpu(func: Any, x: np.ndarray, out_shape: tuple[int, ...], out_dtype: str) -> np.ndarray:
+    lib = tvm.compile(tvm.IRModule({"main": func.with_attr("global_symbol", "main")}), target="llvm")
+    out = tvm.runtime.tensor(np.zeros(out_shape, out_dtype))
+    lib["main"](tvm.runtime.tensor(x), out)
+    return out.numpy()
+
+
+@pytest.mark.parametrize(
+    ("shift", "pad", "pad_value", "dtype"),
+    [(True, NHWC_PAD, -128.0, "int8"), (True, NHWC_PAD, -3.0, "int8"), (False, NHWC_PAD, 7.0, "uint8"), (True, None, 0.0, "int8")],
+)
+def test_byte_words_computes_the_same_bytes(shift: bool, pad: list[int] | None, pad_value: float, dtype: str) -> None:
+    """The word version of each kernel against the byte version, both compiled for this CPU, on every byte
+    value: the same output bit for bit (border and interior)."""
+    shape = (2, 5, 6, 64)
+    func = _fused_kernel(_graph(shape, dtype, shift, pad, pad_value))
+    words = byte_words(func)
+    assert words is not None
+    x = np.random.default_rng(0).integers(0, 256, shape).astype("uint8" if shift else dtype)
+    x.reshape(-1)[:256] = np.arange(256).astype(x.dtype)
+    out_shape = (2, 7, 8, 64) if pad else shape
+    expected = _run_on_cpu(func, x, out_shape, dtype)
+    got = _run_on_cpu(words, x, out_shape, dtype)
+    np.testing.assert_array_equal(got, expected)
+    if pad:
+        assert (expected[:, 0] == np.array(pad_value).astype(dtype)).all()  # the border is the pad value
+    if shift:
+        assert (expected[:, 1:-1, 1:-1] if pad else expected).ravel()[0] == np.int8(-128)  # 0 - 128
+
+
+@pytest.mark.parametrize(
+    ("shape", "dtype", "shift", "pad"),
+    [
+        ((2, 5, 6, 6), "int8", True, NHWC_PAD),  # 6 channels: not whole words
+        ((2, 5, 6, 64), "int8", True, [0, 0, 1, 1, 1, 1, 4, 4]),  # the channel axis padded: bytes move
+        ((2, 5, 6, 64), "float16", False, NHWC_PAD),  # not bytes
+    ],
+)
+def test_byte_words_leaves_other_kernels(shape: tuple[int, ...], dtype: str, shift: bool, pad: list[int]) -> None:
+    assert byte_words(_fused_kernel(_graph(shape, dtype, shift, pad))) is None
 
 
 def test_lanes_divide_the_innermost_axis() -> None:

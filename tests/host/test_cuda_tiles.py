@@ -65,16 +65,20 @@ def _int8_conv(batch: int, channels: int, size: int) -> object:
         return tvm.transform.Sequential(legalize_passes(target))(_int8_conv_model(batch, channels, size))
 
 
-def _conv_kernel_script(mod: object) -> str:
-    """The scheduled convolution, after checking that all its top-level blocks run on the GPU (a block
-    left without a thread binding is lowered to host code reading GPU memory: a segfault at run time)."""
+def _kernel_script(mod: object, name: str) -> str:
+    """The scheduled kernel whose name has `name`, after checking that all its top-level blocks run on the
+    GPU (a block left without a thread binding is lowered to host code reading GPU memory: a segfault)."""
     from tvm import s_tir
 
     from edgedeploy.compile.cuda_tensorcore import _all_on_gpu
 
-    func = next(f for gv, f in mod.functions.items() if "conv2d" in gv.name_hint)  # type: ignore[attr-defined]
+    func = next(f for gv, f in mod.functions.items() if name in gv.name_hint)  # type: ignore[attr-defined]
     assert _all_on_gpu(s_tir.Schedule(func))
     return str(func.script())
+
+
+def _conv_kernel_script(mod: object) -> str:
+    return _kernel_script(mod, "conv2d")
 
 
 def test_small_batch_conv_is_split_across_blocks_with_the_epilogue_after_the_sum() -> None:
@@ -134,3 +138,54 @@ def test_strided_operands_keep_4_element_loads() -> None:
     script = _conv_kernel_script(mod)
     assert "wmma.mma_sync" in script or "tvm_mma_sync" in script, script[:3000]
     assert [int(n) for n in re.findall(r"in T.vectorized\(T.int64\((\d+)\)\)", script)][:2] == [4, 4]
+
+
+SM90 = {**TARGET, "arch": "sm_90", "max_shared_memory_per_block": 232448}
+
+
+def _scheduled_on(target_spec: dict[str, object], mod: object, name: str, async_stages: int) -> tuple[str, bool]:
+    """The kernel `name` of `mod` scheduled for a target with the knob async_stages, and whether the rule
+    found its copies fit for cp.async."""
+    from edgedeploy.compile.cuda_tensorcore import TensorCoreGemm
+    from edgedeploy.compile.cuda_tiles import Knobs
+
+    rule = TensorCoreGemm(Knobs(async_stages=async_stages))
+    target = tvm.target.Target(target_spec)
+    with target:
+        script = _kernel_script(tvm.transform.Sequential(legalize_passes(target, rule))(mod), name)
+    [shape] = rule.seen.values()
+    return script, shape.cp_async
+
+
+def _fp16_classifier() -> object:
+    """A classifier as ResNet-18's ONNX Gemm becomes: x (64 x 512) times a constant weight stored K x N (the
+    transposition folded), so K is strided in memory."""
+    w = (np.random.default_rng(2).standard_normal((1000, 512)) * 0.05).astype("float16")
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((64, 512), "float16"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            out = bb.emit_output(bb.emit(relax.op.matmul(x, relax.op.permute_dims(relax.const(w)))))
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+def test_sm90_pipelines_copy_with_cp_async_only_from_contiguous_memory() -> None:
+    """sm_80+ with async_stages (a tuned configuration, or the knob): the operand copies are asynchronous (3
+    shared-memory stages, no register stage) where every thread's vector is contiguous in memory (NHWC/OHWI
+    convolutions). A K x N weight keeps the register path, which loads it element by element: TVM 0.27 made
+    one 8-byte cp.async of the wrong bytes of it (the H200 said misaligned address in ResNet-18's FP16
+    classifier). sm_75 never has cp.async; the default has none either."""
+    conv = _int8_conv_model(64, 64, 8)
+    default, fit = _scheduled_on(SM90, conv, "conv2d", 0)
+    assert fit and "software_pipeline_async_stages" not in default
+    asynchronous, _ = _scheduled_on(SM90, conv, "conv2d", 3)
+    assert "tvm_mma_sync" in asynchronous or "wmma.mma_sync" in asynchronous
+    assert '"software_pipeline_async_stages": [0]' in asynchronous, asynchronous[:3000]
+    assert '"software_pipeline_stage": [0, 0, 1, 2, 2]' in asynchronous
+    assert "manifest_shared_memory_local_stage" not in asynchronous
+    for target, mod, name in ((SM90, _fp16_classifier(), "matmul"), (TARGET, conv, "conv2d")):
+        script, fit = _scheduled_on(target, mod, name, 3)
+        assert "tvm_mma_sync" in script or "wmma.mma_sync" in script
+        assert not fit and "software_pipeline_async_stages" not in script
+        assert "manifest_shared_memory_local_stage" in script

@@ -36,7 +36,7 @@ def test_neighbours_are_single_changes_first_and_never_the_default() -> None:
     assert base == GemmConfig(128, 64, True, 64, 16, 1)
     cands = neighbours(*shape)
     assert base not in cands and len(cands) == len(set(cands)) > 10
-    fields = ("tm", "tn", "wide", "stage", "load_bytes", "split")
+    fields = ("tm", "tn", "wide", "stage", "load_bytes", "split", "async_stages")
 
     def changed(c: GemmConfig) -> int:
         return sum(getattr(c, f) != getattr(base, f) for f in fields)
@@ -162,3 +162,67 @@ def test_import_stores_a_gemm_only_export(tmp_path: Path, hermetic: Path) -> Non
     assert kept == sum(1 for v in doc["kernels"].values() if v.get("best")) > 0
     assert find_gemm_configs("h200", "abc-int8") == dest / "gemm_configs.json"
     assert load_configs(dest / "gemm_configs.json") == load_configs(CAPTURED)
+
+
+def _sass_ops(library: Path, tmp_path: Path) -> dict[str, int]:
+    """Instruction counts of a built library's device code (cuobjdump, as test_gpu_build reads it)."""
+    import os
+    import subprocess
+
+    from edgedeploy.compile.devcode import device_blobs
+    from tests.host.test_gpu_build import _cuobjdump
+
+    cuobjdump = _cuobjdump()
+    if cuobjdump is None or not (Path(cuobjdump).parent / "nvdisasm").exists():
+        pytest.skip("cuobjdump/nvdisasm not installed (pip install nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm)")
+    (Path(cuobjdump).parent / "nvdisasm").chmod(0o755)
+    [(kind, blob)] = device_blobs(library.read_bytes())
+    (tmp_path / f"dev.{kind}").write_bytes(blob)
+    sass = subprocess.run(
+        [cuobjdump, "--dump-sass", str(tmp_path / f"dev.{kind}")],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "NVDISASM_PATH": str(Path(cuobjdump).parent)},
+    ).stdout
+    return {op: len(re.findall(rf"\b{op}\b", sass)) for op in ("IMMA", "LDGSTS", "LDSM", "LDG", "STS")}
+
+
+def test_sm90_copies_operands_with_cp_async_where_configured(layer1: Any, tmp_path: Path) -> None:
+    """On sm_80+ a configuration with async_stages copies the operands with cp.async (SASS LDGSTS) into 3
+    shared-memory stages instead of loading them into registers and storing them to shared memory; the
+    default (and sm_72/sm_75 always) keeps the register path. The search offers it as a neighbour."""
+    from concurrent.futures import ProcessPoolExecutor
+    from multiprocessing import get_context
+
+    from edgedeploy.compile.gemm_tuning import build_candidate
+
+    [kernel] = gemm_kernels(layer1, tvm.target.Target(TARGET))
+    assert kernel.gemm.cp_async and kernel.default.async_stages == 0
+    cp_async = replace(kernel.default, async_stages=3)
+    assert cp_async in kernel.neighbours() and cp_async.text == kernel.default.text + "-a3"
+    assert GemmConfig.parse(cp_async.text) == cp_async
+    func_json = tvm.ir.save_json(kernel.func)
+    ops = {}
+    for config in (kernel.default, cp_async):
+        # a builder process, as tuning runs them: TVM compiles device code only where the (stub) driver
+        # library loaded at start-up, and the fixture's environment names it
+        with ProcessPoolExecutor(1, mp_context=get_context("spawn")) as pool:
+            out = str(tmp_path / f"{config.text}.so")
+            lib = pool.submit(build_candidate, func_json, kernel.key, config.text, TARGET, out).result()
+        ops[config.async_stages] = _sass_ops(Path(lib), tmp_path)
+    assert ops[0]["IMMA"] > 0 and ops[3]["IMMA"] > 0
+    assert ops[3]["LDGSTS"] > 0, ops
+    assert ops[0]["LDGSTS"] == 0 and ops[0]["LDG"] > 0, ops
+
+
+def test_knobs_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    from edgedeploy.compile.cuda_tiles import Knobs
+
+    monkeypatch.setenv("EDGEDEPLOY_CUDA_KNOBS", "async_stages=3, int8_k=32")
+    assert Knobs.from_env() == Knobs(async_stages=3, int8_k=32)
+    monkeypatch.setenv("EDGEDEPLOY_CUDA_KNOBS", "")
+    assert Knobs.from_env() == Knobs()
+    for bad in ("async_stage=3", "async_stages=three", "async_stages"):
+        monkeypatch.setenv("EDGEDEPLOY_CUDA_KNOBS", bad)
+        with pytest.raises(ValueError, match="EDGEDEPLOY_CUDA_KNOBS: .* is not NAME=INTEGER"):
+            Knobs.from_env()

@@ -27,6 +27,7 @@ OHWI weights, so the im2col gather loads vectors and the output tile is stored c
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 import tvm
@@ -44,6 +45,12 @@ from tvm.target import Target
 from .cuda_tiles import FRAG, WARP, GemmConfig, GemmShape, Knobs, default_config
 
 MIN_SM = {"float16": 70, "int8": 72}  # Volta HMMA; IMMA from Xavier/Turing on
+ASYNC_SM = 80  # cp.async (global -> shared without registers) from Ampere on
+
+
+def pass_config(target: Target) -> dict[str, Any]:
+    """What TVM's lowering needs for these schedules: cp.async from the pipelines' async stages (sm_80+)."""
+    return {"tirx.use_async_copy": True} if _sm(target) >= ASYNC_SM else {}
 
 
 def kernel_key(func: Any) -> str:
@@ -78,7 +85,7 @@ class TensorCoreGemm(GPUScheduleRule):  # type: ignore[misc]
 
     def __init__(self, knobs: Knobs | None = None, configs: Mapping[str, GemmConfig] | None = None) -> None:
         super().__init__()
-        self.knobs = knobs or Knobs()
+        self.knobs = knobs or Knobs.from_env()
         self.configs = dict(configs or {})  # kernel_key -> a tuned configuration (gemm_tuning.py)
         self.applied: dict[str, GemmConfig] = {}  # kernel_key -> the tuned configuration it got
         self.seen: dict[str, GemmShape] = {}  # kernel_key -> its GEMM, for every kernel this rule took
@@ -134,7 +141,8 @@ class TensorCoreGemm(GPUScheduleRule):  # type: ignore[misc]
         _batch, m, n, k = (int(e.value) for e in extents)
         if min(m, n, k) < FRAG:
             return None
-        self.seen[key] = GemmShape(int(_batch), m, n, k, a_dtype)
+        shape = GemmShape(int(_batch), m, n, k, a_dtype)
+        self.seen[key] = shape
         config = self.configs.get(key) or default_config(m, n, k, int(_batch), a_dtype, self.knobs)
         t, split = config.tiles, config.split
         exact = m % t.m == 0 and n % t.n == 0 and k % (t.k * split) == 0
@@ -158,10 +166,6 @@ class TensorCoreGemm(GPUScheduleRule):  # type: ignore[misc]
         i0, i1, i2, i3 = sch.split(i, factors=[None, 1, t.i2, t.i3])
         j0, j1, j2, j3 = sch.split(j, factors=[1, None, t.j2, t.j3])
         k0, k1 = sch.split(kk, factors=[None, t.k1])
-        # two-stage pipelines: global -> shared over k0, shared -> fragments over k1 (k1 >= 2: an inner
-        # pipelined loop of extent 1 is what breaks dlight's INT8 rule)
-        sch.annotate(k0, "software_pipeline_order", [0, 3, 1, 4, 5, 2, 6])
-        sch.annotate(k0, "software_pipeline_stage", [0, 0, 0, 0, 0, 1, 1])
         sch.annotate(k1, "software_pipeline_order", [0, 1, 2])
         sch.annotate(k1, "software_pipeline_stage", [0, 0, 1])
         sch.reorder(i0, j0, i1, j1, j2, i2, k0, k1, i3, j3)
@@ -174,7 +178,8 @@ class TensorCoreGemm(GPUScheduleRule):  # type: ignore[misc]
         elem = 1 if a_dtype == "int8" else 2
         align = (16, 8) if a_dtype == "float16" else (32, 16)  # row padding against bank conflicts
 
-        def to_shared(index: int) -> Any:
+        def to_shared(index: int) -> tuple[Any, bool]:
+            """The operand's shared-memory stage and whether each thread's vector is contiguous in memory."""
             block = sch.cache_read(outer, index, "shared.dyn")
             sch.compute_at(block, k0)
             auto_inline_producers(sch, block)  # padding and the im2col gather happen in the global load
@@ -192,12 +197,30 @@ class TensorCoreGemm(GPUScheduleRule):  # type: ignore[misc]
             sch.bind(ty, "threadIdx.y")
             sch.vectorize(vec)
             sch.storage_align(block, 0, axis=-2, factor=align[0], offset=align[1])
-            sch.annotate(block, "tirx.manifest_shared_memory_local_stage", 1)
-            sch.annotate(block, "double_buffer_scope", 0)
-            return block
+            return block, wide or _contiguous_k(sch, block, vector)
 
-        to_shared(0)
-        to_shared(1)
+        copies = [to_shared(0), to_shared(1)]
+        # pipelines: global -> shared over k0, shared -> fragments over k1 (k1 >= 2: an inner pipelined loop
+        # of extent 1 is what breaks dlight's INT8 rule). Over k0, a configuration with `async_stages` copies
+        # with cp.async into that many buffers (sm_80+; the copies run that many stages ahead less one) where
+        # both operands' vectors are contiguous in memory: TVM 0.27 turns a strided vector (an FP16 classifier's K x N weights) into
+        # one cp.async of the wrong bytes, misaligned on the H200. Otherwise, and on older GPUs, the copy goes
+        # through registers into two buffers. The orders and stages are MetaSchedule's
+        # (multi_level_tiling_tensor_core.cc): k0's children are the A and B copies and the inner pipeline's
+        # prologue, body and epilogue; with the register stage, each copy is two.
+        cp_async = _sm(target) >= ASYNC_SM and all(c for _, c in copies)
+        self.seen[key] = replace(shape, cp_async=cp_async)
+        stages = config.async_stages if cp_async else 0
+        if stages >= 3:
+            sch.annotate(k0, "software_pipeline_async_stages", [0])
+            sch.annotate(k0, "software_pipeline_order", [0, 1, 3, 2, 4])
+            sch.annotate(k0, "software_pipeline_stage", [0, 0, stages - 2, stages - 1, stages - 1])
+        else:
+            for block, _ in copies:
+                sch.annotate(block, "tirx.manifest_shared_memory_local_stage", 1)
+                sch.annotate(block, "double_buffer_scope", 0)
+            sch.annotate(k0, "software_pipeline_order", [0, 3, 1, 4, 5, 2, 6])
+            sch.annotate(k0, "software_pipeline_stage", [0, 0, 0, 0, 0, 1, 1])
         a_frag = sch.cache_read(outer, 0, "wmma.matrix_a")
         b_frag = sch.cache_read(outer, 1, "wmma.matrix_b")
         sch.compute_at(a_frag, k1)

@@ -9,9 +9,12 @@ which builds then apply instead.
 
 from __future__ import annotations
 
+import dataclasses
 import math
+import os
 from dataclasses import dataclass, replace
 
+KNOBS_ENV = "EDGEDEPLOY_CUDA_KNOBS"
 WARP = 32
 FRAG = 16  # WMMA m16n16k16 for f16 and s8
 
@@ -33,6 +36,25 @@ class Knobs:
     # (layer3, 196 blocks), 1.6x (1x1 stride 2) at batch 64, but 0.85x on layer4's 100 blocks
     # (bench/results/h200/run12-warp-tiles); 0 = never
     wide_warps_from: int = 192
+    # sm_80+: shared-memory stages filled by cp.async (3: the copies run two K stages ahead); 0: the copies
+    # go through registers into two buffers, as on sm_72/sm_75 always. 3 for every kernel was 0.88-0.94x on
+    # the H200 (whole ResNet-18s; the stem 0.135 -> 0.239 ms, layer1 0.100 -> 0.127, layer4 0.077 -> 0.070:
+    # bench/results/h200/run16-cp-async), so it is a per-kernel choice of the GEMM search
+    async_stages: int = 0
+
+    @classmethod
+    def from_env(cls) -> Knobs:
+        """The defaults, with overrides from EDGEDEPLOY_CUDA_KNOBS ("async_stages=3,int8_k=32"), for
+        before/after measurements of one change (part of the build-cache key)."""
+        spec = os.environ.get(KNOBS_ENV, "").strip()
+        fields = {f.name for f in dataclasses.fields(cls)}
+        values: dict[str, int] = {}
+        for item in filter(None, (s.strip() for s in spec.split(","))):
+            name, _, value = item.partition("=")
+            if name.strip() not in fields or not value.strip().lstrip("-").isdigit():
+                raise ValueError(f"{KNOBS_ENV}: {item!r} is not NAME=INTEGER with NAME one of {sorted(fields)}")
+            values[name.strip()] = int(value)
+        return cls(**values)
 
 
 @dataclass(frozen=True)
@@ -67,6 +89,9 @@ _ROWS = {128: (4, 2), 64: (2, 2), 32: (2, 1), 16: (1, 1)}  # tile edge -> (warps
 _WIDE_ROWS = {**_ROWS, 128: (2, 4), 64: (1, 4)}  # INT8 "wide" warps: 4 fragments per warp on long edges
 
 
+# cp.async stages the search tries: 4 fails TVM 0.27's merge of dynamic shared memory (LowerIntrin:
+# "tvm_access_ptr element type must match the source buffer", int8 vs int32, as the 128-wide INT8 K stage)
+ASYNC_STAGES = 3
 SHORT_K = 256  # a GEMM with fewer K elements (the stem: 7x7x4 = 196) takes 32 per stage: less padding
 
 
@@ -121,6 +146,7 @@ class GemmShape:
     n: int
     k: int
     in_dtype: str  # float16 | int8
+    cp_async: bool = False  # sm_80+ and every thread's operand vector contiguous: the copies can be cp.async
 
 
 @dataclass(frozen=True)
@@ -133,6 +159,7 @@ class GemmConfig:
     stage: int  # K elements per shared-memory stage: 32 or 64
     load_bytes: int  # bytes per thread per global load, where the layout allows more than 4 elements
     split: int  # thread blocks splitting K (1: none)
+    async_stages: int = 0  # sm_80+, where GemmShape.cp_async: shared-memory stages filled by cp.async (0: none)
 
     @property
     def tiles(self) -> Tiles:
@@ -140,25 +167,30 @@ class GemmConfig:
 
     @property
     def text(self) -> str:
-        return f"{self.tm}x{self.tn}{'w' if self.wide else ''}-k{self.stage}-v{self.load_bytes}-s{self.split}"
+        text = f"{self.tm}x{self.tn}{'w' if self.wide else ''}-k{self.stage}-v{self.load_bytes}-s{self.split}"
+        return text + (f"-a{self.async_stages}" if self.async_stages else "")
 
     @classmethod
     def parse(cls, text: str) -> GemmConfig:
-        tile, k, v, s = text.split("-")
+        tile, k, v, s, *a = text.split("-")
         tm, tn = tile.rstrip("w").split("x")
-        return cls(int(tm), int(tn), tile.endswith("w"), int(k[1:]), int(v[1:]), int(s[1:]))
+        stages = int(a[0][1:]) if a else 0
+        return cls(int(tm), int(tn), tile.endswith("w"), int(k[1:]), int(v[1:]), int(s[1:]), stages)
 
 
 def default_config(m: int, n: int, k: int, batch: int, in_dtype: str, knobs: Knobs = Knobs()) -> GemmConfig:
     t = choose_tiles(m, n, in_dtype, batch, knobs, k)
     wide = t.i3 == 4 or t.j3 == 4
-    return GemmConfig(t.m, t.n, wide, t.k, knobs.load_bytes, choose_split(t, batch, m, n, k))
+    return GemmConfig(t.m, t.n, wide, t.k, knobs.load_bytes, choose_split(t, batch, m, n, k), knobs.async_stages)
 
 
-def neighbours(m: int, n: int, k: int, batch: int, in_dtype: str, knobs: Knobs = Knobs()) -> list[GemmConfig]:
+def neighbours(
+    m: int, n: int, k: int, batch: int, in_dtype: str, knobs: Knobs = Knobs(), cp_async: bool = False
+) -> list[GemmConfig]:
     """The configurations a tuning run tries for one kernel, nearest to the default first: each single
-    change (tile edges, warp shape, stage, load width, split), then pairs of tile and warp changes. Tile
-    edges over twice the GEMM's (all padding) are left out."""
+    change (tile edges, warp shape, stage, load width, split; cp.async copies where `cp_async`), then pairs
+    of tile and warp changes (with cp.async as well, where it applies). Tile edges over twice the GEMM's
+    (all padding) are left out."""
     base = default_config(m, n, k, batch, in_dtype, knobs)
     edges_m = [e for e in (16, 32, 64, 128) if e <= max(16, 2 * m)]
     edges_n = [e for e in (32, 64, 128) if e <= max(32, 2 * n)]
@@ -179,13 +211,16 @@ def neighbours(m: int, n: int, k: int, batch: int, in_dtype: str, knobs: Knobs =
         add(replace(base, wide=not base.wide))
     add(replace(base, stage=32 if base.stage == 64 else 64))
     add(replace(base, load_bytes=4 if base.load_bytes > 4 else 16))
+    if cp_async:
+        add(replace(base, async_stages=0 if base.async_stages else ASYNC_STAGES))
     if batch * -(-m // base.tm) * -(-n // base.tn) < SPLIT_BLOCKS:  # splitting K helps small grids only
         for split in (1, 2, 4, 8):
             add(replace(base, split=split))
     for tm in edges_m:
         for tn in edges_n:
             for wide in (False, True) if in_dtype == "int8" else (False,):
-                add(replace(base, tm=tm, tn=tn, wide=wide, split=1))
+                for stages in sorted({base.async_stages, ASYNC_STAGES if cp_async else base.async_stages}):
+                    add(replace(base, tm=tm, tn=tn, wide=wide, split=1, async_stages=stages))
     return out
 
 
@@ -194,4 +229,4 @@ def _valid(c: GemmConfig, in_dtype: str, k: int) -> bool:
         return False  # WMMA FP16 keeps 2x2 fragments (unmeasured); a tile of edges < 64 has nothing to widen
     if c.split > 1 and -(-k // c.tiles.k) // c.split < 2:
         return False
-    return c.stage in (32, 64) and c.load_bytes in (4, 8, 16)
+    return c.stage in (32, 64) and c.load_bytes in (4, 8, 16) and c.async_stages in (0, ASYNC_STAGES)

@@ -70,7 +70,7 @@ class GemmKernel:
 
     def neighbours(self) -> list[GemmConfig]:
         g = self.gemm
-        return neighbours(g.m, g.n, g.k, g.batch, g.in_dtype)
+        return neighbours(g.m, g.n, g.k, g.batch, g.in_dtype, cp_async=g.cp_async)
 
 
 def gemm_kernels(mod: Any, target: Any) -> list[GemmKernel]:
@@ -178,12 +178,12 @@ def build_candidate(func_json: str, key: str, config: str, target_spec: dict[str
     """One candidate as a shared library (run in a builder process); raises when it does not schedule or compile."""
     import tvm
 
-    from .cuda_tensorcore import TensorCoreGemm
+    from .cuda_tensorcore import TensorCoreGemm, pass_config
 
     func = tvm.ir.load_json(func_json)
     target = tvm.target.Target(target_spec)
     rule = TensorCoreGemm(configs={key: GemmConfig.parse(config)})
-    with target:
+    with target, tvm.transform.PassContext(opt_level=3, config=pass_config(target)):
         sch = rule.schedule(func, target)
         if sch is None or key not in rule.applied:
             raise ValueError("TensorCoreGemm declined this configuration")

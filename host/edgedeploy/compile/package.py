@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import os
 import platform
 import shutil
 import tempfile
@@ -16,10 +17,12 @@ from edgedeploy_agent.bundle import SCHEMA_VERSION, Provenance, Quantization, wr
 
 from .. import __version__
 from ..build_store import restore
+from ..errors import BuildError
 from ..paths import cache_dir
 from ..profiles import DeviceProfile
 from .cards import ModelCard, default_name, load_card
 from .compiled import Compiled
+from .cuda_tiles import KNOBS_ENV, Knobs
 from .cuda_toolchain import resolve_toolchain
 from .cuda_worker import run_cuda_build
 from .frontends import ForeignModel, frontend_name, load_model
@@ -67,6 +70,12 @@ def build_bundle(
     }
     if profile.device == "cuda":
         extra["tensor_cores"] = tensor_cores_enabled()
+        if os.environ.get(KNOBS_ENV):  # schedule choices changed for a measurement
+            try:
+                Knobs.from_env()
+            except ValueError as e:
+                raise BuildError(str(e), hint=f"unset {KNOBS_ENV} for the default schedules") from None
+            extra["cuda_knobs"] = os.environ[KNOBS_ENV]
     calib = None
     if int8 is not None:
         assert isinstance(model, OnnxModel)  # pipeline_for refused int8 for the other frontends

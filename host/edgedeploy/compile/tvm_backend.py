@@ -13,7 +13,7 @@ from tvm.relax.frontend.onnx import from_onnx
 
 from ..errors import BuildError, ModelError
 from ..profiles import DeviceProfile
-from .cuda_tensorcore import TensorCoreGemm, cuda_pipeline
+from .cuda_tensorcore import TensorCoreGemm, cuda_pipeline, pass_config
 from .devcode import inspect_library
 from .elf_versions import glibc_newer_than
 from .frontends import import_failure, output_specs
@@ -133,7 +133,7 @@ def compile_cuda(ctx: BuildContext) -> None:
     MatmulInt8Tensorization.apply = lambda self, *a, **k: None
     _rules_fall_through()
     target = make_target(ctx)
-    config = {"relax.backend.use_cuda_graph": ctx.cuda_graph}
+    config = {"relax.backend.use_cuda_graph": ctx.cuda_graph, **pass_config(target)}
     gemm_file = find_gemm_configs(ctx.profile.name, ctx.tuning_key)
     rule = TensorCoreGemm(configs=load_configs(gemm_file))
     pipeline = cuda_pipeline(target, tensor_cores=tensor_cores_enabled(), rule=rule)
