@@ -39,7 +39,7 @@ class Knobs:
     # sm_80+: shared-memory stages filled by cp.async (3: the copies run two K stages ahead); 0: the copies
     # go through registers into two buffers, as on sm_72/sm_75 always. 3 for every kernel was 0.88-0.94x on
     # the H200 (whole ResNet-18s; the stem 0.135 -> 0.239 ms, layer1 0.100 -> 0.127, layer4 0.077 -> 0.070:
-    # bench/results/h200/run16-cp-async), so it is a per-kernel choice of the GEMM search
+    # bench/results/h200/run16-words-cp-async), so it is a per-kernel choice of the GEMM search
     async_stages: int = 0
 
     @classmethod
