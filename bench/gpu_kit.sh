@@ -56,7 +56,8 @@ else
   $py -W ignore::DeprecationWarning bench/resnet18_onnx.py "$work/resnet18.onnx" --weights tiled --seed 0
   gzip -c -6 "$work/resnet18.onnx" >"$kit/models/resnet18.onnx.gz"
 fi
-find "$data/imagenet-sample" -name '*.jpg' | sort | awk 'NR % 7 == 1' | head -n 64 | xargs cp -t "$kit/images/"
+# (awk stops at 64 itself: `head` closing the pipe early made the script exit under pipefail, now and then)
+find "$data/imagenet-sample" -name '*.jpg' | sort | awk 'NR % 7 == 1 && n++ < 64' | xargs cp -t "$kit/images/"
 cp "$data/video/bikes.mp4" "$kit/images/video.mp4"
 
 echo "== bundles (--profile h200)"
