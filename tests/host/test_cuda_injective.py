@@ -91,7 +91,12 @@ def _run_on_cpu(func: Any, x: np.ndarray, out_shape: tuple[int, ...], out_dtype:
 
 @pytest.mark.parametrize(
     ("shift", "pad", "pad_value", "dtype"),
-    [(True, NHWC_PAD, -128.0, "int8"), (True, NHWC_PAD, -3.0, "int8"), (False, NHWC_PAD, 7.0, "uint8"), (True, None, 0.0, "int8")],
+    [
+        (True, NHWC_PAD, -128.0, "int8"),
+        (True, NHWC_PAD, -3.0, "int8"),
+        (False, NHWC_PAD, 7.0, "uint8"),
+        (True, None, 0.0, "int8"),
+    ],
 )
 def test_byte_words_computes_the_same_bytes(shift: bool, pad: list[int] | None, pad_value: float, dtype: str) -> None:
     """The word version of each kernel against the byte version, both compiled for this CPU, on every byte

@@ -112,16 +112,19 @@ def _byte_words(func: tirx.PrimFunc) -> tirx.PrimFunc | None:
     store = stmt.body
     axes = [v.var for v in stmt.iter_vars]
     names = [v.name for v in axes]
-    if not isinstance(store, tirx.BufferStore) or not all(i.same_as(v) for i, v in zip(store.indices, axes)):
+    if not isinstance(store, tirx.BufferStore) or len(store.indices) != len(axes):
+        return None
+    if not all(i.same_as(v) for i, v in zip(store.indices, axes, strict=True)):
         return None
     if len(set(names)) != len(names) or not all(n.isidentifier() for n in names):
         return None
     out = store.buffer
-    value, cond, pad = store.value, None, None
+    value, cond, pad_word = store.value, None, 0
     if isinstance(value, tvm.ir.Call) and value.op.same_as(_IF_THEN_ELSE):
         cond, value, pad = value.args
         if not isinstance(pad, tirx.IntImm) or _uses(cond, axes[-1]):
             return None
+        pad_word = _packed(int(pad))
     load, shift = _byte_source(value, str(out.dtype))
     if load is None or len(axes) != len(out.shape) or not load.indices[-1].same_as(axes[-1]):
         return None
@@ -145,7 +148,7 @@ def _byte_words(func: tirx.PrimFunc) -> tirx.PrimFunc | None:
     if shift:
         word = f"T.bitwise_xor({word}, T.int32({_packed(0x80)}))"
     if cond is not None:
-        word = f"T.if_then_else({cond}, {word}, T.int32({_packed(int(pad))}))"
+        word = f"T.if_then_else({cond}, {word}, T.int32({pad_word}))"
     text = f"""
 @T.prim_func(private=True, s_tir=True)
 def main(src: T.Buffer({shape(src)}, "{src.dtype}"), out: T.Buffer({shape(out)}, "{out.dtype}")):

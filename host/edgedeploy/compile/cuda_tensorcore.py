@@ -203,9 +203,9 @@ class TensorCoreGemm(GPUScheduleRule):  # type: ignore[misc]
         # pipelines: global -> shared over k0, shared -> fragments over k1 (k1 >= 2: an inner pipelined loop
         # of extent 1 is what breaks dlight's INT8 rule). Over k0, a configuration with `async_stages` copies
         # with cp.async into that many buffers (sm_80+; the copies run that many stages ahead less one) where
-        # both operands' vectors are contiguous in memory: TVM 0.27 turns a strided vector (an FP16 classifier's K x N weights) into
-        # one cp.async of the wrong bytes, misaligned on the H200. Otherwise, and on older GPUs, the copy goes
-        # through registers into two buffers. The orders and stages are MetaSchedule's
+        # both operands' vectors are contiguous in memory: TVM 0.27 turns a strided vector (an FP16
+        # classifier's K x N weights) into one cp.async of the wrong bytes, misaligned on the H200. Otherwise,
+        # and on older GPUs, the copy goes through registers into two buffers. The orders and stages are MetaSchedule's
         # (multi_level_tiling_tensor_core.cc): k0's children are the A and B copies and the inner pipeline's
         # prologue, body and epilogue; with the register stage, each copy is two.
         cp_async = _sm(target) >= ASYNC_SM and all(c for _, c in copies)
