@@ -54,14 +54,10 @@ class VectorizedInjective(GPUScheduleRule):  # type: ignore[misc]
 
     def _apply(self, func: Any) -> Any:
         words = byte_words(func)
-        sch = s_tir.Schedule(words or func)
-        infos = normalize_prim_func(sch)
-        if infos is None:
+        found = _single_block(words or func)
+        if found is None:
             return None
-        infos = try_inline(sch, infos)
-        if len(infos) != 1 or infos[0].dom_kind().strip("S"):
-            return None  # several blocks left, or a reduction: not injective
-        block = infos[0].block_rv
+        sch, block = found
         stmt = sch.get(block)
         loops = sch.get_loops(block)
         if not loops or len(stmt.writes) != 1:
@@ -84,6 +80,19 @@ class VectorizedInjective(GPUScheduleRule):  # type: ignore[misc]
         return sch
 
 
+def _single_block(func: tirx.PrimFunc) -> tuple[Any, Any] | None:
+    """(schedule, block) where `func` is one block of spatial loops once its producers are inlined, else None
+    (several blocks left, or a reduction: not injective)."""
+    sch = s_tir.Schedule(func)
+    infos = normalize_prim_func(sch)
+    if infos is None:
+        return None
+    infos = try_inline(sch, infos)
+    if len(infos) != 1 or infos[0].dom_kind().strip("S"):
+        return None
+    return sch, infos[0].block_rv
+
+
 WORD = 4  # bytes in a 32-bit word
 _IF_THEN_ELSE = tvm.ir.Op.get("prim.if_then_else")
 _LOAD = tvm.ir.expr.TensorLoad  # the class of tirx.BufferLoad(...) in 0.27 (tirx.BufferLoad is a function)
@@ -101,14 +110,11 @@ def byte_words(func: tirx.PrimFunc) -> tirx.PrimFunc | None:
 
 
 def _byte_words(func: tirx.PrimFunc) -> tirx.PrimFunc | None:
-    sch = s_tir.Schedule(func)
-    infos = normalize_prim_func(sch)
-    if infos is None:
+    found = _single_block(func)
+    if found is None or len(func.params) != 2:
         return None
-    infos = try_inline(sch, infos)
-    if len(infos) != 1 or infos[0].dom_kind().strip("S") or len(func.params) != 2:
-        return None
-    stmt = sch.get(infos[0].block_rv)
+    sch, block = found
+    stmt = sch.get(block)
     store = stmt.body
     axes = [v.var for v in stmt.iter_vars]
     names = [v.name for v in axes]

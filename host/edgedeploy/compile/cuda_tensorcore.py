@@ -27,7 +27,6 @@ OHWI weights, so the im2col gather loads vectors and the output tile is stored c
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import replace
 from typing import Any
 
 import tvm
@@ -85,10 +84,10 @@ class TensorCoreGemm(GPUScheduleRule):  # type: ignore[misc]
 
     def __init__(self, knobs: Knobs | None = None, configs: Mapping[str, GemmConfig] | None = None) -> None:
         super().__init__()
-        self.knobs = knobs or Knobs.from_env()
+        self.knobs = knobs or Knobs()
         self.configs = dict(configs or {})  # kernel_key -> a tuned configuration (gemm_tuning.py)
         self.applied: dict[str, GemmConfig] = {}  # kernel_key -> the tuned configuration it got
-        self.seen: dict[str, GemmShape] = {}  # kernel_key -> its GEMM, for every kernel this rule took
+        self.seen: dict[str, GemmShape] = {}  # kernel_key -> its GEMM, for every kernel this rule scheduled
 
     def apply(self, func: Any, target: Target, _: bool) -> Any:
         try:
@@ -141,8 +140,6 @@ class TensorCoreGemm(GPUScheduleRule):  # type: ignore[misc]
         _batch, m, n, k = (int(e.value) for e in extents)
         if min(m, n, k) < FRAG:
             return None
-        shape = GemmShape(int(_batch), m, n, k, a_dtype)
-        self.seen[key] = shape
         config = self.configs.get(key) or default_config(m, n, k, int(_batch), a_dtype, self.knobs)
         t, split = config.tiles, config.split
         exact = m % t.m == 0 and n % t.n == 0 and k % (t.k * split) == 0
@@ -209,7 +206,6 @@ class TensorCoreGemm(GPUScheduleRule):  # type: ignore[misc]
         # (multi_level_tiling_tensor_core.cc): k0's children are the A and B copies and the inner pipeline's
         # prologue, body and epilogue; with the register stage, each copy is two.
         cp_async = _sm(target) >= ASYNC_SM and all(c for _, c in copies)
-        self.seen[key] = replace(shape, cp_async=cp_async)
         stages = config.async_stages if cp_async else 0
         if stages >= 3:
             sch.annotate(k0, "software_pipeline_async_stages", [0])
@@ -274,6 +270,7 @@ class TensorCoreGemm(GPUScheduleRule):  # type: ignore[misc]
             _sum_partials(sch, writeback)
         if not _all_on_gpu(sch):
             return None
+        self.seen[key] = GemmShape(int(_batch), m, n, k, a_dtype, cp_async)
         if key in self.configs:
             self.applied[key] = config
         return sch

@@ -216,10 +216,11 @@ def neighbours(
     if batch * -(-m // base.tm) * -(-n // base.tn) < SPLIT_BLOCKS:  # splitting K helps small grids only
         for split in (1, 2, 4, 8):
             add(replace(base, split=split))
+    copies = sorted({base.async_stages, ASYNC_STAGES}) if cp_async else [base.async_stages]
     for tm in edges_m:
         for tn in edges_n:
             for wide in (False, True) if in_dtype == "int8" else (False,):
-                for stages in sorted({base.async_stages, ASYNC_STAGES if cp_async else base.async_stages}):
+                for stages in copies:
                     add(replace(base, tm=tm, tn=tn, wide=wide, split=1, async_stages=stages))
     return out
 

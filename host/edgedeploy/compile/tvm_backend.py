@@ -14,6 +14,7 @@ from tvm.relax.frontend.onnx import from_onnx
 from ..errors import BuildError, ModelError
 from ..profiles import DeviceProfile
 from .cuda_tensorcore import TensorCoreGemm, cuda_pipeline, pass_config
+from .cuda_tiles import Knobs
 from .devcode import inspect_library
 from .elf_versions import glibc_newer_than
 from .frontends import import_failure, output_specs
@@ -135,7 +136,8 @@ def compile_cuda(ctx: BuildContext) -> None:
     target = make_target(ctx)
     config = {"relax.backend.use_cuda_graph": ctx.cuda_graph, **pass_config(target)}
     gemm_file = find_gemm_configs(ctx.profile.name, ctx.tuning_key)
-    rule = TensorCoreGemm(configs=load_configs(gemm_file))
+    # EDGEDEPLOY_CUDA_KNOBS (before/after builds) was checked by package.build_bundle, in the cache key
+    rule = TensorCoreGemm(Knobs.from_env(), configs=load_configs(gemm_file))
     pipeline = cuda_pipeline(target, tensor_cores=tensor_cores_enabled(), rule=rule)
     try:
         # the compile callback reads the arch from Target.current(): compile inside `with target`
