@@ -14,11 +14,8 @@ set -euo pipefail
 kit=$(realpath "$1")
 out=$(realpath "$2")
 shift 2
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site "$kit"/wheels/*.whl
-export PYTHONPATH=/tmp/site:$PWD/agent:$PWD/bench PYTHONUNBUFFERED=1
-mkdir -p /tmp/kitlib
-cp "$kit"/lib/* /tmp/kitlib/ # libcudart.so.13 beside the CUDA backend (RUNPATH $ORIGIN)
-export TVM_RUNTIME_LIB=/tmp/kitlib/libtvm_runtime.so
+# shellcheck source=bench/gpu_kit_env.sh
+source bench/gpu_kit_env.sh
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv | tee "$out/gpu.txt"
 for pair in "$@"; do
   tag=${pair/,/_}

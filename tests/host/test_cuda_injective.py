@@ -41,10 +41,11 @@ def _graph(shape: tuple[int, ...], dtype: str, shift: bool, pad: list[int] | Non
 NHWC_PAD = [0, 0, 1, 1, 1, 1, 0, 0]
 
 
-def _cuda_source(mod: Any) -> str:
+def _cuda_source(mod: Any, rule: Any = None) -> str:
+    """The CUDA source of `mod` built for TARGET (the tensor-core rule `rule` when given)."""
     target = tvm.target.Target({**TARGET, "host": {"kind": "llvm"}})
     with target:
-        ex = tvm.compile(tvm.transform.Sequential(legalize_passes(target))(mod), target=target)
+        ex = tvm.compile(tvm.transform.Sequential(legalize_passes(target, rule))(mod), target=target)
 
     def modules(m: Any) -> Any:
         yield m

@@ -14,7 +14,7 @@ tvm = pytest.importorskip("tvm")
 from tvm import relax  # noqa: E402
 
 from edgedeploy.compile.cuda_tensorcore import legalize_passes  # noqa: E402
-from edgedeploy.compile.cuda_tiles import MIN_BLOCKS, SPLIT_BLOCKS, choose_split, choose_tiles  # noqa: E402
+from edgedeploy.compile.cuda_tiles import MIN_BLOCKS, SPLIT_BLOCKS, WARP, choose_split, choose_tiles  # noqa: E402
 from tests.host.test_cuda_window import TARGET  # noqa: E402
 
 
@@ -114,11 +114,40 @@ def test_int8_operands_load_16_bytes_per_thread_where_the_gemm_needs_no_padding(
     exact = _conv_kernel_script(_int8_conv(batch=64, channels=64, size=8))  # M = 4096 = 32 tiles of 128
     padded = _conv_kernel_script(_int8_conv(batch=1, channels=64, size=7))  # M = 49: padded to 64
 
-    def lanes(script: str) -> list[int]:  # the two operand loads, then the epilogue's store
+    def lanes(script: str) -> list[int]:  # the two operand loads (the requantizing epilogue has no vector)
         return [int(n) for n in re.findall(r"in T.vectorized\(T.int64\((\d+)\)\)", script)]
 
-    assert lanes(exact) == [16, 16, 4], exact[:3000]
-    assert lanes(padded) == [4, 4, 4]
+    assert lanes(exact) == [16, 16], exact[:3000]
+    assert lanes(padded) == [4, 4]
+
+
+def test_epilogue_stores_are_coalesced_and_the_accumulator_stage_is_padded() -> None:
+    """What ncu showed on the H200 in every INT8 GEMM kernel of ResNet-18: 8-way bank conflicts where the
+    fragments are stored to the shared-memory accumulator stage (its 64-word rows all began in bank 0), and
+    only 8 of every 32 bytes of a sector used by the epilogue's global stores (TVM 0.27 turned its 4-lane
+    vector into a loop of single bytes, each thread's 4 apart: `T.nearbyint` does not vectorize). Checked on
+    the CUDA source: the fragment store's row stride is not a multiple of 32 words, and the requantizing
+    epilogue's int8 store (and its residual's load) is indexed by threadIdx.x itself, so a warp writes 32
+    consecutive bytes (16 in warp tiles 16 columns wide) per instruction; an epilogue without rounding keeps
+    4-lane vectors."""
+    from tests.host.test_cuda_injective import _cuda_source
+
+    src = _cuda_source(_int8_conv_model(64, 64, 8)).split("__global__")[-1]
+    strides = [int(n) for n in re.findall(r"store_matrix_sync\(.*, (\d+), nvcuda::wmma::mem_row_major\)", src)]
+    assert strides and all(s % 32 for s in strides), strides
+    [store] = [line for line in src.splitlines() if re.match(r"\s*compute\w*_ptr\[", line)]
+    lane = r"\+ \(+\(int\)threadIdx.x\)( & (15|31)\))?\)\]"  # + tx, or + (tx & 15) in 16-column warp tiles
+    assert re.search(lane + " = ", store) and "_s < 4" not in src, store
+    assert re.search(r"r_ptr\[[^]]*" + lane, store), store
+    bb = relax.BlockBuilder()  # an FP16 GEMM: the epilogue casts without rounding, as float4 vectors
+    x = relax.Var("x", relax.TensorType((256, 128), "float16"))
+    w = (np.random.default_rng(3).standard_normal((128, 128)) * 0.1).astype("float16")
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            out = bb.emit_output(bb.emit(relax.op.nn.relu(relax.op.matmul(x, relax.const(w)))))
+        bb.emit_func_output(out)
+    fp16 = _cuda_source(bb.get()).split("__global__")[-1]
+    assert "store_matrix_sync" in fp16 and re.search(r"\*\(half4\*\)\(\w*compute\w*_ptr", fp16), fp16[-2500:]
 
 
 def test_strided_operands_keep_4_element_loads() -> None:
@@ -189,3 +218,100 @@ def test_sm90_pipelines_copy_with_cp_async_only_from_contiguous_memory() -> None
         assert "tvm_mma_sync" in script or "wmma.mma_sync" in script
         assert not fit and "software_pipeline_async_stages" not in script
         assert "manifest_shared_memory_local_stage" in script
+
+
+def _quarter_warp_wavefronts(store: str) -> int:
+    """Shared-memory wavefronts of the worst quarter warp for a 16-byte store whose byte offset is the C
+    expression `store` (threadIdx.y and loop counters 0): 8 threads take one wavefront when their 16 bytes
+    lie in 8 different 16-byte bank groups (32 banks of 4 bytes)."""
+    expr = store.replace("((int)threadIdx.x)", "tx").replace("((int)threadIdx.y)", "0")
+    expr = re.sub(r"\b(?!tx\b)[A-Za-z_]\w*\b", "0", expr).replace("/", "//")
+    offsets = [eval(expr, {"tx": tx}) for tx in range(WARP)]  # noqa: S307 (an integer expression)
+    worst = 1
+    for q in range(0, WARP, 8):
+        groups = [(o % 128) // 16 for o in offsets[q : q + 8]]
+        worst = max(worst, max(groups.count(g) for g in groups))
+    return worst
+
+
+def test_copy_rows_make_the_operand_stores_conflict_free() -> None:
+    """Knobs.copy_rows = 8: consecutive threads copy the same 16-byte K chunk of 8 consecutive rows (rows 80
+    bytes apart), so each quarter warp's 16-byte shared-memory stores take one wavefront; the default
+    (one row's chunks on consecutive threads) takes two. Evaluated from the CUDA source's store offsets."""
+    from edgedeploy.compile.cuda_tiles import Knobs
+    from tests.host.test_cuda_injective import _cuda_source
+
+    def operand_store(knobs: Knobs) -> str:
+        from edgedeploy.compile.cuda_tensorcore import TensorCoreGemm
+
+        src = _cuda_source(_int8_conv_model(64, 64, 8), TensorCoreGemm(knobs)).split("__global__")[-1]
+        match = re.search(r"\*\(int4\*\)\(\(\(signed char\*\)buf_dyn_shmem_ptr\) \+ (.*)\) = \w+_local_ptr", src)
+        assert match, src[:3000]
+        return match.group(1)
+
+    assert _quarter_warp_wavefronts(operand_store(Knobs())) == 2
+    assert _quarter_warp_wavefronts(operand_store(Knobs(copy_rows=8))) == 1
+
+
+def _lowered_shared_bytes(mod: object, target: object) -> dict[str, tuple[int, int]]:
+    """(dynamic, static) shared memory of each kernel of `mod`, read from TVM's lowered device TIR (the merged
+    shared.dyn allocation; the static shared allocations)."""
+    from tvm.tirx.build import split_host_device_mods
+
+    prim = tvm.IRModule({gv: f for gv, f in mod.functions.items() if isinstance(f, tvm.tirx.PrimFunc)})  # type: ignore[attr-defined]
+    prim = tvm.tirx.transform.BindTarget(target.with_host(tvm.target.Target("llvm")))(prim)  # type: ignore[attr-defined]
+    _, devices = split_host_device_mods(tvm.tirx.get_default_tir_pipeline(target)[0](prim))
+    size = {"int32": 4, "float32": 4, "float16": 2, "int8": 1, "uint8": 1}
+    out = {}
+    for device in devices.values():
+        for gv, func in device.functions.items():
+            script = func.script()
+            static = sum(int(n) * size[d] for n, d in re.findall(r'T.alloc_shared\(\((\d+),\), "(\w+)"\)', script))
+            dynamic = sum(
+                int(n) for n in re.findall(r'T.alloc_buffer\(\((\d+),\), "uint8", scope="shared.dyn"\)', script)
+            )
+            out[gv.name_hint] = (dynamic, static)
+    return out
+
+
+@pytest.mark.parametrize(
+    ("batch", "channels", "size", "spec", "tiles"),
+    [
+        (64, 64, 8, SM90, "64x64-k64-v16-s1"),  # static accumulator (int32)
+        (64, 64, 16, SM90, "128x64w-k64-v16-s1"),  # accumulator in shared.dyn
+        (64, 64, 8, SM90, "64x64-k64-v16-s1-a3"),  # 3 cp.async stages
+    ],
+)
+def test_shared_memory_estimate_is_what_tvm_allocates(
+    batch: int, channels: int, size: int, spec: dict, tiles: str
+) -> None:
+    """cuda_tiles.shared_bytes, which keeps kernels TVM's runtime could not launch out of builds and of the GEMM
+    search (`launchable`), equals the shared memory of TVM's lowered kernel."""
+    from edgedeploy.compile.cuda_tensorcore import TensorCoreGemm, kernel_key
+    from edgedeploy.compile.cuda_tiles import GemmConfig, shared_bytes
+
+    config = GemmConfig.parse(tiles)
+    target = tvm.target.Target(spec)
+    model = _int8_conv_model(batch, channels, size)
+    with target:
+        fused = tvm.transform.Sequential(legalize_passes(target)[:5])(model)
+        [(name, func)] = [(gv.name_hint, f) for gv, f in fused.functions.items() if "conv2d" in gv.name_hint]
+        rule = TensorCoreGemm(configs={kernel_key(func): config})
+        mod = tvm.transform.Sequential(legalize_passes(target, rule))(model)
+        lowered = _lowered_shared_bytes(mod, target)  # (sm_90: on sm_75 a pass of 0.27's TIR pipeline fails here)
+    assert rule.applied, "the configuration was not applied"
+    buffers = max(config.async_stages if next(iter(rule.seen.values())).cp_async else 0, 2)
+    assert lowered[name] == shared_bytes(config.tiles, "int8", buffers, 4)
+
+
+def test_configurations_that_could_not_launch_are_never_tried() -> None:
+    """A 128x32 INT8 tile with 3 cp.async stages: 38400 bytes of operand stages (dynamic, under 48 KB) beside an
+    18432-byte static accumulator stage. TVM's runtime does not opt such a kernel in to over 48 KB of shared
+    memory, so it cannot launch (the H200 said so); the search no longer offers it."""
+    from edgedeploy.compile.cuda_tiles import GemmConfig, launchable, neighbours, shared_bytes
+
+    bad = GemmConfig.parse("128x32-k64-v16-s1-a3")
+    assert shared_bytes(bad.tiles, "int8", 3, 4) == (38400, 18432)
+    assert not launchable(38400, 18432) and launchable(49152, 18432) and launchable(30720, 17408)
+    tried = neighbours(200704, 64, 576, 1, "int8", cp_async=True)
+    assert bad not in tried and GemmConfig.parse("128x32-k64-v16-s1") in tried

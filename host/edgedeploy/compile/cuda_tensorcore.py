@@ -41,7 +41,19 @@ from tvm.s_tir.dlight.gpu.matmul import (
 )
 from tvm.target import Target
 
-from .cuda_tiles import FRAG, WARP, GemmConfig, GemmShape, Knobs, default_config
+from .cuda_tiles import (
+    ACC_ALIGN,
+    FRAG,
+    OPERAND_ALIGN,
+    STATIC_ACC,
+    WARP,
+    GemmConfig,
+    GemmShape,
+    Knobs,
+    default_config,
+    launchable,
+    shared_bytes,
+)
 
 MIN_SM = {"float16": 70, "int8": 72}  # Volta HMMA; IMMA from Xavier/Turing on
 ASYNC_SM = 80  # cp.async (global -> shared without registers) from Ampere on
@@ -173,7 +185,7 @@ class TensorCoreGemm(GPUScheduleRule):  # type: ignore[misc]
         sch.bind(warp, "threadIdx.y")
         warps = t.i2 * t.j2
         elem = 1 if a_dtype == "int8" else 2
-        align = (16, 8) if a_dtype == "float16" else (32, 16)  # row padding against bank conflicts
+        align = OPERAND_ALIGN[a_dtype]
 
         def to_shared(index: int) -> tuple[Any, bool]:
             """The operand's shared-memory stage and whether each thread's vector is contiguous in memory."""
@@ -188,8 +200,17 @@ class TensorCoreGemm(GPUScheduleRule):  # type: ignore[misc]
             wide = exact and _contiguous_k(sch, block, config.load_bytes // elem)
             while wide and vector * 2 * elem <= config.load_bytes and (rows * t.k) % (threads * vector * 2) == 0:
                 vector *= 2
-            fused = sch.fuse(*sch.get_loops(block)[-2:])
-            _, ty, tx, vec = sch.split(fused, factors=[None, warps, WARP, vector])
+            row, k = sch.get_loops(block)[-2:]
+            if self.knobs.copy_rows > 1 and rows % self.knobs.copy_rows == 0:
+                # consecutive threads copy the same K chunk of copy_rows consecutive rows: with rows padded to
+                # an odd multiple of 16 bytes (mod 32), 8 rows' chunks fall in 8 different 16-byte bank groups,
+                # so a quarter warp's 16-byte stores (a whole warp's 4-byte ones) are conflict-free
+                row0, row1 = sch.split(row, factors=[None, self.knobs.copy_rows])
+                chunk, vec = sch.split(k, factors=[None, vector])
+                sch.reorder(row0, chunk, row1, vec)
+                _, ty, tx = sch.split(sch.fuse(row0, chunk, row1), factors=[None, warps, WARP])
+            else:  # one row's chunks on consecutive threads
+                _, ty, tx, vec = sch.split(sch.fuse(row, k), factors=[None, warps, WARP, vector])
             sch.bind(tx, "threadIdx.x")
             sch.bind(ty, "threadIdx.y")
             sch.vectorize(vec)
@@ -224,9 +245,8 @@ class TensorCoreGemm(GPUScheduleRule):  # type: ignore[misc]
         # the accumulator stage of tiles up to 64x64 (16 KB) in static shared memory: in shared.dyn beside
         # the operand stages, TVM 0.27's merge of dynamic shared memory fails for the small tiles (see
         # choose_tiles); larger tiles need shared.dyn (a 128x128 int32 stage is 64 KB)
-        acc_scope = "shared" if t.m * t.n <= 64 * 64 else "shared.dyn"
+        acc_scope = "shared" if t.m * t.n <= STATIC_ACC else "shared.dyn"
         acc_shared = sch.cache_write(outer, 0, acc_scope)
-        sch.storage_align(acc_shared, 0, -2, 16, 4)
         store = sch.cache_write(outer, 0, "wmma.accumulator")
         sch.reverse_compute_at(store, warp)
         sch.reverse_compute_at(acc_shared, warp)
@@ -260,20 +280,43 @@ class TensorCoreGemm(GPUScheduleRule):  # type: ignore[misc]
             except Exception:  # tvm.s_tir.ScheduleError: the intrinsic does not match this accumulator
                 if n_try == len(accumulators) - 1:
                     return None
+        # rows of the accumulator stage 4 words (mod 16) longer than the tile: 64-word rows put every row of a
+        # fragment in the same banks (ncu on the H200: 8-way conflicts on the fragment stores). The stage is
+        # the buffer the tensorized fragment store writes (an alignment set before tensorize is dropped)
+        [stored] = sch.get_child_blocks(sj0)
+        sch.storage_align(stored, 0, -2, *ACC_ALIGN)
         if writeback is None:
             auto_inline_consumer_chain(sch, acc_shared)  # the epilogue runs on the way out to global memory
-        fused = sch.fuse(*sch.get_loops(acc_shared)[-2:])
-        _, tx, vec = sch.split(fused, factors=[None, WARP, 4])
-        sch.bind(tx, "threadIdx.x")
-        sch.vectorize(vec)
+        _store_epilogue(sch, acc_shared)
         if writeback is not None:
             _sum_partials(sch, writeback)
         if not _all_on_gpu(sch):
             return None
+        dynamic, static = shared_bytes(t, a_dtype, max(stages, 2), tvm.DataType(acc).bits // 8)
+        if not launchable(dynamic, static):
+            raise ValueError(f"{dynamic} + {static} bytes of shared memory: the kernel could not launch")
         self.seen[key] = GemmShape(int(_batch), m, n, k, a_dtype, cp_async)
         if key in self.configs:
             self.applied[key] = config
         return sch
+
+
+def _store_epilogue(sch: Any, acc_shared: Any) -> None:
+    """The warp's copy from the accumulator stage to global memory, the epilogue inlined: 4 consecutive
+    elements per thread as one vector, unless the epilogue rounds (the INT8 requantize): TVM 0.27's
+    vectorizer cannot vectorize `T.nearbyint` and turns the whole vector into a loop of single elements,
+    which made each thread store single bytes 4 apart (ncu on the H200: 8 of every 32 bytes stored per
+    sector used). Those kernels give consecutive threads consecutive elements instead: each store
+    instruction of the warp writes 32 contiguous bytes, and reads 32 consecutive words of the stage."""
+    rows, cols = sch.get_loops(acc_shared)[-2:]
+    if "T.nearbyint" in str(sch.get(acc_shared)):
+        _, tx = sch.split(sch.fuse(rows, cols), factors=[None, WARP])
+        sch.bind(tx, "threadIdx.x")
+        return
+    cols, vec = sch.split(cols, factors=[None, 4])  # the vector off the columns alone: lane-invariant rows
+    _, tx = sch.split(sch.fuse(rows, cols), factors=[None, WARP])
+    sch.bind(tx, "threadIdx.x")
+    sch.vectorize(vec)
 
 
 def _contiguous_k(sch: Any, block: Any, lanes: int) -> bool:

@@ -41,6 +41,11 @@ class Knobs:
     # the H200 (whole ResNet-18s; the stem 0.135 -> 0.239 ms, layer1 0.100 -> 0.127, layer4 0.077 -> 0.070:
     # bench/results/h200/run16-words-cp-async), so it is a per-kernel choice of the GEMM search
     async_stages: int = 0
+    # operand rows whose same K chunk consecutive threads copy into shared memory (cuda_tensorcore.py's
+    # to_shared): 1 puts one row's chunks on consecutive threads, so the two rows of a quarter warp's
+    # 16-byte stores share banks (ncu on the H200: shared-store wavefronts 2x the ideal); 8 makes those
+    # stores conflict-free. 8 is built and tested but not yet measured on a GPU, so 1 stays the default
+    copy_rows: int = 1
 
     @classmethod
     def from_env(cls) -> Knobs:
@@ -178,6 +183,41 @@ class GemmConfig:
         return cls(int(tm), int(tn), tile.endswith("w"), int(k[1:]), int(v[1:]), int(s[1:]), stages)
 
 
+# The shared-memory stages of the schedule (cuda_tensorcore.py). Rows are padded against bank conflicts
+# (storage_align's factor and offset, in elements): operand rows to an odd multiple of 16 bytes mod 32,
+# accumulator rows to 4 words mod 16. Tiles of at most STATIC_ACC outputs stage their accumulator in static
+# shared memory (in shared.dyn TVM 0.27's merge fails for them, see choose_tiles), larger ones in shared.dyn.
+OPERAND_ALIGN = {"float16": (16, 8), "int8": (32, 16)}
+ACC_ALIGN = (16, 4)
+STATIC_ACC = 64 * 64
+DEFAULT_SHARED = 48 * 1024  # bytes of shared memory a block may use without opting in to more
+
+
+def _padded(row: int, factor: int, offset: int) -> int:
+    """A row of `row` elements as `storage_align(factor, offset)` lays it out: the least stride >= row that
+    is `offset` modulo `factor`."""
+    return row + (offset - row) % factor
+
+
+def shared_bytes(t: Tiles, in_dtype: str, buffers: int, acc_bytes: int) -> tuple[int, int]:
+    """(dynamic, static) shared memory of a kernel with tiles `t`: `buffers` operand stages (2 through
+    registers, or the cp.async stages) in shared.dyn, and the accumulator stage in static shared memory
+    where the tile is small (else it shares shared.dyn with the operand stages, whose lifetimes it does
+    not overlap: at most the larger of the two)."""
+    elem = 2 if in_dtype == "float16" else 1
+    operands = buffers * (t.m + t.n) * _padded(t.k, *OPERAND_ALIGN[in_dtype]) * elem
+    accumulator = t.m * _padded(t.n, *ACC_ALIGN) * acc_bytes
+    return (operands, accumulator) if t.m * t.n <= STATIC_ACC else (max(operands, accumulator), 0)
+
+
+def launchable(dynamic: int, static: int) -> bool:
+    """Whether TVM's CUDA runtime can launch a kernel with this much shared memory: it opts a kernel in to
+    more than 48 KB only when the dynamic part alone is that large (cuda_module.cc: `dyn_shmem_size >= (48 <<
+    10)`), so a static accumulator stage beside dynamic operand stages must stay within 48 KB in all (on the
+    H200, 8-warp cp.async candidates with 128x32 tiles failed with "grid=(1568,2,1), block=(32,8,1)")."""
+    return not dynamic < DEFAULT_SHARED < dynamic + static
+
+
 def default_config(m: int, n: int, k: int, batch: int, in_dtype: str, knobs: Knobs = Knobs()) -> GemmConfig:
     t = choose_tiles(m, n, in_dtype, batch, knobs, k)
     wide = t.i3 == 4 or t.j3 == 4
@@ -229,5 +269,10 @@ def _valid(c: GemmConfig, in_dtype: str, k: int) -> bool:
     if c.wide and (in_dtype != "int8" or (c.tm < 64 and c.tn < 64)):
         return False  # WMMA FP16 keeps 2x2 fragments (unmeasured); a tile of edges < 64 has nothing to widen
     if c.split > 1 and -(-k // c.tiles.k) // c.split < 2:
+        return False
+    acc_bytes = 4 if in_dtype == "int8" else 2  # int32; FP16 GEMMs with FP16 outputs accumulate in float16
+    if not launchable(*shared_bytes(c.tiles, in_dtype, max(c.async_stages, 2), acc_bytes)):
+        # on the H200's search databases this separates the 96 candidates that failed to launch from all
+        # the others exactly; the schedule checks the accumulator it really got
         return False
     return c.stage in (32, 64) and c.load_bytes in (4, 8, 16) and c.async_stages in (0, ASYNC_STAGES)
