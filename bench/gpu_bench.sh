@@ -17,7 +17,8 @@
 # Each should take 3-6 minutes (not yet measured: most of it is torch.compile, max-autotune the longest);
 # gpu_vs_torch.py starts no compile after --deadline-s 450 less its reserve (printed as skipped; timing and
 # energy take ~1 min after the last compile), so a call ends before
-# the tool's 600 s. Writes to OUT: gpu.txt (nvidia-smi), gpu_vs_torch.<models>.bs<batches>.{txt,json}.
+# the tool's 600 s. Writes to OUT: gpu.txt (nvidia-smi), gpu_vs_torch.<models>.bs<batches>.{txt,json}
+# (and, after a CUDA fault, the reruns below).
 # Then here: copy OUT into bench/results/h200/<run>/ and say in its README which commands made it.
 set -euo pipefail
 kit=$(realpath "$1")
@@ -42,5 +43,28 @@ export TVM_RUNTIME_LIB=$run/lib/libtvm_runtime.so
 
 nvidia-smi --query-gpu=name,driver_version,power.draw,power.limit,clocks.sm,clocks.max.sm,temperature.gpu \
   --format=csv | tee "$out/gpu.txt"
+status=0
 python3 bench/gpu_vs_torch.py --kit "$run" --models "$models" --batches "$batches" --deadline-s 450 \
-  --json "$out/gpu_vs_torch.$tag.json" "$@" 2>&1 | tee "$out/gpu_vs_torch.$tag.txt"
+  --json "$out/gpu_vs_torch.$tag.json" "$@" 2>&1 | tee "$out/gpu_vs_torch.$tag.txt" || status=$?
+[ "$status" = 0 ] && exit 0
+# A CUDA fault while timing (gpu_vs_torch.py exits 3 and names it in the JSON's "fault") loses the process's
+# CUDA context, and with it the group and every later one: MobileNetV1-0.25 batch 64 died so twice, right
+# after torch.compile max-autotune's first call (run13, run16). Those groups run again in a new process
+# without max-autotune, written to *.rerun<N>.{txt,json}; with DIAGNOSE=1, first once more with every mode
+# and CUDA_LAUNCH_BLOCKING=1, so that the fault names the case whose kernel faulted (*.blocking.{txt,json}).
+rerun=$(python3 bench/gpu_bench_rerun.py "$out/gpu_vs_torch.$tag.json" "$models" "$batches")
+[ -n "$rerun" ] || exit "$status"
+first=$(head -n 1 <<<"$rerun")
+if [ "${DIAGNOSE:-0}" = 1 ]; then
+  CUDA_LAUNCH_BLOCKING=1 python3 bench/gpu_vs_torch.py --kit "$run" --models "${first% *}" --batches "${first#* }" \
+    --deadline-s 450 --json "$out/gpu_vs_torch.$tag.blocking.json" "$@" 2>&1 |
+    tee "$out/gpu_vs_torch.$tag.blocking.txt" || true
+fi
+n=0
+while read -r rmodels rbatches; do
+  n=$((n + 1))
+  python3 bench/gpu_vs_torch.py --kit "$run" --models "$rmodels" --batches "$rbatches" --deadline-s 450 \
+    --modes default,reduce-overhead --json "$out/gpu_vs_torch.$tag.rerun$n.json" "$@" 2>&1 |
+    tee "$out/gpu_vs_torch.$tag.rerun$n.txt"
+done <<<"$rerun"
+exit "$status"

@@ -31,7 +31,8 @@ How:
     capture), the cases are timed in --rounds interleaved rounds (case A, B, C, ..., A, B, C, ...) so
     that clock or thermal drift does not favour one of them; median and p90 over all calls.
   - Ratio: median / the median of the fastest torch.compile variant of the same model and batch
-    (>1 = slower than the best torch.compile).
+    (>1 = slower than the best torch.compile), and its range over the rounds (each round's median over the
+    baseline's in the same round): a ratio whose range straddles 1.0 is not a robust win or loss.
   - Memory: torch cases report torch.cuda.max_memory_allocated over setup + warm-up, less what was
     allocated before (weights, activations, CUDA graph pools; not the CUDA context). Every case also
     reports the device-wide used-memory delta over its setup + warm-up (NVML, else cudaMemGetInfo):
@@ -145,6 +146,7 @@ class Case:
     call: Callable[[], np.ndarray] | None = None
     out: np.ndarray | None = None
     samples: list[float] = field(default_factory=list)
+    round_medians: list[float] = field(default_factory=list)  # one per interleaved timing round
     info: dict[str, Any] = field(default_factory=dict)
     skipped: str | None = None
     is_compile: bool = False  # counts for the "best torch.compile" baseline
@@ -271,18 +273,40 @@ def torch_case(
 # ---------------------------------------------------------------- measuring
 
 
+class CaseFault(Exception):
+    """A case's call raised while timing (a CUDA error is sticky: the context, and every later case, is lost).
+    With CUDA_LAUNCH_BLOCKING=1 the case named is the one whose kernel faulted; without it, only the one in
+    which the error surfaced."""
+
+    def __init__(self, case: str, error: BaseException) -> None:
+        super().__init__(f"{case}: {type(error).__name__}: {error}")
+        self.case = case
+        self.error = f"{type(error).__name__}: {error}"
+
+
 def measure(cases: list[Case], n: int, rounds: int) -> None:
     live = [c for c in cases if c.call is not None]
     per = max(n // rounds, 1)
     for _ in range(rounds):
         for c in live:
             assert c.call is not None
-            for _ in range(3):  # re-warm after the other cases ran
-                c.call()
-            for _ in range(per):
-                t = time.perf_counter()
-                c.call()
-                c.samples.append((time.perf_counter() - t) * 1e3)
+            try:
+                for _ in range(3):  # re-warm after the other cases ran
+                    c.call()
+                for _ in range(per):
+                    t = time.perf_counter()
+                    c.call()
+                    c.samples.append((time.perf_counter() - t) * 1e3)
+            except Exception as e:
+                raise CaseFault(c.name, e) from e
+            c.round_medians.append(statistics.median(c.samples[-per:]))
+
+
+def ratio_range(rounds: list[float], best_rounds: list[float]) -> list[float]:
+    """The lowest and highest ratio of a case's round median to the baseline's in the same round: how far one
+    run's ratio moves with the machine's drift (the rounds are interleaved, so both saw the same drift)."""
+    ratios = [a / b for a, b in zip(rounds, best_rounds, strict=True)]
+    return [min(ratios), max(ratios)]
 
 
 def energy(gpu: Gpu, c: Case, seconds: float) -> dict[str, Any]:
@@ -417,6 +441,7 @@ def run_group(args: argparse.Namespace, gpu: Gpu, idle_w: float | None, stem: st
             "p90_ms": s[int(0.9 * (len(s) - 1))],
             "min_ms": s[0],
             "images_per_s": batch * 1e3 / statistics.median(s),
+            "round_medians_ms": c.round_medians,
             **compare(c.out, ref),
         }
         e = energy(gpu, c, args.energy_s)
@@ -433,6 +458,7 @@ def run_group(args: argparse.Namespace, gpu: Gpu, idle_w: float | None, stem: st
     for r in rows:
         if best and "median_ms" in r:
             r["x_best_compile"] = r["median_ms"] / best["median_ms"]
+            r["x_best_compile_rounds"] = ratio_range(r["round_medians_ms"], best["round_medians_ms"])
     verdicts = peer_verdicts(rows, tv_check)
     for c in cases:  # free the GPU for the next group (CUDA graph pools, TVM pools)
         c.call = None
@@ -481,17 +507,34 @@ def fmt(v: Any, spec: str) -> str:
     return "-" if v is None else format(v, spec)
 
 
+def _range(r: list[float] | None) -> str:
+    return f"{r[0]:.2f}-{r[1]:.2f}" if r else "n/a"
+
+
 def print_group(g: dict[str, Any], memory_source: str) -> None:
     print(f"\n{g['model']}  batch {g['batch']}  (ratio: median / {g['best_compile'] or 'n/a'})")
-    head = ("case", "median ms", "p90 ms", "img/s", "x best", "alloc MiB", "dev MiB", "mJ/img", "top1", "max|d|")
-    print("{:28s} {:>9s} {:>9s} {:>9s} {:>7s} {:>9s} {:>8s} {:>8s} {:>5s} {:>9s}".format(*head))
+    head = (
+        "case",
+        "median ms",
+        "p90 ms",
+        "img/s",
+        "x best",
+        "(rounds)",
+        "alloc MiB",
+        "dev MiB",
+        "mJ/img",
+        "top1",
+        "max|d|",
+    )
+    print("{:28s} {:>9s} {:>9s} {:>9s} {:>7s} {:>11s} {:>9s} {:>8s} {:>8s} {:>5s} {:>9s}".format(*head))
     for r in g["rows"]:
         if "skipped" in r:
             print(f"{r['case']:28s} skipped: {r['skipped']}")
             continue
         print(
             f"{r['case']:28s} {r['median_ms']:9.3f} {r['p90_ms']:9.3f} {r['images_per_s']:9.0f} "
-            f"{fmt(r.get('x_best_compile'), '6.2f')}x {fmt(r.get('peak_allocated_mib'), '9.1f')} "
+            f"{fmt(r.get('x_best_compile'), '6.2f')}x {_range(r.get('x_best_compile_rounds')):>11s} "
+            f"{fmt(r.get('peak_allocated_mib'), '9.1f')} "
             f"{fmt(r.get('device_used_delta_mib'), '8.1f')} {fmt(r.get('mj_per_image'), '8.2f')} "
             f"{r['top1_agree']:5.2f} {r['max_abs_diff']:9.2e}"
         )
@@ -581,7 +624,20 @@ def main() -> int:
     args.json.parent.mkdir(parents=True, exist_ok=True)
     for stem in args.models:
         for batch in args.batches:
-            g = run_group(args, gpu, idle_w, stem, batch)
+            try:
+                g = run_group(args, gpu, idle_w, stem, batch)
+            except CaseFault as e:  # recorded for bench/gpu_bench.sh, which reruns this group in a new process
+                result["fault"] = {
+                    "model": stem,
+                    "batch": batch,
+                    "case": e.case,
+                    "error": e.error,
+                    "launch_blocking": os.environ.get("CUDA_LAUNCH_BLOCKING") == "1",
+                }
+                args.json.write_text(json.dumps(result, indent=1, default=str))
+                print(f"\nFAULT while timing {stem} batch {batch}, in {e.case}: {e.error}", flush=True)
+                sys.stderr.flush()
+                os._exit(3)  # not `return`: destructors on the lost CUDA context abort the process (exit 134)
             result["groups"].append(g)
             result["elapsed_s"] = round(time.monotonic() - T0, 1)
             args.json.write_text(json.dumps(result, indent=1, default=str))

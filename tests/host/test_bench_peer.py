@@ -54,3 +54,34 @@ def test_resnet18_export_loads_back(tmp_path: Path) -> None:
         for m in (model, OnnxModule(str(path)).eval()):
             got = m(torch.from_numpy(x)).numpy()
             assert np.abs(got - want).max() <= 1e-4 * np.abs(want).max()
+
+
+def test_a_fault_while_timing_names_its_case_and_the_groups_to_run_again() -> None:
+    """A CUDA error is sticky: once a case's call raises while timing, the process's context is lost.
+    gpu_vs_torch.measure names that case (CaseFault), and bench/gpu_bench.sh reruns the faulting group and the
+    later ones in a new process (gpu_bench_rerun.groups_to_rerun)."""
+    from gpu_bench_rerun import groups_to_rerun
+    from gpu_vs_torch import Case, CaseFault, measure, ratio_range
+
+    def fault() -> None:
+        raise RuntimeError("CUDA Runtime Error: cudaErrorIllegalAddress (700)")
+
+    ok = Case("edgedeploy int8", "edgedeploy")
+    ok.call = lambda: None
+    bad = Case("torch.compile max-autotune", "torch")
+    bad.call = fault
+    with pytest.raises(CaseFault) as caught:
+        measure([ok, bad], n=10, rounds=2)
+    assert caught.value.case == "torch.compile max-autotune" and "IllegalAddress" in caught.value.error
+    assert len(ok.samples) == 5 and len(ok.round_medians) == 1  # the case before it was timed in round 1
+    assert ratio_range([1.0, 1.2, 0.9], [1.0, 1.0, 1.0]) == [0.9, 1.2]
+
+    models, batches = ["resnet18", "mobilenet_v1_0.25_224"], ["1", "64"]
+    assert groups_to_rerun({"groups": []}, models, batches) == []
+    assert groups_to_rerun({"fault": {"model": "mobilenet_v1_0.25_224", "batch": 64}}, models, batches) == [
+        ("mobilenet_v1_0.25_224", "64")
+    ]
+    assert groups_to_rerun({"fault": {"model": "resnet18", "batch": 1}}, models, batches) == [
+        ("resnet18", "1,64"),
+        ("mobilenet_v1_0.25_224", "1,64"),
+    ]
