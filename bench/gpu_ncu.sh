@@ -2,10 +2,12 @@
 # Nsight Compute counters for the kernels of bundles, on the GPU machine (H200, python3 3.12), from the repo
 # root, carrying KIT/wheels, KIT/lib and the bundles:
 #
-#   bash bench/gpu_ncu.sh KIT OUT BUNDLE...      # KERNELS=regex (default: conv) COUNT=N (default 40)
+#   bash bench/gpu_ncu.sh KIT OUT BUNDLE...      # KERNELS=regex (default: conv) COUNT=N (default 40) SKIP=N
 #
-# Each bundle runs twice (bench/gpu_memcheck.py); ncu profiles the second run's kernels that match KERNELS:
-# speed of light, occupancy, launch, warp stall and memory tables. Writes OUT/ncu.<bundle>.txt. Use it to
+# Each bundle runs twice (bench/gpu_memcheck.py); ncu profiles the first COUNT launches whose kernel name
+# matches KERNELS, after skipping SKIP of them (each replayed alone, caches flushed, clocks locked):
+# speed of light, occupancy, launch, warp stall and memory tables. Writes OUT/ncu.<bundle>.txt and a line
+# per kernel (bench/ncu_summary.py) to OUT/ncu_summary.<bundle>.txt. Use it to
 # see what bounds a kernel (shared-memory bank conflicts, issue stalls, occupancy) before changing a schedule.
 set -euo pipefail
 kit=$(realpath "$1")
@@ -25,5 +27,5 @@ for bundle in "$@"; do
     --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
     --section MemoryWorkloadAnalysis_Tables --section ComputeWorkloadAnalysis \
     python3 bench/gpu_memcheck.py "$bundle" >"$out/ncu.$name.txt" 2>&1 || echo "ncu: exit $?" >>"$out/ncu.$name.txt"
-  grep -E "^  [a-z_0-9]+kernel|Duration|Compute \(SM\) Throughput|Memory Throughput|Achieved Occupancy|Registers Per|Shared Memory Configuration Size|Block Limit|Bank" "$out/ncu.$name.txt" | head -n 120 || true
+  python3 bench/ncu_summary.py "$out/ncu.$name.txt" | tee "$out/ncu_summary.$name.txt"
 done

@@ -85,3 +85,20 @@ def test_a_fault_while_timing_names_its_case_and_the_groups_to_run_again() -> No
         ("resnet18", "1,64"),
         ("mobilenet_v1_0.25_224", "1,64"),
     ]
+
+
+def test_ncu_summary_reads_the_committed_report() -> None:
+    """bench/ncu_summary.py on run17's Nsight Compute report (real ncu 2025.3 output): one entry per profiled
+    kernel, with its metrics and ncu's memory-access findings."""
+    from ncu_summary import parse, read
+
+    report = (
+        Path(__file__).resolve().parents[2]
+        / "bench/results/h200/run17-ncu-epilogue/epi/ncu.resnet18.int8.bs64.epi.txt.xz"
+    )
+    kernels = parse(read(report))
+    assert len(kernels) == 20 and all({"us", "sm", "l1", "occ", "regs"} <= k.values.keys() for k in kernels)
+    stem = kernels[0]
+    assert stem.name.startswith("fused_conv2d_add") and stem.grid == (6272, 1, 1) and stem.block == (32, 2, 1)
+    assert stem.values["us"] == 157.38 and stem.values["regs"] == 230
+    assert stem.flags == ["loads 17.1/32 B", "shared stores 2.6-way (50.13%)"]
