@@ -279,9 +279,9 @@ class CaseFault(Exception):
     which the error surfaced."""
 
     def __init__(self, case: str, error: BaseException) -> None:
-        super().__init__(f"{case}: {type(error).__name__}: {error}")
         self.case = case
         self.error = f"{type(error).__name__}: {error}"
+        super().__init__(f"{case}: {self.error}")
 
 
 def measure(cases: list[Case], n: int, rounds: int) -> None:

@@ -275,24 +275,22 @@ def _lowered_shared_bytes(mod: object, target: object) -> dict[str, tuple[int, i
 
 
 @pytest.mark.parametrize(
-    ("batch", "channels", "size", "spec", "tiles"),
+    ("size", "tiles"),
     [
-        (64, 64, 8, SM90, "64x64-k64-v16-s1"),  # static accumulator (int32)
-        (64, 64, 16, SM90, "128x64w-k64-v16-s1"),  # accumulator in shared.dyn
-        (64, 64, 8, SM90, "64x64-k64-v16-s1-a3"),  # 3 cp.async stages
+        (8, "64x64-k64-v16-s1"),  # static accumulator (int32)
+        (16, "128x64w-k64-v16-s1"),  # accumulator in shared.dyn
+        (8, "64x64-k64-v16-s1-a3"),  # 3 cp.async stages
     ],
 )
-def test_shared_memory_estimate_is_what_tvm_allocates(
-    batch: int, channels: int, size: int, spec: dict, tiles: str
-) -> None:
+def test_shared_memory_estimate_is_what_tvm_allocates(size: int, tiles: str) -> None:
     """cuda_tiles.shared_bytes, which keeps kernels TVM's runtime could not launch out of builds and of the GEMM
     search (`launchable`), equals the shared memory of TVM's lowered kernel."""
     from edgedeploy.compile.cuda_tensorcore import TensorCoreGemm, kernel_key
     from edgedeploy.compile.cuda_tiles import GemmConfig, shared_bytes
 
     config = GemmConfig.parse(tiles)
-    target = tvm.target.Target(spec)
-    model = _int8_conv_model(batch, channels, size)
+    target = tvm.target.Target(SM90)
+    model = _int8_conv_model(64, 64, size)
     with target:
         fused = tvm.transform.Sequential(legalize_passes(target)[:5])(model)
         [(name, func)] = [(gv.name_hint, f) for gv, f in fused.functions.items() if "conv2d" in gv.name_hint]
@@ -315,3 +313,26 @@ def test_configurations_that_could_not_launch_are_never_tried() -> None:
     assert not launchable(38400, 18432) and launchable(49152, 18432) and launchable(30720, 17408)
     tried = neighbours(200704, 64, 576, 1, "int8", cp_async=True)
     assert bad not in tried and GemmConfig.parse("128x32-k64-v16-s1") in tried
+
+
+def test_launchable_rejects_exactly_what_failed_to_launch_on_the_h200() -> None:
+    """Every candidate the H200's GEMM searches recorded (profiles/tuning/h200/*/gemm_configs.json): those whose
+    launch failed ("error: grid=..., block=...") are exactly those `launchable` rejects; all that were timed
+    pass it (with the accumulator the FP16 kernels of those models have: float16)."""
+    import json
+    from pathlib import Path
+
+    from edgedeploy.compile.cuda_tiles import GemmConfig, launchable, shared_bytes
+
+    failed = 0
+    for db in sorted((Path(__file__).resolve().parents[2] / "profiles/tuning/h200").glob("*/gemm_configs.json")):
+        for kernel in json.loads(db.read_text())["kernels"].values():
+            dtype = "int8" if kernel["shape"].endswith("int8") else "float16"
+            for text, result in [(kernel["default"], kernel["default_ms"]), *kernel["tried"].items()]:
+                if not isinstance(result, float) and "grid=" not in str(result):
+                    continue  # another kind of error: says nothing about launching
+                c = GemmConfig.parse(text)
+                fits = launchable(*shared_bytes(c.tiles, dtype, max(c.async_stages, 2), 4 if dtype == "int8" else 2))
+                assert fits == isinstance(result, float), (db.parent.name, kernel["name"], text, result)
+                failed += not fits
+    assert failed > 0  # the databases do hold launch failures

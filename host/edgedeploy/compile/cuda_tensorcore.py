@@ -309,14 +309,13 @@ def _store_epilogue(sch: Any, acc_shared: Any) -> None:
     sector used). Those kernels give consecutive threads consecutive elements instead: each store
     instruction of the warp writes 32 contiguous bytes, and reads 32 consecutive words of the stage."""
     rows, cols = sch.get_loops(acc_shared)[-2:]
-    if "T.nearbyint" in str(sch.get(acc_shared)):
-        _, tx = sch.split(sch.fuse(rows, cols), factors=[None, WARP])
-        sch.bind(tx, "threadIdx.x")
-        return
-    cols, vec = sch.split(cols, factors=[None, 4])  # the vector off the columns alone: lane-invariant rows
+    vec = None
+    if "T.nearbyint" not in str(sch.get(acc_shared)):
+        cols, vec = sch.split(cols, factors=[None, 4])  # the vector off the columns alone: lane-invariant rows
     _, tx = sch.split(sch.fuse(rows, cols), factors=[None, WARP])
     sch.bind(tx, "threadIdx.x")
-    sch.vectorize(vec)
+    if vec is not None:
+        sch.vectorize(vec)
 
 
 def _contiguous_k(sch: Any, block: Any, lanes: int) -> bool:

@@ -212,9 +212,10 @@ def shared_bytes(t: Tiles, in_dtype: str, buffers: int, acc_bytes: int) -> tuple
 
 def launchable(dynamic: int, static: int) -> bool:
     """Whether TVM's CUDA runtime can launch a kernel with this much shared memory: it opts a kernel in to
-    more than 48 KB only when the dynamic part alone is that large (cuda_module.cc: `dyn_shmem_size >= (48 <<
-    10)`), so a static accumulator stage beside dynamic operand stages must stay within 48 KB in all (on the
-    H200, 8-warp cp.async candidates with 128x32 tiles failed with "grid=(1568,2,1), block=(32,8,1)")."""
+    more than 48 KB only when the dynamic part alone is that large (apache/tvm cuda_module.cc: `dyn_shmem_size
+    >= (48 << 10)`), so a static accumulator stage beside dynamic operand stages must stay within 48 KB in all.
+    The H200's search databases agree: the candidates that failed to launch there ("grid=(1568,2,1),
+    block=(32,8,1)") are exactly those this rejects (tests/host/test_cuda_tiles.py)."""
     return not dynamic < DEFAULT_SHARED < dynamic + static
 
 
@@ -272,7 +273,5 @@ def _valid(c: GemmConfig, in_dtype: str, k: int) -> bool:
         return False
     acc_bytes = 4 if in_dtype == "int8" else 2  # int32; FP16 GEMMs with FP16 outputs accumulate in float16
     if not launchable(*shared_bytes(c.tiles, in_dtype, max(c.async_stages, 2), acc_bytes)):
-        # on the H200's search databases this separates the 96 candidates that failed to launch from all
-        # the others exactly; the schedule checks the accumulator it really got
-        return False
+        return False  # (the schedule checks the accumulator it really got)
     return c.stage in (32, 64) and c.load_bytes in (4, 8, 16) and c.async_stages in (0, ASYNC_STAGES)
