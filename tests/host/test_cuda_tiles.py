@@ -14,7 +14,7 @@ tvm = pytest.importorskip("tvm")
 from tvm import relax  # noqa: E402
 
 from edgedeploy.compile.cuda_tensorcore import legalize_passes  # noqa: E402
-from edgedeploy.compile.cuda_tiles import MIN_BLOCKS, SPLIT_BLOCKS, WARP, choose_split, choose_tiles  # noqa: E402
+from edgedeploy.compile.cuda_tiles import MIN_BLOCKS, SPLIT_BLOCKS, choose_split, choose_tiles  # noqa: E402
 from tests.host.test_cuda_window import TARGET  # noqa: E402
 
 
@@ -220,39 +220,6 @@ def test_sm90_pipelines_copy_with_cp_async_only_from_contiguous_memory() -> None
         assert "manifest_shared_memory_local_stage" in script
 
 
-def _quarter_warp_wavefronts(store: str) -> int:
-    """Shared-memory wavefronts of the worst quarter warp for a 16-byte store whose byte offset is the C
-    expression `store` (threadIdx.y and loop counters 0): 8 threads take one wavefront when their 16 bytes
-    lie in 8 different 16-byte bank groups (32 banks of 4 bytes)."""
-    expr = store.replace("((int)threadIdx.x)", "tx").replace("((int)threadIdx.y)", "0")
-    expr = re.sub(r"\b(?!tx\b)[A-Za-z_]\w*\b", "0", expr).replace("/", "//")
-    offsets = [eval(expr, {"tx": tx}) for tx in range(WARP)]  # noqa: S307 (an integer expression)
-    worst = 1
-    for q in range(0, WARP, 8):
-        groups = [(o % 128) // 16 for o in offsets[q : q + 8]]
-        worst = max(worst, max(groups.count(g) for g in groups))
-    return worst
-
-
-def test_copy_rows_make_the_operand_stores_conflict_free() -> None:
-    """Knobs.copy_rows = 8: consecutive threads copy the same 16-byte K chunk of 8 consecutive rows (rows 80
-    bytes apart), so each quarter warp's 16-byte shared-memory stores take one wavefront; the default
-    (one row's chunks on consecutive threads) takes two. Evaluated from the CUDA source's store offsets."""
-    from edgedeploy.compile.cuda_tiles import Knobs
-    from tests.host.test_cuda_injective import _cuda_source
-
-    def operand_store(knobs: Knobs) -> str:
-        from edgedeploy.compile.cuda_tensorcore import TensorCoreGemm
-
-        src = _cuda_source(_int8_conv_model(64, 64, 8), TensorCoreGemm(knobs)).split("__global__")[-1]
-        match = re.search(r"\*\(int4\*\)\(\(\(signed char\*\)buf_dyn_shmem_ptr\) \+ (.*)\) = \w+_local_ptr", src)
-        assert match, src[:3000]
-        return match.group(1)
-
-    assert _quarter_warp_wavefronts(operand_store(Knobs())) == 2
-    assert _quarter_warp_wavefronts(operand_store(Knobs(copy_rows=8))) == 1
-
-
 def _lowered_shared_bytes(mod: object, target: object) -> dict[str, tuple[int, int]]:
     """(dynamic, static) shared memory of each kernel of `mod`, read from TVM's lowered device TIR (the merged
     shared.dyn allocation; the static shared allocations)."""
@@ -292,7 +259,7 @@ def test_shared_memory_estimate_is_what_tvm_allocates(size: int, tiles: str) -> 
     target = tvm.target.Target(SM90)
     model = _int8_conv_model(64, 64, size)
     with target:
-        fused = tvm.transform.Sequential(legalize_passes(target)[:5])(model)
+        fused = tvm.transform.Sequential(legalize_passes(target)[:-1])(model)
         [(name, func)] = [(gv.name_hint, f) for gv, f in fused.functions.items() if "conv2d" in gv.name_hint]
         rule = TensorCoreGemm(configs={kernel_key(func): config})
         mod = tvm.transform.Sequential(legalize_passes(target, rule))(model)
@@ -328,7 +295,9 @@ def test_launchable_rejects_exactly_what_failed_to_launch_on_the_h200() -> None:
     for db in sorted((Path(__file__).resolve().parents[2] / "profiles/tuning/h200").glob("*/gemm_configs.json")):
         for kernel in json.loads(db.read_text())["kernels"].values():
             dtype = "int8" if kernel["shape"].endswith("int8") else "float16"
-            for text, result in [(kernel["default"], kernel["default_ms"]), *kernel["tried"].items()]:
+            # a kernel timed before the search timed as in the model keeps what it timed as `hint` (all launched)
+            timed = [(c, 1.0) for c in kernel.get("hint", [])] + [(kernel["default"], kernel.get("default_ms", 1.0))]
+            for text, result in [*timed, *kernel["tried"].items()]:
                 if not isinstance(result, float) and "grid=" not in str(result):
                     continue  # another kind of error: says nothing about launching
                 c = GemmConfig.parse(text)

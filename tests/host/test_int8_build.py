@@ -213,3 +213,31 @@ def test_auto_fallback_keeps_sensitive_layers_float(data_dir: Path, tmp_path: Pa
     assert res.comparison is not None and res.comparison.drop <= gate
     assert res.fallback_tried and res.report.float_layers == res.fallback_tried
     assert np.isfinite(res.comparison.int8.top1)
+
+
+def test_a_classifier_with_transposed_weights_becomes_integer() -> None:
+    """ONNX Gemm with transB=1 (ResNet-18's fc) imports as matmul(x, permute_dims(dequantize(W))): the rewrite
+    takes the transposition into the constant, and the integer result equals the exact integer sum."""
+    import tvm
+
+    rng = np.random.default_rng(0)
+    wq = rng.integers(-127, 128, (10, 64)).astype(np.int8)  # N x K, per-output-channel scales
+    sw = rng.uniform(0.01, 0.02, 10).astype(np.float32)
+    bb = relax.BlockBuilder()
+    xq = relax.Var("xq", relax.TensorType((4, 64), "uint8"))
+    with bb.function("main", [xq]):
+        with bb.dataflow():
+            x = bb.emit(relax.op.dequantize(xq, relax.const(0.05, "float32"), relax.const(3, "uint8")))
+            w = bb.emit(
+                relax.op.dequantize(relax.const(wq), relax.const(sw), relax.const(np.zeros(10, np.int8)), axis=0)
+            )
+            out = bb.emit_output(bb.emit(relax.op.matmul(x, relax.op.permute_dims(w, [1, 0]))))
+        bb.emit_func_output(out)
+    mod, report = rewrite_int8(relax.transform.Normalize()(bb.get()), ["fc"])
+    assert report.integer == ["fc"] and report.float_left == []
+    assert 'out_dtype="int32"' in mod.script()
+    x = rng.integers(0, 256, (4, 64)).astype(np.uint8)
+    vm = relax.VirtualMachine(tvm.compile(mod, target="llvm"), tvm.cpu())
+    got = vm["main"](tvm.runtime.tensor(x)).numpy()
+    exact = ((x.astype(np.int64) - 3) @ wq.T.astype(np.int64)) * (0.05 * sw.astype(np.float64))
+    np.testing.assert_allclose(got, exact, rtol=1e-6)

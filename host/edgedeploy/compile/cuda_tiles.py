@@ -41,11 +41,6 @@ class Knobs:
     # the H200 (whole ResNet-18s; the stem 0.135 -> 0.239 ms, layer1 0.100 -> 0.127, layer4 0.077 -> 0.070:
     # bench/results/h200/run16-words-cp-async), so it is a per-kernel choice of the GEMM search
     async_stages: int = 0
-    # operand rows whose same K chunk consecutive threads copy into shared memory (cuda_tensorcore.py's
-    # to_shared): 1 puts one row's chunks on consecutive threads, so the two rows of a quarter warp's
-    # 16-byte stores share banks (ncu on the H200: shared-store wavefronts 2x the ideal); 8 makes those
-    # stores conflict-free. 8 is built and tested but not yet measured on a GPU, so 1 stays the default
-    copy_rows: int = 1
 
     @classmethod
     def from_env(cls) -> Knobs:

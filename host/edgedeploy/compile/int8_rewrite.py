@@ -30,6 +30,7 @@ _MUL = tvm.ir.Op.get("relax.multiply")
 _ASTYPE = tvm.ir.Op.get("relax.astype")
 _RESHAPE = tvm.ir.Op.get("relax.reshape")
 _MAX_POOL = tvm.ir.Op.get("relax.nn.max_pool2d")
+_PERMUTE = tvm.ir.Op.get("relax.permute_dims")
 _INT_RANGE = {"int8": (-128, 127), "uint8": (0, 255)}
 Pointwise = tuple[Any, np.ndarray, int]  # (integer input, int8 weights [O, C, 1, 1], input zero point)
 
@@ -107,6 +108,10 @@ class _Rewriter(relax.PyExprMutator):  # type: ignore[misc]
         name = self.names[self.count] if self.count < len(self.names) else f"{call.op.name}#{self.count}"
         self.count += 1
         x_dq, w_dq = self._dq(call.args[0]), self._dq(call.args[1])
+        transposed = False
+        if w_dq is None and call.op == _MATMUL:
+            w_dq = self._transposed_dq(call.args[1])
+            transposed = w_dq is not None
         if x_dq is None or w_dq is None:
             self.report.float_left.append(f"{name}: operands are not dequantized (kept in float)")
             return call
@@ -124,7 +129,7 @@ class _Rewriter(relax.PyExprMutator):  # type: ignore[misc]
             if call.op == _CONV:
                 out = self._conv(call, x_dq, wq, sw, zw, sx, zx)
             else:
-                out = self._matmul(call, x_dq, wq, sw, zw, sx, zx)
+                out = self._matmul(call, x_dq, wq, sw, zw, sx, zx, transposed)
         if out is None:
             self.report.float_left.append(f"{name}: {reason}")
             return call
@@ -169,11 +174,30 @@ class _Rewriter(relax.PyExprMutator):  # type: ignore[misc]
         scale = (float(sx.reshape(())) * np.broadcast_to(sw.astype(np.float32).reshape(-1), (o,))).reshape(1, o, 1, 1)
         return self._requant(acc, corr, scale.astype(np.float32), call, pointwise)
 
-    def _matmul(self, call: Any, x_dq: Any, wq: np.ndarray, sw: np.ndarray, zw: np.ndarray, sx: Any, zx: Any) -> Any:
+    def _transposed_dq(self, expr: Any) -> Any:
+        """dequantize(W) under a 2-D transposition: ONNX Gemm with transB=1 (a classifier) imports as
+        matmul(x, permute_dims(dequantize(W)))."""
+        t = self._bound(expr, _PERMUTE)
+        if t is None or (t.attrs.axes is not None and [int(a) for a in t.attrs.axes] != [1, 0]):
+            return None
+        return self._dq(t.args[0])
+
+    def _matmul(
+        self,
+        call: Any,
+        x_dq: Any,
+        wq: np.ndarray,
+        sw: np.ndarray,
+        zw: np.ndarray,
+        sx: Any,
+        zx: Any,
+        transposed: bool = False,
+    ) -> Any:
         if wq.ndim != 2:
             return None
-        w_dq = self._dq(call.args[1])
+        w_dq = self._dq(call.args[1]) or self._transposed_dq(call.args[1])
         w = _shift_weights(wq, zw, int(w_dq.attrs.axis) % 2)
+        w = np.ascontiguousarray(w.T) if transposed else w
         xq, z = self._int8_input(x_dq.args[0], int(zx.reshape(())))
         acc = self.builder_.emit(relax.op.matmul(xq, relax.const(w, "int8"), out_dtype="int32"))
         n = w.shape[1]
