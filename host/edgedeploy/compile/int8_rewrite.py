@@ -129,7 +129,7 @@ class _Rewriter(relax.PyExprMutator):  # type: ignore[misc]
             if call.op == _CONV:
                 out = self._conv(call, x_dq, wq, sw, zw, sx, zx)
             else:
-                out = self._matmul(call, x_dq, wq, sw, zw, sx, zx, transposed)
+                out = self._matmul(call, x_dq, wq, sw, zw, sx, zx, int(w_dq.attrs.axis), transposed)
         if out is None:
             self.report.float_left.append(f"{name}: {reason}")
             return call
@@ -191,12 +191,13 @@ class _Rewriter(relax.PyExprMutator):  # type: ignore[misc]
         zw: np.ndarray,
         sx: Any,
         zx: Any,
-        transposed: bool = False,
+        w_axis: int,
+        transposed: bool,
     ) -> Any:
+        """`transposed`: the weight is dequantize(W) under permute_dims, W stored N x K (its scales on `w_axis`)."""
         if wq.ndim != 2:
             return None
-        w_dq = self._dq(call.args[1]) or self._transposed_dq(call.args[1])
-        w = _shift_weights(wq, zw, int(w_dq.attrs.axis) % 2)
+        w = _shift_weights(wq, zw, w_axis % 2)
         w = np.ascontiguousarray(w.T) if transposed else w
         xq, z = self._int8_input(x_dq.args[0], int(zx.reshape(())))
         acc = self.builder_.emit(relax.op.matmul(xq, relax.const(w, "int8"), out_dtype="int32"))
