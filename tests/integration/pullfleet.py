@@ -135,13 +135,15 @@ def start_pull_fleet(base: Path, cli: Cli, names: list[str]) -> PullFleet:
 
 class FaultProxy:
     """HTTP proxy in front of a registry endpoint: `corrupt` flips a byte of that blob, `cut_after` closes the
-    connection after N body bytes of any blob, `ignore_range` answers a range request with a full 200."""
+    connection after N body bytes of any blob longer than that (`cuts` counts them), `ignore_range` answers a
+    range request with a full 200."""
 
     def __init__(self, upstream: str) -> None:
         self.upstream = upstream
         self.corrupt: str | None = None
         self.cut_after: int | None = None
         self.ignore_range = False
+        self.cuts = 0  # blobs whose link went down mid-body
         self.seen: list[tuple[str, str | None, int]] = []  # (path, Range asked, status answered)
         proxy = self
 
@@ -168,10 +170,12 @@ class FaultProxy:
                         self.send_header(k, v)
                 self.send_header("Content-Length", str(len(body)))
                 self.end_headers()
-                if proxy.cut_after is not None and "/blobs/" in self.path:
-                    self.wfile.write(body[: proxy.cut_after])
+                cut = proxy.cut_after
+                if cut is not None and "/blobs/" in self.path and len(body) > cut:
+                    self.wfile.write(body[:cut])
                     self.wfile.flush()
                     self.connection.shutdown(2)  # the link goes down mid-blob
+                    proxy.cuts += 1
                     return
                 self.wfile.write(body)
 

@@ -55,6 +55,17 @@ def fleet(cli: Cli, tmp_path: Path, hermetic: Path) -> Iterator[PullFleet]:
         fleet.close()
 
 
+def kept_parts(incoming: Path) -> list[Path]:
+    """The non-empty downloads in flight (a small blob's .part may be renamed between glob and stat)."""
+    sizes = {}
+    for p in incoming.glob("*.part"):
+        try:
+            sizes[p] = p.stat().st_size
+        except FileNotFoundError:
+            pass
+    return [p for p, size in sizes.items() if size > 0]
+
+
 def exe_version(pid: int) -> str:
     return os.path.basename(os.readlink(f"/proc/{pid}/exe"))
 
@@ -82,11 +93,18 @@ def test_watch_on_python_3_9_resumes_a_cut_download_and_deploys(
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         )  # fmt: skip
         try:
+            # wait for a real cut, not for any non-empty .part: a blob smaller than cut_after (the config)
+            # passes whole through incoming/<sha>.part too, and healing the link while only that one was seen
+            # let the big blob through uncut (no Range at all: this test's flake under load, 2026-12-01)
             incoming = dev.root / "blobs" / "incoming"
             end = time.monotonic() + 120
-            while not any(p.stat().st_size > 0 for p in incoming.glob("*.part")) and time.monotonic() < end:
+            while proxy.cuts == 0 and time.monotonic() < end:
                 time.sleep(0.1)
-            assert any(incoming.glob("*.part")), dev.log()  # a blob was cut and kept for resuming
+            assert proxy.cuts > 0, dev.log()
+            end = time.monotonic() + 30  # the agent keeps what it got for resuming
+            while not kept_parts(incoming) and time.monotonic() < end:
+                time.sleep(0.1)
+            assert kept_parts(incoming), dev.log()
             proxy.cut_after = None
             out, err = rollout.communicate(timeout=300)
         finally:
