@@ -50,6 +50,11 @@ echo "== models and inputs"
 cp "$data/models/mobilenet_v1_0.25_224.onnx" "$kit/models/"
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
+# The tuning databases are per ONNX file (profiles/tuning/h200/<first 16 hex of its sha256>-<precision>), and
+# the export's bytes depend on the torch that wrote them: the committed databases are for the file torch
+# 2.13.0+cpu writes (52a161c7fcb2515c; an earlier torch wrote 1c85c1aa47bf1377, the same graph). With another
+# torch, check `apply-tuning` in the build log below: "no tuning database" means a new file, whose kernels
+# may still be the same (the kernel keys inside are hashes of their TIR): rename the folders and rebuild.
 if [ -f "$kit/models/resnet18.onnx.gz" ]; then
   gunzip -c "$kit/models/resnet18.onnx.gz" >"$work/resnet18.onnx"
 else

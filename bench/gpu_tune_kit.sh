@@ -9,6 +9,7 @@ kit=${1:?usage: $0 KIT BUNDLE...}; shift
 py=.venv/bin/python; ed=.venv/bin/edgedeploy
 site=$($py -c "import importlib.util as u, pathlib; print(pathlib.Path(u.find_spec('tvm').submodule_search_locations[0]).parent)")
 mkdir -p "$kit"
+echo "*" >"$kit/.gitignore" # the kit ignores itself: it travels with the device tool's carry, never in git
 if [ ! -f "$kit/libtvm_compiler.so.xz" ]; then
   xz -9e -T0 -c "$site/tvm/lib/libtvm_compiler.so" > "$kit/libtvm_compiler.so.xz"
 fi

@@ -241,3 +241,23 @@ def test_a_classifier_with_transposed_weights_becomes_integer() -> None:
     got = vm["main"](tvm.runtime.tensor(x)).numpy()
     exact = ((x.astype(np.int64) - 3) @ wq.T.astype(np.int64)) * (0.05 * sw.astype(np.float64))
     np.testing.assert_allclose(got, exact, rtol=1e-6)
+
+
+def test_signed_activations_give_the_same_bytes_without_shift_kernels(data_dir: Path) -> None:
+    """CUDA builds quantize activations to int8 (q - 128, zero point - 128) instead of uint8: int8_rewrite
+    then has no uint8 input to shift before a convolution, and the compiled graph gives the same bytes."""
+    import tvm
+
+    from edgedeploy.compile.int8_rewrite import signed_activations
+
+    qdq, imported, calib = _mnist_qdq(data_dir, 16)
+    outputs, scripts = [], []
+    for signed in (False, True):
+        mod, report = rewrite_int8(signed_activations(imported) if signed else imported, quantizable_layers(qdq))
+        assert len(report.integer) == 3 and report.float_left == []
+        scripts.append(mod.script())
+        vm = relax.VirtualMachine(tvm.compile(mod, target="llvm"), tvm.cpu())
+        outputs.append(np.concatenate([vm["main"](tvm.runtime.tensor(x[None])).numpy() for x in calib]))
+    assert '"int16"' in scripts[0] and '"uint8"' in scripts[0]  # the shifts, before
+    assert '"int16"' not in scripts[1] and '"uint8"' not in scripts[1]
+    assert np.array_equal(outputs[0], outputs[1])

@@ -41,6 +41,7 @@ from tvm.s_tir.dlight.gpu.matmul import (
 )
 from tvm.target import Target
 
+from . import cuda_source  # noqa: F401 (registers the CUDA source fix with TVM)
 from .cuda_tiles import (
     ACC_ALIGN,
     FRAG,
@@ -369,10 +370,12 @@ def legalize_passes(target: Target, rule: TensorCoreGemm | None = None) -> list[
     `VectorizedInjective` (pads, casts, transposes) ahead of its Fallback."""
     from tvm.s_tir import dlight as dl
 
+    from .cuda_conv_pad import pad_into_conv
     from .cuda_injective import VectorizedInjective
     from .cuda_window import WindowReduction
 
     return [
+        pad_into_conv,
         tvm.relax.transform.LegalizeOps(),
         tvm.relax.transform.AnnotateTIROpPattern(),
         tvm.relax.transform.FoldConstant(),

@@ -346,6 +346,47 @@ def rewrite_int8(
     return relax.transform.DeadCodeElimination()(mod), rw.report
 
 
+@relax.expr_functor.mutator
+class _Signed(relax.PyExprMutator):  # type: ignore[misc]
+    def __init__(self, mod: Any) -> None:
+        super().__init__(mod)
+        self.changed = 0
+
+    def visit_call_(self, call: Any) -> Any:  # noqa: N802 (TVM's visitor naming)
+        new = self.visit_expr_post_order(call)
+        if new.op not in (_Q, _DQ):
+            return new
+        quantize = new.op == _Q
+        data, scale, zp = new.args
+        z = _value(zp)
+        if quantize:  # an activation quantized to uint8 (a constant is a weight: int8_rewrite shifts those)
+            if str(new.ty.dtype) != "uint8" or isinstance(data, tvm.ir.expr.Constant) or z is None:
+                return new
+        elif str(call.args[0].ty.dtype) != "uint8" or str(data.ty.dtype) != "int8" or z is None:
+            return new  # a dequantize reads the int8 tensor a rewritten quantize now makes
+        signed = relax.const((z.astype(np.int16) - 128).astype(np.int8))
+        self.changed += 1
+        axis = int(new.attrs.axis)
+        if quantize:
+            return relax.op.quantize(data, scale, signed, axis, "int8")
+        return relax.op.dequantize(data, scale, signed, axis, str(new.attrs.out_dtype))
+
+
+def signed_activations(mod: Any) -> Any:
+    """Every uint8 activation (value q, zero point z) as int8 (q - 128, z - 128): the same real numbers, the
+    same integers 128 lower (quantize is clip(round(x / s) + z); dequantize (q - z) * s). CUDA's INT8 tensor
+    cores and dp4a multiply int8 by int8, so int8_rewrite would otherwise shift each uint8 input to int8 in a
+    kernel of its own before the convolution or classifier that reads it (fused with its pad, where it has one);
+    here the producers' requantize writes int8 directly. The x86 dot products want uint8 and keep it."""
+    rw = _Signed(mod.clone())
+    func = rw.visit_expr(mod["main"])
+    if not rw.changed or str(func.ret_ty) != str(mod["main"].ret_ty):
+        return mod  # nothing to do, or a uint8 output that the caller reads as such
+    mod = rw.builder_.get()
+    mod["main"] = func
+    return mod
+
+
 @stage("int8-rewrite")
 def int8_rewrite_stage(ctx: BuildContext) -> None:
     """Turn the imported QDQ graph's fake-quant conv/matmul into integer compute."""
@@ -354,5 +395,7 @@ def int8_rewrite_stage(ctx: BuildContext) -> None:
     # GPUs: int8 operands, which nvcc turns into dp4a
     exact = ctx.profile.device == "cpu"
     names = quantizable_layers(ctx.model.proto)
+    if not exact:
+        ctx.ir = signed_activations(ctx.ir)
     ctx.ir, report = rewrite_int8(ctx.ir, names, float_exact=exact, dot=dot_kind(ctx.profile))
     ctx.float_left = report.float_left

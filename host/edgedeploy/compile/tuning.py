@@ -137,14 +137,20 @@ def tuning_target(profile: DeviceProfile) -> Any:
 
 
 def tuning_module(mod: Any) -> Any:
-    """The module MetaSchedule extracts tasks from and the database is applied to (fused, legalized)."""
+    """The module MetaSchedule extracts tasks from and the database is applied to (fused, legalized), inside
+    `with target`: on CUDA with the INT8 convolutions padding themselves, as builds compile them."""
     import tvm
     from tvm import relax
 
+    from .cuda_conv_pad import pad_into_conv
+
+    target = tvm.target.Target.current(allow_none=True)
+    cuda = [pad_into_conv] if target is not None and target.kind.name == "cuda" else []
     return tvm.transform.Sequential(
         [
             relax.transform.DecomposeOpsForInference(),
             relax.transform.CanonicalizeBindings(),
+            *cuda,
             relax.get_pipeline("zero"),
         ]
     )(mod)

@@ -1,0 +1,108 @@
+"""An INT8 convolution pads its own input with the zero point on CUDA (compile/cuda_conv_pad.py), and the
+16-lane byte vectors that makes compile (compile/cuda_source.py).
+
+The exactness check runs the same graph with and without the pass on the CPU (LLVM): the pass only moves
+the pad into the convolution's PrimFunc, so the bytes must be the same. nvcc compiling such a kernel for
+sm_75 and sm_72, with IMMA in its SASS, is test_gpu_build's `test_convolutions_run_on_tensor_cores`."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import numpy as np
+import pytest
+
+tvm = pytest.importorskip("tvm")
+from tvm import relax  # noqa: E402
+
+from edgedeploy.compile.cuda_conv_pad import MIN_BATCH, pad_into_conv  # noqa: E402
+from edgedeploy.compile.cuda_source import pack_byte_vectors  # noqa: E402
+from edgedeploy.compile.cuda_tensorcore import TensorCoreGemm, legalize_passes  # noqa: E402
+from tests.host.test_cuda_window import TARGET  # noqa: E402
+
+ZP = -128  # a ReLU output's zero point (uint8 0) in the signed activations of CUDA builds
+
+
+def _padded_conv_model(second_use: bool = False, batch: int = MIN_BATCH) -> Any:
+    """pad(x, ZP) then a 3x3 NHWC int8 convolution with no padding and a requantizing epilogue, as
+    int8_rewrite and nhwc.py emit for a ResNet layer; `second_use`: the padded tensor is also an output."""
+    rng = np.random.default_rng(0)
+    w = rng.integers(-127, 128, (64, 3, 3, 64)).astype("int8")
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((batch, 8, 8, 64), "int8"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            p = bb.emit(relax.op.nn.pad(x, [0, 0, 1, 1, 1, 1, 0, 0], pad_value=float(ZP)))
+            conv = relax.op.nn.conv2d(
+                p, relax.const(w), data_layout="NHWC", kernel_layout="OHWI", out_layout="NHWC", out_dtype="int32"
+            )
+            acc = bb.emit(relax.op.add(bb.emit(conv), relax.const(-ZP * w.reshape(64, -1).sum(1).astype("int32"))))
+            y = relax.op.clip(
+                relax.op.round(relax.op.multiply(relax.op.astype(acc, "float32"), relax.const(1e-3))), -128, 127
+            )
+            out = bb.emit(relax.op.astype(y, "int8"))
+            result = bb.emit_output(relax.Tuple([out, p]) if second_use else out)
+        bb.emit_func_output(result)
+    return bb.get()
+
+
+def _prim_funcs(mod: Any) -> dict[str, Any]:
+    return {gv.name_hint: f for gv, f in mod.functions.items() if isinstance(f, tvm.tirx.PrimFunc)}
+
+
+def test_the_pad_becomes_part_of_the_convolution() -> None:
+    target = tvm.target.Target(TARGET)
+    with target:
+        fused = tvm.transform.Sequential(legalize_passes(target))(_padded_conv_model())
+    funcs = _prim_funcs(fused)
+    assert len(funcs) == 1, list(funcs)  # one kernel: pad, convolution and epilogue
+    [script] = [str(f.script()) for f in funcs.values()]
+    assert "T.int8(-128)" in script and "mma_sync" in script  # the pad value, on tensor cores
+    # a pad with another use stays a tensor of its own
+    with target:
+        kept = tvm.transform.Sequential(legalize_passes(target))(_padded_conv_model(second_use=True))
+    assert len(_prim_funcs(kept)) == 2
+    # and so does the pad of a small batch (slower inside the convolution at batch 1, measured)
+    with target:
+        small = tvm.transform.Sequential(legalize_passes(target))(_padded_conv_model(batch=1))
+    assert len(_prim_funcs(small)) == 2
+
+
+def _run_on_cpu(mod: Any, x: np.ndarray) -> np.ndarray:
+    ex = tvm.compile(relax.transform.LegalizeOps()(mod), target="llvm")
+    return np.asarray(relax.VirtualMachine(ex, tvm.cpu())["main"](tvm.runtime.tensor(x)).numpy())
+
+
+def test_padding_inside_the_convolution_is_exact() -> None:
+    """Same bytes with the pad in the convolution as with the pad before it, borders included (x holds the
+    whole int8 range, so a border read as 0 instead of ZP would change them)."""
+    mod = _padded_conv_model()
+    x = np.random.default_rng(1).integers(-128, 128, (MIN_BATCH, 8, 8, 64)).astype("int8")
+    moved = pad_into_conv(mod)
+    assert "relax.nn.pad" not in moved.script() and "call_tir" in moved.script()
+    np.testing.assert_array_equal(_run_on_cpu(moved, x), _run_on_cpu(mod, x))
+
+
+def test_byte_vectors_are_packed_into_words() -> None:
+    lanes = ", ".join(["(signed char)-128"] * 16)
+    code = f"x = make_int4({lanes}); y = make_int4(a, b, c, d); z = make_int2({', '.join(['v[(i + 1)]'] * 8)});"
+    fixed = pack_byte_vectors(code)
+    assert "y = make_int4(a, b, c, d);" in fixed  # 32-bit lanes: as they were
+    x_call = re.search(r"x = make_int4\((.*?)\); y", fixed)
+    assert x_call and x_call.group(1).count("__edgedeploy_pack4(") == 4
+    assert re.search(r"z = make_int2\(__edgedeploy_pack4\(v\[\(i \+ 1\)\],", fixed)
+    assert (
+        fixed.count("static __device__") == 1 and pack_byte_vectors("make_int4(a, b, c, d)") == "make_int4(a, b, c, d)"
+    )
+
+
+def test_the_padded_convolution_keeps_16_byte_loads() -> None:
+    """The tensor-core schedule inlines the pad into its global loads and keeps them 16 bytes wide: the
+    out-of-image vector is 16 copies of ZP, which the source fix packs into four words."""
+    from tests.host.test_cuda_injective import _cuda_source
+
+    rule = TensorCoreGemm()
+    src = _cuda_source(_padded_conv_model(), rule)
+    assert rule.seen and re.search(r"= \*\(int4\*\)\(x_ptr", src), src[:3000]
+    assert "make_int4(__edgedeploy_pack4((signed char)-128" in src
