@@ -305,3 +305,32 @@ def test_launchable_rejects_exactly_what_failed_to_launch_on_the_h200() -> None:
                 assert fits == isinstance(result, float), (db.parent.name, kernel["name"], text, result)
                 failed += not fits
     assert failed > 0  # the databases do hold launch failures
+
+
+def test_k_is_never_split_where_n_is_padded() -> None:
+    """ResNet-18's FP16 classifier (N = 1000 classes in 32-wide tiles, padded) split by 2 wrote out of bounds on
+    the H200 (compute-sanitizer, run19): no default, no search candidate and no stored configuration gets it."""
+    from tvm import relax
+
+    from edgedeploy.compile.cuda_tensorcore import TensorCoreGemm, kernel_key
+    from edgedeploy.compile.cuda_tiles import GemmConfig, neighbours, split_ok
+
+    assert split_ok(512, 32) and not split_ok(1000, 32)
+    assert choose_split(choose_tiles(16, 1000, "float16"), 1, 16, 1000, 4096) == 1
+    assert choose_split(choose_tiles(16, 1024, "float16"), 1, 16, 1024, 4096) > 1  # the same GEMM, N unpadded
+    assert all(c.split == 1 for c in neighbours(64, 1000, 512, 1, "float16"))
+    assert any(c.split > 1 for c in neighbours(64, 1024, 512, 1, "float16"))
+
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((64, 512), "float16"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            y = bb.emit(relax.op.matmul(x, relax.const(np.zeros((512, 1000), "float16")), out_dtype="float16"))
+            out = bb.emit_output(y)
+        bb.emit_func_output(out)
+    mod = relax.transform.LegalizeOps()(bb.get())
+    (func,) = [f for f in mod.functions.values() if isinstance(f, tvm.tirx.PrimFunc)]
+    stored = GemmConfig.parse("16x32-k64-v16-s2")  # what the run19 search had kept
+    rule = TensorCoreGemm(configs={kernel_key(func): stored})
+    with pytest.raises(ValueError, match="padded N"):
+        rule.schedule(func, tvm.target.Target(TARGET))

@@ -68,12 +68,17 @@ def _pool_script(shape: tuple[int, ...], layout: str, dtype: str = "int8") -> st
     return "\n".join(f.script() for f in mod.functions.values() if isinstance(f, tvm.tirx.PrimFunc))
 
 
-def test_nhwc_pooling_takes_four_channels_per_thread_with_the_max_in_registers() -> None:
-    """ResNet-18's INT8 max pooling (NHWC, 64 channels): each thread reads 4 channels per window tap and keeps
+@pytest.mark.parametrize(("dtype", "channels", "lanes"), [("int8", 64, 16), ("float16", 64, 8), ("int8", 24, 8)])
+def test_nhwc_pooling_takes_16_bytes_of_channels_per_thread_with_the_max_in_registers(
+    dtype: str, channels: int, lanes: int
+) -> None:
+    """ResNet-18's INT8 max pooling (NHWC, 64 channels): each thread reads 16 channels per window tap and keeps
     the running max in a register (before: one byte per thread and the max kept in global memory, 9 read-
-    modify-writes per output); NCHW pooling (channels not innermost) keeps one output per thread."""
-    nhwc = _pool_script((8, 112, 112, 64), "NHWC")
-    assert "T.vectorized(T.int64(4))" in nhwc and 'scope="local"' in nhwc, nhwc
-    assert re.findall(r'T.int64\((\d+)\), thread="blockIdx.x"', nhwc) == [str(8 * 56 * 56 * 64 // 4 // 256)]
+    modify-writes per output); fewer lanes where the channels do not divide; NCHW pooling (channels not
+    innermost) keeps one output per thread."""
+    nhwc = _pool_script((8, 112, 112, channels), "NHWC", dtype)
+    assert f"T.vectorized(T.int64({lanes}))" in nhwc and 'scope="local"' in nhwc, nhwc
+    blocks = -(-8 * 56 * 56 * channels // lanes // 256)
+    assert re.findall(r'T.int64\((\d+)\), thread="blockIdx.x"', nhwc) == [str(blocks)]
     nchw = _pool_script((8, 64, 112, 112), "NCHW")
     assert "T.vectorized" not in nchw and 'scope="local"' not in nchw

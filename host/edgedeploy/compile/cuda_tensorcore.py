@@ -54,6 +54,7 @@ from .cuda_tiles import (
     default_config,
     launchable,
     shared_bytes,
+    split_ok,
 )
 
 MIN_SM = {"float16": 70, "int8": 72}  # Volta HMMA; IMMA from Xavier/Turing on
@@ -155,6 +156,8 @@ class TensorCoreGemm(GPUScheduleRule):  # type: ignore[misc]
             return None
         config = self.configs.get(key) or default_config(m, n, k, int(_batch), a_dtype, self.knobs)
         t, split = config.tiles, config.split
+        if split > 1 and not split_ok(n, t.n):
+            raise ValueError(f"split-K over a padded N ({n} in tiles of {t.n}) wrote out of bounds: refused")
         exact = m % t.m == 0 and n % t.n == 0 and k % (t.k * split) == 0
         sch.pad_einsum(main, [1, t.m, t.n, t.k * split])
 

@@ -122,13 +122,23 @@ def tiles_of(tm: int, tn: int, wide: bool, stage: int) -> Tiles:
     return Tiles(i2, i3, j2, j3, k1=stage // FRAG)
 
 
+def split_ok(n: int, tile_n: int) -> bool:
+    """Whether K may be split for a GEMM of N columns in tiles `tile_n` wide: not where N is padded. ResNet-18's
+    FP16 classifier (N = 1000 classes, padded to 1024) split by 2, as the GEMM search chose it, made the model
+    write out of bounds on the H200 (compute-sanitizer: thousands of invalid global writes, reported in the
+    global average pool's kernel that runs before it; the same model with that kernel unsplit: 0 errors,
+    bench/results/h200/run19-signed-activations). The split-K convolutions (N = channels, never padded; M
+    padded at batch 1) were clean. Not traced further in TVM."""
+    return n % tile_n == 0
+
+
 def choose_split(t: Tiles, batch: int, m: int, n: int, k: int) -> int:
     """Thread blocks that split K between them (int32/float partial sums, added up with the epilogue by a
     second kernel) while the tiles alone give fewer than MIN_BLOCKS and K is long: a batch-1 ResNet-18
     layer4 convolution would otherwise walk K = 4608 in 72 shared-memory stages in each of 64 blocks.
-    Up to SPLIT_BLOCKS blocks in all; each keeps at least 8 stages."""
+    Up to SPLIT_BLOCKS blocks in all; each keeps at least 8 stages. Not where N needs padding (`split_ok`)."""
     blocks = batch * -(-m // t.m) * -(-n // t.n)
-    if blocks >= MIN_BLOCKS:
+    if blocks >= MIN_BLOCKS or not split_ok(n, t.n):
         return 1
     stages = -(-k // t.k)
     split = 1
@@ -233,7 +243,7 @@ def neighbours(
     out: list[GemmConfig] = []
 
     def add(c: GemmConfig) -> None:
-        if c != base and c not in out and _valid(c, in_dtype, k):
+        if c != base and c not in out and _valid(c, in_dtype, n, k):
             out.append(c)
 
     def near(edges: list[int], e: int) -> list[int]:
@@ -251,7 +261,7 @@ def neighbours(
         add(replace(base, async_stages=0 if base.async_stages else ASYNC_STAGES))
     if batch * -(-m // base.tm) * -(-n // base.tn) < SPLIT_BLOCKS:  # splitting K helps small grids only
         for split in (1, 2, 4, 8):
-            add(replace(base, split=split))
+            add(replace(base, split=split))  # (_valid drops splits where N is padded)
     copies = sorted({base.async_stages, ASYNC_STAGES}) if cp_async else [base.async_stages]
     for tm in edges_m:
         for tn in edges_n:
@@ -261,10 +271,10 @@ def neighbours(
     return out
 
 
-def _valid(c: GemmConfig, in_dtype: str, k: int) -> bool:
+def _valid(c: GemmConfig, in_dtype: str, n: int, k: int) -> bool:
     if c.wide and (in_dtype != "int8" or (c.tm < 64 and c.tn < 64)):
         return False  # WMMA FP16 keeps 2x2 fragments (unmeasured); a tile of edges < 64 has nothing to widen
-    if c.split > 1 and -(-k // c.tiles.k) // c.split < 2:
+    if c.split > 1 and (-(-k // c.tiles.k) // c.split < 2 or not split_ok(n, c.tn)):
         return False
     acc_bytes = 4 if in_dtype == "int8" else 2  # int32; FP16 GEMMs with FP16 outputs accumulate in float16
     if not launchable(*shared_bytes(c.tiles, in_dtype, max(c.async_stages, 2), acc_bytes)):

@@ -1,4 +1,4 @@
-"""Pooling and depthwise convolutions on CUDA: one thread per output (NHWC pooling: per LANES channels), the
+"""Pooling and depthwise convolutions on CUDA: one thread per output (NHWC pooling: per 16 bytes of channels), the
 window summed in registers.
 
 TVM 0.27's dlight `Reduction`/`GeneralReduction` rules take any kernel with a reduction, including a 3x3
@@ -18,11 +18,14 @@ from __future__ import annotations
 
 from typing import Any
 
+import tvm
 from tvm import s_tir, tirx
 from tvm.s_tir.dlight.analysis import get_root_block
 from tvm.s_tir.dlight.gpu import Fallback
 from tvm.s_tir.dlight.gpu.base import GPUScheduleRule
 from tvm.target import Target
+
+from . import cuda_source  # noqa: F401 (16-byte int8 vectors of the pad value: registers the CUDA source fix)
 
 MAX_WINDOW = 64
 
@@ -62,13 +65,15 @@ class WindowReduction(GPUScheduleRule):  # type: ignore[misc]
         return vectorized or Fallback().apply(func, target, tunable)
 
 
-LANES = 4  # TVM 0.27 writes 8- or 16-lane int8 vectors built from a pad value as make_int2/make_int4 calls
-# with 8 or 16 arguments, which nvcc rejects (cuda_tensorcore.py); 4 lanes are a char4
+VECTOR_BYTES = 16  # per thread and load: 16 int8 channels, 8 fp16, 4 fp32 (fewer where the channels do not
+# divide). The pad value's 16-byte int8 vector is one that TVM 0.27 writes as make_int4 with 16 arguments, which
+# nvcc rejects; cuda_source packs them (before it, 4 int8 lanes: ResNet-18's INT8 pooling 0.041 ms at batch 64
+# on the H200 against FP16's 0.038 on twice the bytes, run19)
 
 
 def channel_vectors(func: tirx.PrimFunc, threads: int = 256) -> Any:
     """A pooling window over NHWC (the innermost output axis is the channel, read at the same channel):
-    each thread computes LANES neighbouring channels of one output pixel with vector loads and a vector
+    each thread computes VECTOR_BYTES of neighbouring channels of one output pixel with vector loads and a vector
     max or sum. ResNet-18's INT8 max pooling at batch 64 read one byte per load (0.064 ms on the H200).
     None when the kernel is not that shape."""
     sch = s_tir.Schedule(func)
@@ -87,7 +92,13 @@ def channel_vectors(func: tirx.PrimFunc, threads: int = 256) -> Any:
     if kinds != [tirx.IterVar.DataPar] * n_spatial + [tirx.IterVar.CommReduce] * (len(kinds) - n_spatial):
         return None
     channel = stmt.iter_vars[n_spatial - 1]
-    if not isinstance(channel.dom.extent, tirx.IntImm) or int(channel.dom.extent) % LANES:
+    if not isinstance(channel.dom.extent, tirx.IntImm):
+        return None
+    widest = max(tvm.DataType(r.source.dtype).bits // 8 for r in (*stmt.reads, *stmt.writes))
+    lanes = VECTOR_BYTES // max(1, widest)
+    while lanes > 1 and int(channel.dom.extent) % lanes:
+        lanes //= 2
+    if lanes < 4:
         return None
     for region in (*stmt.reads, *stmt.writes):
         last = region.region[-1]
@@ -96,7 +107,7 @@ def channel_vectors(func: tirx.PrimFunc, threads: int = 256) -> Any:
     writeback = sch.cache_write(main, 0, "local")  # the running max/sum in registers, stored once
     loops = sch.get_loops(main)
     spatial, window = loops[:n_spatial], loops[n_spatial:]
-    c_out, c_in = sch.split(spatial[-1], factors=[None, LANES])
+    c_out, c_in = sch.split(spatial[-1], factors=[None, lanes])
     sch.reorder(*spatial[:-1], c_out, *window, c_in)
     bx, tx = sch.split(sch.fuse(*spatial[:-1], c_out), factors=[None, threads])
     sch.bind(bx, "blockIdx.x")
