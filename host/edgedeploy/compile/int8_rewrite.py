@@ -137,7 +137,9 @@ class _Rewriter(relax.PyExprMutator):  # type: ignore[misc]
         return out
 
     def _int8_input(self, xq: Any, zx: int) -> tuple[Any, int]:
-        """uint8 activations become int8 (x - 128) so both operands share one signed type."""
+        """uint8 activations become int8 (x - 128) so both operands share one signed type. GPU builds have made
+        their activations int8 beforehand (`signed_activations`); this remains for a uint8 tensor no quantize
+        made (a graph input) and for CPU convolutions too long for float32-exact accumulation."""
         if str(xq.ty.dtype) == "uint8":
             shifted = self.builder_.emit(relax.op.subtract(relax.op.astype(xq, "int16"), relax.const(128, "int16")))
             return self.builder_.emit(relax.op.astype(shifted, "int8")), zx - 128
