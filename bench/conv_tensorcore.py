@@ -62,13 +62,18 @@ def build_one(args: argparse.Namespace) -> dict[str, Any]:
     import tvm
     from tc_sass import sass_counts
 
-    from edgedeploy.compile.cuda_tensorcore import cuda_pipeline, pass_config
+    from edgedeploy.compile.cuda_tensorcore import TIR_PIPELINE, cuda_pipeline, pass_config
 
     mod = conv_module(args.case, args.precision, args.layout, args.batch)
     target = tvm.target.Target({"kind": "cuda", "arch": args.arch, "host": {"kind": "llvm"}})
     t = time.perf_counter()
     with target, tvm.transform.PassContext(opt_level=3, config=pass_config(target)):
-        ex = tvm.compile(mod, target=target, relax_pipeline=cuda_pipeline(target, tensor_cores=args.rule == "tc"))
+        ex = tvm.compile(
+            mod,
+            target=target,
+            relax_pipeline=cuda_pipeline(target, tensor_cores=args.rule == "tc"),
+            tir_pipeline=TIR_PIPELINE,
+        )
     seconds = time.perf_counter() - t
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

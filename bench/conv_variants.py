@@ -87,7 +87,7 @@ def build(args: argparse.Namespace) -> None:
     import tvm
     from tc_sass import sass_counts
 
-    from edgedeploy.compile.cuda_tensorcore import TensorCoreGemm, cuda_pipeline, pass_config
+    from edgedeploy.compile.cuda_tensorcore import TIR_PIPELINE, TensorCoreGemm, cuda_pipeline, pass_config
     from edgedeploy.compile.cuda_tiles import Knobs
 
     kit = Path(args.kit)
@@ -108,7 +108,7 @@ def build(args: argparse.Namespace) -> None:
         try:
             with target, tvm.transform.PassContext(opt_level=3, config=pass_config(target)):
                 pipeline = cuda_pipeline(target, rule=TensorCoreGemm(Knobs(**knobs)))
-                ex = tvm.compile(bb.get(), target=target, relax_pipeline=pipeline)
+                ex = tvm.compile(bb.get(), target=target, relax_pipeline=pipeline, tir_pipeline=TIR_PIPELINE)
             ex.export_library(str(kit / row["lib"]))
             row |= {"compile_s": round(time.perf_counter() - t, 1), **sass_counts(kit / row["lib"])}
         except Exception as e:  # a variant TVM cannot compile: say why, go on with the next

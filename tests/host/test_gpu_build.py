@@ -233,6 +233,32 @@ def test_convolutions_run_on_tensor_cores(precision: str, profile: str, data_dir
         assert _opcodes(sass, "IMMA") > 0 and _opcodes(sass, "HMMA") == 0, sass[:2000]
 
 
+def test_int8_mma_knob_gives_m16n8k32_with_ldmatrix_x4_on_sm90(
+    data_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """cuda_mma.py (EDGEDEPLOY_CUDA_KNOBS=int8_mma=1, off by default): INT8 convolutions on sm_90 with a K
+    of at least 64 become mma.sync m16n8k32 (IMMA.16832) fed by ldmatrix.x4 (LDSM.16.M88.4) instead of
+    TVM's WMMA m16n16k16 (IMMA.16816), with their operand fragments in registers: a fragment left a
+    whole-warp array (TVM 0.27's LowerWarpMemory, cuda_mma.py) is indexed by the thread and lives in local
+    memory (LDL/STL)."""
+    _toolchain_or_skip("h200")
+    monkeypatch.setenv("EDGEDEPLOY_CUDA_KNOBS", "int8_mma=1")
+    from edgedeploy.compile.int8_build import Int8Config
+    from edgedeploy.compile.quantize import QuantizeOptions
+
+    model = _convnet(tmp_path / "convnet.onnx")
+    card = ModelCard(name="convnet", preprocess=Preprocess(scale=1 / 255))
+    int8 = Int8Config(calibration=data_dir / "imagenet-sample", options=QuantizeOptions(samples=16))
+    res = build(model, "h200", tmp_path / "c.edb", card, precision="int8", int8=int8)
+    extract_bundle(res.bundle, tmp_path / "rel")
+    sass = _sass(tmp_path / "rel" / "model.so", tmp_path, 90)
+    assert "Function" in sass, sass[:2000]
+    # (the stem and the 1x1 convolution have K = 27 and 32: one 32-deep stage, which stays WMMA, IMMA.16816)
+    assert _opcodes(sass, "IMMA.16832") > 0, sass[:2000]
+    assert _opcodes(sass, "LDSM.16.M88.4") > 0, sass[:2000]
+    assert _opcodes(sass, "LDL") == 0 and _opcodes(sass, "STL") == 0, sass[:2000]
+
+
 def _conv_weight_shapes(mod: object) -> list[tuple[int, ...]]:
     from tvm import relax
 

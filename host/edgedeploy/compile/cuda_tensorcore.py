@@ -41,10 +41,11 @@ from tvm.s_tir.dlight.gpu.matmul import (
 )
 from tvm.target import Target
 
-from . import cuda_source  # noqa: F401 (registers the CUDA source fix with TVM)
+from . import cuda_mma, cuda_source  # noqa: F401 (cuda_source registers the CUDA source fix with TVM)
 from .cuda_tiles import (
     ACC_ALIGN,
     FRAG,
+    MMA_K,
     OPERAND_ALIGN,
     STATIC_ACC,
     WARP,
@@ -61,9 +62,19 @@ MIN_SM = {"float16": 70, "int8": 72}  # Volta HMMA; IMMA from Xavier/Turing on
 ASYNC_SM = 80  # cp.async (global -> shared without registers) from Ampere on
 
 
+TIR_PIPELINE = cuda_mma.TIR_PIPELINE  # tvm.compile(..., tir_pipeline=TIR_PIPELINE) for every CUDA build
+
+
 def pass_config(target: Target) -> dict[str, Any]:
-    """What TVM's lowering needs for these schedules: cp.async from the pipelines' async stages (sm_80+)."""
-    return {"tirx.use_async_copy": True} if _sm(target) >= ASYNC_SM else {}
+    """What TVM's lowering needs for these schedules on sm_80+: cp.async from the pipelines' async stages,
+    and no TIR common-subexpression elimination, for the INT8 mma kernels any tuned configuration may ask
+    for: it binds their fragments' `threadIdx.x * 16` offsets to let-variables, in which TVM 0.27's
+    LowerWarpMemory cannot find the thread ("require positive constant coefficient on warp index",
+    cuda_mma.py). nvcc eliminates common subexpressions itself (WMMA kernels with and without it: the same
+    times, bench/results/h200/run20-mma)."""
+    if _sm(target) < ASYNC_SM:
+        return {}
+    return {"tirx.use_async_copy": True, "tirx.disable_cse_tir": True}
 
 
 def kernel_key(func: Any) -> str:
@@ -156,6 +167,12 @@ class TensorCoreGemm(GPUScheduleRule):  # type: ignore[misc]
             return None
         config = self.configs.get(key) or default_config(m, n, k, int(_batch), a_dtype, self.knobs)
         t, split = config.tiles, config.split
+        # INT8 on sm_80+: mma.sync m16n8k32 fed by ldmatrix (cuda_mma.py) where the configuration asks for it
+        # and a K stage holds two 32-deep steps (the pipelines below assume an inner K loop); else WMMA (also
+        # for a configuration asking for mma on an older GPU: EDGEDEPLOY_CUDA_KNOBS=int8_mma=1 on a t4)
+        mma_ok = a_dtype == "int8" and _sm(target) >= cuda_mma.MMA_SM
+        mma = config.mma and mma_ok and t.k >= 2 * MMA_K
+        k_frag = MMA_K if mma else FRAG
         if split > 1 and not split_ok(n, t.n):
             raise ValueError(f"split-K over a padded N ({n} in tiles of {t.n}) wrote out of bounds: refused")
         exact = m % t.m == 0 and n % t.n == 0 and k % (t.k * split) == 0
@@ -171,16 +188,18 @@ class TensorCoreGemm(GPUScheduleRule):  # type: ignore[misc]
             batch = sch.fuse(ks, batch)
         i, i_frag = sch.split(i, factors=[None, FRAG])
         j, j_frag = sch.split(j, factors=[None, FRAG])
-        kk, k_frag = sch.split(kk, factors=[None, FRAG])
-        sch.reorder(i, j, kk, i_frag, j_frag, k_frag)
+        kk, kk_frag = sch.split(kk, factors=[None, k_frag])
+        sch.reorder(i, j, kk, i_frag, j_frag, kk_frag)
         inner = main
         outer = sch.blockize(i_frag)
 
         i0, i1, i2, i3 = sch.split(i, factors=[None, 1, t.i2, t.i3])
         j0, j1, j2, j3 = sch.split(j, factors=[1, None, t.j2, t.j3])
-        k0, k1 = sch.split(kk, factors=[None, t.k1])
-        sch.annotate(k1, "software_pipeline_order", [0, 1, 2])
-        sch.annotate(k1, "software_pipeline_stage", [0, 0, 1])
+        k0, k1 = sch.split(kk, factors=[None, t.k // k_frag])
+        inner_pipeline = not (mma and self.knobs.mma_frag_buffers < 2)
+        if inner_pipeline:
+            sch.annotate(k1, "software_pipeline_order", [0, 1, 2])
+            sch.annotate(k1, "software_pipeline_stage", [0, 0, 1])
         sch.reorder(i0, j0, i1, j1, j2, i2, k0, k1, i3, j3)
         sch.bind(batch, "blockIdx.z")
         sch.bind(sch.fuse(i0, j0), "blockIdx.x")
@@ -227,18 +246,23 @@ class TensorCoreGemm(GPUScheduleRule):  # type: ignore[misc]
         # prologue, body and epilogue; with the register stage, each copy is two.
         cp_async = _sm(target) >= ASYNC_SM and all(c for _, c in copies)
         stages = config.async_stages if cp_async else 0
+        # (without the inner pipeline, its prologue, body and epilogue are one child: the K step's compute)
         if stages >= 3:
             sch.annotate(k0, "software_pipeline_async_stages", [0])
-            sch.annotate(k0, "software_pipeline_order", [0, 1, 3, 2, 4])
-            sch.annotate(k0, "software_pipeline_stage", [0, 0, stages - 2, stages - 1, stages - 1])
+            order, stage = ([0, 1, 3, 2, 4], [0, 0, stages - 2, stages - 1, stages - 1])
+            if not inner_pipeline:
+                order, stage = [0, 1, 2], [0, 0, stages - 1]
         else:
             for block, _ in copies:
                 sch.annotate(block, "tirx.manifest_shared_memory_local_stage", 1)
                 sch.annotate(block, "double_buffer_scope", 0)
-            sch.annotate(k0, "software_pipeline_order", [0, 3, 1, 4, 5, 2, 6])
-            sch.annotate(k0, "software_pipeline_stage", [0, 0, 0, 0, 0, 1, 1])
-        a_frag = sch.cache_read(outer, 0, "wmma.matrix_a")
-        b_frag = sch.cache_read(outer, 1, "wmma.matrix_b")
+            order, stage = [0, 3, 1, 4, 5, 2, 6], [0, 0, 0, 0, 0, 1, 1]
+            if not inner_pipeline:
+                order, stage = [0, 3, 1, 4, 2], [0, 0, 0, 0, 1]
+        sch.annotate(k0, "software_pipeline_order", order)
+        sch.annotate(k0, "software_pipeline_stage", stage)
+        a_frag = sch.cache_read(outer, 0, "warp" if mma else "wmma.matrix_a")
+        b_frag = sch.cache_read(outer, 1, "warp" if mma else "wmma.matrix_b")
         sch.compute_at(a_frag, k1)
         sch.compute_at(b_frag, k1)
         # the accumulator stage of tiles up to 64x64 (16 KB) in static shared memory: in shared.dyn beside
@@ -246,7 +270,7 @@ class TensorCoreGemm(GPUScheduleRule):  # type: ignore[misc]
         # choose_tiles); larger tiles need shared.dyn (a 128x128 int32 stage is 64 KB)
         acc_scope = "shared" if t.m * t.n <= STATIC_ACC else "shared.dyn"
         acc_shared = sch.cache_write(outer, 0, acc_scope)
-        store = sch.cache_write(outer, 0, "wmma.accumulator")
+        store = sch.cache_write(outer, 0, "warp" if mma else "wmma.accumulator")
         sch.reverse_compute_at(store, warp)
         sch.reverse_compute_at(acc_shared, warp)
         si, sj = sch.get_loops(store)[-2:]
@@ -261,14 +285,21 @@ class TensorCoreGemm(GPUScheduleRule):  # type: ignore[misc]
             for block, name in ((a_frag, "load_a"), (b_frag, "load_b")):
                 fi, fj = sch.get_loops(block)[-2:]
                 fi0, fi1 = sch.split(fi, factors=[None, FRAG])
-                fj0, fj1 = sch.split(fj, factors=[None, FRAG])
+                fj0, fj1 = sch.split(fj, factors=[None, k_frag])
                 sch.reorder(fi0, fj0, fi1, fj1)
                 sch.unroll(fi0)
                 sch.unroll(fj0)
+                if mma:  # the fragment buffer in ldmatrix's register layout (per thread, 16 bytes a tile)
+                    sch.transform_layout(block, ("write", 0), cuda_mma.operand_layout)
                 sch.tensorize(fi1, intrins[name])
 
+        if mma:
+            sch.transform_layout(store, ("read", 0), cuda_mma.accumulator_layout)
         for n_try, acc in enumerate(accumulators):
-            intrins = get_wmma_intrin_group("shared.dyn", acc_scope, a_dtype, acc, trans_b=True)
+            if mma:
+                intrins = cuda_mma.intrins("shared.dyn", acc_scope)
+            else:
+                intrins = get_wmma_intrin_group("shared.dyn", acc_scope, a_dtype, acc, trans_b=True)
             try:
                 if n_try == 0:
                     fragment_loads(intrins)
@@ -294,7 +325,7 @@ class TensorCoreGemm(GPUScheduleRule):  # type: ignore[misc]
         dynamic, static = shared_bytes(t, a_dtype, max(stages, 2), tvm.DataType(acc).bits // 8)
         if not launchable(dynamic, static):
             raise ValueError(f"{dynamic} + {static} bytes of shared memory: the kernel could not launch")
-        self.seen[key] = GemmShape(int(_batch), m, n, k, a_dtype, cp_async)
+        self.seen[key] = GemmShape(int(_batch), m, n, k, a_dtype, cp_async, mma_ok)
         if key in self.configs:
             self.applied[key] = config
         return sch

@@ -16,7 +16,8 @@ from dataclasses import dataclass, replace
 
 KNOBS_ENV = "EDGEDEPLOY_CUDA_KNOBS"
 WARP = 32
-FRAG = 16  # WMMA m16n16k16 for f16 and s8
+FRAG = 16  # WMMA m16n16k16 for f16 and s8; the M and N of an mma fragment
+MMA_K = 32  # K of one INT8 mma.sync m16n8k32 step (cuda_mma.py)
 
 
 @dataclass(frozen=True)
@@ -41,6 +42,14 @@ class Knobs:
     # the H200 (whole ResNet-18s; the stem 0.135 -> 0.239 ms, layer1 0.100 -> 0.127, layer4 0.077 -> 0.070:
     # bench/results/h200/run16-words-cp-async), so it is a per-kernel choice of the GEMM search
     async_stages: int = 0
+    # sm_80+ INT8 kernels without a tuned configuration: mma.sync m16n8k32 with ldmatrix.x4 (cuda_mma.py)
+    # instead of WMMA m16n16k16 (1), or WMMA (0). WMMA by default: on the H200 mma is bit-identical and
+    # 0.84-1.09x per ResNet-18 convolution at batch 64 (bench/results/h200/run20-mma), so it is a per-kernel
+    # choice of the GEMM search (GemmConfig.mma)
+    int8_mma: int = 0
+    # mma: operand fragments of the next K step loaded while the current one computes (2), or not (1). The
+    # second buffer costs 8 registers per 16x32 fragment: the 4x4-fragment warps spilled and ran 0.67-0.83x
+    mma_frag_buffers: int = 1
 
     @classmethod
     def from_env(cls) -> Knobs:
@@ -157,6 +166,7 @@ class GemmShape:
     k: int
     in_dtype: str  # float16 | int8
     cp_async: bool = False  # sm_80+ and every thread's operand vector contiguous: the copies can be cp.async
+    mma: bool = False  # INT8 on sm_80+: mma.sync m16n8k32 is available (GemmConfig.mma)
 
 
 @dataclass(frozen=True)
@@ -170,6 +180,7 @@ class GemmConfig:
     load_bytes: int  # bytes per thread per global load, where the layout allows more than 4 elements
     split: int  # thread blocks splitting K (1: none)
     async_stages: int = 0  # sm_80+, where GemmShape.cp_async: shared-memory stages filled by cp.async (0: none)
+    mma: bool = False  # INT8 on sm_80+, where GemmShape.mma: mma.sync m16n8k32 + ldmatrix.x4, not WMMA (stage 64)
 
     @property
     def tiles(self) -> Tiles:
@@ -178,14 +189,15 @@ class GemmConfig:
     @property
     def text(self) -> str:
         text = f"{self.tm}x{self.tn}{'w' if self.wide else ''}-k{self.stage}-v{self.load_bytes}-s{self.split}"
-        return text + (f"-a{self.async_stages}" if self.async_stages else "")
+        return text + (f"-a{self.async_stages}" if self.async_stages else "") + ("-m" if self.mma else "")
 
     @classmethod
     def parse(cls, text: str) -> GemmConfig:
-        tile, k, v, s, *a = text.split("-")
+        tile, k, v, s, *rest = text.split("-")
         tm, tn = tile.rstrip("w").split("x")
-        stages = int(a[0][1:]) if a else 0
-        return cls(int(tm), int(tn), tile.endswith("w"), int(k[1:]), int(v[1:]), int(s[1:]), stages)
+        stages = next((int(r[1:]) for r in rest if r.startswith("a")), 0)
+        mma = "m" in rest
+        return cls(int(tm), int(tn), tile.endswith("w"), int(k[1:]), int(v[1:]), int(s[1:]), stages, mma)
 
 
 # The shared-memory stages of the schedule (cuda_tensorcore.py). Rows are padded against bank conflicts
@@ -227,16 +239,25 @@ def launchable(dynamic: int, static: int) -> bool:
 def default_config(m: int, n: int, k: int, batch: int, in_dtype: str, knobs: Knobs = Knobs()) -> GemmConfig:
     t = choose_tiles(m, n, in_dtype, batch, knobs, k)
     wide = t.i3 == 4 or t.j3 == 4
-    return GemmConfig(t.m, t.n, wide, t.k, knobs.load_bytes, choose_split(t, batch, m, n, k), knobs.async_stages)
+    split = choose_split(t, batch, m, n, k)
+    mma = bool(knobs.int8_mma) and in_dtype == "int8" and t.k >= 2 * MMA_K  # (the schedule checks the GPU)
+    return GemmConfig(t.m, t.n, wide, t.k, knobs.load_bytes, split, knobs.async_stages, mma)
 
 
 def neighbours(
-    m: int, n: int, k: int, batch: int, in_dtype: str, knobs: Knobs = Knobs(), cp_async: bool = False
+    m: int,
+    n: int,
+    k: int,
+    batch: int,
+    in_dtype: str,
+    knobs: Knobs = Knobs(),
+    cp_async: bool = False,
+    mma: bool = False,
 ) -> list[GemmConfig]:
     """The configurations a tuning run tries for one kernel, nearest to the default first: each single
-    change (tile edges, warp shape, stage, load width, split; cp.async copies where `cp_async`), then pairs
-    of tile and warp changes (with cp.async as well, where it applies). Tile edges over twice the GEMM's
-    (all padding) are left out."""
+    change (tile edges, warp shape, stage, load width, split; cp.async copies where `cp_async`; INT8 mma
+    instead of WMMA where `mma`), then pairs of tile and warp changes (with cp.async and mma as well, where
+    they apply). Tile edges over twice the GEMM's (all padding) are left out."""
     base = default_config(m, n, k, batch, in_dtype, knobs)
     edges_m = [e for e in (16, 32, 64, 128) if e <= max(16, 2 * m)]
     edges_n = [e for e in (32, 64, 128) if e <= max(32, 2 * n)]
@@ -259,15 +280,21 @@ def neighbours(
     add(replace(base, load_bytes=4 if base.load_bytes > 4 else 16))
     if cp_async:
         add(replace(base, async_stages=0 if base.async_stages else ASYNC_STAGES))
+    if mma:
+        add(replace(base, mma=not base.mma, stage=max(base.stage, 2 * MMA_K)))
     if batch * -(-m // base.tm) * -(-n // base.tn) < SPLIT_BLOCKS:  # splitting K helps small grids only
         for split in (1, 2, 4, 8):
             add(replace(base, split=split))  # (_valid drops splits where N is padded)
     copies = sorted({base.async_stages, ASYNC_STAGES}) if cp_async else [base.async_stages]
+    instructions = sorted({base.mma, True}) if mma else [base.mma]
     for tm in edges_m:
         for tn in edges_n:
             for wide in (False, True) if in_dtype == "int8" else (False,):
                 for stages in copies:
-                    add(replace(base, tm=tm, tn=tn, wide=wide, split=1, async_stages=stages))
+                    for with_mma in instructions:
+                        stage = max(base.stage, 2 * MMA_K) if with_mma else base.stage
+                        pair = replace(base, tm=tm, tn=tn, wide=wide, split=1, async_stages=stages)
+                        add(replace(pair, mma=with_mma, stage=stage))
     return out
 
 
@@ -279,4 +306,6 @@ def _valid(c: GemmConfig, in_dtype: str, n: int, k: int) -> bool:
     acc_bytes = 4 if in_dtype == "int8" else 2  # int32; FP16 GEMMs with FP16 outputs accumulate in float16
     if not launchable(*shared_bytes(c.tiles, in_dtype, max(c.async_stages, 2), acc_bytes)):
         return False  # (the schedule checks the accumulator it really got)
+    if c.mma and (in_dtype != "int8" or c.stage < 2 * MMA_K):
+        return False  # mma is INT8's, with at least two 32-deep K steps per stage (cuda_tensorcore.py)
     return c.stage in (32, 64) and c.load_bytes in (4, 8, 16) and c.async_stages in (0, ASYNC_STAGES)

@@ -82,7 +82,7 @@ class GemmKernel:
 
     def neighbours(self) -> list[GemmConfig]:
         g = self.gemm
-        return neighbours(g.m, g.n, g.k, g.batch, g.in_dtype, cp_async=g.cp_async)
+        return neighbours(g.m, g.n, g.k, g.batch, g.in_dtype, cp_async=g.cp_async, mma=g.mma)
 
 
 def gemm_kernels(mod: Any, target: Any) -> list[GemmKernel]:
@@ -242,7 +242,7 @@ def build_candidate(func_json: str, key: str, config: str, target_spec: dict[str
     """One candidate as a shared library (run in a builder process); raises when it does not schedule or compile."""
     import tvm
 
-    from .cuda_tensorcore import TensorCoreGemm, pass_config
+    from .cuda_tensorcore import TIR_PIPELINE, TensorCoreGemm, pass_config
 
     func = tvm.ir.load_json(func_json)
     target = tvm.target.Target(target_spec)
@@ -252,7 +252,7 @@ def build_candidate(func_json: str, key: str, config: str, target_spec: dict[str
         if sch is None or key not in rule.applied:
             raise ValueError("TensorCoreGemm declined this configuration")
         prim = sch.mod["main"].with_attr("global_symbol", "main")
-        lib = tvm.compile(tvm.IRModule({"main": prim}), target=target)
+        lib = tvm.compile(tvm.IRModule({"main": prim}), target=target, tir_pipeline=TIR_PIPELINE)
     lib.export_library(out)
     return out
 

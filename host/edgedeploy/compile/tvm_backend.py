@@ -13,7 +13,7 @@ from tvm.relax.frontend.onnx import from_onnx
 
 from ..errors import BuildError, ModelError
 from ..profiles import DeviceProfile
-from .cuda_tensorcore import TensorCoreGemm, cuda_pipeline, pass_config
+from .cuda_tensorcore import TIR_PIPELINE, TensorCoreGemm, cuda_pipeline, pass_config
 from .cuda_tiles import Knobs
 from .devcode import inspect_library
 from .elf_versions import glibc_newer_than
@@ -142,7 +142,7 @@ def compile_cuda(ctx: BuildContext) -> None:
     try:
         # the compile callback reads the arch from Target.current(): compile inside `with target`
         with target, tvm.transform.PassContext(opt_level=3, config=config):
-            ctx.executable = tvm.compile(ctx.ir, target=target, relax_pipeline=pipeline)
+            ctx.executable = tvm.compile(ctx.ir, target=target, relax_pipeline=pipeline, tir_pipeline=TIR_PIPELINE)
         if gemm_file is not None:
             where = f"{gemm_file.parent.parent.name}/{gemm_file.parent.name}/{gemm_file.name}"
             ctx.gemm_tuning = f"{len(rule.applied)} of {len(rule.seen)} tensor-core kernels tuned ({where})"
