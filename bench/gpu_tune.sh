@@ -6,6 +6,9 @@
 # TRIALS > 0: then MetaSchedule on each module (cost model "random": no xgboost there), TASKS > 0
 # limiting it to the heaviest kernels; the run ends on its own (a stopped run loses its last round),
 # and bench/gpu_tuned_vs_default.py times the module with default schedules and with the database.
+# The compiler travels in two parts (bench/gpu_tune_kit.sh): a first call carries KIT/compiler.xz.part00 and
+# runs `cp KIT/compiler.xz.part00 /tmp/`; the next, within the machine's 30 s idle release, carries
+# KIT/compiler.xz.part01, tvm-py.tar.xz, tvm-ffi-cp312.tar.xz and tasks.tar.xz and runs this script.
 # OUT gets tuned.tar.xz (one folder per module: tuning.json + database) and the logs. Then, here:
 #   tar -C DIR -xJf tuned.tar.xz; edgedeploy tune --import DIR/<module> [--database profiles/tuning/...]
 set -uo pipefail
@@ -14,10 +17,13 @@ site=/tmp/tvm-site; work=/tmp/tune
 mkdir -p "$site" "$work"
 tar -C "$site" -xJf "$kit/tvm-py.tar.xz"
 tar -C "$site" -xJf "$kit/tvm-ffi-cp312.tar.xz"
-# the compiler library alone is 57 MiB of the 64 a call may carry: a call may instead name one that an
-# earlier call on the same (still warm) machine unpacked, as TVM_COMPILER_SO
+# (a later call on the same warm machine may name the library an earlier one unpacked, as TVM_COMPILER_SO)
 if [ -n "${TVM_COMPILER_SO:-}" ]; then cp "$TVM_COMPILER_SO" "$site/tvm/lib/libtvm_compiler.so"
-else xz -dc "$kit/libtvm_compiler.so.xz" > "$site/tvm/lib/libtvm_compiler.so"; fi
+else
+  [ -f /tmp/compiler.xz.part00 ] || { echo "no /tmp/compiler.xz.part00: run the first call (above)" >&2; exit 2; }
+  cat /tmp/compiler.xz.part00 "$kit/compiler.xz.part01" | xz -dc > "$site/tvm/lib/libtvm_compiler.so"
+  cp "$site/tvm/lib/libtvm_compiler.so" /tmp/libtvm_compiler.so # for TVM_COMPILER_SO in a later call
+fi
 tar -C "$work" -xJf "$kit/tasks.tar.xz"
 export PYTHONPATH=$site:$PWD/host:$PWD/agent PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader

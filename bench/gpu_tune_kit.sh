@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Prepares a MetaSchedule tuning run on the GPU machine, on the build host (no GPU needed):
 #   bash bench/gpu_tune_kit.sh KIT BUNDLE...     (then carry KIT, git-ignored, and run bench/gpu_tune.sh there)
-# KIT gets the full TVM compiler for Python 3.12 (libtvm_compiler.so xz-compressed: 57 MiB of the 64 MiB
-# one transfer may carry), and for each bundle the tuning module `edgedeploy tune --export` writes, with
-# the database stored so far for it, so that every run continues the last one.
+# KIT gets the full TVM compiler for Python 3.12 (libtvm_compiler.so xz-compressed, 59 MiB, in two parts:
+# one transfer carries at most 64 MiB, the working tree's 7 MB included, so the first part travels in a call
+# of its own, bench/gpu_tune.sh), and for each bundle the tuning module `edgedeploy tune --export` writes,
+# with the database stored so far for it, so that every run continues the last one.
 set -euo pipefail
 kit=${1:?usage: $0 KIT BUNDLE...}; shift
 py=.venv/bin/python; ed=.venv/bin/edgedeploy
@@ -11,8 +12,11 @@ site=$($py -c "import importlib.util as u, pathlib; print(pathlib.Path(u.find_sp
 mkdir -p "$kit"
 echo "*" >"$kit/.gitignore" # the kit ignores itself: it travels with the device tool's carry, never in git
 if [ ! -f "$kit/libtvm_compiler.so.xz" ]; then
-  xz -9e -T0 -c "$site/tvm/lib/libtvm_compiler.so" > "$kit/libtvm_compiler.so.xz"
+  xz -9e -T0 -c "$site/tvm/lib/libtvm_compiler.so" > "$kit/libtvm_compiler.so.xz.part"
+  mv "$kit/libtvm_compiler.so.xz.part" "$kit/libtvm_compiler.so.xz"
 fi
+rm -f "$kit"/compiler.xz.part0*
+split -b 31000000 -d "$kit/libtvm_compiler.so.xz" "$kit/compiler.xz.part" # part00, part01
 # the Python package without sources, web runtime, 3rdparty headers and the unused frontends
 tar -C "$site" -cJf "$kit/tvm-py.tar.xz" --exclude=tvm/lib/libtvm_compiler.so --exclude=tvm/3rdparty \
   --exclude=tvm/src --exclude=tvm/web --exclude=tvm/cmake --exclude=__pycache__ \
