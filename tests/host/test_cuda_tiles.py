@@ -334,3 +334,27 @@ def test_k_is_never_split_where_n_is_padded() -> None:
     rule = TensorCoreGemm(configs={kernel_key(func): stored})
     with pytest.raises(ValueError, match="padded N"):
         rule.schedule(func, tvm.target.Target(TARGET))
+
+
+def test_int8_mma_is_a_search_choice_with_two_32_deep_steps_per_stage() -> None:
+    """GemmConfig.mma (cuda_mma.py): written `-m` after the cp.async stages and parsed in either order; the
+    search offers it for INT8 where the GPU has it (GemmShape.mma), always with a 64-deep K stage, never for
+    FP16 or below 64; the default asks for it only with the int8_mma knob and a K of at least 64."""
+    from edgedeploy.compile.cuda_tiles import GemmConfig, Knobs, default_config, neighbours
+
+    c = GemmConfig.parse("128x64-k64-v16-s1-a3-m")
+    assert c.mma and c.async_stages == 3 and c.text == "128x64-k64-v16-s1-a3-m"
+    assert GemmConfig.parse("128x64-k64-v16-s1-m-a3") == c
+    assert not GemmConfig.parse("128x64-k64-v16-s1-a3").mma
+
+    tried = neighbours(200704, 64, 576, 1, "int8", cp_async=True, mma=True)
+    with_mma = [t for t in tried if t.mma]
+    assert with_mma and all(t.stage == 64 for t in with_mma)
+    assert any(t.mma and t.async_stages for t in tried) and any(t.mma and not t.async_stages for t in tried)
+    assert not any(t.mma for t in neighbours(200704, 64, 576, 1, "int8", cp_async=True))  # (no sm_80+)
+    assert not any(t.mma for t in neighbours(200704, 64, 576, 1, "float16", mma=True))
+
+    assert not default_config(200704, 64, 576, 1, "int8").mma  # WMMA unless asked
+    assert default_config(200704, 64, 576, 1, "int8", Knobs(int8_mma=1)).mma
+    assert not default_config(200704, 64, 576, 1, "float16", Knobs(int8_mma=1)).mma
+    assert not default_config(802816, 64, 32, 1, "int8", Knobs(int8_mma=1)).mma  # K 32: one step per stage
