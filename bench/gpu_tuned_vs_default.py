@@ -17,14 +17,15 @@ import numpy as np
 import tvm
 from tvm import relax
 
-from edgedeploy.compile.metaschedule import register_tensor_intrinsics, scheduled_kernels
+from edgedeploy.compile import tensor_intrinsics
+from edgedeploy.compile.metaschedule import scheduled_kernels
 
 
 def compile_and_time(mod: object, target: object, db: Path | None) -> tuple[float, float, int]:
     t = time.perf_counter()
     with target, tvm.transform.PassContext(opt_level=3, config={"relax.backend.use_cuda_graph": True}):
         if db is not None:
-            register_tensor_intrinsics()
+            tensor_intrinsics.import_all()
             mod = relax.transform.MetaScheduleApplyDatabase(str(db))(mod)
         tuned = len(scheduled_kernels(mod)[0])
         ex = tvm.compile(mod, target=target)

@@ -27,8 +27,8 @@ from typing import Any
 
 import tvm
 from tvm.s_tir import TensorIntrin
-from tvm.s_tir.tensor_intrin import cuda as intrin
 
+from . import tensor_intrinsics
 from .cuda_tiles import MMA_K  # K of one int8 mma tile (two m16n8k32 make a 16x16 output fragment)
 
 MMA_SM = 80
@@ -42,9 +42,14 @@ def _register(name: str, pair: tuple[Any, Any]) -> str:
     return name
 
 
+def _cuda() -> Any:
+    return tensor_intrinsics.import_all().cuda  # imported on first use: CPU and WMMA-only builds never need it
+
+
 def intrins(load_scope: str, store_scope: str) -> dict[str, str]:
     """The tensorize intrinsics of one INT8 mma kernel: B is [N, K] (transposed), the int32 accumulator is
     stored element by element into the accumulator stage (the epilogue reads it from there)."""
+    intrin = _cuda()
     tag = load_scope.replace(".", "_")
     store_tag = store_scope.replace(".", "_")
     return {
@@ -65,12 +70,12 @@ def intrins(load_scope: str, store_scope: str) -> dict[str, str]:
 def operand_layout(s: Any, i: Any, k: Any) -> tuple[Any, ...]:
     """A [batch, rows, K] operand fragment buffer in the registers of a warp: 16x32 tiles, each as
     (thread, 16 bytes) the way ldmatrix.x4 fills them (A and the transposed B alike)."""
-    return (s, i // 16, k // MMA_K, *intrin.shared_16x32_to_ldmatrix_32x16_layout(i % 16, k % MMA_K))
+    return (s, i // 16, k // MMA_K, *_cuda().shared_16x32_to_ldmatrix_32x16_layout(i % 16, k % MMA_K))
 
 
 def accumulator_layout(s: Any, i: Any, j: Any) -> tuple[Any, ...]:
     """The [batch, M, N] int32 accumulator in the registers of a warp: 16x16 tiles as (thread, 8 words)."""
-    return (s, i // 16, j // 16, *intrin.shared_16x16_to_ldmatrix_32x8_layout(i % 16, j % 16))
+    return (s, i // 16, j // 16, *_cuda().shared_16x16_to_ldmatrix_32x8_layout(i % 16, j % 16))
 
 
 TIR_PIPELINE = "edgedeploy_cuda"

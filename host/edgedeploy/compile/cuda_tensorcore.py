@@ -279,7 +279,9 @@ class TensorCoreGemm(GPUScheduleRule):  # type: ignore[misc]
         sch.reorder(si0, sj0, si1, sj1)
         init = sch.get_child_blocks(sch.decompose_reduction(outer, k0))[0]
 
-        from tvm.s_tir.tensor_intrin.cuda import get_wmma_intrin_group
+        from .tensor_intrinsics import import_all
+
+        get_wmma_intrin_group = import_all().cuda.get_wmma_intrin_group
 
         def fragment_loads(intrins: dict[str, str]) -> None:
             for block, name in ((a_frag, "load_a"), (b_frag, "load_b")):

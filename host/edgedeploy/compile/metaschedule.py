@@ -13,19 +13,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-
-def register_tensor_intrinsics() -> None:
-    """Records of tensor-core schedules name tensor intrinsics (e.g. wmma_fill_16x16x16_f16) that TVM
-    registers only when tvm.s_tir.tensor_intrin is imported; without it, reading a database that holds
-    such records fails with "TensorIntrin ... is not registered". Call before any database is read."""
-    import tvm.s_tir.tensor_intrin  # noqa: F401
+from . import tensor_intrinsics
 
 
 def open_database(folder: Path) -> Any:
     """A MetaSchedule JSON database, readable whatever intrinsics its records name."""
     from tvm.s_tir import meta_schedule as ms
 
-    register_tensor_intrinsics()
+    tensor_intrinsics.import_all()  # records of tensor-core schedules name intrinsics (wmma_fill_16x16x16_f16)
     return ms.database.JSONDatabase(work_dir=str(folder))
 
 
@@ -109,7 +104,7 @@ def run_tuning(
     from tvm.s_tir.analysis import estimate_tir_flops
 
     db.mkdir(parents=True, exist_ok=True)
-    register_tensor_intrinsics()  # records already in `db` may name them
+    tensor_intrinsics.import_all()  # records already in `db` may name them
     extracted = tunable_tasks(mod, target)
     progress(f"tune: {len(extracted)} tasks, {trials} trials" + (f" on the {tasks} heaviest" if tasks > 0 else ""))
     if tasks > 0:

@@ -32,12 +32,12 @@ from typing import Any
 from ..errors import BuildError
 from ..paths import config_dir
 from ..profiles import DeviceProfile
+from . import tensor_intrinsics
 from .gemm_tuning import GEMM_FILE, merge_into
 from .metaschedule import (
     keep_whole_lines,
     open_database,
     persistent_builder,
-    register_tensor_intrinsics,
     run_tuning,
     scheduled_kernels,
     tunable_tasks,
@@ -177,7 +177,7 @@ def apply_tuning(ctx: BuildContext) -> None:
                 tune(mod, target, ctx.tune, ctx.profile, ctx.progress)
             if not has_database(db):
                 return
-            register_tensor_intrinsics()  # the records may name them
+            tensor_intrinsics.import_all()  # the records may name them
             ctx.ir = relax.transform.MetaScheduleApplyDatabase(str(db))(mod)
     except BuildError:
         raise
@@ -365,7 +365,7 @@ def kernel_costs(mod: Any, target: Any, db: Path | None, runs: int = 5) -> dict[
 
     with target:
         if db is not None:
-            register_tensor_intrinsics()
+            tensor_intrinsics.import_all()
             mod = relax.transform.MetaScheduleApplyDatabase(str(db))(mod)
         ex = tvm.compile(mod, target=target, relax_pipeline=relax.get_default_pipeline(target))
     dev = tvm.cpu()
