@@ -89,15 +89,20 @@ def test_live_source_lost_then_recovers(tmp_path: Path) -> None:
     src = open_source(f"file:{clip}?live=1", backoff_start_s=0.05, backoff_max_s=0.2)
     try:
         first = src.read(timeout=5)
-        assert first is not None and src.state().camera_up
+        # (not `camera_up` here: the unpaced reader may already be past the clip's end, between reopens)
+        assert first is not None and src.state().frames_captured >= 1
         clip.unlink()  # the device disappears: reopening fails until it is back
         deadline = time.monotonic() + 5
         while src.state().camera_up and time.monotonic() < deadline:
             src.read(timeout=0.05)
         down = src.state()
-        assert not down.camera_up and down.reconnects == 0
+        assert not down.camera_up
         assert down.last_error and str(clip) in down.last_error
-        assert src.read(timeout=0.3) is None and not src.ended  # no frame, but not ended: keep waiting
+        # no frame, but not ended: keep waiting. The failed reopens meanwhile (every 0.05-0.2 s) are no
+        # reconnects. (Not `reconnects == 0`: the unpaced reader can reach the end of the 10 frames and reopen
+        # the clip before it is unlinked, a reconnect; seen once in CI, under load.)
+        assert src.read(timeout=0.5) is None and not src.ended
+        assert src.state().reconnects == down.reconnects and not src.state().camera_up
         # plugged back in, brighter frames. Written beside it and renamed: the reader retries every 0.2 s and
         # could otherwise open the clip half-written
         write_clip(tmp_path / "next.avi", 10, 150).rename(clip)
@@ -109,7 +114,7 @@ def test_live_source_lost_then_recovers(tmp_path: Path) -> None:
         while not src.state().camera_up and time.monotonic() < deadline:
             src.read(timeout=0.05)
         up = src.state()
-        assert up.camera_up and up.reconnects >= 1 and up.frames_captured > down.frames_captured
+        assert up.camera_up and up.reconnects > down.reconnects and up.frames_captured > down.frames_captured
     finally:
         src.close()
 
