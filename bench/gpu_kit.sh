@@ -50,14 +50,10 @@ echo "== models and inputs"
 cp "$data/models/mobilenet_v1_0.25_224.onnx" "$kit/models/"
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-# The tuning databases are per ONNX file (profiles/tuning/h200/<first 16 hex of its sha256>-<precision>), and
-# the export's bytes depend on the torch that wrote them and on the CPU (the BatchNorm statistics come from
-# a forward pass whose convolution kernels differ by CPU): torch 2.13.0+cpu writes 52a161c7fcb2515c on the
-# AVX-512 Intel build hosts and 29e360046f6775e9 on the AVX2 AMD EPYC ones; both are committed (an earlier
-# torch wrote 1c85c1aa47bf1377, the same graph). Check `compile-cuda: N of M tensor-core kernels tuned` in
-# the build log below: "no tuning database" means a new file, whose kernels may still be the same (the
-# kernel keys inside are hashes of their TIR; INT8 residual kernels' include scalar scales): copy the
-# folders to the new name and rebuild (bench/results/h200/run20-mma/README.md).
+# The tuning databases are per ONNX file (profiles/tuning/h200/<first 16 hex of its sha256>-<precision>):
+# bench/resnet18_onnx.py writes 50e1ec3ca925330f on every CPU with torch 2.13.0 (docs/tuning.md). Check
+# `compile-cuda: N of M tensor-core kernels tuned` in the build log below: "no tuning database" means another
+# file (another torch?), whose kernels may still be the same: copy the folders to the new name and rebuild.
 if [ -f "$kit/models/resnet18.onnx.gz" ]; then
   gunzip -c "$kit/models/resnet18.onnx.gz" >"$work/resnet18.onnx"
 else

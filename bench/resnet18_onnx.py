@@ -123,9 +123,28 @@ def set_weights(model: nn.Module, seed: int, tiled: bool) -> None:
         if isinstance(m, nn.BatchNorm2d):
             m.reset_running_stats()
             m.momentum = None  # cumulative average: one pass sets the statistics of that batch
-    model.train()
-    model(torch.from_numpy(rng.standard_normal((16, 3, 224, 224)).astype(np.float32)))
-    model.eval()
+    # The statistics pass runs in float64 and its results are rounded to STAT_BITS significant bits, so that
+    # every CPU writes the same file: in float32 the convolution kernels torch picks per CPU (AVX2, AVX-512,
+    # AMD or Intel) gave three different files, hence three tuning-database names (docs/tuning.md). float64
+    # results differ across CPUs by ~1e-13 relative; a rounding to 10 bits flips only for a value within that
+    # of a rounding boundary (~1e-10 per value, ~1e-6 for the model's 9,600).
+    model.double().train()
+    model(torch.from_numpy(rng.standard_normal((16, 3, 224, 224))))
+    model.float().eval()
+    for m in model.modules():
+        if isinstance(m, nn.BatchNorm2d):
+            assert m.running_mean is not None and m.running_var is not None
+            m.running_mean.copy_(_rounded(m.running_mean))
+            m.running_var.copy_(_rounded(m.running_var))
+
+
+STAT_BITS = 10
+
+
+def _rounded(t: torch.Tensor) -> torch.Tensor:
+    """`t` rounded to STAT_BITS significant bits (exact in float32)."""
+    mantissa, exponent = torch.frexp(t.double())
+    return torch.ldexp(torch.round(mantissa * 2.0**STAT_BITS) / 2.0**STAT_BITS, exponent.double()).float()
 
 
 def export(out: Path, seed: int, tiled: bool) -> str:

@@ -35,9 +35,10 @@ def test_grid_fills_the_gpu_or_tiles_are_smallest(m: int, n: int, k: int) -> Non
         assert t.m == 128 and t.n >= 64
 
 
-def _int8_conv_model(batch: int, channels: int, size: int) -> object:
+def _int8_conv_model(batch: int, channels: int, size: int, scales: tuple[float, float] = (1e-3, 0.5)) -> object:
     """3x3 int8 convolution (NHWC/OHWI, int32 accumulation) whose epilogue requantizes and adds a residual
-    (dequantized from another input), as int8_rewrite emits for a ResNet block."""
+    (dequantized from another input), as int8_rewrite emits for a ResNet block; `scales`: the requantize's
+    and the residual's, scalars as a per-tensor calibration gives them."""
     rng = np.random.default_rng(0)
     bb = relax.BlockBuilder()
     x = relax.Var("x", relax.TensorType((batch, size + 2, size + 2, channels), "int8"))
@@ -50,8 +51,8 @@ def _int8_conv_model(batch: int, channels: int, size: int) -> object:
                     x, relax.const(w), data_layout="NHWC", kernel_layout="OHWI", out_layout="NHWC", out_dtype="int32"
                 )
             )
-            f = relax.op.multiply(relax.op.astype(acc, "float32"), relax.const(np.float32(1e-3)))
-            res = relax.op.dequantize(r, relax.const(np.float32(0.5)), relax.const(3, "int8"), axis=3)
+            f = relax.op.multiply(relax.op.astype(acc, "float32"), relax.const(np.float32(scales[0])))
+            res = relax.op.dequantize(r, relax.const(np.float32(scales[1])), relax.const(3, "int8"), axis=3)
             y = bb.emit(relax.op.astype(relax.op.clip(relax.op.round(relax.op.add(f, res)), -128, 127), "int8"))
             out = bb.emit_output(y)
         bb.emit_func_output(out)

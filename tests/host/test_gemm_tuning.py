@@ -22,6 +22,7 @@ tvm = pytest.importorskip("tvm")
 from edgedeploy.compile.cuda_tiles import GemmConfig, default_config, neighbours  # noqa: E402
 from edgedeploy.compile.gemm_tuning import (  # noqa: E402
     TIMING,
+    VERSION,
     GemmKernel,
     L2State,
     gemm_kernels,
@@ -30,6 +31,7 @@ from edgedeploy.compile.gemm_tuning import (  # noqa: E402
     time_in_model_state,
     tune,
 )
+from edgedeploy.errors import BuildError  # noqa: E402
 from tests.host.test_cuda_tiles import _int8_conv_model  # noqa: E402
 from tests.host.test_gpu_build import _toolchain_or_skip  # noqa: E402
 
@@ -147,6 +149,7 @@ def test_a_database_timed_otherwise_is_searched_again_fastest_first(layer1: Any,
     [kernel] = gemm_kernels(layer1, tvm.target.Target(TARGET))
     old = json.loads(CAPTURED.read_text())
     old.pop("timing", None)
+    old["version"] = VERSION  # (the captured file's keys are version 1's; the one entry used is keyed anew)
     entry = old["kernels"][kernel.key] = old["kernels"].pop(LAYER1_RESIDUAL)  # the times CapturedH200 answers
     entry["tried"]["32x64w-k64-v16-s1"] = "differs"
     timed = sorted((ms, c) for c, ms in entry["tried"].items() if isinstance(ms, float))
@@ -218,10 +221,46 @@ def test_import_stores_a_gemm_only_export(tmp_path: Path, hermetic: Path) -> Non
     (folder / "tuning.json").write_text(json.dumps({"profile": "h200", "key": "abc-int8", "target": TARGET}))
     doc = json.loads(CAPTURED.read_text())
     (folder / "gemm_configs.json").write_text(json.dumps(doc))
+    # the captured file is version 1 (kernel keys with the constants in): refused, with the way out
+    with pytest.raises(BuildError, match="version 1.*gemm_db_rekey"):
+        import_database(folder)
+    with pytest.raises(ValueError, match="version 1"):  # a build warns and builds without (tvm_backend)
+        load_configs(CAPTURED)
+    doc["version"] = VERSION
+    (folder / "gemm_configs.json").write_text(json.dumps(doc))
     dest, kept = import_database(folder)
     assert kept == sum(1 for v in doc["kernels"].values() if v.get("best")) > 0
     assert find_gemm_configs("h200", "abc-int8") == dest / "gemm_configs.json"
-    assert load_configs(dest / "gemm_configs.json") == load_configs(CAPTURED)
+    assert load_configs(dest / "gemm_configs.json") == load_configs(folder / "gemm_configs.json")
+
+
+def test_kernel_keys_leave_scalar_constants_out() -> None:
+    """Another calibration (other per-tensor scales) gives the same kernel key, so a tuned configuration
+    still applies; another shape does not. Two kernels of one module that differ in scales only are one
+    kernel of the search, with the calls of both."""
+    import tvm_ffi
+
+    from edgedeploy.compile.tuning import tuning_module
+
+    target = tvm.target.Target(TARGET)
+
+    def kernels(*models: Any) -> list[GemmKernel]:
+        mod = tvm.IRModule()
+        for i, model in enumerate(models):
+            with target:
+                fused = tuning_module(model)
+            for gv, f in fused.functions.items():
+                if isinstance(f, tvm.tirx.PrimFunc):
+                    mod[f"{gv.name_hint}_{i}"] = f
+        return gemm_kernels(mod, target)
+
+    [a] = kernels(_int8_conv_model(1, 64, 14, scales=(1e-3, 0.5)))
+    [b] = kernels(_int8_conv_model(1, 64, 14, scales=(7.3e-4, 0.031)))
+    [c] = kernels(_int8_conv_model(1, 32, 14))
+    assert a.key == b.key != c.key
+    assert not tvm_ffi.structural_equal(a.func, b.func)  # the constants differ, and TVM's own hash sees them
+    [both] = kernels(_int8_conv_model(1, 64, 14, scales=(1e-3, 0.5)), _int8_conv_model(1, 64, 14, scales=(2e-3, 0.1)))
+    assert both.key == a.key and both.calls == 2
 
 
 def _sass_ops(library: Path, tmp_path: Path) -> dict[str, int]:

@@ -79,12 +79,25 @@ def pass_config(target: Target) -> dict[str, Any]:
 
 def kernel_key(func: Any) -> str:
     """A kernel's name in GEMM tuning databases: the structural hash of its unscheduled TIR, attributes
-    dropped (names of the function, its variables and buffers do not enter it; shapes, dtypes, the
-    epilogue and scalar constants do)."""
+    dropped and every floating-point constant set to 0. Names (of the function, its variables and buffers)
+    do not enter it; shapes, dtypes and the epilogue's operations do. Scalar constants do not: a
+    per-tensor dequantize scale, a requantize's clip bounds change nothing in how fast a schedule runs,
+    and they change with every calibration. (Until gemm_tuning.VERSION 2 they were part of the key: the
+    committed ResNet-18 databases missed the 8 of 20 INT8 kernels with a scalar scale on build hosts whose
+    CPU exported other BatchNorm statistics, so other scales.) The constants are set through the JSON
+    form (tvm.ir.save_json/load_json), which TVM 0.27's Python can edit and which, unlike a TVMScript round
+    trip, folds nothing."""
+    import json
+
     import tvm_ffi
 
     for name in list((func.attrs or {}).keys()):
         func = func.without_attr(name)
+    graph = json.loads(tvm.ir.save_json(func))
+    for node in graph["nodes"]:
+        if node.get("type") == "ir.FloatImm":
+            node["data"]["value"] = 0.0
+    func = tvm.ir.load_json(json.dumps(graph))
     return f"{tvm_ffi.structural_hash(func) & (2**64 - 1):016x}"
 
 

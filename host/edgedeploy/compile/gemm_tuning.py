@@ -53,7 +53,9 @@ Measure = Callable[["GemmKernel", GemmConfig, Path], tuple[float, Any]]
 # a tuned configuration must beat the default by 3 % (timing noise on the H200 was ~1 % with calls timed back
 # to back; the single calls L2State prepares have not had their noise measured apart)
 MIN_GAIN = 0.03
-VERSION = 1
+# 2: kernel keys without the kernel's floating-point constants (cuda_tensorcore.kernel_key); a file of
+# version 1 names its kernels by hashes no build computes any more: builds refuse it with a message
+VERSION = 2
 # how the times in a database were taken; a database timed otherwise is searched again (`_retimed`)
 TIMING = "l2-as-in-model"
 # bytes copied to evict the L2 before a timed call: several times the L2 of every profile's GPU (datasheets:
@@ -111,7 +113,7 @@ def gemm_kernels(mod: Any, target: Any) -> list[GemmKernel]:
                     calls[name] = calls.get(name, 0) + 1
                     inputs = value.args[1].fields if isinstance(value.args[1], relax.Tuple) else [value.args[1]]
                     warm.setdefault(name, set()).update(i for i, a in enumerate(inputs) if a in computed)
-    out = []
+    out: dict[str, GemmKernel] = {}
     with target:
         for gv, f in mod.functions.items():
             if not isinstance(f, tvm.tirx.PrimFunc):
@@ -121,16 +123,32 @@ def gemm_kernels(mod: Any, target: Any) -> list[GemmKernel]:
                 continue
             ((key, gemm),) = rule.seen.items()
             name = gv.name_hint
-            out.append(GemmKernel(key, name, f, calls.get(name, 1), gemm, tuple(sorted(warm.get(name, ())))))
-    return out
+            k = GemmKernel(key, name, f, calls.get(name, 1), gemm, tuple(sorted(warm.get(name, ()))))
+            if key in out:  # kernels that differ in scalar constants only (kernel_key): one, with all the calls
+                twin = out[key]
+                warm_both = tuple(sorted({*twin.warm, *k.warm}))
+                k = GemmKernel(key, twin.name, twin.func, twin.calls + k.calls, gemm, warm_both)
+            out[key] = k
+    return list(out.values())
 
 
 def load_configs(path: Path | None) -> dict[str, GemmConfig]:
-    """kernel_key -> the configuration a build applies (each kernel's kept best)."""
+    """kernel_key -> the configuration a build applies (each kernel's kept best). Raises ValueError for a
+    file of another VERSION (its keys would silently match nothing)."""
     if path is None or not path.is_file():
         return {}
     doc = json.loads(path.read_text())
+    _check_version(doc, path)
     return {k: GemmConfig.parse(v["best"]) for k, v in doc.get("kernels", {}).items() if v.get("best")}
+
+
+def _check_version(doc: dict[str, Any], path: Path) -> None:
+    if doc.get("version", 1) != VERSION:
+        raise ValueError(
+            f"{path} is a GEMM tuning database of version {doc.get('version', 1)}, whose kernel keys this "
+            f"edgedeploy (version {VERSION}) no longer computes; search again (docs/tuning.md), or convert it: "
+            "python bench/gemm_db_rekey.py"
+        )
 
 
 def merge_into(src: Path, dest: Path) -> int:
@@ -431,6 +449,7 @@ def _fastest(entry: dict[str, Any]) -> str | None:
 def _load(path: Path) -> dict[str, Any]:
     """A database to search or merge (empty where there is none), with its times as TIMING takes them."""
     doc: dict[str, Any] = json.loads(path.read_text()) if path.is_file() else {"version": VERSION, "kernels": {}}
+    _check_version(doc, path)
     if doc.get("timing") != TIMING:
         _retimed(doc)
     return doc

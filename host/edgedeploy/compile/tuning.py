@@ -344,7 +344,10 @@ def import_database(folder: Path, database: Path | None = None) -> tuple[Path, i
     meta = json.loads(meta_file.read_text())
     dest = database or user_root() / meta["profile"] / meta["key"]
     dest.mkdir(parents=True, exist_ok=True)
-    tuned_gemms = merge_into(gemm, dest / GEMM_FILE) if gemm.is_file() else 0
+    try:
+        tuned_gemms = merge_into(gemm, dest / GEMM_FILE) if gemm.is_file() else 0
+    except ValueError as e:  # a database of another version (gemm_tuning.VERSION)
+        raise BuildError(str(e)) from None
     if not has_database(folder):
         return dest, tuned_gemms
     keep_whole_lines(folder)

@@ -137,7 +137,12 @@ def compile_cuda(ctx: BuildContext) -> None:
     config = {"relax.backend.use_cuda_graph": ctx.cuda_graph, **pass_config(target)}
     gemm_file = find_gemm_configs(ctx.profile.name, ctx.tuning_key)
     # EDGEDEPLOY_CUDA_KNOBS (before/after builds) was checked by package.build_bundle, in the cache key
-    rule = TensorCoreGemm(Knobs.from_env(), configs=load_configs(gemm_file))
+    try:
+        configs = load_configs(gemm_file)
+    except ValueError as e:  # a database of an older version: a slower build, not a failed one
+        ctx.progress(f"compile-cuda: warning: {e}")
+        configs, gemm_file = {}, None
+    rule = TensorCoreGemm(Knobs.from_env(), configs=configs)
     pipeline = cuda_pipeline(target, tensor_cores=tensor_cores_enabled(), rule=rule)
     try:
         # the compile callback reads the arch from Target.current(): compile inside `with target`
