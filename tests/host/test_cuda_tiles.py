@@ -131,9 +131,12 @@ def test_epilogue_stores_are_coalesced_and_the_accumulator_stage_is_padded() -> 
     epilogue's int8 store (and its residual's load) is indexed by threadIdx.x itself, so a warp writes 32
     consecutive bytes (16 in warp tiles 16 columns wide) per instruction; an epilogue without rounding keeps
     4-lane vectors."""
+    from edgedeploy.compile.cuda_tensorcore import TensorCoreGemm
+    from edgedeploy.compile.cuda_tiles import Knobs
     from tests.host.test_cuda_injective import _cuda_source
 
-    src = _cuda_source(_int8_conv_model(64, 64, 8)).split("__global__")[-1]
+    # (one element per thread and step: Knobs.round_lanes = 1; the default's vectors are the next test's)
+    src = _cuda_source(_int8_conv_model(64, 64, 8), TensorCoreGemm(Knobs(round_lanes=1))).split("__global__")[-1]
     strides = [int(n) for n in re.findall(r"store_matrix_sync\(.*, (\d+), nvcuda::wmma::mem_row_major\)", src)]
     assert strides and all(s % 32 for s in strides), strides
     [store] = [line for line in src.splitlines() if re.match(r"\s*compute\w*_ptr\[", line)]
@@ -149,6 +152,31 @@ def test_epilogue_stores_are_coalesced_and_the_accumulator_stage_is_padded() -> 
         bb.emit_func_output(out)
     fp16 = _cuda_source(bb.get()).split("__global__")[-1]
     assert "store_matrix_sync" in fp16 and re.search(r"\*\(half4\*\)\(\w*compute\w*_ptr", fp16), fp16[-2500:]
+
+
+@pytest.mark.parametrize("mma", [0, 1])
+def test_rounding_epilogue_with_round_lanes_moves_vectors(mma: int) -> None:
+    """Knobs.round_lanes = 4: each thread of a requantizing epilogue takes 4 consecutive outputs, reads their
+    int32 sums from the accumulator stage as one 16-byte vector and the residual's 4 bytes as one word, rounds
+    in registers, and stores the 4 bytes as one word: a quarter of the epilogue's iterations, loads and
+    stores (WMMA and mma accumulators alike)."""
+    from edgedeploy.compile.cuda_tensorcore import TensorCoreGemm
+    from edgedeploy.compile.cuda_tiles import Knobs
+    from tests.host.test_cuda_injective import _cuda_source
+
+    def epilogue(lanes: int) -> str:
+        src = _cuda_source(_int8_conv_model(64, 64, 8), TensorCoreGemm(Knobs(round_lanes=lanes, int8_mma=mma)))
+        return src.split("__global__")[-1].split("__syncthreads();")[-1]
+
+    assert Knobs().round_lanes == 4  # the default since run21 (1.05x on ResNet-18 INT8 batch 64, bit-identical)
+    one, four = epilogue(1), epilogue(4)
+    steps = [int(re.search(r"< (\d+); \+\+", e).group(1)) for e in (one, four)]  # type: ignore[union-attr]
+    assert steps[0] == 4 * steps[1], (one, four)
+    stage_vector = r"\*\(int4\*\)\(\w+_local_ptr \+ 0\) = \*\(int4\*\)\("  # 4 sums from the stage
+    assert "*(int4*)" not in one and re.search(stage_vector, four), four
+    assert re.search(r"\*\(int\*\)\(r_local_ptr \+ 0\) = \*\(int\*\)\(r_ptr", four), four  # the residual
+    assert re.search(r"^\s*\*\(int\*\)\(compute\w*_ptr \+", four, re.M), four  # the 4 output bytes
+    assert four.count("nearbyintf") == 4  # rounded one by one, unrolled
 
 
 def test_strided_operands_keep_4_element_loads() -> None:

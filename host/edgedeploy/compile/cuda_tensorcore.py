@@ -332,7 +332,7 @@ class TensorCoreGemm(GPUScheduleRule):  # type: ignore[misc]
         sch.storage_align(stored, 0, -2, *ACC_ALIGN)
         if writeback is None:
             auto_inline_consumer_chain(sch, acc_shared)  # the epilogue runs on the way out to global memory
-        _store_epilogue(sch, acc_shared)
+        _store_epilogue(sch, acc_shared, self.knobs.round_lanes)
         if writeback is not None:
             _sum_partials(sch, writeback)
         if not _all_on_gpu(sch):
@@ -346,21 +346,54 @@ class TensorCoreGemm(GPUScheduleRule):  # type: ignore[misc]
         return sch
 
 
-def _store_epilogue(sch: Any, acc_shared: Any) -> None:
+def _store_epilogue(sch: Any, acc_shared: Any, round_lanes: int = 1) -> None:
     """The warp's copy from the accumulator stage to global memory, the epilogue inlined: 4 consecutive
     elements per thread as one vector, unless the epilogue rounds (the INT8 requantize): TVM 0.27's
     vectorizer cannot vectorize `T.nearbyint` and turns the whole vector into a loop of single elements,
     which made each thread store single bytes 4 apart (ncu on the H200: 8 of every 32 bytes stored per
     sector used). Those kernels give consecutive threads consecutive elements instead: each store
-    instruction of the warp writes 32 contiguous bytes, and reads 32 consecutive words of the stage."""
+    instruction of the warp writes 32 contiguous bytes, and reads 32 consecutive words of the stage.
+
+    `round_lanes` > 1 (Knobs.round_lanes): each thread of a rounding epilogue takes that many consecutive
+    elements, reads their int32 sums from the stage as one vector into registers, rounds them one by one
+    there, and stores the bytes as one vector (4 lanes: one 16-byte shared load and one 4-byte global
+    store where there were 4 and 4)."""
     rows, cols = sch.get_loops(acc_shared)[-2:]
+    rounds = "T.nearbyint" in str(sch.get(acc_shared))
+    lanes = round_lanes if rounds else 4
+    width = sch.get(cols).extent
+    # (at most 4: 4 int32 sums are the widest vector load; 8 made TVM 0.27 write vector types nvcc rejects)
+    if rounds and (lanes not in (2, 4) or not isinstance(width, tirx.IntImm) or int(width) % lanes):
+        lanes = 1
+    if rounds and lanes > 1:
+        out_local = sch.cache_write(acc_shared, 0, "local")
+        # into registers as vectors: the int32 sums from the stage and a residual's bytes (global, indexed
+        # like the output); per-channel scales stay scalar loads (they are the same across rows)
+        reads = [r.source for r in sch.get(acc_shared).reads]
+        names = [b.name for b in reads if b.scope().startswith("shared") or b.dtype in ("int8", "uint8")]
+        in_locals = []
+        for name in names:
+            index = next(i for i, r in enumerate(sch.get(acc_shared).reads) if r.source.name == name)
+            in_locals.append(sch.cache_read(acc_shared, index, "local"))
     vec = None
-    if "T.nearbyint" not in str(sch.get(acc_shared)):
-        cols, vec = sch.split(cols, factors=[None, 4])  # the vector off the columns alone: lane-invariant rows
+    if lanes > 1:
+        cols, vec = sch.split(cols, factors=[None, lanes])  # the vector off the columns alone: lane-invariant rows
     _, tx = sch.split(sch.fuse(rows, cols), factors=[None, WARP])
     sch.bind(tx, "threadIdx.x")
-    if vec is not None:
+    if vec is None:
+        return
+    if not rounds:
         sch.vectorize(vec)
+        return
+    sch.unroll(vec)
+    for block in in_locals:
+        sch.compute_at(block, tx)
+    sch.reverse_compute_at(out_local, tx)
+    bound = sch.get(tx).loop_var
+    for block in (*in_locals, out_local):  # the loops under the thread's: its lanes, as one vector
+        loops = sch.get_loops(block)
+        inner = loops[1 + next(i for i, loop in enumerate(loops) if sch.get(loop).loop_var.same_as(bound)) :]
+        sch.vectorize(sch.fuse(*inner) if len(inner) > 1 else inner[0])
 
 
 def _contiguous_k(sch: Any, block: Any, lanes: int) -> bool:

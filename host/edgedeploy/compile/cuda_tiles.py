@@ -50,6 +50,11 @@ class Knobs:
     # mma: operand fragments of the next K step loaded while the current one computes (2), or not (1). The
     # second buffer costs 8 registers per 16x32 fragment: the 4x4-fragment warps spilled and ran 0.67-0.83x
     mma_frag_buffers: int = 1
+    # rounding (INT8 requantize) epilogues: consecutive elements per thread, read from the accumulator stage
+    # as one vector and stored as one (cuda_tensorcore._store_epilogue); 1: one element per thread and step.
+    # 4 on the H200: ResNet-18 INT8 batch 64 1.020 -> 0.973 ms, bit-identical (per convolution 0.99-1.16x;
+    # bench/results/h200/run21-epilogue)
+    round_lanes: int = 4
 
     @classmethod
     def from_env(cls) -> Knobs:
