@@ -37,7 +37,7 @@ def test_center_crop_nhwc() -> None:
     np.testing.assert_array_equal(x[0, :, :, 2], 30)
     # 87.5% of the short side, as MobileNet expects
     crop = preprocess(frame, Preprocess(color="bgr", resize="center_crop", crop_fraction=0.875), spec)
-    expect = cv2.resize(frame[6:94, 56:144], (10, 10), interpolation=cv2.INTER_LINEAR).astype(np.float32)
+    expect = cv2.resize(frame[6:94, 56:144], (10, 10), interpolation=cv2.INTER_LINEAR_EXACT).astype(np.float32)
     np.testing.assert_allclose(crop[0], expect)
 
 

@@ -41,6 +41,9 @@ def build_in_target(mod: Any, target: Any, params: Any) -> Any:
     Target.current() and otherwise asks the GPU, which a build host does not have."""
     from tvm.s_tir.meta_schedule.builder.local_builder import default_build
 
+    # default_build imports tvm.s_tir.tensor_intrin in every builder process: 60-100 s there unless seeded
+    # (tensor_intrinsics.py), which under load passed the builder's timeout and failed every candidate
+    tensor_intrinsics.import_all()
     with target:
         return default_build(mod, target, params)
 
