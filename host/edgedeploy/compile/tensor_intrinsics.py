@@ -10,6 +10,10 @@ from a script and 107 s under a build's import chain; the CUDA build of the 26 K
 5.3 minutes, almost all of it here, in the host process and again in the CUDA worker, which is what pushed CI
 past its 90 minutes. With the cache seeded below: 9 s.
 
+Every process that needs them goes through `import_all`: builds (cuda_tensorcore, cuda_mma), MetaSchedule
+databases, and MetaSchedule's builder processes (metaschedule.build_in_target: TVM's default_build imports
+the package itself, and its 60-100 s there had passed the builder's timeout under load).
+
 The seed maps those names to a module name that does not exist, which is exactly what the scan concludes
 for them (`getmodule` returns None either way); only the time changes.
 """
