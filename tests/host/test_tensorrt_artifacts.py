@@ -65,9 +65,11 @@ def test_acceptance_command_writes_qdq_profiles_references_and_no_plan(
     assert np.abs(fake_quant - want).max() <= trt["atol"]
     assert np.mean(np.argmax(fake_quant, axis=1) == np.argmax(want, axis=1)) >= trt["min_top1_agreement"]
     # ... and mostly what the FP32 model predicts; the tolerance is the FP32 outputs' distance from them
-    fp32 = ort.InferenceSession(str(data_dir / MODEL)).run(None, {"input": x})[0]
+    # (the build's FP32 run is unoptimized too; its float32 kernels still differ in the last bits between CPUs,
+    # AVX2 against AVX-512, and the stored atol is rounded to 6 digits, hence 1e-5 and not 1e-6)
+    fp32 = ort.InferenceSession(str(data_dir / MODEL), so).run(None, {"input": x})[0]
     assert np.mean(np.argmax(fp32, axis=1) == np.argmax(want, axis=1)) >= 0.6
-    assert trt["atol"] == pytest.approx(np.abs(fp32 - want).max(), abs=1e-6)
+    assert trt["atol"] == pytest.approx(np.abs(fp32 - want).max(), abs=1e-5)
     agree = trt["reference_fp32_top1_agreement"]
     assert agree >= 0.6 and trt["reference_fp32_samples"] == 64
     assert len(set(np.argmax(want, axis=1).tolist())) > 1  # real images, not one constant answer
