@@ -12,10 +12,17 @@ way an FP16 convolution with padding does: FuseOps fuses the epilogue onto it as
 tensor-core schedule inlines the pad into its global loads (the window's out-of-image taps read z). The
 16-lane z vector this makes is one that TVM 0.27's code generator writes wrongly; cuda_source fixes it.
 
-Only from MIN_BATCH images on. Measured on the H200 (bench/results/h200/run18-l2-timing/pad-l2, run19): at
-batch 64 the pad kernels (0.141 ms of ResNet-18's 1.17) go; at batch 1 the layer3/4 convolutions with the pad
-in their gather took 2-3x longer with the same tiles (layer4 0.005 -> 0.017 ms), ResNet-18 0.73x. Batches in
-between are unmeasured; 16 is a guess between the two.
+Tensor-core (NHWC) convolutions only from MIN_BATCH images on. Measured on the H200
+(bench/results/h200/run18-l2-timing/pad-l2, run19): at batch 64 the pad kernels (0.141 ms of ResNet-18's 1.17)
+go; at batch 1 the layer3/4 convolutions with the pad in their gather took 2-3x longer with the same tiles
+(layer4 0.005 -> 0.017 ms), ResNet-18 0.73x. Batches in between are unmeasured; 16 is a guess between the two.
+
+Depthwise convolutions (MobileNet's, NCHW or NHWC) at every batch: cuda_window gives them one thread per
+output looping over its window, where the pad is a bounds check, as in an FP16 depthwise convolution. Left
+before them, the pad was either a kernel of its own or, where FuseOps fused it into the producing 1x1
+convolution's epilogue (the stride-2 layers' asymmetric pads), a kernel the tensor-core rule declines: the
+GEMM wrote a padded, larger tensor, so it ran without tensor cores (MobileNetV1-0.25 INT8 batch 64 on the
+H200: 0.88 of 2.03 ms in one such kernel, bench/results/h200/run19-signed-activations).
 """
 
 from __future__ import annotations
@@ -77,16 +84,23 @@ class _PadIntoConv(relax.PyExprMutator):  # type: ignore[misc]
         a = call.attrs
         if not (isinstance(pad, relax.Call) and pad.op == _PAD and str(pad.attrs.pad_mode) == "constant"):
             return call
-        if str(a.data_layout) != "NHWC" or str(a.out_layout) != "NHWC" or any(int(p) for p in a.padding):
+        if any(int(p) for p in a.padding) or str(a.out_layout) != str(a.data_layout):
             return call
         if str(pad.args[0].ty.dtype) != "int8" or str(a.out_dtype) != "int32":
             return call
-        batch = pad.args[0].ty.shape[0]
-        if not isinstance(batch, tvm.tirx.IntImm) or int(batch) < MIN_BATCH:
+        layout = str(a.data_layout)
+        if layout not in ("NHWC", "NCHW"):
+            return call
+        shape = pad.args[0].ty.shape
+        batch, channels = shape[0], shape[layout.index("C")]
+        if not isinstance(batch, tvm.tirx.IntImm) or not isinstance(channels, tvm.tirx.IntImm):
+            return call
+        depthwise = int(a.groups) > 1 and int(a.groups) == int(channels)
+        if not depthwise and (layout != "NHWC" or int(batch) < MIN_BATCH):
             return call
         widths = [int(v) for v in pad.attrs.pad_width]
         before, after = widths[0::2], widths[1::2]
-        if before[3] or after[3] or before[0] or after[0]:  # only H and W
+        if any(before[i] or after[i] for i in (layout.index("N"), layout.index("C"))):  # only H and W
             return call
         self.fused += 1
         return self.builder_.call_te(
@@ -103,7 +117,8 @@ class _PadIntoConv(relax.PyExprMutator):  # type: ignore[misc]
 
 @tvm.transform.module_pass(opt_level=0, name="PadIntoConv")  # type: ignore[untyped-decorator]
 def pad_into_conv(mod: Any, _ctx: Any) -> Any:
-    """The module with every INT8 NHWC `conv2d(pad(x, z))` (the pad used only there) one padding convolution."""
+    """The module with every INT8 `conv2d(pad(x, z))` (the pad used only there; NHWC from MIN_BATCH, or
+    depthwise) one padding convolution."""
     mod = relax.transform.CanonicalizeBindings()(mod)  # the graph passes a pad's output on as `lv5 = lv7`
     for gv, func in list(mod.functions.items()):
         if isinstance(func, relax.Function):
