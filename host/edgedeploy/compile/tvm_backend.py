@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -124,8 +125,20 @@ def _rules_fall_through() -> None:
         rule.apply = apply
 
 
-@stage("compile-cuda")
-def compile_cuda(ctx: BuildContext) -> None:
+@dataclass
+class CudaLowering:
+    """What compile-cuda hands tvm.compile: the target, the PassContext config, the Relax pipeline and its
+    tensor-core rule (which records the kernels it scheduled), and the GEMM database applied, if any."""
+
+    target: Any
+    config: dict[str, Any]
+    pipeline: Any
+    rule: TensorCoreGemm
+    gemm_file: Path | None
+
+
+def cuda_lowering(ctx: BuildContext) -> CudaLowering:
+    """The Relax pipeline of a CUDA build as compile-cuda runs it (kernel_bounds.py runs it too)."""
     # dlight's INT8 tensor-core rule fails in 0.27 (its inner pipelined K loop has extent 1; see
     # cuda_tensorcore.py, whose TensorCoreGemm rule runs first and tensorizes INT8 GEMMs correctly): what
     # that rule declines gets dp4a from nvcc instead.
@@ -144,13 +157,22 @@ def compile_cuda(ctx: BuildContext) -> None:
         configs, gemm_file = {}, None
     rule = TensorCoreGemm(Knobs.from_env(), configs=configs)
     pipeline = cuda_pipeline(target, tensor_cores=tensor_cores_enabled(), rule=rule)
+    return CudaLowering(target, config, pipeline, rule, gemm_file)
+
+
+@stage("compile-cuda")
+def compile_cuda(ctx: BuildContext) -> None:
+    low = cuda_lowering(ctx)
     try:
         # the compile callback reads the arch from Target.current(): compile inside `with target`
-        with target, tvm.transform.PassContext(opt_level=3, config=config):
-            ctx.executable = tvm.compile(ctx.ir, target=target, relax_pipeline=pipeline, tir_pipeline=TIR_PIPELINE)
-        if gemm_file is not None:
+        with low.target, tvm.transform.PassContext(opt_level=3, config=low.config):
+            ctx.executable = tvm.compile(
+                ctx.ir, target=low.target, relax_pipeline=low.pipeline, tir_pipeline=TIR_PIPELINE
+            )
+        if low.gemm_file is not None:
+            gemm_file = low.gemm_file
             where = f"{gemm_file.parent.parent.name}/{gemm_file.parent.name}/{gemm_file.name}"
-            ctx.gemm_tuning = f"{len(rule.applied)} of {len(rule.seen)} tensor-core kernels tuned ({where})"
+            ctx.gemm_tuning = f"{len(low.rule.applied)} of {len(low.rule.seen)} tensor-core kernels tuned ({where})"
             ctx.progress(f"compile-cuda: {ctx.gemm_tuning}")
     except Exception as e:
         lines = [ln for ln in str(e).strip().splitlines() if ln.strip()]
