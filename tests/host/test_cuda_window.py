@@ -82,3 +82,26 @@ def test_nhwc_pooling_takes_16_bytes_of_channels_per_thread_with_the_max_in_regi
     assert re.findall(r'T.int64\((\d+)\), thread="blockIdx.x"', nhwc) == [str(blocks)]
     nchw = _pool_script((8, 64, 112, 112), "NCHW")
     assert "T.vectorized" not in nchw and 'scope="local"' not in nchw
+
+
+@pytest.mark.parametrize("knob", [0, 1])
+def test_a_depthwise_convolution_and_its_epilogue_are_one_kernel_with_the_knob(knob: int) -> None:
+    """Knobs.window_epilogue: the window sum stays in a register and the requantize runs on it (1), or
+    dlight's Fallback stores it to global memory for a second kernel (0, the default until measured). Either
+    way every access stays inside its tensor (kernel_bounds) and nvcc compiles the source."""
+    from edgedeploy.compile.cuda_tensorcore import TensorCoreGemm
+    from edgedeploy.compile.cuda_tiles import Knobs
+    from edgedeploy.compile.kernel_bounds import check_module
+    from tests.host.test_cuda_conv_pad import _pointwise_then_depthwise
+    from tests.host.test_cuda_injective import _cuda_source
+
+    target = tvm.target.Target(TARGET)
+    rule = TensorCoreGemm(Knobs(window_epilogue=knob))
+    with target:
+        mod = tvm.transform.Sequential(legalize_passes(target, rule))(_pointwise_then_depthwise(8))
+    [depthwise] = [f.script() for f in mod.functions.values() if "group_conv2d" in str(f.script())]
+    assert depthwise.count('thread="blockIdx.x"') == (1 if knob else 2)
+    assert ('"int32", scope="local"' in depthwise) == bool(knob)  # the window sum in a register
+    assert check_module(mod, target)[1] == []
+    src = _cuda_source(_pointwise_then_depthwise(8), TensorCoreGemm(Knobs(window_epilogue=knob)))
+    assert src.count("extern \"C\" __global__") == (2 if knob else 3) * 2  # declaration + definition each

@@ -456,6 +456,7 @@ def legalize_passes(target: Target, rule: TensorCoreGemm | None = None) -> list[
     from .cuda_injective import VectorizedInjective
     from .cuda_window import WindowReduction
 
+    rule = rule or TensorCoreGemm()
     return [
         pad_into_conv,
         tvm.relax.transform.LegalizeOps(),
@@ -464,9 +465,9 @@ def legalize_passes(target: Target, rule: TensorCoreGemm | None = None) -> list[
         tvm.relax.transform.FuseOps(),
         tvm.relax.transform.FuseTIR(),
         dl.ApplyDefaultSchedule(
-            rule or TensorCoreGemm(),
+            rule,
             dl.gpu.Matmul(),
-            WindowReduction(),
+            WindowReduction(rule.knobs),
             dl.gpu.GEMV(),
             dl.gpu.Reduction(),
             dl.gpu.GeneralReduction(),

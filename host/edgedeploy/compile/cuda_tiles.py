@@ -55,6 +55,12 @@ class Knobs:
     # 4 on the H200: ResNet-18 INT8 batch 64 1.020 -> 0.973 ms, bit-identical (per convolution 0.99-1.16x;
     # bench/results/h200/run21-epilogue)
     round_lanes: int = 4
+    # depthwise convolutions and NCHW pooling with an epilogue (requantize, bias + clip): each thread sums its
+    # output's window in a register and runs the epilogue on it, one kernel (1), or dlight's Fallback (0): two
+    # kernels, the window sums stored to global memory as int32/float and read back by the epilogue's
+    # (MobileNetV1-0.25 INT8 batch 64 on the H200, run22: its 13 depthwise layers are 26 kernels, ~0.2 of
+    # 0.77 ms). 0 until measured (cuda_window.window_with_epilogue)
+    window_epilogue: int = 0
 
     @classmethod
     def from_env(cls) -> Knobs:

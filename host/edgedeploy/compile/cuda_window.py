@@ -26,6 +26,7 @@ from tvm.s_tir.dlight.gpu.base import GPUScheduleRule
 from tvm.target import Target
 
 from . import cuda_source  # noqa: F401 (16-byte int8 vectors of the pad value: registers the CUDA source fix)
+from .cuda_tiles import Knobs
 
 MAX_WINDOW = 64
 
@@ -49,6 +50,9 @@ def window_size(func: tirx.PrimFunc) -> int | None:
 class WindowReduction(GPUScheduleRule):  # type: ignore[misc]
     """dlight's Fallback schedule for kernels whose reductions are small windows (see the module doc)."""
 
+    def __init__(self, knobs: Knobs | None = None) -> None:
+        self.knobs = knobs or Knobs()
+
     def apply(self, func: Any, target: Target, tunable: bool) -> Any:
         if not isinstance(func, tirx.PrimFunc) or not self.is_target_available(target):
             return None
@@ -58,11 +62,15 @@ class WindowReduction(GPUScheduleRule):  # type: ignore[misc]
             return None
         if size is None or size > MAX_WINDOW:
             return None
-        try:
-            vectorized = channel_vectors(func)
-        except Exception:  # a schedule error on an unusual kernel: one thread per output, as before
-            vectorized = None
-        return vectorized or Fallback().apply(func, target, tunable)
+        shapes = [channel_vectors] + ([window_with_epilogue] if self.knobs.window_epilogue else [])
+        for schedule in shapes:
+            try:
+                scheduled = schedule(func)
+            except Exception:  # a schedule error: not this shape (a consumer that channel_vectors cannot inline)
+                scheduled = None
+            if scheduled is not None:
+                return scheduled
+        return Fallback().apply(func, target, tunable)  # one thread per output, a kernel per block
 
 
 VECTOR_BYTES = 16  # per thread and load: 16 int8 channels, 8 fp16, 4 fp32 (fewer where the channels do not
@@ -116,3 +124,33 @@ def channel_vectors(func: tirx.PrimFunc, threads: int = 256) -> Any:
     sch.reverse_compute_at(writeback, tx)
     sch.vectorize(sch.get_loops(writeback)[-1])
     return sch
+
+
+def window_with_epilogue(func: tirx.PrimFunc, threads: int = 256) -> Any:
+    """One thread per output of a window reduction followed by an elementwise epilogue (a depthwise
+    convolution's requantize, or bias + clip): the pad is inlined into the window's reads, the thread sums the
+    window into a register and the epilogue stores the result, in one kernel. dlight's Fallback makes two
+    kernels of such a function, the first storing every window sum to a global intermediate. None when the
+    kernel is not that shape (no epilogue, more than one reduction, an epilogue that does not map one
+    output to one window)."""
+    sch = s_tir.Schedule(func)
+    blocks = sch.get_child_blocks(get_root_block(sch))
+    reductions = [i for i, b in enumerate(blocks) if _is_reduction(sch, b)]
+    if len(reductions) != 1 or reductions[0] == len(blocks) - 1:
+        return None
+    at = reductions[0]
+    main, last = blocks[at], blocks[-1]
+    for b in (*blocks[:at], *blocks[at + 1 : -1]):
+        sch.compute_inline(b)  # the pad before the window, the epilogue's steps into its last one
+    if len(sch.get(last).iter_vars) != len(sch.get_loops(last)):
+        return None
+    bx, tx = sch.split(sch.fuse(*sch.get_loops(last)), factors=[None, threads])
+    sch.bind(bx, "blockIdx.x")
+    sch.bind(tx, "threadIdx.x")
+    sch.compute_at(main, tx)  # this thread's output: its window summed right before the epilogue uses it
+    sch.set_scope(main, 0, "local")
+    return sch
+
+
+def _is_reduction(sch: Any, block: Any) -> bool:
+    return any(v.iter_type == tirx.IterVar.CommReduce for v in sch.get(block).iter_vars)
