@@ -15,7 +15,15 @@ import shutil
 from pathlib import Path
 from typing import Optional
 
-from .bundle import MANIFEST_NAME, SIGNATURE_NAME, Manifest, check_artifact_name, read_signed_manifest, sha256_file
+from .bundle import (
+    MANIFEST_NAME,
+    SIGNATURE_NAME,
+    Manifest,
+    check_artifact_name,
+    read_signed_manifest,
+    sha256_file,
+    verify_bundle,
+)
 from .durable import fsync_dir
 from .errors import BundleError
 from .store import DeviceStore
@@ -114,6 +122,9 @@ class FileSource:
     def stage(self, store: DeviceStore) -> Manifest:
         return store.stage(self.file)
 
+    def verify(self) -> None:
+        verify_bundle(self.file)
+
     def discard(self) -> None:
         if self.uploaded:
             self.file.unlink(missing_ok=True)
@@ -141,6 +152,10 @@ class BlobSource:
         if self.signature_sha:
             sig = self.blobs.require(self.signature_sha, "signature").read_bytes()
         return manifest, body, sig
+
+    def verify(self) -> None:
+        """Nothing beyond read(): the manifest blob is checked against its sha256 there, and each artifact
+        blob was hashed when it was stored."""
 
     def stage(self, store: DeviceStore) -> Manifest:
         """Build releases/<name> from hard links to verified blobs (each hashed when it was verified)."""

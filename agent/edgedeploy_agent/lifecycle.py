@@ -34,6 +34,10 @@ class BundleSource(Protocol):
 
     def stage(self, store: DeviceStore) -> Manifest: ...
 
+    def verify(self) -> None:
+        """Check what was uploaded against its manifest without installing it (a bundle found unchanged is
+        still refused when tampered); raises BundleError."""
+
     def discard(self) -> None:
         """Called once the bundle is staged (or unchanged): drop what the release no longer needs."""
 
@@ -122,6 +126,8 @@ class Deployment:
         name = manifest.release_name
         old = state["current"]
         health = read_health(self.store)
+        # the same bundle again: nothing to do while it serves (a service that stopped, or whose source
+        # ended, is started again by the deploy below), once the upload is checked like any other
         if (
             not force
             and old == name
@@ -130,6 +136,11 @@ class Deployment:
             and health.get("release") == name
             and health.get("state") in ("ready", "finished")
         ):
+            try:
+                source.verify()
+            except AgentError:
+                source.remove_refused()
+                raise
             source.discard()
             return {"outcome": "unchanged", "release": name, "previous": state["previous"][:1] or [None]}
 

@@ -52,6 +52,12 @@ def copy(b: Path, d: Path) -> Path:
     return out
 
 
+def copy_bytes(data: bytes, out: Path) -> Path:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_bytes(data)
+    return out
+
+
 def test_commit_then_unchanged_then_upgrade(store: DeviceStore, tmp_path: Path) -> None:
     svc = ScriptedService(store)
     b1 = make_bundle(tmp_path / "v1", version="1")
@@ -61,6 +67,20 @@ def test_commit_then_unchanged_then_upgrade(store: DeviceStore, tmp_path: Path) 
     assert os.readlink(store.current_link) == f"releases/{name1}"  # relative link
     assert not list(store.incoming.iterdir())  # the upload is removed once committed
     assert Deployment(store, svc).deploy(copy(b1, store.incoming), timeout=2)["outcome"] == "unchanged"
+    assert Deployment(store, svc).deploy(copy(b1, store.incoming), timeout=2, force=True)["outcome"] == "committed"
+    # its source (a video file) played to the end and the service exited: the same bundle starts it again
+    write_health(store, name1, "finished")
+    svc.running = False
+    assert Deployment(store, svc).deploy(copy(b1, store.incoming), timeout=2)["outcome"] == "committed"
+    # serving, and a file of the same release whose payload no longer matches its manifest: refused, not
+    # "unchanged" (the upload is checked before the device says there is nothing to do)
+    assert svc.is_running()
+    tampered = bytearray(b1.read_bytes())
+    tampered[-40] ^= 1  # in the last artifact: the manifest reads as before, the payload no longer matches it
+    assert read_manifest(copy_bytes(bytes(tampered), tmp_path / "t.edb")).release_name == name1
+    with pytest.raises(BundleError, match="sha256 mismatch"):
+        Deployment(store, svc).deploy(copy_bytes(bytes(tampered), store.incoming / b1.name), timeout=2)
+    assert not list(store.incoming.iterdir()) and store.current() == name1
     b2 = make_bundle(tmp_path / "v2", version="2", lib_bytes=b"other")
     r = Deployment(store, svc).deploy(copy(b2, store.incoming), timeout=2)
     assert r["previous"] == name1

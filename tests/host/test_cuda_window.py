@@ -104,4 +104,4 @@ def test_a_depthwise_convolution_and_its_epilogue_are_one_kernel_with_the_knob(k
     assert ('"int32", scope="local"' in depthwise) == bool(knob)  # the window sum in a register
     assert check_module(mod, target)[1] == []
     src = _cuda_source(_pointwise_then_depthwise(8), TensorCoreGemm(Knobs(window_epilogue=knob)))
-    assert src.count("extern \"C\" __global__") == (2 if knob else 3) * 2  # declaration + definition each
+    assert src.count('extern "C" __global__') == (2 if knob else 3) * 2  # declaration + definition each
