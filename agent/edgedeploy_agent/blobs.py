@@ -154,8 +154,8 @@ class BlobSource:
         return manifest, body, sig
 
     def verify(self) -> None:
-        """Nothing beyond read(): the manifest blob is checked against its sha256 there, and each artifact
-        blob was hashed when it was stored."""
+        """Nothing beyond read(): it hashed the manifest blob against its name (BlobStore.has), and nothing
+        else of this upload is installed when the release is unchanged."""
 
     def stage(self, store: DeviceStore) -> Manifest:
         """Build releases/<name> from hard links to verified blobs (each hashed when it was verified)."""

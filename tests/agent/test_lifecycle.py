@@ -52,12 +52,6 @@ def copy(b: Path, d: Path) -> Path:
     return out
 
 
-def copy_bytes(data: bytes, out: Path) -> Path:
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_bytes(data)
-    return out
-
-
 def test_commit_then_unchanged_then_upgrade(store: DeviceStore, tmp_path: Path) -> None:
     svc = ScriptedService(store)
     b1 = make_bundle(tmp_path / "v1", version="1")
@@ -75,11 +69,14 @@ def test_commit_then_unchanged_then_upgrade(store: DeviceStore, tmp_path: Path) 
     # serving, and a file of the same release whose payload no longer matches its manifest: refused, not
     # "unchanged" (the upload is checked before the device says there is nothing to do)
     assert svc.is_running()
-    tampered = bytearray(b1.read_bytes())
-    tampered[-40] ^= 1  # in the last artifact: the manifest reads as before, the payload no longer matches it
-    assert read_manifest(copy_bytes(bytes(tampered), tmp_path / "t.edb")).release_name == name1
+    raw = bytearray(b1.read_bytes())
+    raw[-40] ^= 1  # in the last artifact: the manifest reads as before, the payload no longer matches it
+    tampered = tmp_path / "tampered" / b1.name
+    tampered.parent.mkdir()
+    tampered.write_bytes(bytes(raw))
+    assert read_manifest(tampered).release_name == name1
     with pytest.raises(BundleError, match="sha256 mismatch"):
-        Deployment(store, svc).deploy(copy_bytes(bytes(tampered), store.incoming / b1.name), timeout=2)
+        Deployment(store, svc).deploy(copy(tampered, store.incoming), timeout=2)
     assert not list(store.incoming.iterdir()) and store.current() == name1
     b2 = make_bundle(tmp_path / "v2", version="2", lib_bytes=b"other")
     r = Deployment(store, svc).deploy(copy(b2, store.incoming), timeout=2)

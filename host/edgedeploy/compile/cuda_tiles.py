@@ -58,8 +58,8 @@ class Knobs:
     # depthwise convolutions and NCHW pooling with an epilogue (requantize, bias + clip): each thread sums its
     # output's window in a register and runs the epilogue on it, one kernel (1), or dlight's Fallback (0): two
     # kernels, the window sums stored to global memory as int32/float and read back by the epilogue's
-    # (MobileNetV1-0.25 INT8 batch 64 on the H200, run22: its 13 depthwise layers are 26 kernels, ~0.2 of
-    # 0.77 ms). 0 until measured (cuda_window.window_with_epilogue)
+    # (MobileNetV1-0.25 INT8 batch 64 on the H200, run22: its 13 depthwise layers are 26 kernels, 0.29 ms of
+    # the 0.74 ms of kernel time). 0 until measured (cuda_window.window_with_epilogue)
     window_epilogue: int = 0
 
     @classmethod

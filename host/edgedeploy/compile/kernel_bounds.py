@@ -67,6 +67,13 @@ def _is_zero(e: Any) -> bool:
     return isinstance(e, tirx.IntImm) and int(e) == 0
 
 
+def _lane_ends(index: Any) -> list[Any]:
+    """The first and last offsets of a vector index (Ramp), or the scalar index itself."""
+    if isinstance(index, tirx.Ramp):
+        return [index.base, index.base + index.stride * (int(index.lanes) - 1)]
+    return [index]
+
+
 @dataclass(frozen=True)
 class OutOfBounds:
     kernel: str
@@ -111,30 +118,22 @@ class _Checker:
         if root.name not in self.tensors:
             return
         name, size = root.name, self.tensors[root.name]
+        offset = buffer.elem_offset
         for index in indices:
-            index = index + buffer.elem_offset if not _is_zero(buffer.elem_offset) else index
-            lo, hi = self._range(index)
-            if (lo < 0 and not self._proves(index, lambda i: i >= 0)) or (
-                hi >= size and not self._proves(index, lambda i: i < size)
+            # a vector access (Ramp) is bounded by its first and last lane, each a scalar offset
+            ends = _lane_ends(index if _is_zero(offset) else index + offset)
+            bounds = [self.ana.const_int_bound(e) for e in ends]
+            lo, hi = min(b.min_value for b in bounds), max(b.max_value for b in bounds)
+            if (lo < 0 and not self._proves(ends, lambda i: i >= 0)) or (
+                hi >= size and not self._proves(ends, lambda i: i < size)
             ):
                 self.found.append(OutOfBounds(self.kernel, name, what, lo, hi, size))
 
-    def _proves(self, index: Any, holds: Any) -> bool:
-        """`holds` for the index (each lane of a vector), from the bindings and guards in scope: the
-        analyzer's proof uses the guards where constant bounds cannot (`i * 8 + j < n` under `i < m`)."""
-        if isinstance(index, tirx.Ramp):
-            last = index.base + index.stride * (int(index.lanes) - 1)
-            return self._proves(index.base, holds) and self._proves(last, holds)
-        # SYMBOLIC_BOUND: where TVM's own analyzers fail, its Z3 backend (in the apache-tvm wheel) decides
-        return bool(self.ana.can_prove(holds(index), sym.ProofStrength.SYMBOLIC_BOUND))
-
-    def _range(self, index: Any) -> tuple[int, int]:
-        if isinstance(index, tirx.Ramp):
-            first = self.ana.const_int_bound(index.base)
-            last = self.ana.const_int_bound(index.base + index.stride * (int(index.lanes) - 1))
-            return min(first.min_value, last.min_value), max(first.max_value, last.max_value)
-        b = self.ana.const_int_bound(index)
-        return b.min_value, b.max_value
+    def _proves(self, ends: list[Any], holds: Any) -> bool:
+        """`holds` for every end, from the bindings and guards in scope: the analyzer's proof uses the guards
+        where constant bounds cannot (`i * 8 + j < n` under `i < m`); SYMBOLIC_BOUND: where TVM's own
+        analyzers fail, its Z3 backend (in the apache-tvm wheel) decides."""
+        return all(self.ana.can_prove(holds(e), sym.ProofStrength.SYMBOLIC_BOUND) for e in ends)
 
     # -- expressions
     def expr(self, e: Any) -> None:
