@@ -243,23 +243,18 @@ def scheduled_module(
     schedules them; with `tuning_key`, "<source sha256[:16]>-<precision>", its tuned configurations too),
     and its target."""
     from ..profiles import get_profile
-    from . import int8_rewrite, nhwc, tuning  # noqa: F401  (register their stages)
     from .onnx_model import load_onnx
-    from .pipeline import STAGES, BuildContext, pipeline_for
+    from .pipeline import BuildContext, run_pipeline
     from .tvm_backend import cuda_lowering
 
-    profile = get_profile(profile_name)
     ctx = BuildContext(
         model=load_onnx(model, batch=batch),
-        profile=profile,
+        profile=get_profile(profile_name),
         work_dir=Path(tempfile.mkdtemp(prefix="edgedeploy-bounds-")),
         precision=precision,
         tuning_key=tuning_key,
     )
-    for name in pipeline_for(profile, precision):
-        if name == "compile-cuda":
-            break
-        STAGES[name](ctx)
+    run_pipeline(ctx, stop_before="compile-cuda")
     low = cuda_lowering(ctx)
     with low.target, tvm.transform.PassContext(opt_level=3, config=low.config):
         return low.pipeline(ctx.ir), low.target

@@ -177,7 +177,8 @@ def pipeline_for(profile: DeviceProfile, precision: str = "fp32", frontend: str 
     return PIPELINES[key]
 
 
-def run_pipeline(ctx: BuildContext) -> BuildContext:
+def run_pipeline(ctx: BuildContext, stop_before: str | None = None) -> BuildContext:
+    """Run the profile's stages on `ctx` (up to, not including, `stop_before` when given)."""
     from . import int8_rewrite, nhwc, tuning, tvm_backend  # noqa: F401  (register the TVM stages)
     from .frontends import frontend_name
 
@@ -188,6 +189,8 @@ def run_pipeline(ctx: BuildContext) -> BuildContext:
         from . import torch_model  # noqa: F401
 
     for name in pipeline_for(ctx.profile, ctx.precision, frontend):
+        if name == stop_before:
+            break
         if name not in STAGES:
             raise BuildError(f"unknown compile stage {name!r}", hint=f"known stages: {', '.join(sorted(STAGES))}")
         ctx.progress(name)
