@@ -23,8 +23,9 @@ TARGET = {
 }
 
 
-def _blocks(batch: int, classes: int) -> dict[str, list[int]]:
-    """Thread-block counts of each kernel of max pool + quantize, and of a softmax over `classes`."""
+def _blocks(batch: int, classes: int) -> dict[str, tuple[list[int], list[int]]]:
+    """(thread-block counts, threads per block) of each kernel of max pool + quantize, and of a softmax over
+    `classes`."""
     bb = relax.BlockBuilder()
     x = relax.Var("x", relax.TensorType((batch, 64, 112, 112), "float32"))
     logits = relax.Var("logits", relax.TensorType((batch, classes), "float32"))
@@ -38,8 +39,12 @@ def _blocks(batch: int, classes: int) -> dict[str, list[int]]:
     target = tvm.target.Target(TARGET)
     with target:
         mod = tvm.transform.Sequential(legalize_passes(target))(bb.get())
+
+    def extents(script: str, axis: str) -> list[int]:
+        return [int(n) for n in re.findall(rf'T.int64\((\d+)\), thread="{axis}"', script)]
+
     return {
-        gv.name_hint: [int(n) for n in re.findall(r'T.int64\((\d+)\), thread="blockIdx.x"', f.script())]
+        gv.name_hint: (extents(f.script(), "blockIdx.x"), extents(f.script(), "threadIdx.x"))
         for gv, f in mod.functions.items()
         if isinstance(f, tvm.tirx.PrimFunc)
     }
@@ -48,10 +53,12 @@ def _blocks(batch: int, classes: int) -> dict[str, list[int]]:
 def test_pooling_gets_a_thread_per_output_and_long_reductions_keep_dlight() -> None:
     blocks = _blocks(batch=8, classes=1000)
     outputs = 8 * 64 * 56 * 56
-    pool = blocks["fused_max_pool2d_quantize"]
-    assert pool and max(pool) == -(-outputs // 1024), blocks  # not `outputs` blocks of 256 threads
+    grid, threads = blocks["fused_max_pool2d_quantize"]
+    # one thread per output (dlight's Fallback: 1024 a block; window_with_epilogue, the default: 256), not
+    # `outputs` blocks of 256 threads as dlight's reduction rule gave
+    assert grid and threads and -(-outputs // max(threads)) == max(grid), blocks
     # a softmax over 1000 classes is a long reduction: dlight's reduction rule, one block per row
-    assert max(blocks["softmax"]) == 8, blocks
+    assert max(blocks["softmax"][0]) == 8, blocks
 
 
 def _pool_script(shape: tuple[int, ...], layout: str, dtype: str = "int8") -> str:

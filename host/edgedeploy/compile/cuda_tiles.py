@@ -58,9 +58,13 @@ class Knobs:
     # depthwise convolutions and NCHW pooling with an epilogue (requantize, bias + clip): each thread sums its
     # output's window in a register and runs the epilogue on it, one kernel (1), or dlight's Fallback (0): two
     # kernels, the window sums stored to global memory as int32/float and read back by the epilogue's
-    # (MobileNetV1-0.25 INT8 batch 64 on the H200, run22: its 13 depthwise layers are 26 kernels, 0.29 ms of
-    # the 0.74 ms of kernel time). 0 until measured (cuda_window.window_with_epilogue)
-    window_epilogue: int = 0
+    # (cuda_window.window_with_epilogue). 1 on the H200 (bench/results/h200/run23-stem-window): MobileNetV1-0.25
+    # INT8 batch 64 0.761 -> 0.657 ms, batch 1 0.111 -> 0.092, FP16 batch 64 0.719 -> 0.586; bit-identical
+    window_epilogue: int = 1
+    # stride-2 convolutions over at most 4 channels (the stem) as stride-1 ones over the input's 2x2
+    # space-to-depth rearrangement (nhwc._SpaceToDepth) (1), or as they are (0). 1 on the H200 (run23):
+    # ResNet-18 batch 64 stem FP16 0.244 -> 0.150 ms, INT8 0.117 -> 0.100 (bit-identical), batch 1 unchanged
+    space_to_depth: int = 1
 
     @classmethod
     def from_env(cls) -> Knobs:
