@@ -141,6 +141,28 @@ def test_search_resumes_keeps_only_correct_faster_configurations(layer1: Any, tm
     assert merge_into(stale_file, db) == 1 and load_configs(db) == load_configs(older)  # the stale one loses
 
 
+def test_a_stored_configuration_the_schedule_now_refuses_is_recorded_not_fatal(layer1: Any, tmp_path: Path) -> None:
+    """A database can hold a time for a configuration that today's schedule refuses (the H200's FP16 ResNet-18
+    classifier had split-K over a padded N timed before `split_ok` existed; run23's search then died building
+    it to confirm). The run records the refusal and goes on; the kernel keeps no tuned configuration."""
+    [kernel] = gemm_kernels(layer1, tvm.target.Target(TARGET))
+    refused = "128x128-k64-v16-s2"  # N = 64 in tiles of 128, K split by 2: refused by split_ok
+    db = tmp_path / "gemm_configs.json"
+    db.write_text(
+        json.dumps(
+            {
+                "version": VERSION,
+                "timing": TIMING,
+                "kernels": {kernel.key: {"tried": {refused: 0.001}, "best": refused}},
+            }
+        )
+    )
+    stats = tune(layer1, TARGET, db, minutes=10, trials=1, measure=CapturedH200(), workers=2)
+    entry = json.loads(db.read_text())["kernels"][kernel.key]
+    assert entry["tried"][refused].startswith("error:") and "split-K over a padded N" in entry["tried"][refused]
+    assert entry["best"] is None and stats["kept"] == 0 and load_configs(db) == {}
+
+
 def test_a_database_timed_otherwise_is_searched_again_fastest_first(layer1: Any, tmp_path: Path) -> None:
     """A database whose times were taken with a warm L2 (before TIMING; run16's, as committed then) is
     searched again: the default first (the reference), then its candidates in the order of their old times,

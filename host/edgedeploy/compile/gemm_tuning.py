@@ -417,7 +417,12 @@ class _Search:
         self.pending.clear()
         for key, best in chosen.items():
             k, entry = self.kernels[key], self.doc["kernels"][key]
-            paths = {c: Path(builds[(key, c)].result()) for c in (k.default.text, best)}
+            try:
+                paths = {c: Path(builds[(key, c)].result()) for c in (k.default.text, best)}
+            except Exception as e:  # timed by an earlier run, refused by today's schedule (split_ok, launchable)
+                entry["tried"][best] = f"error: {_last_line(e)}"
+                _save(self.db_file, self.doc)
+                continue
             entry["best"] = self._confirm_one(k, entry, best, paths)
             entry["updated"] = round(time.time(), 1)
             _save(self.db_file, self.doc)
