@@ -8,6 +8,7 @@ import os
 import shutil
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -179,6 +180,32 @@ def _convnet(path: Path, width: int = 32) -> Path:
     return path
 
 
+def float_and_int8_modules(model: Any, calib: np.ndarray) -> tuple[Any, Any, Any]:
+    """An ONNX model's float Relax module, and its QDQ model (calibrated on `calib`) rewritten to integer
+    ops, both for batch 1: (fp32 module, int8 module, int8_rewrite's report)."""
+    from tvm import relax
+    from tvm.relax.frontend.onnx import from_onnx
+
+    from edgedeploy.compile.int8_rewrite import rewrite_int8
+    from edgedeploy.compile.quantize import QuantizeOptions, quantizable_layers, quantize_qdq
+
+    qdq = quantize_qdq(model, calib, QuantizeOptions(samples=len(calib))).model
+    shape = {"x": [1, *calib.shape[1:]]}
+    fp32 = relax.transform.DecomposeOpsForInference()(from_onnx(model, shape, keep_params_in_input=False))
+    qdq_mod = relax.transform.DecomposeOpsForInference()(from_onnx(qdq, shape, keep_params_in_input=False))
+    int8, report = rewrite_int8(qdq_mod, quantizable_layers(qdq))
+    return fp32, int8, report
+
+
+def run_on_cpu(mod: Any, inputs: np.ndarray) -> np.ndarray:
+    """The module compiled for llvm, run on each input (batch 1), outputs concatenated."""
+    import tvm
+    from tvm import relax
+
+    vm = relax.VirtualMachine(tvm.compile(mod, target="llvm"), tvm.cpu())
+    return np.concatenate([vm["main"](tvm.runtime.tensor(x[None])).numpy() for x in inputs])
+
+
 def _cuobjdump_cuda12() -> str | None:
     """CUDA 12.8's cuobjdump (with its nvdisasm), shipped inside the triton wheel: it still reads sm_72."""
     spec = importlib.util.find_spec("triton")
@@ -278,27 +305,14 @@ def test_nhwc_layout_is_exact_on_cpu(tmp_path: Path) -> None:
     between the layers: TVM's ConvertLayout alone wraps the requantize's clip, the zero-point pad and the
     Q/DQ ops (no layout rules in 0.27) in a pair each; nhwc.sink_permutes cancels them."""
     import onnx
-    import tvm
     from tvm import relax
-    from tvm.relax.frontend.onnx import from_onnx
 
-    from edgedeploy.compile.int8_rewrite import rewrite_int8
     from edgedeploy.compile.nhwc import to_nhwc, transposes
-    from edgedeploy.compile.quantize import QuantizeOptions, quantizable_layers, quantize_qdq
 
     model = onnx.load(_convnet(tmp_path / "convnet.onnx"))
-    rng = np.random.default_rng(3)
-    calib = rng.uniform(0, 1, (8, 3, 32, 32)).astype(np.float32)
-    qdq = quantize_qdq(model, calib, QuantizeOptions(samples=8)).model
-    shape = {"x": [1, 3, 32, 32]}
-    fp32 = relax.transform.DecomposeOpsForInference()(from_onnx(model, shape, keep_params_in_input=False))
-    qdq_mod = relax.transform.DecomposeOpsForInference()(from_onnx(qdq, shape, keep_params_in_input=False))
-    int8, report = rewrite_int8(qdq_mod, quantizable_layers(qdq))
+    calib = np.random.default_rng(3).uniform(0, 1, (8, 3, 32, 32)).astype(np.float32)
+    fp32, int8, report = float_and_int8_modules(model, calib)
     assert len(report.integer) == 4 and report.float_left == []
-
-    def run(mod: object) -> np.ndarray:
-        vm = relax.VirtualMachine(tvm.compile(mod, target="llvm"), tvm.cpu())
-        return np.concatenate([vm["main"](tvm.runtime.tensor(x[None])).numpy() for x in calib])
 
     for mod, exact in ((int8, True), (fp32, False)):
         nhwc = to_nhwc(mod)
@@ -311,7 +325,7 @@ def test_nhwc_layout_is_exact_on_cpu(tmp_path: Path) -> None:
         assert [w[-1] for w in _conv_weight_shapes(converted_only)][0] == 3
         if exact:  # int8: ConvertLayout alone wraps the requantize/zero-point-pad chains in transposes
             assert transposes(converted_only) >= 6
-        before, after = run(mod), run(nhwc)
+        before, after = run_on_cpu(mod, calib), run_on_cpu(nhwc, calib)
         if exact:
             assert np.array_equal(before, after)
         else:

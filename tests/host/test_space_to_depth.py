@@ -69,27 +69,14 @@ def test_space_to_depth_gives_the_same_results(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kernel: int, size: int
 ) -> None:
     import onnx
-    import tvm
-    from tvm import relax
-    from tvm.relax.frontend.onnx import from_onnx
 
-    from edgedeploy.compile.int8_rewrite import rewrite_int8
     from edgedeploy.compile.nhwc import to_nhwc
-    from edgedeploy.compile.quantize import QuantizeOptions, quantizable_layers, quantize_qdq
+    from tests.host.test_gpu_build import float_and_int8_modules, run_on_cpu
 
     model = onnx.load(_stem_net(tmp_path / "stem.onnx", kernel, size))
-    rng = np.random.default_rng(5)
-    calib = rng.uniform(0, 1, (6, 3, size, size)).astype(np.float32)
-    qdq = quantize_qdq(model, calib, QuantizeOptions(samples=6)).model
-    shape = {"x": [1, 3, size, size]}
-    fp32 = relax.transform.DecomposeOpsForInference()(from_onnx(model, shape, keep_params_in_input=False))
-    qdq_mod = relax.transform.DecomposeOpsForInference()(from_onnx(qdq, shape, keep_params_in_input=False))
-    int8, report = rewrite_int8(qdq_mod, quantizable_layers(qdq))
+    calib = np.random.default_rng(5).uniform(0, 1, (6, 3, size, size)).astype(np.float32)
+    fp32, int8, report = float_and_int8_modules(model, calib)
     assert len(report.integer) == 3 and report.float_left == []
-
-    def run(mod: object) -> np.ndarray:
-        vm = relax.VirtualMachine(tvm.compile(mod, target="llvm"), tvm.cpu())
-        return np.concatenate([vm["main"](tvm.runtime.tensor(x[None])).numpy() for x in calib])
 
     half = (kernel + 1) // 2
     for mod, exact in ((int8, True), (fp32, False)):
@@ -102,7 +89,7 @@ def test_space_to_depth_gives_the_same_results(
         assert _stem_weights(plain)[0] == ((16, kernel, kernel, 4), [2, 2])
         assert _stem_weights(s2d)[0] == ((16, half, half, 16), [1, 1])
         assert _stem_weights(s2d)[1] == _stem_weights(plain)[1] == ((16, 3, 3, 16), [1, 1])
-        before, after = run(plain), run(s2d)
+        before, after = run_on_cpu(plain, calib), run_on_cpu(s2d, calib)
         if exact:
             assert np.array_equal(before, after)
         else:
