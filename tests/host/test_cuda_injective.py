@@ -135,3 +135,34 @@ def test_lanes_divide_the_innermost_axis() -> None:
     assert vector_lanes(3, 1) == 1  # e.g. an RGB image's channels: Fallback keeps it
     assert vector_lanes(6, 2) == 2
     assert vector_lanes(1000, 8) == 2  # at most 16 bytes
+
+
+def _quantize_pad_odd() -> Any:
+    """MobileNet's INT8 input kernel in small: quantize NCHW float, then pad H and W by (0, 1) to an odd width."""
+    bb = relax.BlockBuilder()
+    x = relax.Var("x", relax.TensorType((2, 3, 20, 20), "float32"))
+    with bb.function("main", [x]):
+        with bb.dataflow():
+            q = relax.op.quantize(x, relax.const(0.0078), relax.const(0, "int8"), axis=1, out_dtype="int8")
+            out = bb.emit_output(bb.emit(relax.op.nn.pad(q, [0, 0, 0, 0, 0, 1, 0, 1], pad_value=0.0)))
+        bb.emit_func_output(out)
+    return bb.get()
+
+
+@pytest.mark.parametrize("ilp", [1, 4])
+def test_odd_widths_get_elements_per_thread_where_asked(ilp: int) -> None:
+    """Knobs.injective_ilp: an injective kernel whose innermost extent (21) admits no vector is dlight's
+    Fallback (1: the rule declines it), or n elements per thread, THREADS apart, the n steps unrolled."""
+    from edgedeploy.compile.cuda_injective import THREADS, VectorizedInjective
+    from edgedeploy.compile.cuda_tiles import Knobs
+
+    func = _fused_kernel(_quantize_pad_odd())
+    sch = VectorizedInjective(Knobs(injective_ilp=ilp)).apply(func, tvm.target.Target(TARGET), False)
+    if ilp == 1:
+        assert sch is None
+        return
+    script = sch.mod.script()
+    outputs = 2 * 3 * 21 * 21
+    assert f'T.thread_binding(T.int64({-(-outputs // (ilp * THREADS))}), thread="blockIdx.x")' in script, script
+    assert f'T.thread_binding(T.int64({THREADS}), thread="threadIdx.x")' in script, script
+    assert f"T.unroll(T.int64({ilp}))" in script, script

@@ -28,6 +28,8 @@ from tvm.s_tir.dlight.base import try_inline
 from tvm.s_tir.dlight.gpu.base import GPUScheduleRule
 from tvm.target import Target
 
+from .cuda_tiles import Knobs
+
 THREADS = 256
 MAX_LANES = 4
 MAX_VECTOR_BYTES = 16
@@ -42,7 +44,13 @@ def vector_lanes(inner: int, dtype_bytes: int) -> int:
 
 
 class VectorizedInjective(GPUScheduleRule):  # type: ignore[misc]
-    """One block of spatial loops after inlining, written along its innermost axis: vectors per thread."""
+    """One block of spatial loops after inlining, written along its innermost axis: vectors per thread.
+    Where the innermost extent admits no vector (odd: MobileNet's stem input padded to 225 x 225), dlight's
+    Fallback, or with `knobs.injective_ilp` = n > 1 n elements per thread, THREADS apart (each step of a
+    warp still coalesced), so that a thread has n loads in flight instead of one."""
+
+    def __init__(self, knobs: Knobs | None = None) -> None:
+        self.knobs = knobs or Knobs()
 
     def apply(self, func: Any, target: Target, _: bool) -> Any:
         if not isinstance(func, tirx.PrimFunc) or not self.is_target_available(target):
@@ -68,7 +76,13 @@ class VectorizedInjective(GPUScheduleRule):  # type: ignore[misc]
             return None  # the innermost loop is not the output's contiguous axis
         lanes = vector_lanes(int(inner), DataType(str(stmt.writes[0].source.dtype)).bits // 8)
         if lanes == 1 and words is None:
-            return None  # Fallback's one thread per element is the same
+            if self.knobs.injective_ilp <= 1:
+                return None  # Fallback's one thread per element is the same
+            bx, step, tx = sch.split(sch.fuse(*loops), factors=[None, self.knobs.injective_ilp, THREADS])
+            sch.bind(bx, "blockIdx.x")
+            sch.bind(tx, "threadIdx.x")
+            sch.unroll(step)
+            return sch
         # the vector is split off the innermost axis alone, so that a pad's bounds check (on outer axes) is
         # the same for all its lanes: TVM then writes one select of two vectors; over a fused index it
         # could not see that and wrote a loop of single bytes (CUDA source of test_cuda_injective)

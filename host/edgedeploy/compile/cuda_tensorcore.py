@@ -471,7 +471,7 @@ def legalize_passes(target: Target, rule: TensorCoreGemm | None = None) -> list[
             dl.gpu.GEMV(),
             dl.gpu.Reduction(),
             dl.gpu.GeneralReduction(),
-            VectorizedInjective(),
+            VectorizedInjective(rule.knobs),
             dl.gpu.Fallback(),
         ),
     ]

@@ -65,6 +65,11 @@ class Knobs:
     # space-to-depth rearrangement (nhwc._SpaceToDepth) (1), or as they are (0). 1 on the H200 (run23):
     # ResNet-18 batch 64 stem FP16 0.244 -> 0.150 ms, INT8 0.117 -> 0.100 (bit-identical), batch 1 unchanged
     space_to_depth: int = 1
+    # injective kernels whose innermost extent admits no vector (an odd width): elements per thread, THREADS
+    # apart (cuda_injective.VectorizedInjective); 1: dlight's Fallback, one each. MobileNetV1-0.25 INT8's input
+    # quantize + pad to 225 x 225 took 0.043 ms at batch 64 on the H200 against FP16's vectorized cast's
+    # 0.016 (run23). 1 until measured
+    injective_ilp: int = 1
 
     @classmethod
     def from_env(cls) -> Knobs:
