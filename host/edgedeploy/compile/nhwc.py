@@ -191,7 +191,7 @@ class _SpaceToDepth(relax.PyExprMutator):  # type: ignore[misc]
     becomes a stride-1 convolution over the input's 2x2 space-to-depth rearrangement: 4x the channels, a
     kernel of ceil(k/2) x ceil(k/2) (ResNet's 7x7 stem: 4x4 over 16 channels, the added taps' weights zero).
     The same products in the same sums, so INT8 gives the same bytes; the rearrangement is a reshape and a
-    transpose that FuseOps fuses into the kernel producing the input (the quantize). What it buys: each
+    transpose that FuseOps fuses into the kernel producing the input (its quantize or cast). What it buys: each
     im2col element of the gather is 16 contiguous channels (one 16-byte INT8 / two FP16 loads) instead of
     one 4-channel pixel, and K = 256 is a whole number of 64-deep stages instead of 196 padded to 224.
     (MLPerf's ResNet-50 submissions do the same for the same reason.)"""
