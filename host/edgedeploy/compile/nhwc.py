@@ -139,10 +139,16 @@ class _SinkPermutes(relax.PyExprMutator):  # type: ignore[misc]
         return call
 
 
-def sink_permutes(mod: Any) -> Any:
+def _each_function(mod: Any, mutator: Any) -> Any:
+    """`mod` with each Relax function rewritten by a new `mutator(mod)`."""
     for name, func in mod.functions.items():
         if isinstance(func, relax.Function):
-            mod[name] = _SinkPermutes(mod).visit_expr(func)
+            mod[name] = mutator(mod).visit_expr(func)
+    return mod
+
+
+def sink_permutes(mod: Any) -> Any:
+    mod = _each_function(mod, _SinkPermutes)
     return relax.transform.DeadCodeElimination()(mod)
 
 
@@ -169,10 +175,7 @@ class _WidenChannels(relax.PyExprMutator):  # type: ignore[misc]
 
 
 def widen_channels(mod: Any) -> Any:
-    for name, func in mod.functions.items():
-        if isinstance(func, relax.Function):
-            mod[name] = _WidenChannels(mod).visit_expr(func)
-    return mod
+    return _each_function(mod, _WidenChannels)
 
 
 def _space_to_depth_weight(w: np.ndarray, kh2: int, kw2: int) -> np.ndarray:
@@ -242,10 +245,7 @@ class _SpaceToDepth(relax.PyExprMutator):  # type: ignore[misc]
 
 
 def space_to_depth(mod: Any) -> Any:
-    for name, func in mod.functions.items():
-        if isinstance(func, relax.Function):
-            mod[name] = _SpaceToDepth(mod).visit_expr(func)
-    return mod
+    return _each_function(mod, _SpaceToDepth)
 
 
 def to_nhwc(mod: Any) -> Any:
