@@ -135,8 +135,10 @@ def test_epilogue_stores_are_coalesced_and_the_accumulator_stage_is_padded() -> 
     from edgedeploy.compile.cuda_tiles import Knobs
     from tests.host.test_cuda_injective import _cuda_source
 
-    # (one element per thread and step: Knobs.round_lanes = 1; the default's vectors are the next test's)
-    src = _cuda_source(_int8_conv_model(64, 64, 8), TensorCoreGemm(Knobs(round_lanes=1))).split("__global__")[-1]
+    # (one element per thread and step: Knobs.round_lanes = 1; the default's vectors are the next test's; a loop
+    # of steps, not unrolled, so that its one store is read below: the unrolled epilogue is test_epilogue_unrolled)
+    knobs = Knobs(round_lanes=1, unroll_epilogue=0)
+    src = _cuda_source(_int8_conv_model(64, 64, 8), TensorCoreGemm(knobs)).split("__global__")[-1]
     strides = [int(n) for n in re.findall(r"store_matrix_sync\(.*, (\d+), nvcuda::wmma::mem_row_major\)", src)]
     assert strides and all(s % 32 for s in strides), strides
     [store] = [line for line in src.splitlines() if re.match(r"\s*compute\w*_ptr\[", line)]
@@ -165,7 +167,8 @@ def test_rounding_epilogue_with_round_lanes_moves_vectors(mma: int) -> None:
     from tests.host.test_cuda_injective import _cuda_source
 
     def epilogue(lanes: int) -> str:
-        src = _cuda_source(_int8_conv_model(64, 64, 8), TensorCoreGemm(Knobs(round_lanes=lanes, int8_mma=mma)))
+        knobs = Knobs(round_lanes=lanes, int8_mma=mma, unroll_epilogue=0)
+        src = _cuda_source(_int8_conv_model(64, 64, 8), TensorCoreGemm(knobs))
         return src.split("__global__")[-1].split("__syncthreads();")[-1]
 
     assert Knobs().round_lanes == 4  # the default since run21 (1.05x on ResNet-18 INT8 batch 64, bit-identical)
@@ -176,7 +179,27 @@ def test_rounding_epilogue_with_round_lanes_moves_vectors(mma: int) -> None:
     assert "*(int4*)" not in one and re.search(stage_vector, four), four
     assert re.search(r"\*\(int\*\)\(r_local_ptr \+ 0\) = \*\(int\*\)\(r_ptr", four), four  # the residual
     assert re.search(r"^\s*\*\(int\*\)\(compute\w*_ptr \+", four, re.M), four  # the 4 output bytes
-    assert four.count("nearbyintf") == 4  # rounded one by one, unrolled
+    assert four.count("__edgedeploy_rq(") == 4  # rounded one by one, unrolled (on the FP32 pipe: cuda_source)
+
+
+def test_epilogue_steps_are_unrolled() -> None:
+    """Knobs.unroll_epilogue (1 since run24): a warp's epilogue steps are unrolled, so that nvcc can issue
+    every step's residual load before the first store (in the loop, each step waited for its own global load;
+    seen in the SASS of ResNet-18's residual convolutions); 0 keeps the loop."""
+    from edgedeploy.compile.cuda_tensorcore import TensorCoreGemm
+    from edgedeploy.compile.cuda_tiles import Knobs
+    from tests.host.test_cuda_injective import _cuda_source
+
+    def epilogue(unroll: int) -> str:
+        src = _cuda_source(_int8_conv_model(64, 64, 8), TensorCoreGemm(Knobs(unroll_epilogue=unroll)))
+        return src.split("__global__")[-1].split("__syncthreads();")[-1]
+
+    assert Knobs().unroll_epilogue == 1
+    looped, unrolled = epilogue(0), epilogue(1)
+    loop = re.search(r"for \(int \w+ = 0; \w+ < (\d+); \+\+\w+\) \{", looped)
+    assert loop and int(loop.group(1)) > 1 and "for (" not in unrolled, unrolled
+    residual = r"= \*\(int\*\)\(r_ptr"  # the residual's 4 bytes, one load per step
+    assert len(re.findall(residual, looped)) == 1 and len(re.findall(residual, unrolled)) == int(loop.group(1))
 
 
 def test_strided_operands_keep_4_element_loads() -> None:

@@ -239,7 +239,7 @@ def _opcodes(sass: str, op: str) -> int:
 @pytest.mark.parametrize("precision", ["fp16", "int8"])
 def test_convolutions_run_on_tensor_cores(precision: str, profile: str, data_dir: Path, tmp_path: Path) -> None:
     """cuda_tensorcore.py: FP16 convolutions on HMMA, INT8 ones on IMMA, in the SASS of a t4 (nvcc 13,
-    fatbin) and a xavier-agx (NVRTC 12.9, sm_72 cubin) build."""
+    fatbin) and a xavier-agx (NVRTC 12.9, sm_72 cubin) build; INT8 rounding without FRND (cuda_source.py)."""
     _toolchain_or_skip(profile)
     from edgedeploy.compile.int8_build import Int8Config
     from edgedeploy.compile.quantize import QuantizeOptions
@@ -258,6 +258,10 @@ def test_convolutions_run_on_tensor_cores(precision: str, profile: str, data_dir
         assert _opcodes(sass, "HMMA") > 0, sass[:2000]
     else:
         assert _opcodes(sass, "IMMA") > 0 and _opcodes(sass, "HMMA") == 0, sass[:2000]
+        # the convolutions' requantize rounds on the FP32 pipe (cuda_source.round_on_fp32_pipe), not with FRND
+        # (a vectorized quantize outside them, float4 lanes rounded one by one, keeps it: not that pattern)
+        convolutions = [f for f in sass.split("Function : ")[1:] if _opcodes(f, "IMMA")]
+        assert convolutions and not [f.split()[0] for f in convolutions if _opcodes(f, "FRND")]
 
 
 def test_int8_mma_knob_gives_m16n8k32_with_ldmatrix_x4_on_sm90(

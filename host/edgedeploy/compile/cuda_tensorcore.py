@@ -332,7 +332,7 @@ class TensorCoreGemm(GPUScheduleRule):  # type: ignore[misc]
         sch.storage_align(stored, 0, -2, *ACC_ALIGN)
         if writeback is None:
             auto_inline_consumer_chain(sch, acc_shared)  # the epilogue runs on the way out to global memory
-        _store_epilogue(sch, acc_shared, self.knobs.round_lanes)
+        _store_epilogue(sch, acc_shared, self.knobs.round_lanes, bool(self.knobs.unroll_epilogue))
         if writeback is not None:
             _sum_partials(sch, writeback)
         if not _all_on_gpu(sch):
@@ -346,7 +346,7 @@ class TensorCoreGemm(GPUScheduleRule):  # type: ignore[misc]
         return sch
 
 
-def _store_epilogue(sch: Any, acc_shared: Any, round_lanes: int = 1) -> None:
+def _store_epilogue(sch: Any, acc_shared: Any, round_lanes: int = 1, unroll: bool = False) -> None:
     """The warp's copy from the accumulator stage to global memory, the epilogue inlined: 4 consecutive
     elements per thread as one vector, unless the epilogue rounds (the INT8 requantize): TVM 0.27's
     vectorizer cannot vectorize `T.nearbyint` and turns the whole vector into a loop of single elements,
@@ -357,7 +357,10 @@ def _store_epilogue(sch: Any, acc_shared: Any, round_lanes: int = 1) -> None:
     `round_lanes` > 1 (Knobs.round_lanes): each thread of a rounding epilogue takes that many consecutive
     elements, reads their int32 sums from the stage as one vector into registers, rounds them one by one
     there, and stores the bytes as one vector (4 lanes: one 16-byte shared load and one 4-byte global
-    store where there were 4 and 4)."""
+    store where there were 4 and 4).
+
+    `unroll` (Knobs.unroll_epilogue): the warp's loop over its rows unrolled, so that nvcc can issue the
+    loads of a residual (global memory) for every step before the first store instead of one per step."""
     rows, cols = sch.get_loops(acc_shared)[-2:]
     rounds = "T.nearbyint" in str(sch.get(acc_shared))
     lanes = round_lanes if rounds else 4
@@ -378,8 +381,10 @@ def _store_epilogue(sch: Any, acc_shared: Any, round_lanes: int = 1) -> None:
     vec = None
     if lanes > 1:
         cols, vec = sch.split(cols, factors=[None, lanes])  # the vector off the columns alone: lane-invariant rows
-    _, tx = sch.split(sch.fuse(rows, cols), factors=[None, WARP])
+    steps, tx = sch.split(sch.fuse(rows, cols), factors=[None, WARP])
     sch.bind(tx, "threadIdx.x")
+    if unroll:
+        sch.unroll(steps)
     if vec is None:
         return
     if not rounds:

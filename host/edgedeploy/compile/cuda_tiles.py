@@ -66,10 +66,25 @@ class Knobs:
     # ResNet-18 batch 64 stem FP16 0.244 -> 0.150 ms, INT8 0.117 -> 0.100 (bit-identical), batch 1 unchanged
     space_to_depth: int = 1
     # injective kernels whose innermost extent admits no vector (an odd width): elements per thread, THREADS
-    # apart (cuda_injective.VectorizedInjective); 1: dlight's Fallback, one each. MobileNetV1-0.25 INT8's input
-    # quantize + pad to 225 x 225 took 0.043 ms at batch 64 on the H200 against FP16's vectorized cast's
-    # 0.016 (run23). 1 until measured
-    injective_ilp: int = 1
+    # apart (cuda_injective.VectorizedInjective); 1: dlight's Fallback, one each. 4 on the H200: MobileNetV1-0.25
+    # INT8's input quantize + pad to 225 x 225 at batch 64 0.042 -> 0.030 ms, bit-identical (run24; FP16's
+    # vectorized cast of the same image: 0.016)
+    injective_ilp: int = 4
+    # INT8 requantize/quantize rounding in the CUDA source: on the FP32 pipe (cuda_source.round_on_fp32_pipe:
+    # x + 1.5 * 2^23, the integer read from the mantissa), or nvcc's nearbyintf and float -> int conversion (0):
+    # FRND + F2I per stored byte, on the conversion unit at 16 per clock per SM. 1 on the H200 (run24):
+    # ResNet-18 INT8 batch 64 kernels 0.874 -> 0.854 ms (stem 0.095 -> 0.091, layer1's 3x3 0.045 -> 0.041 each),
+    # MobileNetV1-0.25 unchanged; bit-identical
+    fp32_rounding: int = 1
+    # the tensor-core epilogue's loop over a warp's rows unrolled (cuda_tensorcore._store_epilogue), or a loop
+    # (0): with a residual add, each step waited for its own global load (the SASS of run24's bundles). 1 on the
+    # H200 (run24): ResNet-18 INT8 batch 64 kernels 0.858 -> 0.844 ms (residual convolutions 0.0025 ms faster
+    # each, the 1x1 downsample and layer2's first 3x3 0.0015 slower), batch 1 and MobileNet unchanged; bit-identical
+    unroll_epilogue: int = 1
+    # byte-vector max/min (INT8 max pooling) as one __vmaxs4 per 32-bit word (cuda_source.byte_simd), or byte
+    # by byte as TVM 0.27 writes it (0): ResNet-18's INT8 max pooling took 0.035 ms at batch 64 on the H200, FP16's
+    # 0.037 on twice the bytes (run23)
+    byte_simd: int = 1
 
     @classmethod
     def from_env(cls) -> Knobs:
