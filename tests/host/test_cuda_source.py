@@ -142,18 +142,10 @@ def test_int8_nhwc_max_pooling_takes_words_of_bytes() -> None:
     """The whole path: ResNet-18's INT8 max pooling (NHWC, 64 channels), scheduled and compiled to CUDA source,
     takes each tap's 16 bytes as 4 __vmaxs4 and no byte-by-byte max is left."""
     pytest.importorskip("tvm")
-    from tvm import relax
-
     from tests.host.test_cuda_injective import _cuda_source
+    from tests.host.test_cuda_window import _pool_model
 
-    bb = relax.BlockBuilder()
-    x = relax.Var("x", relax.TensorType((8, 112, 112, 64), "int8"))
-    with bb.function("main", [x]):
-        with bb.dataflow():
-            pooled = relax.op.nn.max_pool2d(x, pool_size=(3, 3), strides=(2, 2), padding=(1, 1, 1, 1), layout="NHWC")
-            out = bb.emit_output(bb.emit(pooled))
-        bb.emit_func_output(out)
-    kernel = _cuda_source(bb.get()).split("__global__")[-1]
+    kernel = _cuda_source(_pool_model((8, 112, 112, 64), "NHWC")).split("__global__")[-1]
     assert kernel.count("__vmaxs4(") == 4 and "reinterpret_cast<signed char*>" not in kernel, kernel
 
 

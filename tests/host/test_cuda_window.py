@@ -4,6 +4,7 @@ thread block per output (dlight's reduction rules did that: 12.97 ms of ResNet-1
 from __future__ import annotations
 
 import re
+from typing import Any
 
 import pytest
 
@@ -61,7 +62,8 @@ def test_pooling_gets_a_thread_per_output_and_long_reductions_keep_dlight() -> N
     assert max(blocks["softmax"][0]) == 8, blocks
 
 
-def _pool_script(shape: tuple[int, ...], layout: str, dtype: str = "int8") -> str:
+def _pool_model(shape: tuple[int, ...], layout: str, dtype: str = "int8") -> Any:
+    """ResNet's 3x3 stride-2 max pooling as a Relax module (also test_cuda_source's)."""
     bb = relax.BlockBuilder()
     x = relax.Var("x", relax.TensorType(shape, dtype))
     with bb.function("main", [x]):
@@ -69,9 +71,13 @@ def _pool_script(shape: tuple[int, ...], layout: str, dtype: str = "int8") -> st
             pooled = relax.op.nn.max_pool2d(x, pool_size=(3, 3), strides=(2, 2), padding=(1, 1, 1, 1), layout=layout)
             out = bb.emit_output(bb.emit(pooled))
         bb.emit_func_output(out)
+    return bb.get()
+
+
+def _pool_script(shape: tuple[int, ...], layout: str, dtype: str = "int8") -> str:
     target = tvm.target.Target(TARGET)
     with target:
-        mod = tvm.transform.Sequential(legalize_passes(target))(bb.get())
+        mod = tvm.transform.Sequential(legalize_passes(target))(_pool_model(shape, layout, dtype))
     return "\n".join(f.script() for f in mod.functions.values() if isinstance(f, tvm.tirx.PrimFunc))
 
 

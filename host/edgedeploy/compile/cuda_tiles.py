@@ -82,8 +82,8 @@ class Knobs:
     # each, the 1x1 downsample and layer2's first 3x3 0.0015 slower), batch 1 and MobileNet unchanged; bit-identical
     unroll_epilogue: int = 1
     # byte-vector max/min (INT8 max pooling) as one __vmaxs4 per 32-bit word (cuda_source.byte_simd), or byte
-    # by byte as TVM 0.27 writes it (0): ResNet-18's INT8 max pooling took 0.035 ms at batch 64 on the H200, FP16's
-    # 0.037 on twice the bytes (run23)
+    # by byte as TVM 0.27 writes it (0). 1 on the H200 (run24): ResNet-18's INT8 max pooling at batch 64 0.0345 ->
+    # 0.0236 ms (FP16's: 0.037 on twice the bytes), bit-identical
     byte_simd: int = 1
 
     @classmethod
