@@ -51,7 +51,8 @@ cp "$data/models/mobilenet_v1_0.25_224.onnx" "$kit/models/"
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 # The tuning databases are per ONNX file (profiles/tuning/h200/<first 16 hex of its sha256>-<precision>):
-# bench/resnet18_onnx.py writes 50e1ec3ca925330f on every CPU with torch 2.13.0 (docs/tuning.md). Check
+# bench/resnet18_onnx.py writes 50e1ec3ca925330f (3a7afd2b3bc2ba35 on one AMD host; a link to the same database,
+# docs/tuning.md). Check
 # `compile-cuda: N of M tensor-core kernels tuned` in the build log below: "no tuning database" means another
 # file (another torch?), whose kernels may still be the same: copy the folders to the new name and rebuild.
 if [ -f "$kit/models/resnet18.onnx.gz" ]; then

@@ -451,6 +451,22 @@ def _sum_partials(sch: Any, writeback: Any) -> None:
     sch.reverse_compute_at(tail, tx)
 
 
+def fusion_passes(knobs: Knobs) -> list[Any]:
+    """Legalization and fusion into kernels, as every CUDA build and its tuning module (tuning.tuning_module)
+    run them: TVM's "zero" pipeline with, after FuseOps, INT8 tensors at kernel boundaries (int8_boundaries.py)."""
+    from .int8_boundaries import dequantize_in_consumers
+
+    boundaries = tvm.transform.module_pass(lambda mod, _ctx: dequantize_in_consumers(mod), 0, "int8_boundaries")
+    return [
+        tvm.relax.transform.LegalizeOps(),
+        tvm.relax.transform.AnnotateTIROpPattern(),
+        tvm.relax.transform.FoldConstant(),
+        tvm.relax.transform.FuseOps(),
+        *([boundaries] if knobs.int8_boundaries else []),
+        tvm.relax.transform.FuseTIR(),
+    ]
+
+
 def legalize_passes(target: Target, rule: TensorCoreGemm | None = None) -> list[Any]:
     """TVM's CUDA legalization passes with `TensorCoreGemm` ahead of dlight's default rules,
     `WindowReduction` (pooling, depthwise convolutions) ahead of its reduction rules and
@@ -464,11 +480,7 @@ def legalize_passes(target: Target, rule: TensorCoreGemm | None = None) -> list[
     rule = rule or TensorCoreGemm()
     return [
         pad_into_conv,
-        tvm.relax.transform.LegalizeOps(),
-        tvm.relax.transform.AnnotateTIROpPattern(),
-        tvm.relax.transform.FoldConstant(),
-        tvm.relax.transform.FuseOps(),
-        tvm.relax.transform.FuseTIR(),
+        *fusion_passes(rule.knobs),
         dl.ApplyDefaultSchedule(
             rule,
             dl.gpu.Matmul(),

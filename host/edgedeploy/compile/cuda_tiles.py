@@ -85,6 +85,10 @@ class Knobs:
     # by byte as TVM 0.27 writes it (0). 1 on the H200 (run24): ResNet-18's INT8 max pooling at batch 64 0.0345 ->
     # 0.0236 ms (FP16's: 0.037 on twice the bytes), bit-identical
     byte_simd: int = 1
+    # INT8 tensors between kernels where FuseOps ended a producer's kernel with a dequantize (ResNet's downsampling
+    # convolutions, the last block before the average pool stored float32): the dequantize moved into the
+    # consumer's kernel (int8_boundaries.dequantize_in_consumers) (1), or left where FuseOps put it (0)
+    int8_boundaries: int = 1
 
     @classmethod
     def from_env(cls) -> Knobs:

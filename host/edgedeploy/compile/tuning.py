@@ -138,21 +138,20 @@ def tuning_target(profile: DeviceProfile) -> Any:
 
 def tuning_module(mod: Any) -> Any:
     """The module MetaSchedule extracts tasks from and the database is applied to (fused, legalized), inside
-    `with target`: on CUDA with the INT8 convolutions padding themselves, as builds compile them."""
+    `with target`: on CUDA fused as builds fuse (the INT8 convolutions padding themselves, INT8 tensors at
+    kernel boundaries: cuda_tensorcore.fusion_passes)."""
     import tvm
     from tvm import relax
 
     from .cuda_conv_pad import pad_into_conv
+    from .cuda_tensorcore import fusion_passes
+    from .cuda_tiles import Knobs
 
     target = tvm.target.Target.current(allow_none=True)
-    cuda = [pad_into_conv] if target is not None and target.kind.name == "cuda" else []
+    cuda = target is not None and target.kind.name == "cuda"
+    fuse = [pad_into_conv, *fusion_passes(Knobs.from_env())] if cuda else [relax.get_pipeline("zero")]
     return tvm.transform.Sequential(
-        [
-            relax.transform.DecomposeOpsForInference(),
-            relax.transform.CanonicalizeBindings(),
-            *cuda,
-            relax.get_pipeline("zero"),
-        ]
+        [relax.transform.DecomposeOpsForInference(), relax.transform.CanonicalizeBindings(), *fuse]
     )(mod)
 
 

@@ -1,0 +1,162 @@
+"""int8_boundaries: no float tensor between the kernels of an INT8 CUDA build where FuseOps had put a
+dequantize at the end of its producer (a residual block's downsampling shortcut, the last block before the
+average pool), and the same results."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+pytest.importorskip("tvm")
+
+
+def _downsample_block(path: Path) -> Path:
+    """A ResNet basic block with a downsampling shortcut, in ONNX: stem, two 3x3 convolutions (the first
+    stride 2) beside a 1x1 stride-2 shortcut, the residual add, global average pooling and a classifier."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(11)
+    inits, nodes = [], []
+
+    def conv(name: str, x: str, cin: int, cout: int, k: int, stride: int = 1, relu: bool = True) -> str:
+        w = (rng.standard_normal((cout, cin, k, k)) * (2.0 / (cin * k * k)) ** 0.5).astype(np.float32)
+        b = (rng.standard_normal(cout) * 0.1).astype(np.float32)
+        inits.extend([numpy_helper.from_array(w, f"{name}.w"), numpy_helper.from_array(b, f"{name}.b")])
+        attrs = {"pads": [k // 2] * 4, "strides": [stride, stride]}
+        nodes.append(helper.make_node("Conv", [x, f"{name}.w", f"{name}.b"], [f"{name}.y"], name=name, **attrs))
+        if not relu:
+            return f"{name}.y"
+        nodes.append(helper.make_node("Relu", [f"{name}.y"], [f"{name}.r"]))
+        return f"{name}.r"
+
+    stem = conv("stem", "x", 3, 16, 3)
+    main = conv("c2", conv("c1", stem, 16, 32, 3, stride=2), 32, 32, 3, relu=False)
+    shortcut = conv("down", stem, 16, 32, 1, stride=2, relu=False)
+    nodes.append(helper.make_node("Add", [main, shortcut], ["sum"]))
+    nodes.append(helper.make_node("Relu", ["sum"], ["block"]))
+    nodes.append(helper.make_node("GlobalAveragePool", ["block"], ["gap"]))
+    nodes.append(helper.make_node("Flatten", ["gap"], ["flat"]))
+    inits.append(numpy_helper.from_array(rng.standard_normal((32, 10)).astype(np.float32), "fc.w"))
+    nodes.append(helper.make_node("MatMul", ["flat", "fc.w"], ["y"], name="fc"))
+    graph = helper.make_graph(
+        nodes,
+        "downsample_block",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3, 32, 32])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 10])],
+        inits,
+    )
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]), path)
+    return path
+
+
+def _fused(mod: Any, move: bool) -> Any:
+    """The module after FuseOps (as the CUDA pipeline runs it, cuda_tensorcore.legalize_passes), with the
+    dequantizes moved or not."""
+    import tvm
+    from tvm import relax
+
+    from edgedeploy.compile.int8_boundaries import dequantize_in_consumers
+
+    passes = [
+        relax.transform.LegalizeOps(),
+        relax.transform.AnnotateTIROpPattern(),
+        relax.transform.FoldConstant(),
+        relax.transform.FuseOps(),
+    ]
+    mod = tvm.transform.Sequential(passes)(mod)
+    return dequantize_in_consumers(mod) if move else mod
+
+
+def _float_between_kernels(mod: Any) -> list[str]:
+    """The fused calls in `main` whose result is a float tensor passed on to another call."""
+    from tvm import relax
+
+    main = mod["main"]
+    floats: dict[Any, str] = {}
+    passed = []
+    for block in main.body.blocks:
+        for b in block.bindings:
+            v = b.value
+            if isinstance(v, relax.Call) and isinstance(v.op, relax.GlobalVar):
+                for a in v.args:
+                    if a in floats:
+                        passed.append(floats[a])
+                if str(getattr(b.var.ty, "dtype", "")) == "float32":
+                    floats[b.var] = v.op.name_hint
+    return passed
+
+
+@pytest.fixture(scope="module")
+def block_modules(tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, np.ndarray]:
+    import onnx
+
+    from edgedeploy.compile.nhwc import to_nhwc
+
+    from .test_gpu_build import float_and_int8_modules
+
+    model = onnx.load(_downsample_block(tmp_path_factory.mktemp("block") / "block.onnx"))
+    calib = np.random.default_rng(5).uniform(0, 1, (6, 3, 32, 32)).astype(np.float32)
+    _fp32, int8, report = float_and_int8_modules(model, calib)
+    assert len(report.integer) == 5 and report.float_left == []
+    return to_nhwc(int8), calib
+
+
+def test_no_float_tensor_between_int8_kernels(block_modules: tuple[Any, np.ndarray]) -> None:
+    from tvm import relax
+
+    mod, _ = block_modules
+    before, after = _fused(mod, move=False), _fused(mod, move=True)
+    # FuseOps alone: the shortcut's kernel ends with a dequantize (float32 out, for the add), and so does
+    # the block's before the average pool
+    assert any("down" in n or "dequantize" in n for n in _float_between_kernels(before))
+    assert len(_float_between_kernels(before)) >= 2, before["main"].script()
+    relax.analysis.well_formed(after)
+    # moved: only the pooled features (the classifier's float input, a float op's result) remain float
+    names = [gv.name_hint for gv in after.functions if gv.name_hint.startswith("fused_dequantize")]
+    assert len(names) >= 2, names
+    assert len(_float_between_kernels(after)) < len(_float_between_kernels(before)), after["main"].script()
+    assert not any("conv2d" in n for n in _float_between_kernels(after)), _float_between_kernels(after)
+
+
+def test_moved_dequantize_gives_the_same_results(block_modules: tuple[Any, np.ndarray]) -> None:
+    """The same bytes on llvm with and without the move (the dequantize computes the same float either way)."""
+    import tvm
+    from tvm import relax
+
+    mod, calib = block_modules
+    outs = []
+    for move in (False, True):
+        fused = relax.transform.FuseTIR()(_fused(mod, move))
+        vm = relax.VirtualMachine(tvm.compile(fused, target="llvm"), tvm.cpu())
+        outs.append(np.concatenate([vm["main"](tvm.runtime.tensor(x[None])).numpy() for x in calib]))
+    assert np.array_equal(outs[0], outs[1])
+
+
+def test_uses_other_than_a_fused_consumer_keep_the_float_result() -> None:
+    """A producer whose dequantized result is also returned from main stays as FuseOps made it."""
+    import tvm
+    from tvm.script import relax as R
+
+    from edgedeploy.compile.int8_boundaries import dequantize_in_consumers
+
+    @tvm.script.ir_module
+    class Two:
+        @R.function
+        def main(x: R.Tensor((4, 8), "float32")) -> R.Tuple(R.Tensor((4, 8), "float32"), R.Tensor((4, 8), "float32")):
+            with R.dataflow():
+                q = R.quantize(x, R.const(0.1, "float32"), R.const(0, "int8"), out_dtype="int8")
+                d = R.dequantize(q, R.const(0.1, "float32"), R.const(0, "int8"), out_dtype="float32")
+                y = R.add(d, x)
+                z = R.multiply(y, y)
+                R.output(d, z)
+            return (d, z)
+
+    fused = _fused(Two, move=False)
+    producer = [gv for gv in fused.functions if gv.name_hint.endswith("dequantize")]
+    # FuseOps: quantize + dequantize in one kernel, add + multiply in another
+    assert producer and any(gv.name_hint == "fused_add_multiply" for gv in fused.functions), fused.script()
+    assert dequantize_in_consumers(fused).same_as(fused)
