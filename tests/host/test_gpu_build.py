@@ -143,28 +143,40 @@ def test_toolchain_refuses_what_it_cannot_target() -> None:
     assert "nvrtc-12" in (e.value.hint or "")
 
 
-def _convnet(path: Path, width: int = 32) -> Path:
+def _convnet(path: Path, width: int = 32, downsample: bool = False) -> Path:
     """A small ResNet-like block in ONNX: 3x3 stem, 3x3 conv, 1x1 conv with a residual add, pooling and
-    a classifier; channel counts are multiples of 16, so every convolution fits the tensor cores."""
+    a classifier; channel counts are multiples of 16, so every convolution fits the tensor cores. With
+    `downsample`, a basic block with a downsampling shortcut instead: two 3x3 convolutions (the first stride 2,
+    twice the channels) beside a 1x1 stride-2 shortcut, then the add and its ReLU."""
     import onnx
     from onnx import TensorProto, helper, numpy_helper
 
     rng = np.random.default_rng(7)
     inits, nodes = [], []
 
-    def conv(name: str, x: str, cin: int, cout: int, k: int) -> str:
+    def conv(name: str, x: str, cin: int, cout: int, k: int, stride: int = 1, relu: bool = True) -> str:
         w = (rng.standard_normal((cout, cin, k, k)) * (2.0 / (cin * k * k)) ** 0.5).astype(np.float32)
         b = (rng.standard_normal(cout) * 0.1).astype(np.float32)
         inits.extend([numpy_helper.from_array(w, f"{name}.w"), numpy_helper.from_array(b, f"{name}.b")])
         ins = [x, f"{name}.w", f"{name}.b"]
-        nodes.append(helper.make_node("Conv", ins, [f"{name}.y"], name=name, pads=[k // 2] * 4))
+        attrs = {"pads": [k // 2] * 4} | ({"strides": [stride, stride]} if stride > 1 else {})
+        nodes.append(helper.make_node("Conv", ins, [f"{name}.y"], name=name, **attrs))
+        if not relu:
+            return f"{name}.y"
         nodes.append(helper.make_node("Relu", [f"{name}.y"], [f"{name}.r"]))
         return f"{name}.r"
 
     h = conv("stem", "x", 3, width, 3)
-    h2 = conv("c1", h, width, width, 3)
-    h3 = conv("c2", h2, width, width, 1)
-    nodes.append(helper.make_node("Add", [h, h3], ["res"]))
+    if downsample:
+        main = conv("c2", conv("c1", h, width, 2 * width, 3, stride=2), 2 * width, 2 * width, 3, relu=False)
+        shortcut = conv("down", h, width, 2 * width, 1, stride=2, relu=False)
+        nodes.append(helper.make_node("Add", [main, shortcut], ["sum"]))
+        nodes.append(helper.make_node("Relu", ["sum"], ["res"]))
+        width *= 2
+    else:
+        h2 = conv("c1", h, width, width, 3)
+        h3 = conv("c2", h2, width, width, 1)
+        nodes.append(helper.make_node("Add", [h, h3], ["res"]))
     nodes.append(helper.make_node("GlobalAveragePool", ["res"], ["gap"]))
     nodes.append(helper.make_node("Flatten", ["gap"], ["flat"]))
     inits.append(numpy_helper.from_array(rng.standard_normal((width, 10)).astype(np.float32), "fc.w"))

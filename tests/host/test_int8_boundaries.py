@@ -4,53 +4,12 @@ average pool), and the same results."""
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 
 pytest.importorskip("tvm")
-
-
-def _downsample_block(path: Path) -> Path:
-    """A ResNet basic block with a downsampling shortcut, in ONNX: stem, two 3x3 convolutions (the first
-    stride 2) beside a 1x1 stride-2 shortcut, the residual add, global average pooling and a classifier."""
-    import onnx
-    from onnx import TensorProto, helper, numpy_helper
-
-    rng = np.random.default_rng(11)
-    inits, nodes = [], []
-
-    def conv(name: str, x: str, cin: int, cout: int, k: int, stride: int = 1, relu: bool = True) -> str:
-        w = (rng.standard_normal((cout, cin, k, k)) * (2.0 / (cin * k * k)) ** 0.5).astype(np.float32)
-        b = (rng.standard_normal(cout) * 0.1).astype(np.float32)
-        inits.extend([numpy_helper.from_array(w, f"{name}.w"), numpy_helper.from_array(b, f"{name}.b")])
-        attrs = {"pads": [k // 2] * 4, "strides": [stride, stride]}
-        nodes.append(helper.make_node("Conv", [x, f"{name}.w", f"{name}.b"], [f"{name}.y"], name=name, **attrs))
-        if not relu:
-            return f"{name}.y"
-        nodes.append(helper.make_node("Relu", [f"{name}.y"], [f"{name}.r"]))
-        return f"{name}.r"
-
-    stem = conv("stem", "x", 3, 16, 3)
-    main = conv("c2", conv("c1", stem, 16, 32, 3, stride=2), 32, 32, 3, relu=False)
-    shortcut = conv("down", stem, 16, 32, 1, stride=2, relu=False)
-    nodes.append(helper.make_node("Add", [main, shortcut], ["sum"]))
-    nodes.append(helper.make_node("Relu", ["sum"], ["block"]))
-    nodes.append(helper.make_node("GlobalAveragePool", ["block"], ["gap"]))
-    nodes.append(helper.make_node("Flatten", ["gap"], ["flat"]))
-    inits.append(numpy_helper.from_array(rng.standard_normal((32, 10)).astype(np.float32), "fc.w"))
-    nodes.append(helper.make_node("MatMul", ["flat", "fc.w"], ["y"], name="fc"))
-    graph = helper.make_graph(
-        nodes,
-        "downsample_block",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3, 32, 32])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 10])],
-        inits,
-    )
-    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]), path)
-    return path
 
 
 def _fused(mod: Any, move: bool) -> Any:
@@ -96,9 +55,10 @@ def block_modules(tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, np.nda
 
     from edgedeploy.compile.nhwc import to_nhwc
 
-    from .test_gpu_build import float_and_int8_modules
+    from .test_gpu_build import _convnet, float_and_int8_modules
 
-    model = onnx.load(_downsample_block(tmp_path_factory.mktemp("block") / "block.onnx"))
+    # a basic block with a downsampling shortcut (stem 16 channels, block 32), pooling and a classifier
+    model = onnx.load(_convnet(tmp_path_factory.mktemp("block") / "block.onnx", width=16, downsample=True))
     calib = np.random.default_rng(5).uniform(0, 1, (6, 3, 32, 32)).astype(np.float32)
     _fp32, int8, report = float_and_int8_modules(model, calib)
     assert len(report.integer) == 5 and report.float_left == []
