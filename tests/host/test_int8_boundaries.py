@@ -13,21 +13,14 @@ pytest.importorskip("tvm")
 
 
 def _fused(mod: Any, move: bool) -> Any:
-    """The module after FuseOps (as the CUDA pipeline runs it, cuda_tensorcore.legalize_passes), with the
-    dequantizes moved or not."""
+    """The module after FuseOps, through the CUDA builds' own passes (cuda_tensorcore.fusion_passes, all but
+    the last, FuseTIR), with the dequantizes moved (the knob's default) or not."""
     import tvm
-    from tvm import relax
 
-    from edgedeploy.compile.int8_boundaries import dequantize_in_consumers
+    from edgedeploy.compile.cuda_tensorcore import fusion_passes
+    from edgedeploy.compile.cuda_tiles import Knobs
 
-    passes = [
-        relax.transform.LegalizeOps(),
-        relax.transform.AnnotateTIROpPattern(),
-        relax.transform.FoldConstant(),
-        relax.transform.FuseOps(),
-    ]
-    mod = tvm.transform.Sequential(passes)(mod)
-    return dequantize_in_consumers(mod) if move else mod
+    return tvm.transform.Sequential(fusion_passes(Knobs(int8_boundaries=int(move)))[:-1])(mod)
 
 
 def _float_between_kernels(mod: Any) -> list[str]:
@@ -74,7 +67,7 @@ def test_no_float_tensor_between_int8_kernels(block_modules: tuple[Any, np.ndarr
     # the block's before the average pool
     assert any("down" in n or "dequantize" in n for n in _float_between_kernels(before))
     assert len(_float_between_kernels(before)) >= 2, before["main"].script()
-    relax.analysis.well_formed(after)
+    relax.analysis.well_formed(after)  # (TVM 0.27's raises on an ill-formed module)
     # moved: only the pooled features (the classifier's float input, a float op's result) remain float
     names = [gv.name_hint for gv in after.functions if gv.name_hint.startswith("fused_dequantize")]
     assert len(names) >= 2, names

@@ -92,6 +92,7 @@ class TvmRuntime:
         self._stream_sync: Any = (
             tvm_ffi.get_global_func("runtime.Device_StreamSync") if target.device == "cuda" else None
         )
+        self._pinned = tvm_ffi.device(_DEVICE_TYPE["cuda_host"], 0)
         self._host_outputs: dict[tuple[Any, ...], Any] = {}  # (shape, dtype) -> the page-locked tensor reused
         library = release_dir / manifest.artifact("tvm-library").path
         try:
@@ -136,9 +137,7 @@ class TvmRuntime:
         key = (tuple(t.shape), str(t.dtype))
         host = self._host_outputs.get(key)
         if host is None:
-            host = self._host_outputs[key] = self._alloc(
-                t.shape, t.dtype, self._ffi.device(_DEVICE_TYPE["cuda_host"], 0), None
-            )
+            host = self._host_outputs[key] = self._alloc(t.shape, t.dtype, self._pinned, None)
         self._copy(t, host)
         self._stream_sync(self._device, 0)  # the default stream: a copy into page-locked memory returns early
         return host

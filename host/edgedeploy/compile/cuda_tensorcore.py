@@ -453,11 +453,14 @@ def _sum_partials(sch: Any, writeback: Any) -> None:
 
 def fusion_passes(knobs: Knobs) -> list[Any]:
     """Legalization and fusion into kernels, as every CUDA build and its tuning module (tuning.tuning_module)
-    run them: TVM's "zero" pipeline with, after FuseOps, INT8 tensors at kernel boundaries (int8_boundaries.py)."""
+    run them: INT8 convolutions padding themselves (cuda_conv_pad), then TVM's "zero" pipeline with, after
+    FuseOps, INT8 tensors at kernel boundaries (int8_boundaries.py). FuseTIR is last."""
+    from .cuda_conv_pad import pad_into_conv
     from .int8_boundaries import dequantize_in_consumers
 
     boundaries = tvm.transform.module_pass(lambda mod, _ctx: dequantize_in_consumers(mod), 0, "int8_boundaries")
     return [
+        pad_into_conv,
         tvm.relax.transform.LegalizeOps(),
         tvm.relax.transform.AnnotateTIROpPattern(),
         tvm.relax.transform.FoldConstant(),
@@ -473,13 +476,11 @@ def legalize_passes(target: Target, rule: TensorCoreGemm | None = None) -> list[
     `VectorizedInjective` (pads, casts, transposes) ahead of its Fallback."""
     from tvm.s_tir import dlight as dl
 
-    from .cuda_conv_pad import pad_into_conv
     from .cuda_injective import VectorizedInjective
     from .cuda_window import WindowReduction
 
     rule = rule or TensorCoreGemm()
     return [
-        pad_into_conv,
         *fusion_passes(rule.knobs),
         dl.ApplyDefaultSchedule(
             rule,

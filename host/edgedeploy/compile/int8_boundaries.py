@@ -15,7 +15,7 @@ The move: a fused function (`Primitive`, called once) whose result is `dequantiz
 computes and uses nowhere else returns `q` instead, and its consumer, a fused function called once, takes the
 int8 tensor and starts with that dequantize. Only where every use of the result (through plain aliases) is
 such a consumer; anything else (a result returned from `main`, a consumer called twice) stays as it was.
-`Knobs.int8_boundaries=0` turns it off (before/after measurements).
+`EDGEDEPLOY_CUDA_KNOBS=int8_boundaries=0` turns it off (`Knobs.int8_boundaries`; before/after measurements).
 """
 
 from __future__ import annotations
@@ -82,12 +82,12 @@ def _prepend(func: relax.Function, index: int, dequantize: relax.Call, int8: Any
     return relax.Function(params, seq, func.ret_ty, func.is_pure, func.attrs)
 
 
-def _primitive(mod: tvm.IRModule, op: Any) -> relax.Function | None:
+def _is_primitive(mod: tvm.IRModule, op: Any) -> bool:
+    """Whether `op` names a fused function (FuseOps marks them `Primitive`)."""
     if not isinstance(op, relax.GlobalVar) or op not in mod.functions:
-        return None
+        return False
     func = mod[op]
-    primitive = isinstance(func, relax.Function) and bool((func.attrs or {}).get("Primitive", False))
-    return func if primitive else None
+    return isinstance(func, relax.Function) and bool((func.attrs or {}).get("Primitive", False))
 
 
 def _call_counts(mod: tvm.IRModule) -> dict[Any, int]:
@@ -108,7 +108,7 @@ def dequantize_in_consumers(mod: tvm.IRModule) -> tvm.IRModule:
     counts = _call_counts(mod)
     tails = {}
     for gv, func in mod.functions.items():
-        if _primitive(mod, gv) is not None and counts.get(gv) == 1:
+        if _is_primitive(mod, gv) and counts.get(gv) == 1:
             tail = _tail_dequantize(func)
             if tail is not None:
                 tails[gv] = tail
@@ -117,7 +117,7 @@ def dequantize_in_consumers(mod: tvm.IRModule) -> tvm.IRModule:
     out = relax.BlockBuilder(mod.clone())  # (add_func gives the new functions' GlobalVars their types)
     stale: set[Any] = set()
     for gv, func in mod.functions.items():
-        if isinstance(func, relax.Function) and _primitive(mod, gv) is None:
+        if isinstance(func, relax.Function) and not _is_primitive(mod, gv):
             caller = _Caller(mod, func, tails, counts)
             rewritten = caller.rewrite(out)
             if rewritten is not None:
@@ -142,9 +142,11 @@ class _Caller:
         blocks = func.body.blocks if isinstance(func.body, relax.SeqExpr) else []
         self.bindings = [b for block in blocks for b in block.bindings]
         self.root: dict[Any, Any] = {}  # a producer's result var, or an alias of it -> the result var
+        self.producer: dict[Any, Any] = {}  # a producer's result var -> the fused function that computes it
         for b in self.bindings:
             if isinstance(b.value, relax.Call) and b.value.op in tails:
                 self.root[b.var] = b.var
+                self.producer[b.var] = b.value.op
             elif isinstance(b.value, relax.Var) and b.value in self.root:
                 self.root[b.var] = self.root[b.value]
 
@@ -160,7 +162,7 @@ class _Caller:
                 if not n or uses[r] is None:
                     continue
                 value = b.value
-                consumer = isinstance(value, relax.Call) and _primitive(self.mod, value.op) is not None
+                consumer = isinstance(value, relax.Call) and _is_primitive(self.mod, value.op)
                 positions = [i for i, a in enumerate(value.args) if a.same_as(var)] if consumer else []
                 if b.var.same_as(r):
                     continue  # the producer's own binding
@@ -198,7 +200,7 @@ class _Caller:
                 if b in edits:
                     names = []
                     for i, r in sorted(edits[b].items()):
-                        tail = self.tails[self.bindings_value(r).op]
+                        tail = self.tails[self.producer[r]]
                         func = _prepend(func, i, tail, int8[r].ty)
                         args[i] = int8[r]
                         names.append(tail.args[0].name_hint)
@@ -215,6 +217,3 @@ class _Caller:
             blocks.append(kind(new))
         body = relax.SeqExpr(blocks, self.func.body.body)
         return relax.Function(self.func.params, body, self.func.ret_ty, self.func.is_pure, self.func.attrs)
-
-    def bindings_value(self, var: Any) -> Any:
-        return next(b.value for b in self.bindings if b.var.same_as(var))

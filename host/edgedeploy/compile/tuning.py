@@ -143,13 +143,12 @@ def tuning_module(mod: Any) -> Any:
     import tvm
     from tvm import relax
 
-    from .cuda_conv_pad import pad_into_conv
     from .cuda_tensorcore import fusion_passes
     from .cuda_tiles import Knobs
 
     target = tvm.target.Target.current(allow_none=True)
     cuda = target is not None and target.kind.name == "cuda"
-    fuse = [pad_into_conv, *fusion_passes(Knobs.from_env())] if cuda else [relax.get_pipeline("zero")]
+    fuse = fusion_passes(Knobs.from_env()) if cuda else [relax.get_pipeline("zero")]
     return tvm.transform.Sequential(
         [relax.transform.DecomposeOpsForInference(), relax.transform.CanonicalizeBindings(), *fuse]
     )(mod)
