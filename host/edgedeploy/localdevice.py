@@ -7,6 +7,7 @@ The demo and the integration tests use the same class. It needs Debian's `openss
 from __future__ import annotations
 
 import getpass
+import json
 import os
 import shutil
 import signal
@@ -91,16 +92,22 @@ class LoopbackSshd:
             [*prefix, SSHD, "-D", "-e", "-f", str(self.config)], stdout=log, stderr=log, stdin=subprocess.DEVNULL
         )
         log.close()
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + 30
+        last = ""
         while time.monotonic() < deadline:
             try:
                 with socket.create_connection((self.host, self.port), timeout=0.5):
                     return self
-            except OSError:
+            except OSError as e:
+                last = str(e)
                 if self._proc.poll() is not None:
                     raise EdgeDeployError(f"sshd exited at start: {self.log.read_text()[-300:]}") from None
                 time.sleep(0.05)
-        raise EdgeDeployError(f"sshd did not start listening on {self.host}:{self.port}")
+        self.kill()  # leave no sshd behind when the caller gets an error
+        raise EdgeDeployError(
+            f"sshd did not start listening on {self.host}:{self.port} in 30 s (last connect: {last}); "
+            f"log: {self.log.read_text()[-300:]!r}"
+        )
 
     def kill(self) -> None:
         """Kill sshd and every session it serves (a crashed sshd, a rebooting device)."""
@@ -177,6 +184,7 @@ class NetnsLink:
 
     def up(self) -> NetnsLink:
         self.down_all()
+        _remove_stale_links(self.host_ip)
         self._ip("netns", "add", self.ns)
         self._ip("link", "add", self.outer, "type", "veth", "peer", "name", self.inner)
         self._ip("link", "set", self.inner, "netns", self.ns)
@@ -195,3 +203,39 @@ class NetnsLink:
         """Remove the namespace and the veth pair (idempotent)."""
         subprocess.run(["ip", "link", "del", self.outer], capture_output=True)
         subprocess.run(["ip", "netns", "del", self.ns], capture_output=True)
+
+
+def _remove_stale_links(host_ip: str) -> None:
+    """Delete links left in this namespace by a killed run that hold `host_ip`'s /24 (their route would win).
+
+    A run killed mid-test (SIGKILL skips every `finally`) leaves its veth and namespace behind under its own
+    tag; the next run's `10.77.N.2` then routes into the dead namespace and nothing there listens (CI failed
+    that way on a machine a killed `make test` had used). A link is stale when its peer namespace runs no
+    process; one in use by a live run is an error, named, not taken over.
+    """
+    subnet = host_ip.rsplit(".", 1)[0] + ".0/24"
+    r = subprocess.run(["ip", "-4", "-o", "addr", "show", "to", subnet], capture_output=True, text=True)
+    for line in r.stdout.splitlines():
+        dev = line.split()[1].split("@")[0]
+        ns = _veth_peer_netns(dev)
+        if ns is not None and subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True).stdout:
+            raise EdgeDeployError(f"{subnet} is in use by {dev} (namespace {ns} runs processes): another test run?")
+        subprocess.run(["ip", "link", "del", dev], capture_output=True)
+        if ns is not None:
+            subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+
+
+def _veth_peer_netns(dev: str) -> str | None:
+    """The named namespace holding the other end of veth `dev`, if any."""
+    r = subprocess.run(["ip", "-j", "link", "show", "dev", dev], capture_output=True, text=True)
+    try:
+        nsid = json.loads(r.stdout)[0].get("link_netnsid")
+    except (ValueError, IndexError):
+        return None
+    if nsid is None:
+        return None
+    for line in subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.splitlines():
+        name, _, rest = line.partition(" ")
+        if f"(id: {nsid})" in rest:
+            return name
+    return None

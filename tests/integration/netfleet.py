@@ -38,7 +38,11 @@ class NetFleet:
 
     def add(self, name: str, index: int, tag: str, root: Path | None = None, enroll: bool = True) -> NetDevice:
         link = NetnsLink(index, tag=tag).up()
-        sshd = LoopbackSshd(self.base / name / "sshd", host=link.device_ip, netns=link.ns).start()
+        try:
+            sshd = LoopbackSshd(self.base / name / "sshd", host=link.device_ip, netns=link.ns).start()
+        except BaseException:
+            link.down_all()  # not in self.devices yet: close() would leave it behind
+            raise
         dev = NetDevice(name, link, sshd, root or self.base / name / "root")
         self.devices[name] = dev
         r = self.cli(
