@@ -50,11 +50,10 @@ echo "== models and inputs"
 cp "$data/models/mobilenet_v1_0.25_224.onnx" "$kit/models/"
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-# The tuning databases are per ONNX file (profiles/tuning/h200/<first 16 hex of its sha256>-<precision>):
-# bench/resnet18_onnx.py writes 50e1ec3ca925330f (3a7afd2b3bc2ba35 on one AMD host; a link to the same database,
-# docs/tuning.md). Check
+# The tuning databases are per model graph (profiles/tuning/h200/<graph digest[:16]>-<precision>, weights left
+# out: docs/tuning.md): bench/resnet18_onnx.py's files, whatever their weights, find 23d84f127e2996ed. Check
 # `compile-cuda: N of M tensor-core kernels tuned` in the build log below: "no tuning database" means another
-# file (another torch?), whose kernels may still be the same: copy the folders to the new name and rebuild.
+# graph (another exporter or opset?), whose kernels may still be the same: copy the folders to its key and rebuild.
 if [ -f "$kit/models/resnet18.onnx.gz" ]; then
   gunzip -c "$kit/models/resnet18.onnx.gz" >"$work/resnet18.onnx"
 else

@@ -56,25 +56,27 @@ def test_resnet18_export_loads_back(tmp_path: Path) -> None:
             assert np.abs(got - want).max() <= 1e-4 * np.abs(want).max()
 
 
-def test_resnet18_export_is_one_file_whatever_the_cpu_and_has_its_databases(tmp_path: Path) -> None:
-    """The committed GEMM databases (profiles/tuning/h200/<sha256[:16]>-*) serve the file the generator writes
-    on this CPU, and on another: torch's scalar kernels (ATEN_CPU_CAPABILITY=default) stand in for another
-    CPU's (a float32 statistics pass gave three files on three kinds of build host; docs/tuning.md)."""
-    import hashlib
+def test_resnet18_export_finds_its_databases_whatever_the_weights(tmp_path: Path) -> None:
+    """The committed GEMM databases (profiles/tuning/h200/<graph digest[:16]>-*) serve the file the generator
+    writes on this CPU, on another (torch's scalar kernels, ATEN_CPU_CAPABILITY=default, stand in for another
+    CPU's: three kinds of build host wrote three files, docs/tuning.md), and with other weights."""
     import os
     import subprocess
 
+    from edgedeploy.compile.onnx_model import load_onnx
+    from edgedeploy.compile.tuning import tuning_key
+
     repo = Path(__file__).resolve().parents[2]
-    shas = []
-    for capability in (None, "default"):
-        out = tmp_path / f"r-{capability}.onnx"
+    keys = []
+    for capability, weights in ((None, "tiled"), ("default", "tiled"), (None, "random")):
+        out = tmp_path / f"r-{capability}-{weights}.onnx"
         env = {**os.environ, **({"ATEN_CPU_CAPABILITY": capability} if capability else {})}
         cmd = [sys.executable, "-W", "ignore::DeprecationWarning", str(repo / "bench/resnet18_onnx.py"), str(out)]
-        subprocess.run(cmd, env=env, check=True, capture_output=True)
-        shas.append(hashlib.sha256(out.read_bytes()).hexdigest()[:16])
-    assert shas[0] == shas[1]
+        subprocess.run([*cmd, "--weights", weights], env=env, check=True, capture_output=True)
+        keys.append(tuning_key(load_onnx(out), "int8").removesuffix("-int8"))
+    assert len(set(keys)) == 1, keys
     for precision in ("int8", "fp16"):
-        assert (repo / "profiles/tuning/h200" / f"{shas[0]}-{precision}" / "gemm_configs.json").is_file(), shas[0]
+        assert (repo / "profiles/tuning/h200" / f"{keys[0]}-{precision}" / "gemm_configs.json").is_file(), keys[0]
 
 
 def test_a_fault_while_timing_names_its_case_and_the_groups_to_run_again() -> None:

@@ -24,11 +24,13 @@ from edgedeploy.build_store import host_file
 from edgedeploy.compile.cards import ModelCard, load_card
 from edgedeploy.compile.int8_build import Int8Config
 from edgedeploy.compile.metaschedule import open_database, tunable_tasks
+from edgedeploy.compile.onnx_model import load_onnx
 from edgedeploy.compile.quantize import QuantizeOptions
 from edgedeploy.compile.tuning import (
     database_dir,
     drop_slower_than_default,
     has_database,
+    tuning_key,
     tuning_module,
     tuning_target,
 )
@@ -264,10 +266,7 @@ def test_trials_follow_measured_time() -> None:
 
 
 def _database(model: Path, precision: str) -> Path:
-    import hashlib
-
-    sha = hashlib.sha256(model.read_bytes()).hexdigest()
-    db = database_dir("cpu-x86_64", f"{sha[:16]}-{precision}", REPO / "profiles" / "tuning")
+    db = database_dir("cpu-x86_64", tuning_key(load_onnx(model), precision), REPO / "profiles" / "tuning")
     if not has_database(db):
         pytest.skip(f"no stored {precision} database for {model.name}")
     return db
@@ -314,3 +313,17 @@ def test_tuned_int8_bundle_uses_the_database_and_agrees_with_the_reference(data_
     # schedule (the stale database of an earlier session) gave 81.7 %.
     assert ev["top1_agreement_bundle_vs_int8_reference"] >= 93.0
     assert abs(ev["tvm_bundle"]["top1"] - ev["int8_reference"]["top1"]) <= 2.5
+
+
+def test_tuning_an_int8_bundle_compiles_its_qdq_model_under_the_source_key(
+    data_dir: Path, tmp_path: Path, cli: Cli, hermetic: Path
+) -> None:
+    """The build looks its database up by the source model's graph; `tune` of the INT8 bundle compiles the Q/DQ
+    model but must write under that same key, or the next build would never find what it tuned."""
+    model = data_dir / "models" / "mnist-8_opset13.onnx"
+    res = build(model, "cpu-x86_64", tmp_path / "q.edb", CARD, int8=Int8Config(calibration=data_dir / "mnist"))
+    r = cli("tune", str(res.bundle), "--export", str(tmp_path / "e"), "--json")
+    assert r.code == 0, r.err
+    meta = json.loads((tmp_path / "e" / "tuning.json").read_text())
+    assert meta["key"] == json.loads(r.out)["key"] == tuning_key(load_onnx(model), "int8")
+    assert "int8" in (tmp_path / "e" / "tuning-module.json").read_text()  # the Q/DQ model's kernels

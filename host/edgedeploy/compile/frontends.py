@@ -36,6 +36,12 @@ class ForeignModel:
     frontend: str  # "tflite" | "torch"
     quantized: bool = False  # a pre-quantized (QAT) model: its own INT8 scales, no calibration
 
+    @property
+    def graph_sha256(self) -> str:
+        """Names its tuning databases: the file's digest (its weights are not told apart from its graph here,
+        as onnx_model.graph_digest does for ONNX; a retrained TFLite or PyTorch model is tuned again)."""
+        return self.sha256
+
 
 def frontend_of(path: Path) -> str:
     """The frontend for a model file, from its suffix; unknown types are one line listing the known ones."""

@@ -240,8 +240,7 @@ def scheduled_module(
     model: Path, profile_name: str, precision: str, batch: int, tuning_key: str = ""
 ) -> tuple[Any, Any]:
     """The Relax module of a CUDA build after its Relax pipeline (kernels scheduled as `edgedeploy build`
-    schedules them; with `tuning_key`, "<source sha256[:16]>-<precision>", its tuned configurations too),
-    and its target."""
+    schedules them; with `tuning_key` (tuning.tuning_key), its tuned configurations too), and its target."""
     from ..profiles import get_profile
     from .onnx_model import load_onnx
     from .pipeline import BuildContext, run_pipeline

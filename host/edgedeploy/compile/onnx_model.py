@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import math
 from dataclasses import dataclass
@@ -27,6 +28,75 @@ class OnnxModel:
     proto: onnx.ModelProto
     sha256: str
     inputs: list[TensorSpec]
+
+    @functools.cached_property
+    def graph_sha256(self) -> str:
+        """The model without its weights (graph_digest): names the tuning databases its kernels share."""
+        return graph_digest(self.proto)
+
+
+# integer tensors up to this many elements keep their values in graph_digest: shapes, axes, pads, indices
+_SHAPE_LIKE = 64
+
+
+def graph_digest(proto: onnx.ModelProto) -> str:
+    """sha256 of what decides a model's kernels: operators, attributes, connections, tensor shapes and
+    types, shape-like integer constants. Not the weights, nor names of nodes, doc strings or the producer.
+
+    A retrained model, or the same export on another CPU (its weights differ in the last bits: three build
+    hosts wrote three ResNet-18 files, docs/tuning.md), has the same kernels, so the same tuning database.
+    Two graphs that differ only in what this leaves out compile to the same kernels; where a database's
+    records do not fit a graph's kernels, MetaSchedule and the GEMM configurations match kernels by their
+    structure and skip them, so a collision costs at most the tuning, never correctness."""
+
+    def tensor(t: onnx.TensorProto) -> onnx.TensorProto:
+        small_int = t.data_type in _INT_TYPES and math.prod(t.dims) <= _SHAPE_LIKE
+        if small_int:
+            return onnx.TensorProto(name=t.name, dims=t.dims, data_type=t.data_type, raw_data=_int_bytes(t))
+        return onnx.TensorProto(name=t.name, dims=t.dims, data_type=t.data_type)
+
+    def node(n: onnx.NodeProto) -> onnx.NodeProto:
+        out = onnx.NodeProto(op_type=n.op_type, domain=n.domain, input=n.input, output=n.output)
+        for a in n.attribute:
+            b = onnx.AttributeProto()
+            b.CopyFrom(a)
+            b.ClearField("doc_string")
+            if a.HasField("t"):
+                b.t.CopyFrom(tensor(a.t))
+            if a.HasField("g"):
+                b.g.CopyFrom(graph(a.g))
+            for i, t in enumerate(a.tensors):
+                b.tensors[i].CopyFrom(tensor(t))
+            for i, sub in enumerate(a.graphs):
+                b.graphs[i].CopyFrom(graph(sub))
+            out.attribute.append(b)
+        return out
+
+    def graph(g: onnx.GraphProto) -> onnx.GraphProto:
+        return onnx.GraphProto(
+            node=[node(n) for n in g.node],
+            initializer=[tensor(t) for t in g.initializer],
+            sparse_initializer=[
+                onnx.SparseTensorProto(dims=t.dims, values=tensor(t.values), indices=tensor(t.indices))
+                for t in g.sparse_initializer
+            ],
+            input=g.input,
+            output=g.output,
+        )
+
+    stripped = onnx.ModelProto(ir_version=proto.ir_version, opset_import=proto.opset_import, graph=graph(proto.graph))
+    return hashlib.sha256(stripped.SerializeToString(deterministic=True)).hexdigest()
+
+
+_INT_TYPES = {onnx.TensorProto.INT8, onnx.TensorProto.INT16, onnx.TensorProto.INT32, onnx.TensorProto.INT64,
+              onnx.TensorProto.UINT8, onnx.TensorProto.BOOL}  # fmt: skip
+
+
+def _int_bytes(t: onnx.TensorProto) -> bytes:
+    """An integer tensor's values as bytes, however the file stores them (raw_data or the typed fields)."""
+    from onnx import numpy_helper
+
+    return bytes(numpy_helper.to_array(t).astype("<i8").tobytes())
 
 
 def guess_layout(shape: list[int]) -> str | None:

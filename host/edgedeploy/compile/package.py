@@ -29,7 +29,7 @@ from .frontends import ForeignModel, frontend_name, load_model
 from .manifest import BuildResult, card_manifest, profile_target, write_labels
 from .onnx_model import OnnxModel, check_preprocess
 from .pipeline import BuildContext, compiler_digest, pipeline_for, run_pipeline, tensor_cores_enabled
-from .tuning import TuneRequest, find_database, find_gemm_configs, tuning_key
+from .tuning import TuneRequest, adopt_file_keyed_database, find_database, find_gemm_configs, tuning_key
 
 __all__ = ["BuildResult", "ModelCard", "build_bundle", "compile_model", "load_card"]  # ModelCard, load_card: bench/
 
@@ -81,7 +81,8 @@ def build_bundle(
         assert isinstance(model, OnnxModel)  # pipeline_for refused int8 for the other frontends
         int8, calib = _calibration(model, card, int8, progress)
         extra |= {"int8": int8.describe(), "calibration_sha256": hashlib.sha256(calib.tobytes()).hexdigest()}
-    key_db = tuning_key(model.sha256, precision)
+    adopt_file_keyed_database(profile.name, model, precision)
+    key_db = tuning_key(model, precision)
     db = find_database(profile.name, key_db)
     if db is not None:  # a changed database means different code: part of the cache key
         extra["tuning_db"] = hashlib.sha256((db / "database_tuning_record.json").read_bytes()).hexdigest()

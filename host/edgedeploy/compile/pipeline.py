@@ -43,7 +43,7 @@ class BuildContext:
     device_code: list[str] = field(default_factory=list)  # e.g. ["sm_75 sass (fatbin, 132704 B)"]
     host_machine: str | None = None  # ELF machine of the exported library
     float_left: list[str] = field(default_factory=list)  # int8 builds: layers TVM still computes in float
-    tuning_key: str = ""  # names the stored MetaSchedule database: "<source model sha[:16]>-<precision>"
+    tuning_key: str = ""  # names the stored MetaSchedule database: "<graph digest[:16]>-<precision>" (tuning_key)
     tuning_db: Path | None = None  # the database apply-tuning applies (tuning.find_database), if any
     tune: TuneRequest | None = None  # `edgedeploy tune`: tune (or export the tuning module) in apply-tuning
     tuned_kernels: list[str] = field(default_factory=list)  # kernels whose schedule came from the database

@@ -3,6 +3,7 @@ apply-tuning), then compile with the database as a check. The databases themselv
 
 from __future__ import annotations
 
+import dataclasses
 import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -15,7 +16,7 @@ from ..errors import InputError
 from .frontends import SOURCE_ROLES, load_model
 from .onnx_model import load_onnx
 from .package import compile_model
-from .tuning import TuneRequest, database_dir, parse_tracker, tuning_key, user_root
+from .tuning import TuneRequest, adopt_file_keyed_database, database_dir, parse_tracker, tuning_key, user_root
 
 
 @dataclass
@@ -51,18 +52,23 @@ def tune_model(
     source = next((h.role for h in m.host_files if h.role in foreign), None)
     precision = "fp32" if source is not None else m.quantization.precision
     role = source or ("qdq-onnx" if precision == "int8" else "onnx-model")
-    check_given(m, sources, [role])
-    key = tuning_key(m.model.source_sha256, precision)
+    check_given(m, sources, [role, "onnx-model"] if role == "qdq-onnx" else [role])
     with tempfile.TemporaryDirectory(prefix="edgedeploy-tune-") as tmp:
         work = Path(tmp)
-        if any(a.role == role for a in m.artifacts):  # a schema 1 bundle carries it
+        if any(a.role in (role, "onnx-model") for a in m.artifacts):  # a schema 1 bundle carries them
             extract_bundle(bundle, work / "bundle")
         path, batch = host_file(m, role, work / "bundle", sources), m.inputs[0].shape[0]
         # the store names files by sha256 (no suffix): the role says which frontend reads it
         model = load_onnx(path, batch=batch) if source is None else load_model(path, batch, foreign[source])
+        # the key is the source model's, as the build's (an INT8 build compiles the Q/DQ model made from it)
+        keyed = load_onnx(host_file(m, "onnx-model", work / "bundle", sources)) if role == "qdq-onnx" else model
+        adopt_file_keyed_database(m.profile, keyed, precision)
+        key = tuning_key(keyed, precision)
+        if request.database is None:
+            request = dataclasses.replace(request, database=database_dir(m.profile, key, user_root()))
         res = compile_model(model, profile, work, precision, m.target.cuda_graph, key, None, request, progress)
     exported = request.export_dir if res.library is None else None
-    return TuneResult(request.database, key, res.tuned_kernels, res.kernel_count, exported, res.timings)
+    return TuneResult(request.db, key, res.tuned_kernels, res.kernel_count, exported, res.timings)
 
 
 def tune_request(
@@ -92,11 +98,9 @@ def tune_request(
             f"{bundle} is for a GPU ({manifest.profile}) and this machine measures only CPU code",
             hint="measure on the device: --tracker HOST:PORT --key KEY, or --export DIR for tune_offline",
         )
-    key_ = tuning_key(manifest.model.source_sha256, manifest.quantization.precision)
-    db = database or database_dir(manifest.profile, key_, user_root())
     return TuneRequest(
         trials=trials,
-        database=db,
+        database=database,  # None: the user's database for the model's key, which tune_model reads from the model
         runner=runner,
         tracker=tracker or "",
         key=key or "",

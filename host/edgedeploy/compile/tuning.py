@@ -3,8 +3,10 @@
 A database is the pair of JSON files MetaSchedule writes. Builds look for one in this order:
 1. the user's, written by `edgedeploy tune`: <config dir>/tuning/<profile>/<key>/
 2. the built-in ones shipped with edgedeploy: profiles/tuning/<profile>/<key>/
-where key = "<source model sha256[:16]>-<precision>" (precision fp32, fp16 or int8). One database holds
-every batch size tuned for that key: MetaSchedule matches kernels by their structure.
+where key = "<graph digest[:16]>-<precision>" (precision fp32, fp16 or int8): the source model without its
+weights (onnx_model.graph_digest), so a retrained model, or the same export written on another CPU, finds
+the database of its kernels. One database holds every batch size tuned for that key: MetaSchedule and the
+GEMM configurations match kernels by their structure.
 
 How a database is made (`edgedeploy tune`, cli/tune.py), by who measures the candidates:
 - "local": this machine (CPU profiles, when the device's CPU is this one);
@@ -27,7 +29,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from ..errors import BuildError
 from ..paths import config_dir
@@ -66,7 +68,7 @@ class TuneRequest:
     """What `edgedeploy tune` asks of the apply-tuning stage."""
 
     trials: int
-    database: Path  # read and extended
+    database: Path | None  # read and extended; None: the user's, for the model's key (tune_model decides)
     runner: str = "local"  # local | rpc | export
     tracker: str = ""  # rpc: HOST:PORT of TVM's RPC tracker
     key: str = ""  # rpc: the device key the RPC servers registered with
@@ -75,7 +77,7 @@ class TuneRequest:
     tasks: int = 0  # > 0: only N kernels (costliest by measured time here, else heaviest by FLOPs x calls)
 
     def to_json(self) -> dict[str, Any]:
-        return {**self.__dict__, "database": str(self.database), "export_dir": str(self.export_dir or "")}
+        return {**self.__dict__, "database": str(self.db), "export_dir": str(self.export_dir or "")}
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> TuneRequest:
@@ -83,9 +85,32 @@ class TuneRequest:
             **{**d, "database": Path(d["database"]), "export_dir": Path(d["export_dir"]) if d["export_dir"] else None}
         )
 
+    @property
+    def db(self) -> Path:
+        if self.database is None:
+            raise AssertionError("TuneRequest.database is decided by tune_model before any tuning")
+        return self.database
 
-def tuning_key(source_sha256: str, precision: str) -> str:
-    return f"{source_sha256[:16]}-{precision}"
+
+class _Keyed(Protocol):
+    @property
+    def sha256(self) -> str: ...  # the file's
+
+    @property
+    def graph_sha256(self) -> str: ...
+
+
+def tuning_key(model: _Keyed, precision: str) -> str:
+    return f"{model.graph_sha256[:16]}-{precision}"
+
+
+def adopt_file_keyed_database(profile: str, model: _Keyed, precision: str) -> None:
+    """The user's database for this model written before databases were named by the graph (2026-12-03),
+    named by the file's sha256 then: renamed to the graph's key, once."""
+    old = database_dir(profile, f"{model.sha256[:16]}-{precision}", user_root())
+    new = database_dir(profile, tuning_key(model, precision), user_root())
+    if old != new and old.is_dir() and not new.exists():
+        os.replace(old, new)
 
 
 def builtin_root() -> Path:
@@ -159,7 +184,7 @@ def apply_tuning(ctx: BuildContext) -> None:
     """Tune when `edgedeploy tune` asks, then apply the database if there is one; else a no-op."""
     from tvm import relax
 
-    db = ctx.tune.database if ctx.tune is not None else ctx.tuning_db
+    db = ctx.tune.db if ctx.tune is not None else ctx.tuning_db
     if db is None:
         ctx.progress("apply-tuning: no tuning database, default schedules")
         return
@@ -257,7 +282,7 @@ def tune(mod: Any, target: Any, req: TuneRequest, profile: DeviceProfile, progre
         runner = ms.runner.RPCRunner(
             ms.runner.RPCConfig(tracker_host=host, tracker_port=port, tracker_key=req.key, session_timeout_sec=60)
         )
-        run_tuning(mod, target, req.database, req.trials, builder, runner, req.cost_model, req.tasks, progress)
+        run_tuning(mod, target, req.db, req.trials, builder, runner, req.cost_model, req.tasks, progress)
 
 
 def tune_where_the_time_is(mod: Any, target: Any, req: TuneRequest, progress: Any) -> None:
@@ -272,7 +297,7 @@ def tune_where_the_time_is(mod: Any, target: Any, req: TuneRequest, progress: An
     """
     from tvm.s_tir import meta_schedule as ms
 
-    db = req.database
+    db = req.db
     tasks = {t.task_name: t for t in tunable_tasks(mod, target)}
     costs = kernel_costs(mod, target, db if has_database(db) else None)
     ranked = sorted((k for k in costs if k in tasks), key=lambda k: -costs[k])
