@@ -58,9 +58,11 @@ class NetFleet:
 
     def close(self) -> None:
         for d in self.devices.values():
-            agent("--root", str(d.root), "--json", "stop")
-            d.sshd.kill()
-            d.link.down_all()
+            try:
+                agent("--root", str(d.root), "--json", "stop")
+            finally:  # a failing stop must not leave the device's sshd and namespace to the next run
+                d.sshd.kill()
+                d.link.down_all()
 
     def rollout(self, *args: str, timeout: float = 300) -> tuple[int, dict]:
         r = self.cli("rollout", *args, "--json", *self.args(), timeout=timeout)
