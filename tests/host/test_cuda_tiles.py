@@ -35,20 +35,29 @@ def test_grid_fills_the_gpu_or_tiles_are_smallest(m: int, n: int, k: int) -> Non
         assert t.m == 128 and t.n >= 64
 
 
-def _int8_conv_model(batch: int, channels: int, size: int, scales: tuple[float, float] = (1e-3, 0.5)) -> object:
+def _int8_conv_model(
+    batch: int, channels: int, size: int, scales: tuple[float, float] = (1e-3, 0.5), pad: int = 0
+) -> object:
     """3x3 int8 convolution (NHWC/OHWI, int32 accumulation) whose epilogue requantizes and adds a residual
     (dequantized from another input), as int8_rewrite emits for a ResNet block; `scales`: the requantize's
-    and the residual's, scalars as a per-tensor calibration gives them."""
+    and the residual's, scalars as a per-tensor calibration gives them. `pad` 1: the convolution pads its
+    input (as the model's do) instead of taking it padded."""
     rng = np.random.default_rng(0)
     bb = relax.BlockBuilder()
-    x = relax.Var("x", relax.TensorType((batch, size + 2, size + 2, channels), "int8"))
+    x = relax.Var("x", relax.TensorType((batch, size + 2 - 2 * pad, size + 2 - 2 * pad, channels), "int8"))
     r = relax.Var("r", relax.TensorType((batch, size, size, channels), "int8"))
     w = rng.integers(-127, 128, (channels, 3, 3, channels)).astype("int8")
     with bb.function("main", [x, r]):
         with bb.dataflow():
             acc = bb.emit(
                 relax.op.nn.conv2d(
-                    x, relax.const(w), data_layout="NHWC", kernel_layout="OHWI", out_layout="NHWC", out_dtype="int32"
+                    x,
+                    relax.const(w),
+                    padding=pad,
+                    data_layout="NHWC",
+                    kernel_layout="OHWI",
+                    out_layout="NHWC",
+                    out_dtype="int32",
                 )
             )
             f = relax.op.multiply(relax.op.astype(acc, "float32"), relax.const(np.float32(scales[0])))

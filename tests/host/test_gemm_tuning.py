@@ -188,6 +188,88 @@ def test_a_database_timed_otherwise_is_searched_again_fastest_first(layer1: Any,
     assert {k: v.get("best") for k, v in doc["kernels"].items() if k != kernel.key} == others
 
 
+def test_a_round_around_the_fastest_follows_the_neighbours(layer1: Any, tmp_path: Path) -> None:
+    """Once the default's neighbours are timed, the search tries the single changes of the fastest of them
+    (cuda_tiles.refinements) that it has not tried: here the H200's fastest, the 2x2-warp tile, with another
+    K stage, load width and every split of K (the default's grid, 1568 blocks, is never split)."""
+    [kernel] = gemm_kernels(layer1, tvm.target.Target(TARGET))
+    captured = CapturedH200()
+    fastest = "128x64-k64-v16-s1"
+    assert min(captured.ms, key=lambda c: captured.ms[c]) == fastest
+    # every neighbour already tried: the captured time, or (not captured) recorded as a refused build
+    tried = {c.text: captured.ms.get(c.text, "error: not built in this test") for c in kernel.neighbours()}
+    db = tmp_path / "gemm_configs.json"
+    db.write_text(json.dumps({"version": VERSION, "timing": TIMING, "kernels": {kernel.key: {"tried": tried}}}))
+    rounds = kernel.refinements(GemmConfig.parse(fastest))
+    untried = [c.text for c in rounds if c.text not in tried and c != kernel.default]  # (the default: timed)
+    assert {c.split for c in rounds} >= {1, 2, 3} and not any(c.split > 1 for c in kernel.neighbours())
+    assert len(untried) >= 3
+
+    class Slower(CapturedH200):  # the configurations run16 did not time: answered slower than the default
+        def __call__(self, kernel: GemmKernel, config: GemmConfig, library: Path) -> tuple[float, Any]:
+            self.ms.setdefault(config.text, self.ms[kernel.default.text] * 1.1)
+            return super().__call__(kernel, config, library)
+
+    h200 = Slower()
+    lines: list[str] = []
+    tune(layer1, TARGET, db, minutes=10, trials=2, measure=h200, workers=2, progress=lines.append)
+    assert h200.asked[0] == kernel.default.text and h200.asked[1:3] == untried[:2]
+    assert any("around the fastest; 2 candidates" in line for line in lines), lines
+    entry = json.loads(db.read_text())["kernels"][kernel.key]
+    assert set(untried[:2]) <= set(entry["tried"]) and entry["best"] == fastest  # kept: 0.75x the default
+
+
+def _gemm_source(kernel: GemmKernel, config: str) -> str:
+    """The CUDA source of the GEMM kernel (the first; a split-K kernel's sum is the second) of `kernel`
+    scheduled with `config`, compiled for sm_90 as a build does."""
+    from edgedeploy.compile.cuda_tensorcore import TIR_PIPELINE, TensorCoreGemm, pass_config
+
+    target = tvm.target.Target(TARGET)
+    rule = TensorCoreGemm(configs={kernel.key: GemmConfig.parse(config)})
+    with target, tvm.transform.PassContext(opt_level=3, config=pass_config(target)):
+        sch = rule.schedule(kernel.func, target)
+        assert sch is not None and kernel.key in rule.applied
+        prim = sch.mod["main"].with_attr("global_symbol", "main")
+        lib = tvm.compile(tvm.IRModule({"main": prim}), target=target, tir_pipeline=TIR_PIPELINE)
+    return str(lib.mod.imports[0].inspect_source())
+
+
+def _first_kernel(source: str) -> str:
+    """The body of the first kernel of a CUDA source (after the kernels' declarations)."""
+    bodies = [part for part in source.split("__global__")[1:] if ";" not in part.split("{", 1)[0]]
+    return bodies[0]
+
+
+def test_split_k_with_mma_keeps_16_byte_gathers_where_the_split_ends_on_a_kernel_row() -> None:
+    """ResNet-18 layer4 at batch 64 (M 3136, N 512, K 4608): the search's fastest was 64x64 tiles with
+    cp.async and mma (run25: 0.055 ms, the default 0.074), whose K splits only the round around the fastest
+    tries. Split-K with mma schedules (its partial sums in mma's register layout, [split, batch, M, N]: before,
+    transform_layout failed on the 4-D buffer). A split in 3 (kernel rows of 3 x 512 channels) gathers the
+    activations as 16-byte vectors; in 2 (2304 = 4.5 rows) TVM 0.27 gathers them byte by byte."""
+    _toolchain_or_skip("h200")
+    from edgedeploy.compile.cuda_toolchain import resolve_toolchain
+    from edgedeploy.compile.tuning import tuning_module
+    from edgedeploy.profiles import get_profile
+
+    with pytest.MonkeyPatch.context() as mp:
+        for k, v in resolve_toolchain(get_profile("h200")).env.items():
+            mp.setenv(k, v)
+        with tvm.target.Target(TARGET):
+            mod = tuning_module(_int8_conv_model(batch=64, channels=512, size=7, pad=1))
+        [kernel] = gemm_kernels(mod, tvm.target.Target(TARGET))
+        assert kernel.shape == "b1 m3136 n512 k4608 int8" and kernel.gemm.mma and kernel.gemm.cp_async
+        fastest = GemmConfig.parse("64x64-k64-v16-s1-a3-m")
+        splits = {c.split: c for c in kernel.refinements(fastest) if c.split > 1}
+        assert set(splits) == {2, 3, 4, 8} and not any(c.split > 1 and c.tm == 64 for c in kernel.neighbours())
+        gathers = {}
+        for split in (2, 3):
+            source = _gemm_source(kernel, splits[split].text)
+            assert "mma.sync.aligned.m16n8k32" in source and "cp.async" in source, source[:2000]
+            # the activations (padded inside the kernel: through registers, not cp.async) as 16-byte loads
+            gathers[split] = len(re.findall(r"= \*\(int4\*\)\(x_ptr \+", _first_kernel(source)))
+    assert gathers[3] > 0 and gathers[2] == 0, gathers
+
+
 def test_kernels_know_which_arguments_the_model_computes(layer1: Any) -> None:
     """The arguments the model passes computed tensors to (the activations, the residual) are the ones
     L2State reads into the cache before a timed call; the weights are constants and stay in DRAM."""

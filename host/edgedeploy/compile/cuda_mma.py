@@ -78,6 +78,11 @@ def accumulator_layout(s: Any, i: Any, j: Any) -> tuple[Any, ...]:
     return (s, i // 16, j // 16, *_cuda().shared_16x16_to_ldmatrix_32x8_layout(i % 16, j % 16))
 
 
+def split_accumulator_layout(ks: Any, s: Any, i: Any, j: Any) -> tuple[Any, ...]:
+    """`accumulator_layout` of a split-K kernel's partial sums, [split, batch, M, N] (rfactor's leading axis)."""
+    return (ks, *accumulator_layout(s, i, j))
+
+
 TIR_PIPELINE = "edgedeploy_cuda"
 _WARP_PASSES = 8  # more than the warp buffers of any kernel this project schedules (3: A, B, accumulator)
 

@@ -309,7 +309,8 @@ class TensorCoreGemm(GPUScheduleRule):  # type: ignore[misc]
                 sch.tensorize(fi1, intrins[name])
 
         if mma:
-            sch.transform_layout(store, ("read", 0), cuda_mma.accumulator_layout)
+            layout = cuda_mma.accumulator_layout if writeback is None else cuda_mma.split_accumulator_layout
+            sch.transform_layout(store, ("read", 0), layout)
         for n_try, acc in enumerate(accumulators):
             if mma:
                 intrins = cuda_mma.intrins("shared.dyn", acc_scope)

@@ -283,6 +283,13 @@ def default_config(m: int, n: int, k: int, batch: int, in_dtype: str, knobs: Kno
     return GemmConfig(t.m, t.n, wide, t.k, knobs.load_bytes, split, knobs.async_stages, mma)
 
 
+# K splits the search tries. 3: a 3x3 convolution's K in whole kernel rows (K / 3 = kw x channels), the one
+# split whose im2col gather stays 16-byte vectors where 2 does not: ResNet-18 layer4's K = 4608 split in 2
+# starts the second half inside a row (2304 = 4.5 x 512 channels), TVM 0.27 cannot prove the vector's
+# bytes contiguous across `% 1536` and gathers them byte by byte (generated source, sm_90)
+SPLITS = (2, 3, 4, 8)
+
+
 def neighbours(
     m: int,
     n: int,
@@ -298,32 +305,10 @@ def neighbours(
     instead of WMMA where `mma`), then pairs of tile and warp changes (with cp.async and mma as well, where
     they apply). Tile edges over twice the GEMM's (all padding) are left out."""
     base = default_config(m, n, k, batch, in_dtype, knobs)
-    edges_m = [e for e in (16, 32, 64, 128) if e <= max(16, 2 * m)]
-    edges_n = [e for e in (32, 64, 128) if e <= max(32, 2 * n)]
-    out: list[GemmConfig] = []
-
-    def add(c: GemmConfig) -> None:
-        if c != base and c not in out and _valid(c, in_dtype, n, k):
-            out.append(c)
-
-    def near(edges: list[int], e: int) -> list[int]:
-        return sorted(edges, key=lambda x: abs(math.log2(x / e)))
-
-    for tm in near(edges_m, base.tm):
-        add(replace(base, tm=tm, split=1))
-    for tn in near(edges_n, base.tn):
-        add(replace(base, tn=tn, split=1))
-    if in_dtype == "int8":
-        add(replace(base, wide=not base.wide))
-    add(replace(base, stage=32 if base.stage == 64 else 64))
-    add(replace(base, load_bytes=4 if base.load_bytes > 4 else 16))
-    if cp_async:
-        add(replace(base, async_stages=0 if base.async_stages else ASYNC_STAGES))
-    if mma:
-        add(replace(base, mma=not base.mma, stage=max(base.stage, 2 * MMA_K)))
-    if batch * -(-m // base.tm) * -(-n // base.tn) < SPLIT_BLOCKS:  # splitting K helps small grids only
-        for split in (1, 2, 4, 8):
-            add(replace(base, split=split))  # (_valid drops splits where N is padded)
+    edges_m, edges_n = _edges(m, n)
+    # splitting K helps small grids only, from the default's tiles (`refinements` tries it around the best)
+    small = batch * -(-m // base.tm) * -(-n // base.tn) < SPLIT_BLOCKS
+    out = _single_changes(base, m, n, k, in_dtype, cp_async, mma, SPLITS if small else ())
     copies = sorted({base.async_stages, ASYNC_STAGES}) if cp_async else [base.async_stages]
     instructions = sorted({base.mma, True}) if mma else [base.mma]
     for tm in edges_m:
@@ -333,8 +318,52 @@ def neighbours(
                     for with_mma in instructions:
                         stage = max(base.stage, 2 * MMA_K) if with_mma else base.stage
                         pair = replace(base, tm=tm, tn=tn, wide=wide, split=1, async_stages=stages)
-                        add(replace(pair, mma=with_mma, stage=stage))
+                        _add(out, base, replace(pair, mma=with_mma, stage=stage), in_dtype, n, k)
     return out
+
+
+def refinements(
+    best: GemmConfig, m: int, n: int, k: int, in_dtype: str, cp_async: bool = False, mma: bool = False
+) -> list[GemmConfig]:
+    """The single changes of a kernel's fastest configuration so far, every split of K included whatever
+    the grid: the search's next round after the default's neighbours (gemm_tuning). ResNet-18 layer4's
+    3x3 convolutions at batch 64 chose 64x64 tiles (392 blocks), a grid `neighbours` never splits."""
+    return _single_changes(best, m, n, k, in_dtype, cp_async, mma, SPLITS)
+
+
+def _edges(m: int, n: int) -> tuple[list[int], list[int]]:
+    """Tile edges up to twice the GEMM's (more is all padding)."""
+    return [e for e in (16, 32, 64, 128) if e <= max(16, 2 * m)], [e for e in (32, 64, 128) if e <= max(32, 2 * n)]
+
+
+def _single_changes(
+    base: GemmConfig, m: int, n: int, k: int, in_dtype: str, cp_async: bool, mma: bool, splits: tuple[int, ...]
+) -> list[GemmConfig]:
+    edges_m, edges_n = _edges(m, n)
+    out: list[GemmConfig] = []
+
+    def near(edges: list[int], e: int) -> list[int]:
+        return sorted(edges, key=lambda x: abs(math.log2(x / e)))
+
+    changes = [replace(base, tm=tm, split=1) for tm in near(edges_m, base.tm)]
+    changes += [replace(base, tn=tn, split=1) for tn in near(edges_n, base.tn)]
+    if in_dtype == "int8":
+        changes.append(replace(base, wide=not base.wide))
+    changes.append(replace(base, stage=32 if base.stage == 64 else 64))
+    changes.append(replace(base, load_bytes=4 if base.load_bytes > 4 else 16))
+    if cp_async:
+        changes.append(replace(base, async_stages=0 if base.async_stages else ASYNC_STAGES))
+    if mma:
+        changes.append(replace(base, mma=not base.mma, stage=max(base.stage, 2 * MMA_K)))
+    changes += [replace(base, split=split) for split in (1, *splits)]  # (_valid drops splits where N is padded)
+    for c in changes:
+        _add(out, base, c, in_dtype, n, k)
+    return out
+
+
+def _add(out: list[GemmConfig], base: GemmConfig, c: GemmConfig, in_dtype: str, n: int, k: int) -> None:
+    if c != base and c not in out and _valid(c, in_dtype, n, k):
+        out.append(c)
 
 
 def _valid(c: GemmConfig, in_dtype: str, n: int, k: int) -> bool:

@@ -9,7 +9,9 @@ its neighbours (`cuda_tiles.neighbours`, nearest first):
 
 1. the kernels: every kernel of the exported module that TensorCoreGemm takes, with its calls per inference;
 2. each default is built and timed; its time x calls is the kernel's share of the model's GEMM time, and
-   the candidates go to kernels by that share (`tuning_common.allocate_trials`);
+   the candidates go to kernels by that share (`tuning_common.allocate_trials`); once they are timed, rounds
+   of single changes around each kernel's fastest so far follow (`cuda_tiles.refinements`; ResNet-18's
+   layer4 chose 64x64 tiles, and only this round splits K for them), while time and trials last;
 3. candidates already in the database are skipped: a run resumes where the last one stopped (the file is
    rewritten atomically after every measurement, so a killed run keeps all it measured);
 4. candidates build in parallel processes (one per core, the slow part) and are timed one at a time on the
@@ -44,7 +46,7 @@ from typing import Any
 
 from edgedeploy_agent.durable import write_json_atomic
 
-from .cuda_tiles import GemmConfig, GemmShape, default_config, neighbours
+from .cuda_tiles import GemmConfig, GemmShape, default_config, neighbours, refinements
 from .tuning_common import allocate_trials, random_input
 
 GEMM_FILE = "gemm_configs.json"
@@ -85,6 +87,10 @@ class GemmKernel:
     def neighbours(self) -> list[GemmConfig]:
         g = self.gemm
         return neighbours(g.m, g.n, g.k, g.batch, g.in_dtype, cp_async=g.cp_async, mma=g.mma)
+
+    def refinements(self, best: GemmConfig) -> list[GemmConfig]:
+        g = self.gemm
+        return refinements(best, g.m, g.n, g.k, g.in_dtype, cp_async=g.cp_async, mma=g.mma)
 
 
 def gemm_kernels(mod: Any, target: Any) -> list[GemmKernel]:
@@ -345,21 +351,32 @@ class _Search:
         return entry  # type: ignore[no-any-return]
 
     def run(self, deadline: float, trials: int, progress: Callable[[str], None]) -> None:
-        """Defaults first (their share of the time decides where the candidates go), then the candidates."""
+        """Defaults first (their share of the time decides where the candidates go), then the candidates
+        near the defaults, then rounds of single changes around each kernel's fastest so far, while time
+        and `trials` (0: no cap) last."""
         for k in self.kernels.values():
             self.submit(k, k.default)
+        submitted, what = 0, ""
         while self.pending and time.monotonic() < deadline:
             done, _ = wait(self.pending, timeout=max(0.0, deadline - time.monotonic()), return_when=FIRST_COMPLETED)
+            plan: dict[str, list[GemmConfig]] = {}
             for fut in done:
                 k, config = self.pending.pop(fut)
                 self.finish(fut, k, config)
                 if config == k.default and len(self.costs) == len(self.kernels):  # the last default: plan
                     plan = _plan(self.kernels, self.costs, self.doc, trials)
-                    n = sum(len(v) for v in plan.values())
-                    progress(f"gemm: {len(self.kernels)} kernels, {sum(self.costs.values()):.3f} ms; {n} candidates")
-                    for key, configs in plan.items():
-                        for c in configs:
-                            self.submit(self.kernels[key], c)
+                    what = f"{len(self.kernels)} kernels, {sum(self.costs.values()):.3f} ms"
+            left = trials - submitted if trials else 0
+            if not plan and not self.pending and len(self.costs) == len(self.kernels) and (left > 0 or not trials):
+                plan = _refine(self.kernels, self.costs, self.doc, left)  # a round around the fastest
+                what = "around the fastest"
+            if plan:
+                n = sum(len(v) for v in plan.values())
+                progress(f"gemm: {what}; {n} candidates")
+                for key, configs in plan.items():
+                    for c in configs:
+                        self.submit(self.kernels[key], c)
+                submitted += n
 
     def finish(self, fut: Future[str], k: GemmKernel, config: GemmConfig) -> None:
         entry = self.entry(k)
@@ -503,6 +520,24 @@ def _plan(
     untried = {key: order(key, k) for key, k in kernels.items()}
     total = trials or sum(len(v) for v in untried.values())
     shares = allocate_trials({k: v for k, v in costs.items() if untried[k]}, total, step=1)
+    return {key: untried[key][:n] for key, n in shares.items() if n}
+
+
+def _refine(
+    kernels: dict[str, GemmKernel], costs: dict[str, float], doc: dict[str, Any], trials: int
+) -> dict[str, list[GemmConfig]]:
+    """Per kernel whose fastest correct candidate beats its default, the untried single changes of that
+    candidate (`cuda_tiles.refinements`), as many as its share of the time allows (`trials`, 0: all)."""
+    untried: dict[str, list[GemmConfig]] = {}
+    for key, k in kernels.items():
+        entry = doc["kernels"][key]
+        timed = {c: ms for c, ms in entry["tried"].items() if isinstance(ms, float)}
+        if not timed or min(timed.values()) >= entry.get("default_ms", 0.0):
+            continue  # the default is the fastest: its neighbours were the plan
+        best = GemmConfig.parse(min(timed, key=lambda c: timed[c]))
+        untried[key] = [c for c in k.refinements(best) if c.text not in entry["tried"] and c != k.default]
+    total = trials or sum(len(v) for v in untried.values())
+    shares = allocate_trials({k: v for k, v in costs.items() if untried.get(k)}, total, step=1)
     return {key: untried[key][:n] for key, n in shares.items() if n}
 
 
