@@ -240,12 +240,13 @@ def _first_kernel(source: str) -> str:
     return bodies[0]
 
 
-def test_split_k_with_mma_keeps_16_byte_gathers_where_the_split_ends_on_a_kernel_row() -> None:
+def test_around_layer4s_fastest_split_k_with_mma_and_deeper_pipelines() -> None:
     """ResNet-18 layer4 at batch 64 (M 3136, N 512, K 4608): the search's fastest was 64x64 tiles with
     cp.async and mma (run25: 0.055 ms, the default 0.074), whose K splits only the round around the fastest
     tries. Split-K with mma schedules (its partial sums in mma's register layout, [split, batch, M, N]: before,
     transform_layout failed on the 4-D buffer). A split in 3 (kernel rows of 3 x 512 channels) gathers the
-    activations as 16-byte vectors; in 2 (2304 = 4.5 rows) TVM 0.27 gathers them byte by byte."""
+    activations as 16-byte vectors; in 2 (2304 = 4.5 rows) TVM 0.27 gathers them byte by byte. The round
+    also tries deeper cp.async pipelines where they fit."""
     _toolchain_or_skip("h200")
     from edgedeploy.compile.cuda_toolchain import resolve_toolchain
     from edgedeploy.compile.tuning import tuning_module
@@ -267,6 +268,11 @@ def test_split_k_with_mma_keeps_16_byte_gathers_where_the_split_ends_on_a_kernel
             assert "mma.sync.aligned.m16n8k32" in source and "cp.async" in source, source[:2000]
             # the activations (padded inside the kernel: through registers, not cp.async) as 16-byte loads
             gathers[split] = len(re.findall(r"= \*\(int4\*\)\(x_ptr \+", _first_kernel(source)))
+        # deeper cp.async pipelines around it: 5 stages (51 KB of operands + the 17 KB accumulator); not 4,
+        # whose 40 + 17 KB TVM's runtime cannot launch (its dynamic part alone must pass 48 KB to opt in)
+        stages = {c.async_stages for c in kernel.refinements(fastest) if c.split == 1 and c.tm == c.tn == 64}
+        assert stages == {0, 3, 5}, stages
+        assert "cp.async.wait_group 4" in _gemm_source(kernel, replace(fastest, async_stages=5).text)
     assert gathers[3] > 0 and gathers[2] == 0, gathers
 
 

@@ -137,9 +137,12 @@ _ROWS = {128: (4, 2), 64: (2, 2), 32: (2, 1), 16: (1, 1)}  # tile edge -> (warps
 _WIDE_ROWS = {**_ROWS, 128: (2, 4), 64: (1, 4)}  # INT8 "wide" warps: 4 fragments per warp on long edges
 
 
-# cp.async stages the search tries: 4 fails TVM 0.27's merge of dynamic shared memory (LowerIntrin:
-# "tvm_access_ptr element type must match the source buffer", int8 vs int32, as the 128-wide INT8 K stage)
+# cp.async stages: 3 where the search turns cp.async on. Deeper pipelines (DEEP_STAGES) only around a
+# fastest configuration that has them (`refinements`): they need shared memory a small tile has to spare,
+# and TVM 0.27 launches a kernel with over 48 KB only where its dynamic part alone is that large
+# (`launchable`: 64x64 INT8 tiles with 4 stages are 40 + 17 KB, refused; 5 are 51 + 17 KB)
 ASYNC_STAGES = 3
+DEEP_STAGES = (4, 5)
 SHORT_K = 256  # a GEMM with fewer K elements (the stem: 7x7x4 = 196) takes 32 per stage: less padding
 
 
@@ -326,9 +329,10 @@ def refinements(
     best: GemmConfig, m: int, n: int, k: int, in_dtype: str, cp_async: bool = False, mma: bool = False
 ) -> list[GemmConfig]:
     """The single changes of a kernel's fastest configuration so far, every split of K included whatever
-    the grid: the search's next round after the default's neighbours (gemm_tuning). ResNet-18 layer4's
-    3x3 convolutions at batch 64 chose 64x64 tiles (392 blocks), a grid `neighbours` never splits."""
-    return _single_changes(best, m, n, k, in_dtype, cp_async, mma, SPLITS)
+    the grid, and deeper cp.async pipelines where it has one: the search's next round after the default's
+    neighbours (gemm_tuning). ResNet-18 layer4's 3x3 convolutions at batch 64 chose 64x64 tiles (392
+    blocks), a grid `neighbours` never splits."""
+    return _single_changes(best, m, n, k, in_dtype, cp_async, mma, SPLITS, deep=True)
 
 
 def _edges(m: int, n: int) -> tuple[list[int], list[int]]:
@@ -337,7 +341,15 @@ def _edges(m: int, n: int) -> tuple[list[int], list[int]]:
 
 
 def _single_changes(
-    base: GemmConfig, m: int, n: int, k: int, in_dtype: str, cp_async: bool, mma: bool, splits: tuple[int, ...]
+    base: GemmConfig,
+    m: int,
+    n: int,
+    k: int,
+    in_dtype: str,
+    cp_async: bool,
+    mma: bool,
+    splits: tuple[int, ...],
+    deep: bool = False,
 ) -> list[GemmConfig]:
     edges_m, edges_n = _edges(m, n)
     out: list[GemmConfig] = []
@@ -353,6 +365,8 @@ def _single_changes(
     changes.append(replace(base, load_bytes=4 if base.load_bytes > 4 else 16))
     if cp_async:
         changes.append(replace(base, async_stages=0 if base.async_stages else ASYNC_STAGES))
+        if base.async_stages and deep:
+            changes += [replace(base, async_stages=n) for n in (ASYNC_STAGES, *DEEP_STAGES)]
     if mma:
         changes.append(replace(base, mma=not base.mma, stage=max(base.stage, 2 * MMA_K)))
     changes += [replace(base, split=split) for split in (1, *splits)]  # (_valid drops splits where N is padded)
@@ -376,4 +390,4 @@ def _valid(c: GemmConfig, in_dtype: str, n: int, k: int) -> bool:
         return False  # (the schedule checks the accumulator it really got)
     if c.mma and (in_dtype != "int8" or c.stage < 2 * MMA_K):
         return False  # mma is INT8's, with at least two 32-deep K steps per stage (cuda_tensorcore.py)
-    return c.stage in (32, 64) and c.load_bytes in (4, 8, 16) and c.async_stages in (0, ASYNC_STAGES)
+    return c.stage in (32, 64) and c.load_bytes in (4, 8, 16) and c.async_stages in (0, ASYNC_STAGES, *DEEP_STAGES)
