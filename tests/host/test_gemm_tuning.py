@@ -273,6 +273,13 @@ def test_around_layer4s_fastest_split_k_with_mma_and_deeper_pipelines() -> None:
         stages = {c.async_stages for c in kernel.refinements(fastest) if c.split == 1 and c.tm == c.tn == 64}
         assert stages == {0, 3, 5}, stages
         assert "cp.async.wait_group 4" in _gemm_source(kernel, replace(fastest, async_stages=5).text)
+        # 128-deep K stages (cuda_tiles.MMA_STAGES): with cp.async (3 x 128 rows of 144 bytes: 54 KB of operands,
+        # over 48 KB, so TVM's runtime opts the kernel in), not through registers (36 KB beside the 17 KB
+        # accumulator: not launchable)
+        deep_k = {(c.async_stages, c.split) for c in kernel.refinements(fastest) if c.stage == 128}
+        assert (3, 1) in deep_k and (0, 1) not in deep_k, deep_k
+        source = _gemm_source(kernel, replace(fastest, stage=128).text)
+        assert "mma.sync.aligned.m16n8k32" in source and re.search(r"\* 144\)", source), source[:2000]
     assert gathers[3] > 0 and gathers[2] == 0, gathers
 
 
