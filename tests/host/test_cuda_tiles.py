@@ -421,10 +421,10 @@ def test_int8_mma_is_a_search_choice_with_two_32_deep_steps_per_stage() -> None:
     assert not default_config(802816, 64, 32, 1, "int8", Knobs(int8_mma=1)).mma  # K 32: one step per stage
 
 
-def test_int8_mma_stages_of_128_only_where_k_is_a_whole_number_of_them() -> None:
-    """cuda_tiles.MMA_STAGES: around an INT8 mma configuration the search tries 128-deep K stages (an FP16
-    stage's bytes) where K divides into them (ResNet-18 layer4, K 4608), not where K would be padded (layer1's
-    576: the loads would drop to 4 bytes), and never with WMMA (TVM 0.27's shared-memory merge fails)."""
+def test_stages_of_128_only_where_k_is_a_whole_number_of_them() -> None:
+    """cuda_tiles.stages_of: around an INT8 mma configuration or an FP16 one the search tries 128-deep K
+    stages where K divides into them (ResNet-18 layer4, K 4608), not where K would be padded (layer1's 576:
+    the loads would drop to 4 bytes), and never with INT8 WMMA (TVM 0.27's shared-memory merge fails)."""
     from edgedeploy.compile.cuda_tiles import GemmConfig, refinements
 
     layer4 = refinements(GemmConfig.parse("64x64-k64-v16-s1-a3-m"), 3136, 512, 4608, "int8", cp_async=True, mma=True)
@@ -438,3 +438,7 @@ def test_int8_mma_stages_of_128_only_where_k_is_a_whole_number_of_them() -> None
     assert layer1 and not any(c.stage == 128 for c in layer1)
     wmma = refinements(GemmConfig.parse("64x64-k64-v16-s1-a3"), 3136, 512, 4608, "int8", cp_async=True, mma=True)
     assert {c.stage for c in wmma if c.mma} == {64, 128} and not any(c.stage == 128 and not c.mma for c in wmma)
+    fp16 = refinements(GemmConfig.parse("64x64-k64-v16-s1-a3"), 3136, 512, 4608, "float16", cp_async=True)
+    assert GemmConfig.parse("64x64-k128-v16-s1-a3") in fp16 and not any(c.mma for c in fp16)
+    fp16_layer1 = refinements(GemmConfig.parse("128x64-k64-v16-s1"), 200704, 64, 576, "float16", cp_async=True)
+    assert {c.stage for c in fp16_layer1} == {32, 64}

@@ -144,10 +144,19 @@ _WIDE_ROWS = {**_ROWS, 128: (2, 4), 64: (1, 4)}  # INT8 "wide" warps: 4 fragment
 ASYNC_STAGES = 3
 DEEP_STAGES = (4, 5)
 SHORT_K = 256  # a GEMM with fewer K elements (the stem: 7x7x4 = 196) takes 32 per stage: less padding
-# INT8 K stages with mma: 64 bytes (two m16n8k32 steps), or 128, the bytes of an FP16 stage of 64, which halves
-# the barriers and cp.async waits per multiply-add (a 64x64 tile's warps do 8 mma between two barriers at 64).
-# 128 only where K is a whole number of them: a padded K loses the 16-byte loads (`exact`, cuda_tensorcore)
-MMA_STAGES = (64, 128)
+# K elements per shared-memory stage the search tries (`stages_of`). 128 halves the barriers and cp.async waits
+# per multiply-add (a 64x64 INT8 tile's warps did 8 mma between two barriers at 64): FP16, and INT8 with mma
+# (64 bytes were half an FP16 stage's); not INT8 WMMA, where TVM 0.27's shared-memory merge fails (see
+# choose_tiles). 128 only where K is a whole number of them: a padded K loses the 16-byte loads (`exact` in
+# cuda_tensorcore), and 192 (layer1's K = 576 in 3) gathers bytes one by one (TVM 0.27 cannot prove the
+# vector contiguous across `/ 192`: generated source)
+MMA_STAGES = (64, 128)  # INT8 with mma: at least two 32-deep m16n8k32 steps
+
+
+def stages_of(c: GemmConfig, in_dtype: str) -> tuple[int, ...]:
+    if c.mma:
+        return MMA_STAGES
+    return (32, 64, 128) if in_dtype == "float16" else (32, 64)
 
 
 def choose_tiles(m: int, n: int, in_dtype: str, batch: int = 1, knobs: Knobs = Knobs(), k: int = SHORT_K) -> Tiles:
@@ -167,7 +176,7 @@ def choose_tiles(m: int, n: int, in_dtype: str, batch: int = 1, knobs: Knobs = K
     # K stages of 64 (bench/conv_variants.py on the H200, INT8 batch 64: 1.15-1.48x on the 3x3 layers over
     # 32; FP16 32 is 0.77-0.88x); INT8 128 with WMMA fails TVM 0.27's shared-memory merge where the
     # accumulator stage is in shared.dyn (LowerIntrin: "tvm_access_ptr element type must match the source
-    # buffer", int8 vs int32); with mma it builds, a choice of the search (MMA_STAGES)
+    # buffer", int8 vs int32); 128 is a choice of the GEMM search (`stages_of`)
     stage = knobs.fp16_k if in_dtype == "float16" else knobs.int8_k
     return tiles_of(tm, tn, wide, min(stage, 32) if k < SHORT_K else stage)
 
@@ -223,7 +232,7 @@ class GemmConfig:
     tm: int  # output rows (pixels) per thread block: 16, 32, 64 or 128
     tn: int  # output columns (channels) per thread block: 32, 64 or 128
     wide: bool  # INT8: 4 fragments per warp along 64/128 edges (fewer warps, more work each)
-    stage: int  # K elements per shared-memory stage: 32 or 64 (INT8 with mma: 64 or 128, MMA_STAGES)
+    stage: int  # K elements per shared-memory stage: 32, 64 or 128 (`stages_of`)
     load_bytes: int  # bytes per thread per global load, where the layout allows more than 4 elements
     split: int  # thread blocks splitting K (1: none)
     async_stages: int = 0  # sm_80+, where GemmShape.cp_async: shared-memory stages filled by cp.async (0: none)
@@ -366,8 +375,7 @@ def _single_changes(
     changes += [replace(base, tn=tn, split=1) for tn in near(edges_n, base.tn)]
     if in_dtype == "int8":
         changes.append(replace(base, wide=not base.wide))
-    stages = MMA_STAGES if base.mma else (32, 64)
-    changes += [replace(base, stage=stage) for stage in stages]
+    changes += [replace(base, stage=stage) for stage in stages_of(base, in_dtype)]
     changes.append(replace(base, load_bytes=4 if base.load_bytes > 4 else 16))
     if cp_async:
         changes.append(replace(base, async_stages=0 if base.async_stages else ASYNC_STAGES))
@@ -395,9 +403,8 @@ def _valid(c: GemmConfig, in_dtype: str, n: int, k: int) -> bool:
     acc_bytes = 4 if in_dtype == "int8" else 2  # int32; FP16 GEMMs with FP16 outputs accumulate in float16
     if not launchable(*shared_bytes(c.tiles, in_dtype, max(c.async_stages, 2), acc_bytes)):
         return False  # (the schedule checks the accumulator it really got)
-    if c.mma and (in_dtype != "int8" or c.stage < 2 * MMA_K):
-        return False  # mma is INT8's, with at least two 32-deep K steps per stage (cuda_tensorcore.py)
-    if c.stage == 128 and not (c.mma and k % 128 == 0):
-        return False  # (MMA_STAGES)
-    stage_ok = c.stage in (32, 64, 128)
-    return stage_ok and c.load_bytes in (4, 8, 16) and c.async_stages in (0, ASYNC_STAGES, *DEEP_STAGES)
+    if c.mma and in_dtype != "int8":
+        return False  # mma is INT8's (cuda_tensorcore.py)
+    if c.stage not in stages_of(c, in_dtype) or (c.stage == 128 and k % 128):
+        return False  # (MMA_STAGES: mma has at least two 32-deep K steps per stage)
+    return c.load_bytes in (4, 8, 16) and c.async_stages in (0, ASYNC_STAGES, *DEEP_STAGES)
