@@ -146,11 +146,12 @@ DEEP_STAGES = (4, 5)
 SHORT_K = 256  # a GEMM with fewer K elements (the stem: 7x7x4 = 196) takes 32 per stage: less padding
 # K elements per shared-memory stage the search tries (`stages_of`). 128 halves the barriers and cp.async waits
 # per multiply-add (a 64x64 INT8 tile's warps did 8 mma between two barriers at 64): FP16, and INT8 with mma
-# (64 bytes were half an FP16 stage's); not INT8 WMMA, where TVM 0.27's shared-memory merge fails (see
-# choose_tiles). 128 only where K is a whole number of them: a padded K loses the 16-byte loads (`exact` in
-# cuda_tensorcore), and 192 (layer1's K = 576 in 3) gathers bytes one by one (TVM 0.27 cannot prove the
-# vector contiguous across `/ 192`: generated source)
-MMA_STAGES = (64, 128)  # INT8 with mma: at least two 32-deep m16n8k32 steps
+# (64 bytes were half an FP16 stage's); not INT8 WMMA, where TVM 0.27's merge of dynamic shared memory fails
+# beside an accumulator stage in shared.dyn (LowerIntrin: "tvm_access_ptr element type must match the source
+# buffer", int8 vs int32). 128 only where K is a whole number of them (`_valid`): a padded K loses the
+# 16-byte loads (`exact` in cuda_tensorcore), and 192 (layer1's K = 576 in 3) gathers bytes one by one (TVM
+# 0.27 cannot prove the vector contiguous across `/ 192`: generated source)
+MMA_STAGES = (2 * MMA_K, 4 * MMA_K)  # INT8 with mma: at least two m16n8k32 steps a stage
 
 
 def stages_of(c: GemmConfig, in_dtype: str) -> tuple[int, ...]:
@@ -174,9 +175,7 @@ def choose_tiles(m: int, n: int, in_dtype: str, batch: int = 1, knobs: Knobs = K
             break
     wide = in_dtype == "int8" and 0 < knobs.wide_warps_from <= batch * -(-m // tm) * -(-n // tn)
     # K stages of 64 (bench/conv_variants.py on the H200, INT8 batch 64: 1.15-1.48x on the 3x3 layers over
-    # 32; FP16 32 is 0.77-0.88x); INT8 128 with WMMA fails TVM 0.27's shared-memory merge where the
-    # accumulator stage is in shared.dyn (LowerIntrin: "tvm_access_ptr element type must match the source
-    # buffer", int8 vs int32); 128 is a choice of the GEMM search (`stages_of`)
+    # 32; FP16 32 is 0.77-0.88x); 128 is a choice of the GEMM search (`stages_of`)
     stage = knobs.fp16_k if in_dtype == "float16" else knobs.int8_k
     return tiles_of(tm, tn, wide, min(stage, 32) if k < SHORT_K else stage)
 
@@ -381,9 +380,10 @@ def _single_changes(
         changes.append(replace(base, async_stages=0 if base.async_stages else ASYNC_STAGES))
         if base.async_stages and deep:
             changes += [replace(base, async_stages=n) for n in (ASYNC_STAGES, *DEEP_STAGES)]
-    if mma:  # mma with each of its stages, or WMMA with at most 64
-        on = [replace(base, mma=True, stage=stage) for stage in MMA_STAGES]
-        changes += [replace(base, mma=False, stage=min(base.stage, 64))] if base.mma else on
+    if mma and base.mma:  # to WMMA, with its deepest INT8 stage at most
+        changes.append(replace(base, mma=False, stage=min(base.stage, 64)))
+    elif mma:  # to mma, with each of its stages
+        changes += [replace(base, mma=True, stage=stage) for stage in MMA_STAGES]
     changes += [replace(base, split=split) for split in (1, *splits)]  # (_valid drops splits where N is padded)
     for c in changes:
         _add(out, base, c, in_dtype, n, k)
@@ -406,5 +406,5 @@ def _valid(c: GemmConfig, in_dtype: str, n: int, k: int) -> bool:
     if c.mma and in_dtype != "int8":
         return False  # mma is INT8's (cuda_tensorcore.py)
     if c.stage not in stages_of(c, in_dtype) or (c.stage == 128 and k % 128):
-        return False  # (MMA_STAGES: mma has at least two 32-deep K steps per stage)
+        return False  # (stages_of; 128 only where K divides into it)
     return c.load_bytes in (4, 8, 16) and c.async_stages in (0, ASYNC_STAGES, *DEEP_STAGES)
