@@ -199,6 +199,18 @@ class NetnsLink:
         """Take the device's link down or up (the fault a field technician meets most)."""
         self._ip("link", "set", self.outer, "up" if up else "down")
 
+    def set_rate(self, mbit: int | None) -> None:
+        """Limit what the host sends the device to `mbit` Mbit/s (a token bucket on the host's end of the veth
+        pair; iproute2's `tc`), or lift the limit (None): a field link, not loopback speed. A test that cuts the
+        link mid-upload needs the upload to last: at loopback speed 96 MB crossed between two 10 ms polls."""
+        if mbit is None:
+            subprocess.run(["tc", "qdisc", "del", "dev", self.outer, "root"], capture_output=True)  # none: fine
+            return
+        cmd = ["tc", "qdisc", "replace", "dev", self.outer, "root", "tbf", "rate", f"{mbit}mbit"]
+        r = subprocess.run([*cmd, "burst", "256kb", "latency", "500ms"], capture_output=True, text=True)
+        if r.returncode != 0:
+            raise EdgeDeployError(f"`{' '.join(cmd)}` failed: {r.stderr.strip()}")
+
     def down_all(self) -> None:
         """Remove the namespace and the veth pair (idempotent)."""
         subprocess.run(["ip", "link", "del", self.outer], capture_output=True)

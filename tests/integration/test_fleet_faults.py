@@ -120,21 +120,33 @@ def test_link_down_mid_upload_then_resume(fleet: NetFleet, mnist_bundle: Path, t
     incoming = dev.root / "blobs" / "incoming"
     cut: dict[str, int] = {}
 
+    def part_size() -> int:
+        for part in incoming.glob("*.part"):
+            try:
+                return part.stat().st_size
+            except FileNotFoundError:  # renamed since the glob: the upload finished
+                pass
+        return 0
+
     def cut_link() -> None:  # bounded: gives up after 60 s
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
-            parts = list(incoming.glob("*.part"))
-            if parts and parts[0].stat().st_size > (8 << 20):
+            size = part_size()
+            if size > (8 << 20):
                 dev.link.set_link(False)
-                cut["at"] = parts[0].stat().st_size
+                cut["at"] = size
                 return
             time.sleep(0.01)
 
+    # 200 Mbit/s: the 96 MB take ~4 s. At loopback speed a loaded 2-core machine let the whole upload pass (and
+    # its .part be renamed) between two polls, and the test failed with "the upload finished ..."
+    dev.link.set_rate(200)
     watcher = threading.Thread(target=cut_link)
     watcher.start()
     r = fleet.cli("push", "cam-a", str(big), "--io-timeout", "3", *fleet.args())
     watcher.join()
     dev.link.set_link(True)
+    dev.link.set_rate(None)
     assert "at" in cut, "the upload finished before the link could be cut"
     assert_one_line_error(r, 3, "upload")
     assert dev.current() == read_manifest(mnist_bundle).release_name  # the old bundle runs on
