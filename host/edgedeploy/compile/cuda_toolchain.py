@@ -28,6 +28,7 @@ from pathlib import Path
 from ..errors import BuildError
 from ..paths import cache_dir
 from ..profiles import DeviceProfile
+from . import nvrtc11
 
 # The driver symbols libtvm_runtime_cuda.so imports (`nm -D --undefined-only`); apache-tvm 0.27.
 STUB_SYMBOLS = (
@@ -123,6 +124,7 @@ def _nvcc_toolchain(profile: DeviceProfile, sm: int) -> CudaToolchain:
             hint="install the CUDA 13 toolkit or `pip install nvidia-cuda-runtime` (cu13)",
         )
     env = {
+        nvrtc11.LIB_ENV: "",  # empty: TVM's own callback (nvcc), whatever the calling process had set
         "TVM_CUDA_COMPILE_MODE": "nvcc",
         "CUDA_PATH": str(root),
         "PATH": f"{Path(os.path.realpath(nvcc)).parent}{os.pathsep}{os.environ.get('PATH', '')}",
@@ -169,6 +171,7 @@ def _nvrtc12_toolchain(profile: DeviceProfile, sm: int) -> CudaToolchain:
         )
     assert parts["cuda_nvrtc"] is not None
     env = {
+        nvrtc11.LIB_ENV: "",  # TVM's own callback (NVRTC 12 through cuda-bindings)
         "TVM_CUDA_COMPILE_MODE": "nvrtc",
         "CUDA_PATH": str(include.parent),
         "LD_LIBRARY_PATH": os.pathsep.join([str(stub_libcuda_dir()), str(cudart), str(parts["cuda_nvrtc"] / "lib")]),
@@ -195,8 +198,6 @@ def _cudart_version(include: Path) -> int | None:
 
 
 def _nvrtc11_toolchain(profile: DeviceProfile, sm: int) -> CudaToolchain:
-    from . import nvrtc11
-
     hint = "install it with: pip install 'edgedeploy[cuda11]'"
     wheels = ("nvidia-cuda-nvrtc-cu11", "nvidia-cuda-runtime-cu11", "nvidia-cuda-nvcc-cu11")
     missing = [w for w in wheels if _dist_version(w) is None]
