@@ -24,26 +24,38 @@ SOURCE_FIX = (
 )
 
 
-def _load_tvm(runtime_lib: Optional[str], cuda: bool) -> Path:
+def _load_tvm(runtime_lib: Optional[str], cuda: bool, cuda_backend: str = "auto") -> Path:
     from .runtime.tvm import load_runtime_libraries
 
-    return load_runtime_libraries(runtime_lib, cuda=cuda)
+    return load_runtime_libraries(runtime_lib, cuda=cuda, cuda_backend=cuda_backend)
 
 
 def check_runtime(
     manifest: Optional[Manifest],
     runtime_lib: Optional[str],
-    load: Callable[[Optional[str], bool], Path] = _load_tvm,
+    cuda_backend: str = "auto",
+    load: Callable[[Optional[str], bool, str], Path] = _load_tvm,
 ) -> Check:
     """libtvm_runtime.so (and the CUDA backend when the bundle runs on the GPU) loads in a process of its own."""
     if manifest is not None and not any(a.role == "tvm-library" for a in manifest.artifacts):
         return Check("tvm runtime", OK, f"not needed: the current bundle runs on {manifest.target.runtime}")
     cuda = manifest is not None and manifest.target.device == "cuda"
     try:
-        lib = load(runtime_lib, cuda)
+        lib = load(runtime_lib, cuda, cuda_backend)
     except RuntimeLoadError as e:
         return Check("tvm runtime", FAILED, e.message, e.hint or "edgedeploy agent install DEVICE")
-    return Check("tvm runtime", OK, f"{lib} loads" + (" with its CUDA backend" if cuda else ""), data={"lib": str(lib)})
+    if not cuda:
+        return Check("tvm runtime", OK, f"{lib} loads", data={"lib": str(lib)})
+    from .runtime.tvm import loaded_cuda_backend
+
+    backend = loaded_cuda_backend()
+    floor = "CUDA 11.4+ drivers" if backend == "edgedeploy" else "CUDA 13+ drivers"
+    return Check(
+        "tvm runtime",
+        OK,
+        f"{lib} loads with the {backend} CUDA backend ({floor})",
+        data={"lib": str(lib), "cuda_backend": backend},
+    )
 
 
 def _gpu_text(gpu: Optional[CudaDevice], reason: str) -> str:
