@@ -17,7 +17,10 @@ class AgentConfig(BaseModel):
     cuda_backend: Literal["auto", "edgedeploy", "tvm"] = Field(
         default="auto",
         description="GPU bundles: edgedeploy's CUDA backend (CUDA 11.4+ drivers) or the TVM wheel's (CUDA 13+); "
-        "auto: edgedeploy's where installed beside libtvm_runtime.so",
+        "auto: edgedeploy's where installed",
+    )
+    cuda_backend_lib: Optional[str] = Field(
+        default=None, description="path of libedgedeploy_cuda.so (default: beside libtvm_runtime.so)"
     )
     report_interval_s: float = Field(default=10.0, gt=0)
     record_predictions: bool = True

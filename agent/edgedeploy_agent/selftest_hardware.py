@@ -24,17 +24,20 @@ SOURCE_FIX = (
 )
 
 
-def _load_tvm(runtime_lib: Optional[str], cuda: bool, cuda_backend: str = "auto") -> Path:
+CudaBackendChoice = tuple[str, Optional[str]]  # config cuda_backend, cuda_backend_lib
+
+
+def _load_tvm(runtime_lib: Optional[str], cuda: bool, backend: CudaBackendChoice = ("auto", None)) -> Path:
     from .runtime.tvm import load_runtime_libraries
 
-    return load_runtime_libraries(runtime_lib, cuda=cuda, cuda_backend=cuda_backend)
+    return load_runtime_libraries(runtime_lib, cuda, *backend)
 
 
 def check_runtime(
     manifest: Optional[Manifest],
     runtime_lib: Optional[str],
-    cuda_backend: str = "auto",
-    load: Callable[[Optional[str], bool, str], Path] = _load_tvm,
+    cuda_backend: CudaBackendChoice = ("auto", None),
+    load: Callable[[Optional[str], bool, CudaBackendChoice], Path] = _load_tvm,
 ) -> Check:
     """libtvm_runtime.so (and the CUDA backend when the bundle runs on the GPU) loads in a process of its own."""
     if manifest is not None and not any(a.role == "tvm-library" for a in manifest.artifacts):

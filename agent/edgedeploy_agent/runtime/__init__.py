@@ -41,12 +41,13 @@ def load_runtime(
     progress: Callable[[dict[str, Any]], None] = lambda event: None,
     tensorrt_options: Optional[dict[str, Any]] = None,
     cuda_backend: str = "auto",
+    cuda_backend_lib: Optional[str] = None,
 ) -> Runtime:
     """Open the runtime the bundle asks for; a TensorRT bundle that also carries TVM falls back to it."""
     if manifest.target.runtime == "tvm":
         from .tvm import TvmRuntime
 
-        return TvmRuntime(release_dir, manifest, runtime_lib=tvm_runtime_lib, cuda_backend=cuda_backend)
+        return TvmRuntime(release_dir, manifest, tvm_runtime_lib, cuda_backend, cuda_backend_lib)
     if manifest.target.runtime == "tensorrt":
         from .tensorrt import TensorRTRuntime
 
@@ -60,6 +61,6 @@ def load_runtime(
             from .tvm import TvmRuntime
 
             return FallbackRuntime(
-                TvmRuntime(release_dir, manifest, runtime_lib=tvm_runtime_lib, cuda_backend=cuda_backend), e
+                TvmRuntime(release_dir, manifest, tvm_runtime_lib, cuda_backend, cuda_backend_lib), e
             )
     raise IncompatibleBundle(f"runtime {manifest.target.runtime!r} is not supported by this agent")

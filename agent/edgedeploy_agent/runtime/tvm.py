@@ -68,11 +68,12 @@ def _load(lib: Path, hint: str) -> None:
     _loaded.add(str(lib))
 
 
-def cuda_backend_lib(runtime_lib: Path, choice: str = "auto") -> tuple[str, Path]:
-    """(name, path) of the CUDA backend `choice` names, beside `runtime_lib`."""
+def cuda_backend_lib(runtime_lib: Path, choice: str = "auto", configured: Optional[str] = None) -> tuple[str, Path]:
+    """(name, path) of the CUDA backend `choice` names: edgedeploy's at `configured` or beside `runtime_lib`,
+    the wheel's beside `runtime_lib`."""
     if choice not in CUDA_BACKENDS:
         raise RuntimeLoadError(f"unknown cuda_backend {choice!r}", hint=f"one of: {', '.join(CUDA_BACKENDS)}")
-    ours = runtime_lib.with_name(EDGEDEPLOY_CUDA)
+    ours = Path(configured) if configured else runtime_lib.with_name(EDGEDEPLOY_CUDA)
     if choice == "edgedeploy" or (choice == "auto" and ours.is_file()):
         if not ours.is_file():
             raise RuntimeLoadError(f"edgedeploy's CUDA backend {ours} is not installed", hint=_CUDA_HINT["edgedeploy"])
@@ -80,7 +81,12 @@ def cuda_backend_lib(runtime_lib: Path, choice: str = "auto") -> tuple[str, Path
     return "tvm", runtime_lib.with_name(TVM_CUDA)
 
 
-def load_runtime_libraries(runtime_lib: Optional[str] = None, cuda: bool = False, cuda_backend: str = "auto") -> Path:
+def load_runtime_libraries(
+    runtime_lib: Optional[str] = None,
+    cuda: bool = False,
+    cuda_backend: str = "auto",
+    cuda_backend_path: Optional[str] = None,
+) -> Path:
     """Load tvm_ffi and libtvm_runtime.so (and a CUDA backend) into this process; returns the runtime's path.
     One CUDA backend per process: both register the same functions."""
     try:
@@ -93,7 +99,7 @@ def load_runtime_libraries(runtime_lib: Optional[str] = None, cuda: bool = False
     _load(lib, _RUNTIME_HINT)
     if cuda:
         # The runtime-only mode autoloads no CUDA backend (shared/reference/tvm.md §5): load it by hand.
-        name, backend = cuda_backend_lib(lib, cuda_backend)
+        name, backend = cuda_backend_lib(lib, cuda_backend, cuda_backend_path)
         other = {EDGEDEPLOY_CUDA: TVM_CUDA, TVM_CUDA: EDGEDEPLOY_CUDA}[backend.name]
         if any(Path(p).name == other for p in _loaded):
             raise RuntimeLoadError(f"this process already runs the other CUDA backend ({other})")
@@ -113,12 +119,17 @@ class TvmRuntime:
     name = "tvm"
 
     def __init__(
-        self, release_dir: Path, manifest: Manifest, runtime_lib: Optional[str] = None, cuda_backend: str = "auto"
+        self,
+        release_dir: Path,
+        manifest: Manifest,
+        runtime_lib: Optional[str] = None,
+        cuda_backend: str = "auto",
+        cuda_backend_lib: Optional[str] = None,
     ) -> None:
         target = manifest.target
         gpu, reason = probe_cuda() if target.device == "cuda" else (None, "")
         check_compatible(manifest, gpu=gpu, gpu_reason=reason)
-        self._lib_path = load_runtime_libraries(runtime_lib, cuda=target.device == "cuda", cuda_backend=cuda_backend)
+        self._lib_path = load_runtime_libraries(runtime_lib, target.device == "cuda", cuda_backend, cuda_backend_lib)
         self._cuda_backend = loaded_cuda_backend() if target.device == "cuda" else None
         if gpu is not None and self._cuda_backend == "tvm":
             _check_wheel_driver(gpu.driver_api)
