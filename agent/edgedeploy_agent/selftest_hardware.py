@@ -80,6 +80,8 @@ def check_bundle_fit(
         )
     t = manifest.target
     wants = f"{manifest.profile}: {t.arch} {t.device}" + (f" sm_{t.cuda_sm}" if t.cuda_sm else "")
+    if t.min_cuda_driver:
+        wants += f", CUDA driver {t.min_cuda_driver}+"
     try:
         check_compatible(manifest, machine=machine, gpu=gpu, gpu_reason=reason, cpuinfo=cpuinfo)
     except IncompatibleBundle as e:
