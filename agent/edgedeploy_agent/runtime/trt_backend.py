@@ -16,6 +16,7 @@ from typing import Any, Callable, Optional, Protocol
 import numpy as np
 
 from ..bundle import TensorRTSettings
+from ..durable import atomic_file
 from ..errors import RuntimeLoadError
 
 
@@ -108,16 +109,19 @@ class PolygraphyBackend:
             profiles.append(p)
         if hasattr(trt, "IProgressMonitor"):
             cfg_opts["progress_monitor"] = _build_monitor(trt, progress)
-        cache = str(timing_cache) if timing_cache is not None else None
         config = poly.CreateConfig(
             profiles=profiles,
             memory_pool_limits={trt.MemoryPoolType.WORKSPACE: settings.workspace_bytes},
-            load_timing_cache=cache if timing_cache is not None and timing_cache.exists() else None,
+            load_timing_cache=str(timing_cache) if timing_cache is not None and timing_cache.exists() else None,
             **cfg_opts,
         )
         network = poly.NetworkFromOnnxPath(str(onnx), **net_opts)
         try:
-            plan = poly.EngineBytesFromNetwork(network, config, save_timing_cache=cache)()
+            if timing_cache is None:
+                plan = poly.EngineBytesFromNetwork(network, config)()
+            else:  # the config's cache (the one loaded, and what this build timed) written atomically
+                with atomic_file(timing_cache) as f:
+                    plan = poly.EngineBytesFromNetwork(network, config, save_timing_cache=f)()
         except Exception as e:  # Polygraphy raises PolygraphyException with TensorRT's log
             raise RuntimeLoadError(
                 f"TensorRT {self.version} could not build an engine from {onnx.name}: {e}",
