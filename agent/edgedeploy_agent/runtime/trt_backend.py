@@ -16,7 +16,7 @@ from typing import Any, Callable, Optional, Protocol
 import numpy as np
 
 from ..bundle import TensorRTSettings
-from ..durable import atomic_file
+from ..durable import move_durably
 from ..errors import RuntimeLoadError
 
 
@@ -117,11 +117,7 @@ class PolygraphyBackend:
         )
         network = poly.NetworkFromOnnxPath(str(onnx), **net_opts)
         try:
-            if timing_cache is None:
-                plan = poly.EngineBytesFromNetwork(network, config)()
-            else:  # the config's cache (the one loaded, and what this build timed) written atomically
-                with atomic_file(timing_cache) as f:
-                    plan = poly.EngineBytesFromNetwork(network, config, save_timing_cache=f)()
+            plan = self._build_saving_cache(network, config, timing_cache)
         except Exception as e:  # Polygraphy raises PolygraphyException with TensorRT's log
             raise RuntimeLoadError(
                 f"TensorRT {self.version} could not build an engine from {onnx.name}: {e}",
@@ -129,6 +125,20 @@ class PolygraphyBackend:
                 "or too little workspace",
             ) from None
         return bytes(plan)
+
+    def _build_saving_cache(self, network: Any, config: Any, timing_cache: Optional[Path]) -> Any:
+        """Build; the config's timing cache (the one loaded and this build's timings) replaces the old one
+        whole: Polygraphy writes it in place, so it writes a new file that is then moved over the old one."""
+        if timing_cache is None:
+            return self._poly.EngineBytesFromNetwork(network, config)()
+        new = timing_cache.with_name(f".{timing_cache.name}.new")
+        try:
+            plan = self._poly.EngineBytesFromNetwork(network, config, save_timing_cache=str(new))()
+            move_durably(new, timing_cache)
+            return plan
+        finally:  # with Polygraphy's lock file (the engine cache's lock is held: no one else waits on it)
+            for left in (new, Path(f"{new}.lock")):
+                left.unlink(missing_ok=True)
 
     def load(self, plan: bytes) -> Optional[Engine]:
         runtime = self._trt.Runtime(self._trt.Logger(self._trt.Logger.WARNING))
