@@ -29,7 +29,7 @@ from typing import IO, Any, Literal, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, ValidationError, model_serializer
 
-from .durable import fsync_dir
+from .durable import atomic_file, fsync_dir
 from .errors import BundleError, IncompatibleBundle
 from .gpu import CudaDevice, version_tuple
 
@@ -301,9 +301,8 @@ def write_bundle(out: Path, manifest: Manifest, files: Mapping[str, Path], signa
         if sha256_file(files[name]) != art.sha256:
             raise BundleError(f"{files[name]} changed while the bundle was being written")
     body = manifest.canonical_bytes()
-    tmp = out.with_name(out.name + ".tmp")
     out.parent.mkdir(parents=True, exist_ok=True)
-    with open(tmp, "wb") as raw, gzip.GzipFile(fileobj=raw, mode="wb", mtime=0, compresslevel=6) as gz:
+    with atomic_file(out) as raw, gzip.GzipFile(fileobj=raw, mode="wb", mtime=0, compresslevel=6) as gz:
         with tarfile.open(fileobj=gz, mode="w", format=tarfile.PAX_FORMAT) as tar:
             tar.addfile(_tarinfo(MANIFEST_NAME, len(body)), io.BytesIO(body))
             if signature is not None:
@@ -311,7 +310,6 @@ def write_bundle(out: Path, manifest: Manifest, files: Mapping[str, Path], signa
             for name in sorted(listed):
                 with open(files[name], "rb") as f:
                     tar.addfile(_tarinfo(name, listed[name].size), f)
-    os.replace(tmp, out)
     return out
 
 
@@ -343,8 +341,10 @@ def verify_bundle(path: Path) -> Manifest:
 
 
 def extract_bundle(path: Path, dest: Path) -> Manifest:
-    """Verify and unpack into `dest` (which must not exist). Only listed regular files are written."""
-    dest.mkdir(parents=True, exist_ok=False)
+    """Verify and unpack into `dest` (new, or an empty folder). Only listed regular files are written."""
+    dest.mkdir(parents=True, exist_ok=True)
+    if any(dest.iterdir()):
+        raise BundleError(f"cannot unpack {path.name} into {dest}: the folder is not empty")
     return _walk(path, dest=dest)
 
 

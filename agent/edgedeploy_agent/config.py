@@ -14,6 +14,14 @@ class AgentConfig(BaseModel):
     unit: str = "edgedeploy-agent.service"
     source: Optional[str] = Field(default=None, description="frame source URI, e.g. file:/data/clip.mp4")
     tvm_runtime_lib: Optional[str] = Field(default=None, description="path of libtvm_runtime.so")
+    cuda_backend: Literal["auto", "edgedeploy", "tvm"] = Field(
+        default="auto",
+        description="GPU bundles: edgedeploy's CUDA backend (CUDA 11.4+ drivers) or the TVM wheel's (CUDA 13+); "
+        "auto: edgedeploy's where installed",
+    )
+    cuda_backend_lib: Optional[str] = Field(
+        default=None, description="path of libedgedeploy_cuda.so (default: beside libtvm_runtime.so)"
+    )
     report_interval_s: float = Field(default=10.0, gt=0)
     record_predictions: bool = True
     keep_releases: int = Field(default=3, ge=2)

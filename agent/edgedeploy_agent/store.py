@@ -21,7 +21,7 @@ from typing import Any, Optional
 
 from .bundle import MANIFEST_NAME, Manifest, extract_bundle, read_manifest, sha256_file, verify_bundle
 from .config import AgentConfig
-from .durable import fsync_dir, write_json_atomic
+from .durable import atomic_folder, fsync_dir, write_json_atomic
 from .errors import BundleError, InsufficientSpace, StateError
 
 SPACE_MARGIN_BYTES = 16 << 20
@@ -160,16 +160,8 @@ class DeviceStore:
             except BundleError:
                 shutil.rmtree(final)
         self.check_space(sum(a.size for a in manifest.artifacts))
-        tmp = self.releases / f".tmp-{manifest.release_name}"
-        if tmp.exists():
-            shutil.rmtree(tmp)
-        try:
+        with atomic_folder(final) as tmp:  # releases/.tmp-<release> until it is whole
             extract_bundle(bundle_file, tmp)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
-        os.replace(tmp, final)
-        fsync_dir(self.releases)
         return manifest
 
     def remove_staging_leftovers(self) -> list[str]:

@@ -25,6 +25,8 @@ import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from edgedeploy_agent.durable import move_durably
+
 from ..errors import BuildError
 from ..paths import cache_dir
 from ..profiles import DeviceProfile
@@ -75,7 +77,7 @@ def stub_libcuda_dir() -> Path:
     )
     tmp = out / "libcuda.so.1.tmp"
     subprocess.run([cc, "-shared", "-fPIC", "-Wl,-soname,libcuda.so.1", "-o", str(tmp), str(src)], check=True)
-    tmp.replace(lib)
+    move_durably(tmp, lib)  # a torn stub would be taken as built
     return out
 
 

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from edgedeploy_agent.bundle import SCHEMA_VERSION, Provenance, Quantization, write_bundle
+from edgedeploy_agent.durable import atomic_file
 
 from .. import __version__
 from ..build_store import restore
@@ -269,6 +270,5 @@ def _cache_key(
 
 def _copy_atomic(src: Path, dst: Path) -> None:
     dst.parent.mkdir(parents=True, exist_ok=True)
-    tmp = dst.with_name(dst.name + ".tmp")
-    shutil.copyfile(src, tmp)
-    tmp.replace(dst)
+    with open(src, "rb") as f, atomic_file(dst) as out:
+        shutil.copyfileobj(f, out, 1 << 20)
