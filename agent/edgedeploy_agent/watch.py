@@ -172,18 +172,19 @@ class Watcher:
         attempt = 0
         while not self.stop.is_set():
             self._connects = 0
-            # the will is set before every connect, so it carries the release the device runs now and its
-            # serial floor; MQTT takes a will only with CONNECT, so a change means a clean reconnect (no
-            # will fired)
-            will = (self._release(), self._floor)
-            offline = status_doc(self.device, "offline", release=will[0], floor=will[1])
+            # the will is set before every connect, so it carries the release the device runs now; MQTT
+            # takes a will only with CONNECT, so a new release means a clean reconnect (no will fired). Its
+            # serial floor may be older than the device's (not worth a reconnect: the broker's retained
+            # desired document holds the newer serial, and the controller reads both)
+            will_release = self._release()
+            offline = status_doc(self.device, "offline", release=will_release, floor=self._floor)
             self.client.will_set(status_topic(self.device), offline, qos=1, retain=True)
             try:
                 self.client.connect(host, int(port), keepalive=self.cfg.keepalive_s)
                 while not self.stop.is_set():
                     if self.client.loop(timeout=0.5) != 0:
                         break
-                    if self.connected.is_set() and (self._release(), self._floor) != will:
+                    if self.connected.is_set() and self._release() != will_release:
                         self.client.disconnect()
                         self.client.loop(timeout=0.5)  # sends DISCONNECT: the broker drops the old will
                         break
