@@ -71,6 +71,7 @@ def test_rollback_goes_to_what_each_device_ran_before_the_rollout(
 
     # dev2 comes back, finds B retained and takes it (its camera has all 300 frames)
     dev2 = fleet.start("dev2")
+
     def dev2_committed_b() -> bool:  # `current` moves at activation; the status says committed after health
         st = json.loads(cli("status", "dev2", "--via", "mqtt", "--json", *fleet.args()).out)["devices"]["dev2"]
         return bool(st) and (st["state"], st["release"]) == ("committed", release_b)
