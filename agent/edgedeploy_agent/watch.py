@@ -228,7 +228,7 @@ class Watcher:
     def _handle(self, payload: bytes) -> None:
         data = self._load()
         try:
-            doc = verify_desired(payload, self.device, rollout_trust(self.store.root), data["serial"])
+            doc = verify_desired(payload, self.device, rollout_trust(self.store.root), data.get("serial"))
         except DesiredRefused as e:  # names the serial it refuses: the controller waiting for it stops at once
             self._publish(
                 "refused", code=e.code, message=e.message, **({} if e.serial is None else {"serial": e.serial})

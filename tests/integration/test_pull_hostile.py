@@ -114,8 +114,9 @@ def test_one_device_cannot_blind_the_controller(
                 assert r.code == 5 and "Traceback" not in r.err, (what, r)  # one of two ok: partial, never 70
                 shown = json.loads(r.out)["devices"]
                 assert shown["good"]["state"] == "committed" and shown["evil"]["state"] in ("unreadable", "refused")
-                r = cli("status", *args)
-                assert r.code == 5 and "Traceback" not in r.err and "good" in r.out, (what, r)
+                if what in ("deep list", "a list", "a huge string", "markup"):  # the table too (each call ~1 s)
+                    r = cli("status", *args)
+                    assert r.code == 5 and "Traceback" not in r.err and "good" in r.out, (what, r)
         r = cli("status", *args)
         assert "[/]" in r.out, r.out  # the device's text shown as text
     finally:

@@ -202,7 +202,7 @@ class Controller:
         """The serial of the next desired document for `device`: one more than the highest of what the
         device says it acted on (`floor`), its last status's document and the broker's retained desired
         document for it, and than any this controller gave it. Per device and from what the fleet holds,
-        never from this host's clock (docs/fleet.md, "Serials")."""
+        never from this host's clock (docs/fleet.md, "Serials of desired state")."""
         with self._lock:
             st = self.statuses.get(device, {})
             seen = [self.desired_serials.get(device, 0), st.get("floor") or 0, st.get("serial") or 0]
