@@ -19,7 +19,7 @@ from . import __version__
 from .agentlog import DEFAULT_LINES, MAX_LINES, stamp_stderr
 from .blobs import BlobSource, BlobStore
 from .bundle import SCHEMA_VERSION, verify_bundle
-from .config import AgentConfig
+from .config import AgentConfig, config_error
 from .durable import write_atomic
 from .errors import AgentError, StateError
 from .facts import Facts
@@ -71,8 +71,18 @@ def _gather_facts(store: DeviceStore, args: argparse.Namespace) -> dict[str, Any
     return facts
 
 
+def _stored_config(store: DeviceStore) -> dict[str, Any]:
+    if not store.initialised:
+        return {}
+    try:
+        data = json.loads(store.config_path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
 def _init(store: DeviceStore, args: argparse.Namespace) -> dict[str, Any]:
-    base = store.config() if store.initialised else AgentConfig()
+    base = _stored_config(store)  # as stored, unvalidated: `init --device-name` repairs a name now refused
     changes = {
         k: v
         for k, v in {
@@ -89,7 +99,10 @@ def _init(store: DeviceStore, args: argparse.Namespace) -> dict[str, Any]:
         }.items()
         if v is not None
     }
-    cfg = AgentConfig.model_validate({**base.model_dump(), **changes})
+    try:
+        cfg = AgentConfig.model_validate({**base, **changes})
+    except ValidationError as e:
+        raise StateError(f"init: {config_error(e)}") from None
     store.init(cfg)
     BlobStore(store.root).init()
     return {"root": str(store.root), "config": cfg.model_dump(mode="json")}
