@@ -13,10 +13,10 @@ There (GPU machine; bench/gpu_backend.sh sets up the two runtime folders):
   bit, and the median time of run() (host to host, as the agent calls it) and of the VM's main on device
   tensors (kernels and launches alone). Prints one row per bundle and the ratios edgedeploy / tvm.
     python bench/gpu_backend.py twins --runtime DIR KIT/backend_reference.npz TWIN...
-  each twin (PTX for compute_72/75, x86_64 host code: the driver JIT-compiles it) through edgedeploy's backend
-  on the reference's inputs: INT8 passes with 100 % top-1 agreement and max |diff| <= 1 % of the output range
-  (the h200 INT8 bundles' own spread against the same reference is 0.72 %); FP16 with 100 % top-1 agreement
-  and max |diff| <= 2 % of the range against FP32.
+  each twin (PTX for compute_72/75, x86_64 host code: the driver JIT-compiles it) and each H200 bundle of the
+  kit through edgedeploy's backend on the reference's inputs; a twin passes with 100 % top-1 agreement and a
+  max |diff| of at most 1 % (INT8) / 2 % (FP16) of the output range, or at most 1.25x the H200 bundle's own
+  distance to the same reference where that is larger (MobileNet's softmax output: twins() says why).
 """
 
 from __future__ import annotations
@@ -168,16 +168,32 @@ def make(out: Path, images: Path, twins: list[Path]) -> int:
     return 0
 
 
+def _spread(rt: object, x: np.ndarray, ref: np.ndarray, batch: int) -> tuple[float, float, float]:
+    """(top-1 agreement %, max |diff| in % of the reference's range, % of outputs equal) on the images `x`."""
+    chunks = []
+    for i in range(0, len(x), batch):  # the images in batches; the last one filled with the first images
+        chunk = np.concatenate([x[i : i + batch], x[: max(0, i + batch - len(x))]])
+        chunks.append(rt.run([chunk])[0][: len(x) - i])  # type: ignore[attr-defined]
+    out = np.concatenate(chunks)
+    agree = 100.0 * float(np.mean(out.argmax(1) == ref.argmax(1)))
+    span = float(ref.max() - ref.min()) or 1.0
+    return agree, 100.0 * float(np.abs(out.astype(np.float64) - ref).max()) / span, 100.0 * float(np.mean(out == ref))
+
+
 def twins(runtime: Path, ref_file: Path, bundles: list[Path]) -> int:
+    """Each bundle against its reference; a twin (MODEL.PROFILE.PRECISION.bsN.edb) is judged beside the H200's own
+    bundles of the same model and precision (MODEL.PRECISION.bsN.edb, given too): it passes with 100 % top-1
+    agreement and a max |diff| within the limit (INT8 1 %, FP16 2 % of the output range) or, where the H200's own
+    kernels are farther than that from the same reference (a softmax output magnifies a logit's last bit), within
+    1.25x of the H200 bundle's own distance."""
     from edgedeploy_agent.bundle import extract_bundle
     from edgedeploy_agent.runtime.tvm import TvmRuntime
 
     data = np.load(ref_file)
-    rows, failed = [], 0
+    seen: dict[str, tuple[float, float, float, int, str, float]] = {}
     for b in bundles:
         if b.name not in data:
             print(f"{b.name}: no reference in {ref_file.name}")
-            failed += 1
             continue
         ref, x = data[b.name], data[str(data[f"{b.name}:inputs"])]
         rel = Path(tempfile.mkdtemp()) / "rel"
@@ -185,31 +201,27 @@ def twins(runtime: Path, ref_file: Path, bundles: list[Path]) -> int:
         t = time.perf_counter()
         rt = TvmRuntime(rel, m, runtime_lib=str(runtime / "libtvm_runtime.so"), cuda_backend="edgedeploy")
         batch = int(m.inputs[0].shape[0])
-        chunks = []
-        for i in range(0, len(x), batch):  # the images in batches; the last one filled with the first images
-            chunk = np.concatenate([x[i : i + batch], x[: max(0, i + batch - len(x))]])
-            chunks.append(rt.run([chunk])[0][: len(x) - i])
-        out = np.concatenate(chunks)
-        first_s = time.perf_counter() - t  # load, JIT of the PTX, the 16 images
-        precision = m.quantization.precision
-        agree = 100.0 * float(np.mean(out.argmax(1) == ref.argmax(1)))
-        span = float(ref.max() - ref.min()) or 1.0
-        rel_diff = 100.0 * float(np.abs(out.astype(np.float64) - ref).max()) / span
-        equal = 100.0 * float(np.mean(out == ref))
+        agree, diff, equal = _spread(rt, x, ref, batch)
+        first_s = time.perf_counter() - t  # load, JIT of a twin's PTX, the 16 images
+        seen[b.name] = (agree, diff, equal, batch, m.quantization.precision, first_s)
+        print(f"{b.name} ({m.profile}): top-1 agreement {agree:.1f}% of {len(x)}; max |diff| {diff:.3f}% of the "
+              f"output range; {equal:.1f}% of outputs equal; first run {first_s:.1f} s", flush=True)  # fmt: skip
+    failed = sum(b.name not in seen for b in bundles)
+    print("\n| twin | precision | batch | top-1 agreement | max diff (% of range) | H200 bundle's own | "
+          "outputs equal | result |\n|---|---|---|---|---|---|---|---|")  # fmt: skip
+    for name, (agree, diff, equal, batch, precision, _) in seen.items():
+        parts = name.split(".")
+        if len(parts) < 5 or parts[-4] not in ("t4", "xavier-agx", "xavier-nx"):
+            continue  # not a twin: a yardstick
+        stem = ".".join(parts[:-4])
+        own = [v[1] for k, v in seen.items() if k.startswith(f"{stem}.{precision}.bs")]
         limit = 1.0 if precision == "int8" else 2.0
-        ok = agree == 100.0 and rel_diff <= limit
+        bound = max(limit, 1.25 * max(own)) if own else limit
+        ok = agree == 100.0 and diff <= bound
         failed += not ok
-        rows.append((b.name, precision, batch, agree, rel_diff, equal, ok))
-        print(
-            f"{b.name}: top-1 agreement {agree:.1f}% of {len(x)}; max |diff| {rel_diff:.3f}% of the output range "
-            f"(limit {limit}%); {equal:.1f}% of outputs equal; first run {first_s:.1f} s; {'PASS' if ok else 'FAIL'}",
-            flush=True,
-        )
-    print("\n| twin | precision | batch | top-1 agreement | max diff (% of range) | outputs equal | result |")
-    print("|---|---|---|---|---|---|---|")
-    for name, precision, batch, agree, rel_diff, equal, ok in rows:
-        result = "pass" if ok else "FAIL"
-        print(f"| {name} | {precision} | {batch} | {agree:.1f}% | {rel_diff:.3f} | {equal:.1f}% | {result} |")
+        own_text = f"{max(own):.3f}" if own else "-"
+        print(f"| {name} | {precision} | {batch} | {agree:.1f}% | {diff:.3f} | {own_text} | {equal:.1f}% | "
+              f"{'pass' if ok else 'FAIL'} (<= {bound:.3f}) |")  # fmt: skip
     return 1 if failed else 0
 
 

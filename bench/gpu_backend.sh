@@ -25,6 +25,6 @@ python3 bench/gpu_backend.py compare --tvm /tmp/rt-tvm --edgedeploy /tmp/rt-edge
 if [ -d "$kit/twins" ]; then
   # no JIT cache: every twin's PTX is compiled by this driver in this run
   CUDA_CACHE_DISABLE=1 python3 bench/gpu_backend.py twins --runtime /tmp/rt-edgedeploy "$kit/backend_reference.npz" \
-    "$kit"/twins/*.edb 2>&1 | tee "$out/twins.txt" || status=1
+    "$kit"/twins/*.edb "$kit"/bundles/*/*.edb 2>&1 | tee "$out/twins.txt" || status=1
 fi
 exit $status
