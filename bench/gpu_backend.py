@@ -171,8 +171,8 @@ def make(out: Path, images: Path, twins: list[Path]) -> int:
 def _spread(rt: object, x: np.ndarray, ref: np.ndarray, batch: int) -> tuple[float, float, float]:
     """(top-1 agreement %, max |diff| in % of the reference's range, % of outputs equal) on the images `x`."""
     chunks = []
-    for i in range(0, len(x), batch):  # the images in batches; the last one filled with the first images
-        chunk = np.concatenate([x[i : i + batch], x[: max(0, i + batch - len(x))]])
+    for i in range(0, len(x), batch):  # the images in batches, a batch larger than the rest filled round-robin
+        chunk = x[[(i + k) % len(x) for k in range(batch)]]
         chunks.append(rt.run([chunk])[0][: len(x) - i])  # type: ignore[attr-defined]
     out = np.concatenate(chunks)
     agree = 100.0 * float(np.mean(out.argmax(1) == ref.argmax(1)))
