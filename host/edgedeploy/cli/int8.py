@@ -42,7 +42,13 @@ def int8_config(
             raise InputError("--calibration, --eval, --max-top1-drop and --auto-fallback need --int8")
         return None
     if calibration is None:
-        raise InputError("--int8 needs --calibration (an image folder, a video file or .npy batches)")
+        raise InputError(
+            "--int8 (or --precision int8) needs --calibration (an image folder, a video file or .npy batches)"
+        )
+    for option, path in (("--calibration", calibration), ("--eval", eval_data), ("--synsets", synsets)):
+        if path is not None and not path.exists():
+            raise InputError(f"{option} {path} does not exist")
+    method = method.strip().lower()
     if method not in get_args(Method):
         raise InputError(f"unknown calibration method {method!r}", hint=f"choose one of {', '.join(get_args(Method))}")
     if (max_top1_drop is not None or auto_fallback) and eval_data is None:

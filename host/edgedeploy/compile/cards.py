@@ -93,7 +93,8 @@ def card_with(
             }
         )
     except ValidationError as e:
-        raise InputError(validation_text(e), hint=CARD_HINT) from None
+        named = e.errors()[0]["loc"][:1] in (("name",), ("version",))
+        raise InputError(validation_text(e), hint=CARD_HINT if named else "see edgedeploy build --help") from None
 
 
 def read_labels(path: Path) -> list[str]:
