@@ -146,6 +146,12 @@ def register(app: typer.Typer) -> None:
         pre |= {"mean": _floats(mean, "mean"), "std": _floats(std, "std")}
         post = {"top_k": top_k, "softmax": softmax, "label_offset": label_offset}
         merged = card_with(base, name, version, labels, pre, post)
+        if card_path is None:  # no card: the preprocessing comes from the options or the model file, or none
+            from ..compile.model_facts import complete_card
+
+            merged, note = complete_card(model, merged, {k for k, v in pre.items() if v is not None})
+            if note:
+                render.info(f"no model card; preprocessing from the model: {note}")
         target = bundle_path(out or model.with_suffix(f".{profile}.edb"))
         t = time.perf_counter()
         with render.steps(f"build {model.name} for {profile}") as step:
