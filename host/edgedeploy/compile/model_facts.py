@@ -30,7 +30,7 @@ from edgedeploy_agent.bundle import Preprocess, TensorSpec
 
 from ..errors import InputError
 from ..paths import config_dir
-from .cards import ModelCard
+from .cards import ModelCard, default_name
 
 # well-known preprocessing names: (colour, mean, std) on 0..255 pixels
 PREPROCESSING_NAMES: dict[str, tuple[str, list[float], list[float]]] = {
@@ -224,7 +224,8 @@ def _read_metadata(meta: bytearray, model_bytes: bytes, facts: ModelFacts) -> No
                     found |= {"mean": floats(options, 0), "std": floats(options, 1)}
     if facts.inputs[0].dtype in ("uint8", "int8"):
         # normalisation of a quantized input is done by its quantization parameters, not on the pixels
-        found.pop("mean", None), found.pop("std", None)
+        found.pop("mean", None)
+        found.pop("std", None)
     if found:
         facts.preprocess = found
         facts.found_in = "the model's TFLite metadata"
@@ -290,8 +291,6 @@ def starter_card(model: Path) -> str:
     """A model card for `model` with what its file says filled in and a TODO for each field it does not:
     a card with a TODO left is refused (cards.load_card), so none builds with a guess."""
     facts = read_facts(model)
-    from .cards import default_name
-
     pre = {**facts.implied(), **facts.preprocess}
     spec = facts.inputs[0]
     channels = facts.channels
