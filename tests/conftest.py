@@ -5,11 +5,16 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from tests.helpers import Cli
+from tests.leftovers import Leftovers
+
+LEFTOVERS = Leftovers()
+LEFTOVERS.mark()
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -24,6 +29,24 @@ def data_dir() -> Path:
     if not (d / "models").is_dir():
         pytest.skip(f"test data not found at {d} (set EDGEDEPLOY_TEST_DATA)")
     return d
+
+
+@pytest.fixture(scope="session", autouse=True)
+def no_process_outlives_the_run() -> Iterator[None]:
+    """At the end of the session, what is still running below pytest (or was, and was orphaned) is killed and
+    named, and the session fails (tests/leftovers.py)."""
+    yield
+    left = LEFTOVERS.finish()
+    if left:
+        pytest.fail("processes outlived their tests (killed now):\n" + "\n".join(left), pytrace=False)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
+    try:
+        return (yield)
+    finally:
+        LEFTOVERS.note(item.nodeid)  # after the body, before the fixtures are torn down
 
 
 @pytest.fixture(scope="session")

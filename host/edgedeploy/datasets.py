@@ -55,7 +55,7 @@ def load_calibration(
     if not source.exists():
         raise InputError(f"calibration source {source} does not exist")
     if source.is_dir() and _idx_pair(source) is not None:
-        images, _ = _read_mnist(source, split)
+        images, _, _ = _read_mnist(source, split)
         batch = np.concatenate([preprocess(img, pp, spec) for img in images[:count]])
     elif source.is_dir() and any(source.glob("*.npy")):
         batch = _npy_batches(source, spec)
@@ -124,9 +124,29 @@ class LabeledSet:
     inputs: np.ndarray
     labels: np.ndarray
     kind: str
+    classes: int | None = None  # the size of the set's label space (synset list, class folders, idx labels)
 
     def __len__(self) -> int:
         return len(self.labels)
+
+    def check_fits(self, outputs: int, label_offset: int, what: str) -> None:
+        """Refuse (InputError) to score a model on a set whose label space is not its own: `outputs` scores
+        per sample minus `label_offset` must be the set's classes. A 10-class model on 1000-class photos
+        scored 10 %, a 1001-output model read with offset 0 on ImageNet about 0 % (issue 35)."""
+        if self.classes is None or outputs - label_offset == self.classes:
+            return
+        extra = outputs - self.classes
+        if extra == 1:
+            hint = "if output 0 is 'background', set label_offset = 1 in the model card (build --label-offset 1)"
+        elif extra == 0:
+            hint = "the model has one output per class: label_offset = 0 in the model card"
+        else:
+            hint = "evaluate on a labeled set of the model's own classes (or the model that was trained on this one)"
+        raise InputError(
+            f"{what} has {outputs} outputs (label offset {label_offset}: {outputs - label_offset} classes), but "
+            f"{self.name} has {self.classes} classes: its top-1 would mean nothing",
+            hint=hint,
+        )
 
 
 def load_labeled(
@@ -141,10 +161,10 @@ def load_labeled(
     if not data.exists():
         raise InputError(f"evaluation data {data} does not exist")
     if data.is_dir() and _idx_pair(data) is not None:
-        images, labels = _read_mnist(data, split)
+        images, labels, digits = _read_mnist(data, split)
         images, labels = images[:limit], labels[:limit]
         x = np.concatenate([preprocess(img, pp, spec) for img in images]) if len(images) else np.zeros((0,))
-        return LabeledSet(str(data), x, labels.astype(np.int64), "mnist-idx")
+        return LabeledSet(str(data), x, labels.astype(np.int64), "mnist-idx", digits)
     if not data.is_dir():
         raise InputError(f"evaluation data {data} is not a folder (image folder, class subfolders or MNIST idx)")
     subdirs = sorted(d for d in data.iterdir() if d.is_dir())
@@ -172,7 +192,7 @@ def load_labeled(
     if unknown:
         raise InputError(f"{data}: {len(unknown)} labels are not known classes, e.g. {unknown[0]!r}")
     x = np.concatenate([preprocess(read_image(f), pp, spec) for f in files])
-    return LabeledSet(str(data), x, np.array([index[k] for k in keys], dtype=np.int64), kind)
+    return LabeledSet(str(data), x, np.array([index[k] for k in keys], dtype=np.int64), kind, len(index))
 
 
 def _find_synsets(data: Path) -> Path | None:
@@ -209,14 +229,16 @@ def _read_idx(path: Path) -> np.ndarray:
     return body.reshape(dims)
 
 
-def _read_mnist(data: Path, split: Split) -> tuple[np.ndarray, np.ndarray]:
-    """Images and labels of an idx pair; sample i is split by the hash of "<images file>:<i>"."""
+def _read_mnist(data: Path, split: Split) -> tuple[np.ndarray, np.ndarray, int]:
+    """Images and labels of an idx pair (and the classes: the largest label of the whole file + 1); sample i
+    is split by the hash of "<images file>:<i>"."""
     pair = _idx_pair(data)
     assert pair is not None
     images, labels = _read_idx(pair[0]), _read_idx(pair[1])
     if len(images) != len(labels):
         raise InputError(f"{data}: {len(images)} images but {len(labels)} labels")
+    classes = int(labels.max()) + 1 if len(labels) else 0
     if split != "all":
         keep = np.array([split_of(f"{pair[0].name}:{i}") == split for i in range(len(images))], dtype=bool)
         images, labels = images[keep], labels[keep]
-    return images, labels
+    return images, labels, classes

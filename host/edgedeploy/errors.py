@@ -10,15 +10,27 @@ from pydantic import ValidationError
 
 from edgedeploy_agent.errors import AgentError
 
-# The exit codes of `edgedeploy`, one meaning each (README.md, docs/troubleshooting.md#exit-codes).
+# The exit codes of `edgedeploy`, one meaning each. DOCUMENTED_EXIT_CODES is the table README.md and
+# docs/troubleshooting.md#exit-codes show; tests/host/test_exit_codes.py checks both and every --help against it.
 EXIT_OK = 0
-EXIT_FAILED = 1  # the command failed: a build failed, or every device of a fleet command failed
-EXIT_INPUT = 2  # bad input: a missing or corrupt file, an unknown name, a malformed option or config
-EXIT_CONNECTION = 3  # a device cannot be reached or authenticated (host key unknown or changed)
-EXIT_DEVICE = 4  # a device (or the registry) refused the operation, or a device rolled back
-EXIT_PARTIAL = 5  # a fleet command: some devices succeeded, others failed or were not reached
-EXIT_INTERNAL = 70  # a bug: the traceback is in the state folder's logs/last-error.log
-EXIT_INTERRUPTED = 130  # Ctrl-C
+EXIT_FAILED = 1
+EXIT_INPUT = 2
+EXIT_CONNECTION = 3
+EXIT_DEVICE = 4
+EXIT_PARTIAL = 5
+EXIT_INTERNAL = 70
+EXIT_INTERRUPTED = 130
+
+DOCUMENTED_EXIT_CODES = {
+    EXIT_OK: "everything asked for was done (on every device of a fleet command)",
+    EXIT_FAILED: "the command failed: a build failed (`BuildError`), or every device of a fleet command failed",
+    EXIT_INPUT: "bad input: a missing or corrupt file, an unknown name, a malformed option, inventory or card",
+    EXIT_CONNECTION: "a device cannot be reached or authenticated (`ConnectionFailed`, `host-key`)",
+    EXIT_DEVICE: "a device (or the registry) refused the operation, or a device rolled back (`DeviceError`)",
+    EXIT_PARTIAL: "partial: a fleet command where some devices succeeded and others failed or were not reached",
+    EXIT_INTERNAL: "internal error, a bug: the traceback is in the state folder's `logs/last-error.log`",
+    EXIT_INTERRUPTED: "interrupted (Ctrl-C); a rollout's state is kept, `rollout --resume` continues it",
+}
 
 
 def fleet_exit_code(succeeded: int, total: int) -> int:

@@ -17,7 +17,7 @@ from typing import Any, Protocol
 import numpy as np
 import onnx
 
-from edgedeploy_agent.bundle import Manifest, extract_bundle
+from edgedeploy_agent.bundle import Manifest, Preprocess, extract_bundle
 
 from .build_store import has_file, host_file
 from .datasets import LabeledSet
@@ -90,6 +90,7 @@ def score(clf: Classifier, data: LabeledSet, label_offset: int = 0) -> Scores:
     if len(data) == 0:
         raise InputError(f"evaluation set {data.name} is empty")
     raw = clf.predict(data.inputs)
+    data.check_fits(raw.shape[1], label_offset, "the model")
     out = raw.astype(np.float64)  # -x of a uint8 output (a quantized TFLite model's) would wrap around
     top5 = np.argsort(-out, axis=1, kind="stable")[:, :5] - label_offset
     hits1 = top5[:, 0] == data.labels
@@ -141,7 +142,7 @@ def evaluate_target(
     """Accuracy of a bundle (its TVM library, its FP32 source via onnxruntime and, for INT8, the exact
     reference of its Q/DQ model) or of an ONNX model. A bundle's source and QDQ model come from the build
     store, or `sources` (build_store.host_file)."""
-    from .compile.onnx_model import load_onnx
+    from .compile.onnx_model import check_preprocess, implied_color, load_onnx
     from .compile.qdq_reference import QdqReference
     from .datasets import load_labeled
 
@@ -149,8 +150,13 @@ def evaluate_target(
         raise InputError(f"{target} does not exist")
     if target.suffix == ".onnx":
         model = load_onnx(target)
+        pp = implied_color(model, card_pre if card_pre is not None else Preprocess())
+        check_preprocess(model, pp)
         chosen = "all" if split == "auto" else split
-        labeled = load_labeled(data, card_pre, model.inputs[0], chosen, limit, synsets)  # type: ignore[arg-type]
+        labeled = load_labeled(data, pp, model.inputs[0], chosen, limit, synsets)  # type: ignore[arg-type]
+        width = _width([d.dim_value if d.HasField("dim_value") else 0 for d in _output_dims(model.proto)])
+        if width:
+            labeled.check_fits(width, label_offset, target.name)  # before anything is run
         s = score(OrtClassifier(model.proto), labeled, label_offset)
         return {
             "model": str(target),
@@ -167,6 +173,9 @@ def evaluate_target(
             chosen = "evaluation" if calibrated_here else "all"
         labeled = load_labeled(data, manifest.preprocess, manifest.inputs[0], chosen, limit, synsets)  # type: ignore[arg-type]
         offset = manifest.postprocess.label_offset
+        width = _width(manifest.outputs[0].shape) if manifest.outputs else None
+        if width:
+            labeled.check_fits(width, offset, f"bundle {target.name}")  # before the library runs
         tvm = score(TvmBundleClassifier(release, manifest), labeled, offset)
         out: dict[str, Any] = {
             "bundle": str(target),
@@ -194,6 +203,18 @@ def evaluate_target(
             out["float_layers"] = q.float_layers
             out["float_in_runtime"] = q.float_in_runtime
         return out
+
+
+def _output_dims(proto: onnx.ModelProto) -> list[Any]:
+    return list(proto.graph.output[0].type.tensor_type.shape.dim) if proto.graph.output else []
+
+
+def _width(shape: Sequence[int]) -> int | None:
+    """Scores per sample of a [N, ...] output; None where a dimension is not static."""
+    dims = list(shape[1:]) if len(shape) > 1 else list(shape)
+    if not dims or any(d <= 0 for d in dims):
+        return None
+    return int(np.prod(dims))
 
 
 def _foreign_reference(role: str, source: Path, tvm: Scores, labeled: LabeledSet, offset: int) -> dict[str, Any]:

@@ -96,9 +96,9 @@ def test_known_models_find_their_card(data_dir: Path, tmp_path: Path, cli: Cli) 
 
 
 def test_int8_gate_refuses_to_judge_nonsense(data_dir: Path, tmp_path: Path, cli: Cli) -> None:
-    """Preprocessing that does not fit the labels (FP32 scores 0%) must not pass an accuracy gate."""
-    card = tmp_path / "wrong.toml"
-    card.write_text('name = "mnv1"\n[postprocess]\nlabel_offset = 500\n')
+    """Preprocessing that does not fit the model (FP32 scores 0%) must not pass an accuracy gate."""
+    card = tmp_path / "wrong.toml"  # labels that do not fit the outputs are refused before (test_model_cards.py)
+    card.write_text('name = "mnv1"\n[preprocess]\nmean = [255.0]\nstd = [0.01]\n[postprocess]\nlabel_offset = 1\n')
     r = cli(
         "build",
         str(data_dir / "models" / "mobilenet_v1_0.25_224.onnx"),

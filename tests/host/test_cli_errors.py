@@ -203,3 +203,46 @@ def test_version_names_the_host_agent_and_bundle_schema(cli: Cli) -> None:
         r.code == 0
         and r.out.strip() == f"edgedeploy {edgedeploy.__version__} (agent 0.1.0, bundle schema {SCHEMA_VERSION})"
     )
+
+
+@pytest.mark.parametrize(
+    ("args", "message", "hint"),
+    [
+        (["--precision", "int4"], "--precision 'int4' is not a precision", "choose fp32 (the default), fp16"),
+        (["--precision", "INT8"], "--int8 (or --precision int8) needs --calibration", None),
+        (["--precision", "fp16"], "--precision fp16 is for GPU profiles; cpu-x86_64 is a cpu profile", "CUDA profile"),
+        (["--precision", "FP16", "--int8", "--calibration", "."], "--int8 builds int8, --precision fp16", "give one"),
+        (["--batch", "0"], "--batch must be at least 1, got 0", "see edgedeploy build --help"),
+        (["--batch", "two"], "--batch takes a whole number", None),
+        (["--batch", "1:8:32"], "--batch for TVM is one static batch size", "for --runtime tensorrt"),
+        (["--runtime", "TensorRT", "--int8", "--calibration", "."], "--runtime tensorrt needs a CUDA profile", None),
+        (["--int8", "--calibration", "no-such-folder"], "--calibration no-such-folder does not exist", None),
+        (["--color", "GREY"], "color: Input should be 'rgb', 'bgr' or 'gray'", "see edgedeploy build --help"),
+    ],
+)
+def test_build_options_are_refused_before_the_model_is_read(
+    cli: Cli, tmp_path: Path, args: list[str], message: str, hint: str | None
+) -> None:
+    """Issue 35: int4 compiled for 9 s and exited 70, INT8 said "need --int8", fp16 on a CPU profile exited 1,
+    --batch 0 gave a TensorRT hint. The model here is not even ONNX: any check after reading it would say so."""
+    junk = tmp_path / "junk.onnx"
+    junk.write_text("not a model")
+    r = cli("build", str(junk), "--profile", "cpu-x86_64", "-o", str(tmp_path / "out" / "j.edb"), *args)
+    assert_one_line_error(r, 2, message)
+    hints = [ln for ln in r.err.splitlines() if ln.startswith("hint:")]
+    assert (hint is None and not hints) or (hint is not None and hint in hints[0]), r.err
+    if "--runtime" not in args:
+        assert "tensorrt" not in r.err.lower() or "1:8:32" in args, r.err
+    assert not (tmp_path / "out").exists()
+
+
+def test_precision_names_are_case_insensitive(data_dir: Path) -> None:
+    from edgedeploy.compile.build_options import check_options
+    from edgedeploy.profiles import get_profile
+
+    model = data_dir / "models" / "mnist-8_opset13.onnx"
+    cpu, t4 = get_profile("cpu-x86_64"), get_profile("t4")
+    assert check_options(model, cpu, "TVM", "INT8", None, False) == ("tvm", "int8", 1)
+    assert check_options(model, cpu, "tvm", " Fp32 ", "4", False) == ("tvm", "fp32", 4)
+    assert check_options(model, t4, "tvm", "FP16", 8, False) == ("tvm", "fp16", 8)
+    assert check_options(model, t4, "tensorrt", "fp32", "1:8:32", True) == ("tensorrt", "int8", (1, 8, 32))

@@ -192,7 +192,8 @@ def test_pytorch_exported_program_builds_and_runs_like_pytorch(tmp_path: Path, c
     ).eval()
     example = torch.rand(1, 3, 32, 32)
     torch.export.save(torch.export.export(net, (example,)), tmp_path / "net.pt2")
-    r = cli("build", str(tmp_path / "net.pt2"), "-p", "cpu-x86_64", "-o", str(tmp_path / "net.edb"), timeout=600)
+    r = cli("build", str(tmp_path / "net.pt2"), "-p", "cpu-x86_64", "-o", str(tmp_path / "net.edb"),
+            "--color", "rgb", "--mean", "0", "--std", "255", timeout=600)  # fmt: skip
     assert r.code == 0, r.err
     m = extract_bundle(tmp_path / "net.edb", tmp_path / "rel")
     assert [(h.role, h.name) for h in m.host_files] == [("torch-program", "net.pt2")] and m.schema_version == 3

@@ -83,7 +83,7 @@ def test_bad_int8_input_is_one_clear_line(cli: Cli, data_dir: Path, tmp_path: Pa
     y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 1, 28, 28])
     relu = helper.make_model(helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "relu", [x], [y]))
     onnx.save(relu, tmp_path / "relu.onnx")
-    r = cli("build", str(tmp_path / "relu.onnx"), "-p", "cpu-x86_64", "--color", "gray", "--int8",
+    r = cli("build", str(tmp_path / "relu.onnx"), "-p", "cpu-x86_64", "--mean", "0", "--std", "1", "--int8",
             "--calibration", str(data_dir / "mnist"), "-o", str(tmp_path / "r.edb"))  # fmt: skip
     assert_one_line_error(r, code=2, contains="no quantizable layers")
     r = cli("eval", str(tmp_path / "missing.edb"), "--data", str(data_dir / "mnist"))

@@ -40,6 +40,7 @@ from edgedeploy_agent.bundle import Preprocess, extract_bundle, read_manifest
 from edgedeploy_agent.runtime import load_runtime
 from edgedeploy_agent.runtime.tvm import TvmRuntime
 from tests.helpers import Cli, assert_one_line_error
+from tests.leftovers import stop_tree
 
 REPO = Path(__file__).resolve().parents[2]
 CARD = ModelCard(name="mnist", labels=[str(i) for i in range(10)], preprocess=Preprocess(color="gray"))
@@ -95,8 +96,7 @@ def rpc_device(tmp_path: Path) -> Iterator[tuple[str, Path]]:
     finally:
         for p in (server, tracker):
             if p is not None:
-                p.terminate()
-                p.wait(timeout=10)
+                stop_tree(p)  # each serves from a popen_worker child that terminate() alone would orphan
 
 
 def _records(db: Path) -> list[float]:

@@ -38,7 +38,7 @@ def install(
         str | None, typer.Option(help="with --mqtt: the device's read-only registry endpoint, e.g. http://cache:5000")
     ] = None,
     rollout_key: Annotated[
-        str | None, typer.Option(help="with --mqtt: key that signs desired state (default: fleet.toml's [rollout])")
+        str | None, typer.Option(help="with --mqtt: key that signs desired state (default: fleet.toml's \\[rollout])")
     ] = None,
     mqtt_ca: Annotated[Path | None, typer.Option(help="with --mqtt: fleet CA; the device uses TLS")] = None,
     broker_passwd: Annotated[

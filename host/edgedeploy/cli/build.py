@@ -15,6 +15,7 @@ from ..build_store import missing
 from ..compile.cards import card_for, card_with
 from ..errors import InputError
 from ..paths import build_store_dir
+from ..profiles import get_profile
 from . import render
 from .int8 import int8_config, int8_summary
 from .options import JsonOpt, bundle_path, in_range
@@ -51,7 +52,9 @@ def register(app: typer.Typer) -> None:
         top_k: Annotated[int | None, typer.Option(help="predictions to report per frame", callback=in_range(1))] = None,
         softmax: Annotated[bool | None, typer.Option("--softmax/--no-softmax", help="outputs are logits")] = None,
         label_offset: Annotated[int | None, typer.Option(help="output index minus this = label index")] = None,
-        precision: Annotated[str, typer.Option(help="fp32 | fp16 (GPU profiles) | int8 (same as --int8)")] = "fp32",
+        precision: Annotated[
+            str, typer.Option(help="fp32 | fp16 (GPU profiles) | int8 (same as --int8); any case")
+        ] = "fp32",
         cuda_graph: Annotated[
             bool, typer.Option("--cuda-graph/--no-cuda-graph", help="GPU: capture CUDA graphs")
         ] = True,
@@ -120,8 +123,10 @@ def register(app: typer.Typer) -> None:
         json_: JsonOpt = False,
     ) -> None:
         """Compile a model for a device profile and write a bundle (INT8 with --int8 --calibration)."""
+        from ..compile.build_options import check_options
+
         int8_cfg = int8_config(
-            int8 or precision == "int8",
+            int8 or precision.strip().lower() == "int8",
             calibration,
             method=method,
             percentile=percentile,
@@ -138,13 +143,24 @@ def register(app: typer.Typer) -> None:
             max_top1_drop=max_top1_drop,
             auto_fallback=auto_fallback,
         )
+        # every option checked before the model is read: one line, exit 2, with the valid choices
+        runtime, precision, _ = check_options(
+            model, get_profile(profile), runtime, precision, batch, int8_cfg is not None
+        )
         base, card_path = card_for(model, card)
         if card_path is not None and card is None:
             render.info(f"model card: {card_path} (it names this model's sha256)")
+        color, resize = (v.strip().lower() if v is not None else None for v in (color, resize))
         pre: dict[str, object] = {"color": color, "resize": resize, "crop_fraction": crop_fraction, "scale": scale}
         pre |= {"mean": _floats(mean, "mean"), "std": _floats(std, "std")}
         post = {"top_k": top_k, "softmax": softmax, "label_offset": label_offset}
         merged = card_with(base, name, version, labels, pre, post)
+        if card_path is None:  # no card: the preprocessing comes from the options or the model file, or none
+            from ..compile.model_facts import complete_card
+
+            merged, note = complete_card(model, merged, {k for k, v in pre.items() if v is not None})
+            if note:
+                render.info(f"no model card; preprocessing from the model: {note}")
         target = bundle_path(out or model.with_suffix(f".{profile}{'-twin' if twin else ''}.edb"))
         t = time.perf_counter()
         with render.steps(f"build {model.name} for {profile}") as step:

@@ -42,7 +42,13 @@ def int8_config(
             raise InputError("--calibration, --eval, --max-top1-drop and --auto-fallback need --int8")
         return None
     if calibration is None:
-        raise InputError("--int8 needs --calibration (an image folder, a video file or .npy batches)")
+        raise InputError(
+            "--int8 (or --precision int8) needs --calibration (an image folder, a video file or .npy batches)"
+        )
+    for option, path in (("--calibration", calibration), ("--eval", eval_data), ("--synsets", synsets)):
+        if path is not None and not path.exists():
+            raise InputError(f"{option} {path} does not exist")
+    method = method.strip().lower()
     if method not in get_args(Method):
         raise InputError(f"unknown calibration method {method!r}", hint=f"choose one of {', '.join(get_args(Method))}")
     if (max_top1_drop is not None or auto_fallback) and eval_data is None:
@@ -105,7 +111,14 @@ def register(app: typer.Typer) -> None:
         """Top-1/top-5 on a labeled set; INT8 bundles also: agreement with FP32 and with the exact INT8 reference."""
         if split not in ("auto", "all", "calibration", "evaluation"):
             raise InputError(f"unknown split {split!r}", hint="choose auto, all, calibration or evaluation")
-        result = api.evaluate(target, data, card_for(target, card)[0], split, limit, synsets, source or ())
+        model_card, card_path = card_for(target, card)
+        if card_path is None and target.suffix.lower() == ".onnx":  # a bundle carries its preprocessing
+            from ..compile.model_facts import complete_card
+
+            model_card, note = complete_card(target, model_card, set(), command="eval")
+            if note:
+                render.info(f"no model card; preprocessing from the model: {note}")
+        result = api.evaluate(target, data, model_card, split, limit, synsets, source or ())
         if json_:
             render.print_json(result)
             return

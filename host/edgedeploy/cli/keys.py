@@ -52,7 +52,10 @@ def install(
     inventory: InventoryOpt = None,
     json_: JsonOpt = False,
 ) -> None:
-    """Pin exactly this host's public keys on devices (after `keys generate` for a rotation)."""
+    """Pin exactly this host's public keys on devices (after `keys generate` for a rotation).
+
+    Exit 0 when every device took them, 5 when some did (partial), 1 when none did.
+    """
     inv = Inventory.load(inventory)
     fleet = api.install_fleet_keys(inv, api.select_devices(inv, [device] if device else None, group))
     render.fleet_result(fleet, json_, lambda keys: f"pinned {', '.join(keys)}")

@@ -16,6 +16,7 @@ from .. import __version__
 from ..errors import EXIT_INTERNAL, EXIT_INTERRUPTED, EdgeDeployError, InputError, hint_with_link, os_error_text
 from ..paths import state_dir
 from . import agent, build, demo, devices, int8, keys, profiles, publish, push, render, report, rollout, status, tune
+from .card import app as card_app
 from .logs import register as register_logs
 from .verify import register as register_verify
 
@@ -47,6 +48,7 @@ app.add_typer(profiles.app, name="profiles")
 app.add_typer(devices.app, name="devices")
 app.add_typer(agent.app, name="agent")
 app.add_typer(keys.app, name="keys")
+app.add_typer(card_app, name="card")
 build.register(app)
 tune.register(app)
 int8.register(app)

@@ -50,9 +50,20 @@ def bundle_path(out: Path) -> Path:
         folder = folder.parent
     if not folder.is_dir():
         raise InputError(f"-o {out}: {folder} is a file, not a folder", hint="choose another bundle path")
-    if not os.access(folder, os.W_OK | os.X_OK):
+    if not os.access(folder, os.W_OK | os.X_OK) or not _can_create_in(folder):
         raise InputError(f"-o {out}: cannot write into {folder}", hint="choose a folder you can write to")
     return out
+
+
+def _can_create_in(folder: Path) -> bool:
+    """Whether a file can be made in `folder` (root passes os.access where the file system refuses: /proc)."""
+    import tempfile
+
+    try:
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=".edgedeploy-probe-"):
+            return True
+    except OSError:
+        return False
 
 
 InventoryOpt = Annotated[

@@ -97,7 +97,11 @@ def register(app: typer.Typer) -> None:
         inventory: InventoryOpt = None,
         json_: JsonOpt = False,
     ) -> None:
-        """Put a device, or every device of a group, back on its previous bundle."""
+        """Put a device, or every device of a group, back on its previous bundle.
+
+        One device over ssh: an error exits with its code (3 unreachable, 4 refused). A group, or --via mqtt:
+        exit 0 when every device rolled back, 5 when some did (partial), 1 when none did.
+        """
         inv = Inventory.load(inventory)
         if via == "mqtt":  # one deadline for all: the health check, plus a margin for the broker round trip
             names = api.select_devices(inv, [device] if device else None, group)

@@ -92,7 +92,10 @@ def register(app: typer.Typer) -> None:
         inventory: InventoryOpt = None,
         json_: JsonOpt = False,
     ) -> None:
-        """Ship a bundle to a group of devices: canary, then waves. Exit 0 all ok, 2 partial, 1 failed."""
+        """Ship a bundle to a group of devices: canary, then waves (--via ssh: pushed; mqtt: pulled).
+
+        Exit 0 when every device is ok, 5 when some are (partial), 1 when none is; a dry run exits 0.
+        """
         if via not in ("ssh", "mqtt"):
             raise InputError(f"--via must be ssh or mqtt, got {via!r}")
         inv = Inventory.load(inventory)

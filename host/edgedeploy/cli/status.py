@@ -91,8 +91,10 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Pull what devices reported since last time and show the latest state.
 
-        With a DEVICE: its detail. Without (or with --group TAG): one line per device, pulled in parallel;
-        exit 0 when all answered, 2 when some failed, 1 when none did.
+        With a DEVICE: its detail (an error exits with its own code: 3 unreachable, 4 refused). Without (or
+        with --group TAG): one line per device, pulled in parallel; exit 0 when all answered, 5 when some did
+        (partial), 1 when none did. With --via mqtt a device counts as answered when its retained status is
+        there and not offline, refused or rolled-back.
         """
         inv = Inventory.load(inventory)
         if via == "mqtt":

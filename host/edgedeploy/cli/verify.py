@@ -46,8 +46,8 @@ def register(app: typer.Typer) -> None:
         keys, the service and the current release's health. Each line is ok, warning or failed with the fix;
         the running service is not stopped.
 
-        Exit 0 when nothing failed (warnings allowed), 1 when a check failed. With --group: 0 every device
-        passed, 5 some failed or were unreachable, 1 none passed.
+        Exit 0 when nothing failed (warnings allowed), 1 when a check failed. With --group: exit 0 when every
+        device passed, 5 when some did (partial: others failed or were unreachable), 1 when none did.
         """
         if (device is None) == (group is None):
             raise InputError("say which device: verify DEVICE, or verify --group TAG")

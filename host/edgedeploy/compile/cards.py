@@ -13,7 +13,7 @@ from edgedeploy_agent.bundle import MODEL_NAME_PATTERN, MODEL_VERSION_PATTERN, H
 
 from ..errors import InputError, validation_text
 from ..paths import config_dir
-from ..userfiles import read_text, read_toml_model
+from ..userfiles import read_text, read_toml, read_toml_model
 
 
 class ModelCard(BaseModel):
@@ -33,10 +33,27 @@ class ModelCard(BaseModel):
 
 
 def load_card(path: Path) -> ModelCard:
+    todo = todo_fields(read_toml(path, "model card"))
+    if todo:  # a starter card (edgedeploy card init) not filled in: never build with a guess
+        raise InputError(
+            f"model card {path} still has a TODO in {', '.join(todo)}",
+            hint='replace each "TODO: ..." with the value the model was trained with (the comment lists choices)',
+        )
     card = read_toml_model(path, "model card", ModelCard)
     if card.labels_file:
         card = card.model_copy(update={"labels": read_labels(path.parent / card.labels_file), "labels_file": None})
     return card
+
+
+def todo_fields(table: dict[str, Any], where: str = "") -> list[str]:
+    """The fields whose value is a "TODO: ..." string (what `card init` could not read from the model)."""
+    out = []
+    for key, value in table.items():
+        if isinstance(value, dict):
+            out += todo_fields(value, f"{where}{key}.")
+        elif isinstance(value, str) and value.lstrip().upper().startswith("TODO"):
+            out.append(f"{where}{key}")
+    return out
 
 
 def card_dirs() -> list[Path]:
@@ -50,9 +67,8 @@ def find_card(model_sha256: str) -> tuple[Path, ModelCard] | None:
     """The card whose `source_sha256` is this model's, if any (so a known model needs no --card)."""
     for d in card_dirs():
         for path in sorted(d.glob("*.toml")) if d.is_dir() else []:
-            card = load_card(path)
-            if card.source_sha256 == model_sha256:
-                return path, card
+            if read_toml(path, "model card").get("source_sha256") == model_sha256:  # the others are not read
+                return path, load_card(path)
     return None
 
 
@@ -88,12 +104,14 @@ def card_with(
                 **({"name": name} if name else {}),
                 **({"version": version} if version else {}),
                 **({"labels": read_labels(labels)} if labels else {}),
-                "preprocess": Preprocess.model_validate({**base.preprocess.model_dump(), **pre}),
+                # only what the card and the options set counts as set (onnx_model.implied_color reads that)
+                "preprocess": Preprocess.model_validate({**base.preprocess.model_dump(exclude_unset=True), **pre}),
                 "postprocess": Postprocess.model_validate({**base.postprocess.model_dump(), **post}),
             }
         )
     except ValidationError as e:
-        raise InputError(validation_text(e), hint=CARD_HINT) from None
+        named = e.errors()[0]["loc"][:1] in (("name",), ("version",))
+        raise InputError(validation_text(e), hint=CARD_HINT if named else "see edgedeploy build --help") from None
 
 
 def read_labels(path: Path) -> list[str]:

@@ -7,9 +7,10 @@ compiler, numpy, psutil and cloudpickle (xgboost for the default cost model).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -78,6 +79,21 @@ def persistent_builder(timeout_sec: float = 120.0, f_export: Any = None) -> Any:
     return PersistentLocalBuilder(timeout_sec=timeout_sec, f_build=build_in_target, f_export=f_export)
 
 
+@contextlib.contextmanager
+def closing_pools(*workers: Any) -> Iterator[None]:
+    """Kill, when the block ends, the worker processes of MetaSchedule builders and runners (LocalBuilder,
+    persistent_builder, LocalRunner and RPCRunner keep a PopenPoolExecutor in `.pool`). They are FFI objects,
+    collected late or never, so their popen_worker processes outlived the tuning; None entries are skipped."""
+    try:
+        yield
+    finally:
+        for worker in workers:
+            pool = getattr(worker, "pool", None)
+            if pool is not None and hasattr(pool, "shutdown"):
+                with contextlib.suppress(Exception):  # a pool already shut down, or broken: it is gone either way
+                    pool.shutdown(wait=False)
+
+
 def tunable_tasks(mod: Any, target: Any) -> list[Any]:
     """MetaSchedule's tasks, without the kernels that come scheduled (x86_int8.py's tensorized convolutions).
 
@@ -119,18 +135,21 @@ def run_tuning(
     contexts, weights = ms.relax_integration.extracted_tasks_to_tune_contexts(
         extracted, str(db), strategy="replay-trace" if cost_model == "random" else "evolutionary"
     )
-    ms.tune.tune_tasks(
-        tasks=contexts,
-        task_weights=weights,
-        work_dir=str(db),
-        max_trials_global=per_task * len(extracted),
-        max_trials_per_task=per_task,
-        # random sampling: small batches reach every kernel sooner; a learned model wants larger ones
-        num_trials_per_iter=min(per_task, 8 if cost_model == "random" else 16),
-        builder=builder or persistent_builder(),
-        runner=runner or ms.runner.LocalRunner(timeout_sec=60),
-        cost_model=cost_model,
-    )
+    builder = builder or persistent_builder()
+    runner = runner or ms.runner.LocalRunner(timeout_sec=60)
+    with closing_pools(builder, runner):
+        ms.tune.tune_tasks(
+            tasks=contexts,
+            task_weights=weights,
+            work_dir=str(db),
+            max_trials_global=per_task * len(extracted),
+            max_trials_per_task=per_task,
+            # random sampling: small batches reach every kernel sooner; a learned model wants larger ones
+            num_trials_per_iter=min(per_task, 8 if cost_model == "random" else 16),
+            builder=builder,
+            runner=runner,
+            cost_model=cost_model,
+        )
     shutil.rmtree(db / "logs", ignore_errors=True)
     return len(open_database(db))
 

@@ -146,6 +146,15 @@ def load_onnx(path: Path, batch: int = 1) -> OnnxModel:
 COLOR_CHANNELS = {"gray": 1, "rgb": 3, "bgr": 3}
 
 
+def implied_color(model: OnnxModel | ForeignModel, pp: Preprocess) -> Preprocess:
+    """`pp`, gray where nobody set a colour (neither card nor option) and the image input has one channel:
+    the default, rgb, gives three, and the error would blame a colour nobody chose (issue 35)."""
+    spec = model.inputs[0]
+    if "color" in pp.model_fields_set or len(spec.shape) != 4 or spec.layout is None or input_hw(spec)[2] != 1:
+        return pp
+    return pp.model_copy(update={"color": "gray"})
+
+
 def check_preprocess(model: OnnxModel | ForeignModel, pp: Preprocess) -> None:
     """Refuse, before anything is compiled or written, preprocessing that cannot feed the model's image
     input (the device would only find out in its health check): channels, colour, finite non-zero numbers."""

@@ -28,7 +28,7 @@ from .cuda_toolchain import resolve_toolchain
 from .cuda_worker import run_cuda_build
 from .frontends import ForeignModel, frontend_name, load_model
 from .manifest import BuildResult, card_manifest, profile_target, write_labels
-from .onnx_model import OnnxModel, check_preprocess
+from .onnx_model import OnnxModel, check_preprocess, implied_color
 from .pipeline import BuildContext, compiler_digest, pipeline_for, run_pipeline, tensor_cores_enabled
 from .tuning import TuneRequest, adopt_file_keyed_database, find_database, find_gemm_configs, tuning_key
 
@@ -55,6 +55,7 @@ def build_bundle(
     progress("load-model")
     model = load_model(model_path, batch=batch)
     frontend = frontend_name(model)
+    card = card.model_copy(update={"preprocess": implied_color(model, card.preprocess)})
     check_preprocess(model, card.preprocess)
     name = card.name or default_name(model_path)
     if int8 is not None:

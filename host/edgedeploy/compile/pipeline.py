@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from edgedeploy_agent.bundle import TensorSpec
 
-from ..errors import BuildError
+from ..errors import BuildError, InputError
 from ..profiles import DeviceProfile
 
 if TYPE_CHECKING:
@@ -153,18 +153,22 @@ PIPELINES: dict[str, tuple[str, ...]] = {
 
 
 def pipeline_for(profile: DeviceProfile, precision: str = "fp32", frontend: str = "onnx") -> tuple[str, ...]:
-    """The stages for a profile, a precision and the frontend that reads the model (onnx, tflite, torch)."""
+    """The stages for a profile, a precision and the frontend that reads the model (onnx, tflite, torch); a
+    combination without a pipeline is the user's choice of options or profile: InputError (exit 2)."""
     if profile.device not in PIPELINES:
-        raise BuildError(
+        raise InputError(
             f"profile {profile.name} targets {profile.device}, which has no compile pipeline",
             hint=f"pipelines exist for: {', '.join(sorted(PIPELINES))}",
         )
     if precision == "fp16" and profile.device != "cuda":
-        raise BuildError(f"fp16 is for GPU profiles; {profile.name} builds fp32 or int8")
+        raise InputError(
+            f"--precision fp16 is for GPU profiles; {profile.name} builds fp32 or int8",
+            hint="leave --precision out (fp32), or pick a CUDA profile (edgedeploy profiles list)",
+        )
     key = f"{profile.device}-{precision}" if precision == "int8" else profile.device
     if frontend != "onnx":
         if precision != "fp32":
-            raise BuildError(
+            raise InputError(
                 f"{frontend} models build as they are: {precision} needs an ONNX model",
                 hint="a quantized (QAT) TFLite model keeps its own INT8 scales without --int8; for calibration "
                 "export to ONNX (see docs/troubleshooting.md#models)",
@@ -172,7 +176,7 @@ def pipeline_for(profile: DeviceProfile, precision: str = "fp32", frontend: str 
         key = f"{profile.device}-{frontend}"
     if key not in PIPELINES:
         what = f"{frontend} " if frontend != "onnx" else f"{precision} "
-        raise BuildError(
+        raise InputError(
             f"profile {profile.name} has no {what}compile pipeline yet",
             hint=f"pipelines exist for: {', '.join(sorted(PIPELINES))}",
         )

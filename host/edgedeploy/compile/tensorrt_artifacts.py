@@ -46,7 +46,7 @@ from ..profiles import DeviceProfile
 from .cards import ModelCard, default_name
 from .int8_build import Int8Config, calibration_inputs
 from .manifest import BuildResult, card_manifest, profile_target, write_labels
-from .onnx_model import OnnxModel, check_preprocess, load_onnx
+from .onnx_model import OnnxModel, check_preprocess, implied_color, load_onnx
 from .qdq_reference import reference_outputs
 from .quantize import run_tensors, tensorrt_qdq
 
@@ -131,6 +131,7 @@ def build_tensorrt_bundle(
         raise InputError(f"--runtime tensorrt needs a CUDA profile, {profile.name} is {profile.device}")
     progress("load-model")
     model = load_onnx(model_path)
+    card = card.model_copy(update={"preprocess": implied_color(model, card.preprocess)})
     check_preprocess(model, card.preprocess)
     timings: dict[str, float] = {}
     t = time.perf_counter()

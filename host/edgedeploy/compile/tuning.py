@@ -37,6 +37,7 @@ from ..profiles import DeviceProfile
 from . import tensor_intrinsics
 from .gemm_tuning import GEMM_FILE, merge_into
 from .metaschedule import (
+    closing_pools,
     keep_whole_lines,
     open_database,
     persistent_builder,
@@ -308,7 +309,8 @@ def tune_where_the_time_is(mod: Any, target: Any, req: TuneRequest, progress: An
     db.mkdir(parents=True, exist_ok=True)
     database = open_database(db)
     builder = persistent_builder()
-    with tempfile.TemporaryDirectory(prefix="edgedeploy-tune-") as work:
+    runner = ms.runner.LocalRunner()  # one for every kernel (tune_tir's default makes one a call, never closed)
+    with tempfile.TemporaryDirectory(prefix="edgedeploy-tune-") as work, closing_pools(builder, runner):
         for name, n in plan.items():
             ms.tune_tir(
                 tasks[name].dispatched[0],
@@ -318,6 +320,7 @@ def tune_where_the_time_is(mod: Any, target: Any, req: TuneRequest, progress: An
                 num_trials_per_iter=min(16, n),
                 database=database,
                 builder=builder,
+                runner=runner,
                 cost_model=req.cost_model,
                 strategy="replay-trace" if req.cost_model == "random" else "evolutionary",
             )
