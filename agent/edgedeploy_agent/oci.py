@@ -8,17 +8,20 @@ verified by BlobStore.has (hashed; deleted on mismatch), so nothing unverified i
 pull the existing deploy path (BlobSource -> Deployment) checks signature, serial, expiry and profile.
 """
 
+import errno
 import hashlib
 import http.client
 import json
 import re
+import shutil
 import urllib.error
 import urllib.request
 from typing import Any, Callable, NamedTuple, Optional
 
 from .blobs import BlobStore
 from .durable import move_durably
-from .errors import AgentError, BundleError
+from .errors import AgentError, BundleError, InsufficientSpace
+from .store import SPACE_MARGIN_BYTES
 
 OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
 CONFIG_MEDIA_TYPE = "application/vnd.edgedeploy.manifest.v1+json"
@@ -109,6 +112,7 @@ class OciPuller:
         done = sum(size for sha, size in wanted if self.blobs.has(sha))
         fetched = restarts = 0
         self.blobs.init()
+        self.check_space([(sha, size) for sha, size in wanted if not self.blobs.has(sha)])
         for sha, size in wanted:
             if self.blobs.has(sha):
                 continue
@@ -118,6 +122,22 @@ class OciPuller:
             done += size
             progress(done, total)
         return Pulled(wanted[0][0], sig[0] if sig else None, fetched, restarts)
+
+    def check_space(self, missing: list[tuple[str, int]]) -> None:
+        """Before the first byte: the bytes still to come (the manifest's sizes, less what the `.part` files
+        hold) and a margin must fit in the free space of the device root, or the pull is refused (`no-space`)
+        and this bundle's `.part` files go (they could not complete; kept, they would only fill the disk)."""
+        needed = sum(size - min(self.blobs.partial_bytes(sha), size) for sha, size in missing)
+        free = shutil.disk_usage(self.blobs.incoming).free
+        if free >= needed + SPACE_MARGIN_BYTES:
+            return
+        for sha, _ in missing:
+            (self.blobs.incoming / f"{sha}.part").unlink(missing_ok=True)
+        raise InsufficientSpace(
+            f"bundle needs {_mib(needed)} more (+ {_mib(SPACE_MARGIN_BYTES)} margin), "
+            f"device has {_mib(free)} free under {self.blobs.incoming.parent.parent}",
+            hint="free space on the device or remove old releases",
+        )
 
     def _blob(self, ref: Ref, sha: str, size: int, progress: Callable[[int], None]) -> tuple[int, int]:
         """Download one blob into incoming/<sha>.part (resuming), then verify it. Returns (bytes fetched, restarts)."""
@@ -146,7 +166,16 @@ class OciPuller:
                             if have > size:
                                 break
                             progress(have)
-                except (OSError, http.client.HTTPException) as e:
+                except OSError as e:
+                    if e.errno in (errno.ENOSPC, errno.EDQUOT):  # another writer filled the disk meanwhile
+                        part.unlink(missing_ok=True)
+                        raise InsufficientSpace(
+                            f"the disk filled up at {have} of {size} bytes of blob {sha[:16]}; the partial blob "
+                            "was removed",
+                            hint="free space on the device or remove old releases",
+                        ) from None
+                    raise PullError(f"download of blob {sha[:16]} broke off at {have} of {size} bytes: {e}") from None
+                except http.client.HTTPException as e:
                     raise PullError(f"download of blob {sha[:16]} broke off at {have} of {size} bytes: {e}") from None
         if have != size:
             if have > size:
@@ -157,6 +186,10 @@ class OciPuller:
         if not self.blobs.has(sha):  # hashed; a mismatch is deleted, so the next try starts clean
             raise DigestMismatch(f"blob {sha[:16]} from {url} does not match its sha256; discarded")
         return fetched, restarted
+
+
+def _mib(n: int) -> str:
+    return f"{n / (1 << 20):.1f} MiB"
 
 
 def _offset(progress: Progress, base: int, total: int) -> Callable[[int], None]:

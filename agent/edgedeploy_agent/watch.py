@@ -13,6 +13,7 @@ ROOT/watch.json        broker, read-only registry endpoint, credentials file, TL
 ROOT/watch/state.json  the serial floor and the last accepted document, so a restart resumes
 """
 
+import errno
 import json
 import logging
 import random
@@ -97,12 +98,15 @@ class Watcher:
         self.connected = threading.Event()
         self._lock = threading.Lock()
         self._inbox: Optional[bytes] = None
+        self._unsaved: Optional[dict[str, Any]] = None  # the state a full disk kept off state.json
         self._floor: Optional[int] = self._load().get("serial")  # every status says it (the controller's serials)
         self._last_status = status_doc(self.device, "idle", release=self._release(), floor=self._floor)
         self.client: Any = None
 
     # --- persisted state ------------------------------------------------------------------------
     def _load(self) -> dict[str, Any]:
+        if self._unsaved is not None:
+            return dict(self._unsaved)
         try:
             data = json.loads(self.state_path.read_text(encoding="utf-8"))
         except (FileNotFoundError, ValueError):
@@ -112,9 +116,20 @@ class Watcher:
         return data
 
     def _save(self, data: dict[str, Any]) -> None:
-        self.state_path.parent.mkdir(parents=True, exist_ok=True)
-        write_atomic(self.state_path, json.dumps(data))
+        """state.json, durably; on a full disk the state is kept in memory (the floor holds for this process;
+        a restart rereads the old file, whose floor is lower or equal, never higher) and the watch goes on:
+        crashing here would crash-loop on every restart until someone freed space by hand."""
         self._floor = data.get("serial")
+        try:
+            self.state_path.parent.mkdir(parents=True, exist_ok=True)
+            write_atomic(self.state_path, json.dumps(data))
+        except OSError as e:
+            if e.errno not in (errno.ENOSPC, errno.EDQUOT):
+                raise
+            log.warning("cannot write %s (%s): kept in memory until the disk has room", self.state_path, e)
+            self._unsaved = dict(data)
+        else:
+            self._unsaved = None
 
     def _release(self) -> Optional[str]:
         try:
@@ -210,10 +225,16 @@ class Watcher:
                 self.wake.clear()
                 with self._lock:
                     payload, self._inbox = self._inbox, None
-                if payload is not None:
-                    self._handle(payload)
-                elif not fired:
-                    self._retry_last()
+                try:
+                    if payload is not None:
+                        self._handle(payload)
+                    elif not fired:
+                        self._retry_last()
+                except OSError as e:  # a full disk (or a failing one) is reported; the watch keeps running
+                    if e.errno not in (errno.ENOSPC, errno.EDQUOT):
+                        raise
+                    log.warning("disk full: %s", e)
+                    self._publish("refused", code="no-space", message=f"the device root is full: {e}")
                 if end is not None and time.monotonic() >= end:
                     break
         finally:
@@ -340,6 +361,11 @@ class Watcher:
                 err = e
             except AgentError as e:  # not an edgedeploy artifact
                 self._finish(doc, "refused", base, code=e.code, message=e.message)
+                return None
+            except OSError as e:  # the device root is full (or failing): a refusal, never a crash
+                if e.errno not in (errno.ENOSPC, errno.EDQUOT):
+                    raise
+                self._finish(doc, "refused", base, code="no-space", message=f"the device root is full: {e}")
                 return None
             self._publish("downloading", **base, code=err.code, message=err.message)
             attempt += 1
