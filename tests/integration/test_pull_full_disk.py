@@ -81,7 +81,9 @@ def test_a_full_disk_is_a_refusal_and_the_watch_keeps_running(
     _mount_tmpfs(dev.root, "40m")
     try:
         fleet.start("dev2")
-        settings = MqttSettings(broker=fleet.broker.address, password_file=str(hermetic / "config" / "mqtt-controller"))
+        settings = MqttSettings(
+            broker=fleet.broker.controller_address, password_file=str(hermetic / "config" / "mqtt-controller")
+        )
         health = DesiredHealth(timeout_s=60)
         serial = [200]
         incoming = dev.root / "blobs" / "incoming"
