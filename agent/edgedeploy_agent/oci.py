@@ -14,6 +14,8 @@ import http.client
 import json
 import re
 import shutil
+import socket
+import threading
 import urllib.error
 import urllib.request
 from typing import Any, Callable, NamedTuple, Optional
@@ -42,6 +44,12 @@ class PullError(AgentError):
 
 class DigestMismatch(PullError):
     code = "blob-digest-mismatch"
+
+
+class PullCancelled(PullError):
+    """`OciPuller.abort()` was called (a newer desired document came): the `.part` stays for a resume."""
+
+    code = "pull-cancelled"
 
 
 class Ref(NamedTuple):
@@ -73,8 +81,26 @@ class OciPuller:
     def __init__(self, base_url: str, blobs: BlobStore, timeout: float = 30.0) -> None:
         self.base = base_url.rstrip("/")
         self.blobs, self.timeout = blobs, timeout
+        self.cancelled = threading.Event()
+        self._response: Any = None  # the response being read, for abort() to cut
+
+    def abort(self) -> None:
+        """From another thread: stop the pull within one chunk. A read blocked on a silent server is cut by
+        shutting its socket down; what is on disk stays (`.part`, resumed by the next pull)."""
+        self.cancelled.set()
+        sock = getattr(getattr(getattr(self._response, "fp", None), "raw", None), "_sock", None)
+        if sock is not None:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+    def _check_cancelled(self) -> None:
+        if self.cancelled.is_set():
+            raise PullCancelled("the download was cancelled: a newer desired document came")
 
     def _open(self, url: str, headers: dict[str, str]) -> Any:
+        self._check_cancelled()
         req = urllib.request.Request(url, headers=headers)
         try:
             return urllib.request.urlopen(req, timeout=self.timeout)
@@ -88,9 +114,14 @@ class OciPuller:
         url = f"{self.base}/v2/{ref.repo}/manifests/sha256:{ref.sha}"
         try:
             with self._open(url, {"Accept": OCI_MANIFEST}) as r:
+                self._response = r
                 body = r.read(4 << 20)
         except (OSError, http.client.HTTPException) as e:
+            self._check_cancelled()
             raise PullError(f"reading {url}: {e}") from None
+        finally:
+            self._response = None
+        self._check_cancelled()
         if hashlib.sha256(body).hexdigest() != ref.sha:
             raise DigestMismatch(f"manifest from {url} does not hash to sha256:{ref.sha[:16]}...")
         try:
@@ -151,13 +182,17 @@ class OciPuller:
         if have < size:
             headers = {"Range": f"bytes={have}-"} if have else {}
             with self._open(url, headers) as r:
+                self._response = r
                 if have and r.status != 206:
                     have, restarted = 0, 1  # the whole blob came back: start this blob again
                 mode = "ab" if have else "wb"
                 try:
                     with open(part, mode) as f:
                         while True:
-                            chunk = r.read(CHUNK)
+                            # read1: what has arrived (up to CHUNK), not a blocking wait for a whole CHUNK, so
+                            # a trickling server cannot hold off abort() for longer than one byte takes
+                            chunk = r.read1(CHUNK)
+                            self._check_cancelled()
                             if not chunk:
                                 break
                             f.write(chunk)
@@ -167,6 +202,7 @@ class OciPuller:
                                 break
                             progress(have)
                 except OSError as e:
+                    self._check_cancelled()  # abort() shut the socket down
                     if e.errno in (errno.ENOSPC, errno.EDQUOT):  # another writer filled the disk meanwhile
                         part.unlink(missing_ok=True)
                         raise InsufficientSpace(
@@ -176,7 +212,11 @@ class OciPuller:
                         ) from None
                     raise PullError(f"download of blob {sha[:16]} broke off at {have} of {size} bytes: {e}") from None
                 except http.client.HTTPException as e:
+                    self._check_cancelled()
                     raise PullError(f"download of blob {sha[:16]} broke off at {have} of {size} bytes: {e}") from None
+                finally:
+                    self._response = None
+        self._check_cancelled()
         if have != size:
             if have > size:
                 part.unlink()

@@ -38,7 +38,7 @@ from .desired import (
 from .durable import write_atomic
 from .errors import AgentError, HealthCheckFailed, StateError
 from .lifecycle import Deployment, rollback
-from .oci import DigestMismatch, OciPuller, PullError, parse_ref
+from .oci import DigestMismatch, OciPuller, Pulled, PullError, Ref, parse_ref
 from .service import HealthObjectives, make_service
 from .store import DeviceStore
 
@@ -349,7 +349,9 @@ class Watcher:
         while not self.stop.is_set():
             self._publish("downloading", **base, progress={"bytes": 0, "total": None})
             try:
-                pulled = puller.pull(ref, progress)
+                pulled = self._pull_unless_preempted(puller, ref, progress)
+                if pulled is None:
+                    return None  # a newer message (or stop): the main loop takes it; the .part files stay
                 return pulled.manifest_sha, pulled.signature_sha
             except DigestMismatch as e:
                 mismatches += 1
@@ -372,6 +374,34 @@ class Watcher:
             if self.wake.wait(backoff_delay(attempt, self.cfg.backoff_min_s, self.cfg.backoff_max_s, self.rng)):
                 return None  # a newer message: the main loop takes it (and may resume this download)
         return None
+
+    def _pull_unless_preempted(
+        self, puller: OciPuller, ref: Ref, progress: Callable[[int, int], None]
+    ) -> Optional[Pulled]:
+        """puller.pull in a thread while this one watches for a newer desired document: one arriving (or
+        stop) aborts the pull within a chunk (a trickling registry, even a silent one: abort() shuts the socket
+        down) and returns None, so a rollback is never stuck behind a download. The pull's errors are raised
+        here, as if it ran in this thread."""
+        outcome: dict[str, Any] = {}
+
+        def work() -> None:
+            try:
+                outcome["pulled"] = puller.pull(ref, progress)
+            except BaseException as e:  # handed to the watch's thread
+                outcome["error"] = e
+
+        worker = threading.Thread(target=work, name="pull", daemon=True)
+        worker.start()
+        while worker.is_alive():
+            if self.wake.wait(0.2) or self.stop.is_set():  # not cleared: the main loop sees the news
+                puller.abort()
+                worker.join(10)
+                log.info("download of %s pre-empted by a newer document", ref.sha[:16])
+                return None
+        if "error" in outcome:
+            raise outcome["error"]
+        pulled: Pulled = outcome["pulled"]
+        return pulled
 
     def _finish(self, doc: DesiredDoc, state: str, base: dict[str, Any], **fields: Any) -> None:
         data = self._load()
