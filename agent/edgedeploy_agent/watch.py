@@ -37,7 +37,7 @@ from .desired import (
 )
 from .durable import write_atomic
 from .errors import AgentError, HealthCheckFailed, StateError
-from .lifecycle import Deployment, rollback
+from .lifecycle import Deployment, rollback, watch_for_interruptions
 from .oci import DigestMismatch, OciPuller, Pulled, PullError, Ref, parse_ref
 from .service import HealthObjectives, make_service
 from .store import DeviceStore
@@ -213,6 +213,7 @@ class Watcher:
 
     # --- the work -------------------------------------------------------------------------------
     def run(self, max_seconds: Optional[float] = None) -> int:
+        watch_for_interruptions(self.store)  # a device whose service is stopped finishes a cut-off transition too
         self.client = self._make_client()
         self._connects = 0
         net = threading.Thread(target=self._network, name="mqtt", daemon=True)
