@@ -24,7 +24,16 @@ from .durable import write_atomic
 from .errors import AgentError, StateError
 from .facts import Facts
 from .heartbeat import present_health
-from .lifecycle import BundleSource, Deployment, describe_release, recover, rollback
+from .lifecycle import (
+    FINISH_HEALTH_TIMEOUT_S,
+    BundleSource,
+    Deployment,
+    describe_release,
+    finish_interrupted,
+    recover,
+    rollback,
+    watch_for_interruptions,
+)
 from .service import HealthObjectives, make_service, read_health
 from .store import DeviceStore
 from .trust import TrustStore
@@ -135,6 +144,9 @@ def _recover(store: DeviceStore, args: argparse.Namespace) -> dict[str, Any]:
     pending = store.state()["pending"]
     # only a transition nobody is running is recovered: never undo a deploy in flight
     with store.exclusive("recovery"):
+        if args.finish:  # the device on its own (the service at start, the watch): health check, commit or back
+            done = finish_interrupted(store, make_service(store), args.timeout or FINISH_HEALTH_TIMEOUT_S)
+            return {"recovered": pending, "finished": done, "current": store.state()["current"]}
         current = recover(store, make_service(store))
     return {"recovered": pending, "current": current if pending else store.state()["current"]}
 
@@ -312,6 +324,12 @@ def _parser() -> argparse.ArgumentParser:
     s.set_defaults(fn=_trust)
 
     s = sub.add_parser("recover", help="finish a deploy or rollback a crash interrupted (back to the last commit)")
+    s.add_argument(
+        "--finish",
+        action="store_true",
+        help="a deploy cut off in activation or health check: run its health check, commit or roll back",
+    )
+    s.add_argument("--timeout", type=float, help=f"health check seconds (default {FINISH_HEALTH_TIMEOUT_S:g})")
     s.set_defaults(fn=_recover)
 
     s = sub.add_parser("rollback", help="go back to the previous release")
@@ -368,6 +386,8 @@ def main(argv: Optional[list[str]] = None) -> int:
             return e.exit_code
         from .loop import run_agent
 
+        # the service finishes a transition a lost connection cut off, at start and whenever one is left
+        watch_for_interruptions(store)
         return run_agent(store, max_frames=args.max_frames)
     fn: Callable[[DeviceStore, argparse.Namespace], dict[str, Any]] = args.fn
     try:

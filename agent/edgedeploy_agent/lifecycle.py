@@ -13,6 +13,9 @@ A refused bundle (untrusted, incompatible, unreadable, failing to stage) leaves 
 uploaded file or blobs are removed at refusal, and `recover()` sweeps uploads nobody will use.
 """
 
+import subprocess
+import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any, Optional, Protocol, Union
@@ -61,6 +64,14 @@ class Transition:
         self.store, self.state, self.release = store, state, release
         self.previous: Optional[str] = state["current"]
         state["pending"] = {"kind": kind, "release": release, "from": self.previous, "state": None, "started": utcnow()}
+
+    @classmethod
+    def resume(cls, store: DeviceStore, state: dict[str, Any]) -> "Transition":
+        """The transition state["pending"] describes, picked up where it was cut off."""
+        self = cls.__new__(cls)
+        self.store, self.state, self.release = store, state, state["pending"]["release"]
+        self.previous = state["pending"].get("from", state["current"])
+        return self
 
     def move(self, to: str) -> None:
         pending = self.state["pending"]
@@ -232,6 +243,114 @@ def recover(store: DeviceStore, service: Service) -> Optional[str]:
     state["pending"] = None
     store.save_state(state)
     return old
+
+
+FINISH_HEALTH_TIMEOUT_S = 120.0  # the health check a device finishes by itself (no host to say otherwise)
+FINISH_CHECK_EVERY_S = 10.0  # how often a running service looks for an interrupted transition
+
+
+def interrupted(store: DeviceStore) -> Optional[dict[str, Any]]:
+    """The pending transition nobody runs: every deploy, rollback and recovery holds the device lock for the
+    whole transition, and the kernel drops a dead process's lock, so a pending transition with the lock free was
+    cut off (its SSH session killed, its process or the device died). Read only."""
+    try:
+        pending: Optional[dict[str, Any]] = store.state().get("pending")
+    except AgentError:
+        return None
+    if not pending or store.busy():
+        return None
+    return pending
+
+
+def spawn_finisher(store: DeviceStore) -> None:
+    """`edgedeploy-agent recover --finish` in a session of its own: it outlives the service that starts it (it
+    restarts that service) and takes the device lock itself (a second one is refused by the lock)."""
+    log = open(store.logs / "agent.log", "ab")
+    try:
+        log.write(f"{utcnow()} edgedeploy-agent: finishing an interrupted transition\n".encode())
+        log.flush()
+        subprocess.Popen(
+            [sys.executable, "-m", "edgedeploy_agent", "--root", str(store.root), "--json", "recover", "--finish"],
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            close_fds=True,
+            cwd=str(store.root),
+        )
+    finally:
+        log.close()
+
+
+def watch_for_interruptions(store: DeviceStore, every: float = FINISH_CHECK_EVERY_S) -> Optional[threading.Thread]:
+    """For a long-running process (the service, the watch): now and every `every` s, a transition nobody runs
+    is finished by a spawned finisher (at most one per FINISH_HEALTH_TIMEOUT_S).
+
+    Process mode only, for now: in systemd mode the finisher would be in the unit's cgroup, and the restart it
+    asks for would kill it mid-transition (then the next start would spawn it again); it needs a unit of its own
+    (a oneshot started like the restart path unit). Until then a systemd device finishes with `recover --finish`
+    or the next deploy's recovery."""
+    try:
+        if store.config().service != "process":
+            return None
+    except AgentError:
+        return None
+
+    def check() -> None:
+        last = -FINISH_HEALTH_TIMEOUT_S
+        while True:
+            if interrupted(store) and time.monotonic() - last >= FINISH_HEALTH_TIMEOUT_S:
+                last = time.monotonic()
+                try:
+                    spawn_finisher(store)
+                except OSError as e:
+                    print(f"edgedeploy-agent: cannot start the finisher: {e}", file=sys.stderr, flush=True)
+            time.sleep(every)
+
+    thread = threading.Thread(target=check, name="interrupted", daemon=True)
+    thread.start()
+    return thread
+
+
+def finish_interrupted(
+    store: DeviceStore, service: Service, timeout: float = FINISH_HEALTH_TIMEOUT_S
+) -> Optional[dict[str, Any]]:
+    """Finish a transition a lost connection cut off, on the device alone (as Mender and RAUC devices do).
+
+    A deploy cut off while `activating` or in its `health-check` (its release is whole: it was verified and
+    its signature, serial and profile checked before the transition began) gets its health check run again on
+    real frames, against the bundle's own objectives (the host's command-line objectives went with the host):
+    healthy, it is committed; not, the device goes back to the release it ran before and that is restarted.
+    Anything else (a stage cut off, a rollback) goes back to the last committed release (`recover`), and that
+    release is restarted if it is not serving. Callers hold `exclusive`. Returns what was done, or None."""
+    state = store.state()
+    pending = state.get("pending")
+    if not pending:
+        return None
+    release, step = pending.get("release"), pending.get("state")
+    if pending.get("kind") == "deploy" and step in ("activating", "health-check") and release:
+        try:
+            manifest = store.load_release(release)
+        except AgentError:
+            manifest = None
+        if manifest is not None:
+            transition = Transition.resume(store, state)
+            if step == "activating":
+                transition.move("health-check")
+            store.activate(release)
+            service.restart()
+            try:
+                wait_healthy(store, service, release, timeout, HealthObjectives().with_bundle(manifest.health))
+            except (RuntimeError, TimeoutError) as e:
+                back = Deployment(store, service)._roll_back(transition, f"after an interruption: {e}", timeout)
+                return {"outcome": "rolled-back", "release": back, "refused": release, "reason": str(e)}
+            serial = None if manifest.serial is None else {"serial": manifest.serial, "bundle_id": manifest.bundle_id}
+            transition.commit("committed-after-interruption", serial)
+            return {"outcome": "committed", "release": release, "previous": transition.previous}
+    old = recover(store, service)
+    if old and not service.is_running():
+        service.restart()
+    return {"outcome": "recovered", "release": old, "interrupted": step}
 
 
 def rollback(store: DeviceStore, service: Service, timeout: float) -> dict[str, Any]:

@@ -8,17 +8,22 @@ verified by BlobStore.has (hashed; deleted on mismatch), so nothing unverified i
 pull the existing deploy path (BlobSource -> Deployment) checks signature, serial, expiry and profile.
 """
 
+import errno
 import hashlib
 import http.client
 import json
 import re
+import shutil
+import socket
+import threading
 import urllib.error
 import urllib.request
 from typing import Any, Callable, NamedTuple, Optional
 
 from .blobs import BlobStore
 from .durable import move_durably
-from .errors import AgentError, BundleError
+from .errors import AgentError, BundleError, InsufficientSpace
+from .store import SPACE_MARGIN_BYTES
 
 OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
 CONFIG_MEDIA_TYPE = "application/vnd.edgedeploy.manifest.v1+json"
@@ -39,6 +44,12 @@ class PullError(AgentError):
 
 class DigestMismatch(PullError):
     code = "blob-digest-mismatch"
+
+
+class PullCancelled(PullError):
+    """`OciPuller.abort()` was called (a newer desired document came): the `.part` stays for a resume."""
+
+    code = "pull-cancelled"
 
 
 class Ref(NamedTuple):
@@ -70,8 +81,26 @@ class OciPuller:
     def __init__(self, base_url: str, blobs: BlobStore, timeout: float = 30.0) -> None:
         self.base = base_url.rstrip("/")
         self.blobs, self.timeout = blobs, timeout
+        self.cancelled = threading.Event()
+        self._response: Any = None  # the response being read, for abort() to cut
+
+    def abort(self) -> None:
+        """From another thread: stop the pull within one chunk. A read blocked on a silent server is cut by
+        shutting its socket down; what is on disk stays (`.part`, resumed by the next pull)."""
+        self.cancelled.set()
+        sock = getattr(getattr(getattr(self._response, "fp", None), "raw", None), "_sock", None)
+        if sock is not None:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+    def _check_cancelled(self) -> None:
+        if self.cancelled.is_set():
+            raise PullCancelled("the download was cancelled: a newer desired document came")
 
     def _open(self, url: str, headers: dict[str, str]) -> Any:
+        self._check_cancelled()
         req = urllib.request.Request(url, headers=headers)
         try:
             return urllib.request.urlopen(req, timeout=self.timeout)
@@ -85,9 +114,14 @@ class OciPuller:
         url = f"{self.base}/v2/{ref.repo}/manifests/sha256:{ref.sha}"
         try:
             with self._open(url, {"Accept": OCI_MANIFEST}) as r:
+                self._response = r
                 body = r.read(4 << 20)
         except (OSError, http.client.HTTPException) as e:
+            self._check_cancelled()
             raise PullError(f"reading {url}: {e}") from None
+        finally:
+            self._response = None
+        self._check_cancelled()
         if hashlib.sha256(body).hexdigest() != ref.sha:
             raise DigestMismatch(f"manifest from {url} does not hash to sha256:{ref.sha[:16]}...")
         try:
@@ -109,6 +143,7 @@ class OciPuller:
         done = sum(size for sha, size in wanted if self.blobs.has(sha))
         fetched = restarts = 0
         self.blobs.init()
+        self.check_space([(sha, size) for sha, size in wanted if not self.blobs.has(sha)])
         for sha, size in wanted:
             if self.blobs.has(sha):
                 continue
@@ -118,6 +153,22 @@ class OciPuller:
             done += size
             progress(done, total)
         return Pulled(wanted[0][0], sig[0] if sig else None, fetched, restarts)
+
+    def check_space(self, missing: list[tuple[str, int]]) -> None:
+        """Before the first byte: the bytes still to come (the manifest's sizes, less what the `.part` files
+        hold) and a margin must fit in the free space of the device root, or the pull is refused (`no-space`)
+        and this bundle's `.part` files go (they could not complete; kept, they would only fill the disk)."""
+        needed = sum(size - min(self.blobs.partial_bytes(sha), size) for sha, size in missing)
+        free = shutil.disk_usage(self.blobs.incoming).free
+        if free >= needed + SPACE_MARGIN_BYTES:
+            return
+        for sha, _ in missing:
+            (self.blobs.incoming / f"{sha}.part").unlink(missing_ok=True)
+        raise InsufficientSpace(
+            f"bundle needs {_mib(needed)} more (+ {_mib(SPACE_MARGIN_BYTES)} margin), "
+            f"device has {_mib(free)} free under {self.blobs.incoming.parent.parent}",
+            hint="free space on the device or remove old releases",
+        )
 
     def _blob(self, ref: Ref, sha: str, size: int, progress: Callable[[int], None]) -> tuple[int, int]:
         """Download one blob into incoming/<sha>.part (resuming), then verify it. Returns (bytes fetched, restarts)."""
@@ -131,13 +182,17 @@ class OciPuller:
         if have < size:
             headers = {"Range": f"bytes={have}-"} if have else {}
             with self._open(url, headers) as r:
+                self._response = r
                 if have and r.status != 206:
                     have, restarted = 0, 1  # the whole blob came back: start this blob again
                 mode = "ab" if have else "wb"
                 try:
                     with open(part, mode) as f:
                         while True:
-                            chunk = r.read(CHUNK)
+                            # read1: what has arrived (up to CHUNK), not a blocking wait for a whole CHUNK, so
+                            # a trickling server cannot hold off abort() for longer than one byte takes
+                            chunk = r.read1(CHUNK)
+                            self._check_cancelled()
                             if not chunk:
                                 break
                             f.write(chunk)
@@ -146,8 +201,22 @@ class OciPuller:
                             if have > size:
                                 break
                             progress(have)
-                except (OSError, http.client.HTTPException) as e:
+                except OSError as e:
+                    self._check_cancelled()  # abort() shut the socket down
+                    if e.errno in (errno.ENOSPC, errno.EDQUOT):  # another writer filled the disk meanwhile
+                        part.unlink(missing_ok=True)
+                        raise InsufficientSpace(
+                            f"the disk filled up at {have} of {size} bytes of blob {sha[:16]}; the partial blob "
+                            "was removed",
+                            hint="free space on the device or remove old releases",
+                        ) from None
                     raise PullError(f"download of blob {sha[:16]} broke off at {have} of {size} bytes: {e}") from None
+                except http.client.HTTPException as e:
+                    self._check_cancelled()
+                    raise PullError(f"download of blob {sha[:16]} broke off at {have} of {size} bytes: {e}") from None
+                finally:
+                    self._response = None
+        self._check_cancelled()
         if have != size:
             if have > size:
                 part.unlink()
@@ -157,6 +226,10 @@ class OciPuller:
         if not self.blobs.has(sha):  # hashed; a mismatch is deleted, so the next try starts clean
             raise DigestMismatch(f"blob {sha[:16]} from {url} does not match its sha256; discarded")
         return fetched, restarted
+
+
+def _mib(n: int) -> str:
+    return f"{n / (1 << 20):.1f} MiB"
 
 
 def _offset(progress: Progress, base: int, total: int) -> Callable[[int], None]:

@@ -13,6 +13,7 @@ ROOT/watch.json        broker, read-only registry endpoint, credentials file, TL
 ROOT/watch/state.json  the serial floor and the last accepted document, so a restart resumes
 """
 
+import errno
 import json
 import logging
 import random
@@ -36,8 +37,8 @@ from .desired import (
 )
 from .durable import write_atomic
 from .errors import AgentError, HealthCheckFailed, StateError
-from .lifecycle import Deployment, rollback
-from .oci import DigestMismatch, OciPuller, PullError, parse_ref
+from .lifecycle import Deployment, rollback, watch_for_interruptions
+from .oci import DigestMismatch, OciPuller, Pulled, PullError, Ref, parse_ref
 from .service import HealthObjectives, make_service
 from .store import DeviceStore
 
@@ -97,12 +98,15 @@ class Watcher:
         self.connected = threading.Event()
         self._lock = threading.Lock()
         self._inbox: Optional[bytes] = None
+        self._unsaved: Optional[dict[str, Any]] = None  # the state a full disk kept off state.json
         self._floor: Optional[int] = self._load().get("serial")  # every status says it (the controller's serials)
         self._last_status = status_doc(self.device, "idle", release=self._release(), floor=self._floor)
         self.client: Any = None
 
     # --- persisted state ------------------------------------------------------------------------
     def _load(self) -> dict[str, Any]:
+        if self._unsaved is not None:
+            return dict(self._unsaved)
         try:
             data = json.loads(self.state_path.read_text(encoding="utf-8"))
         except (FileNotFoundError, ValueError):
@@ -112,9 +116,20 @@ class Watcher:
         return data
 
     def _save(self, data: dict[str, Any]) -> None:
-        self.state_path.parent.mkdir(parents=True, exist_ok=True)
-        write_atomic(self.state_path, json.dumps(data))
+        """state.json, durably; on a full disk the state is kept in memory (the floor holds for this process;
+        a restart rereads the old file, whose floor is lower or equal, never higher) and the watch goes on:
+        crashing here would crash-loop on every restart until someone freed space by hand."""
         self._floor = data.get("serial")
+        try:
+            self.state_path.parent.mkdir(parents=True, exist_ok=True)
+            write_atomic(self.state_path, json.dumps(data))
+        except OSError as e:
+            if e.errno not in (errno.ENOSPC, errno.EDQUOT):
+                raise
+            log.warning("cannot write %s (%s): kept in memory until the disk has room", self.state_path, e)
+            self._unsaved = dict(data)
+        else:
+            self._unsaved = None
 
     def _release(self) -> Optional[str]:
         try:
@@ -198,6 +213,7 @@ class Watcher:
 
     # --- the work -------------------------------------------------------------------------------
     def run(self, max_seconds: Optional[float] = None) -> int:
+        watch_for_interruptions(self.store)  # a device whose service is stopped finishes a cut-off transition too
         self.client = self._make_client()
         self._connects = 0
         net = threading.Thread(target=self._network, name="mqtt", daemon=True)
@@ -210,10 +226,16 @@ class Watcher:
                 self.wake.clear()
                 with self._lock:
                     payload, self._inbox = self._inbox, None
-                if payload is not None:
-                    self._handle(payload)
-                elif not fired:
-                    self._retry_last()
+                try:
+                    if payload is not None:
+                        self._handle(payload)
+                    elif not fired:
+                        self._retry_last()
+                except OSError as e:  # a full disk (or a failing one) is reported; the watch keeps running
+                    if e.errno not in (errno.ENOSPC, errno.EDQUOT):
+                        raise
+                    log.warning("disk full: %s", e)
+                    self._publish("refused", code="no-space", message=f"the device root is full: {e}")
                 if end is not None and time.monotonic() >= end:
                     break
         finally:
@@ -328,7 +350,9 @@ class Watcher:
         while not self.stop.is_set():
             self._publish("downloading", **base, progress={"bytes": 0, "total": None})
             try:
-                pulled = puller.pull(ref, progress)
+                pulled = self._pull_unless_preempted(puller, ref, progress)
+                if pulled is None:
+                    return None  # a newer message (or stop): the main loop takes it; the .part files stay
                 return pulled.manifest_sha, pulled.signature_sha
             except DigestMismatch as e:
                 mismatches += 1
@@ -341,11 +365,44 @@ class Watcher:
             except AgentError as e:  # not an edgedeploy artifact
                 self._finish(doc, "refused", base, code=e.code, message=e.message)
                 return None
+            except OSError as e:  # the device root is full (or failing): a refusal, never a crash
+                if e.errno not in (errno.ENOSPC, errno.EDQUOT):
+                    raise
+                self._finish(doc, "refused", base, code="no-space", message=f"the device root is full: {e}")
+                return None
             self._publish("downloading", **base, code=err.code, message=err.message)
             attempt += 1
             if self.wake.wait(backoff_delay(attempt, self.cfg.backoff_min_s, self.cfg.backoff_max_s, self.rng)):
                 return None  # a newer message: the main loop takes it (and may resume this download)
         return None
+
+    def _pull_unless_preempted(
+        self, puller: OciPuller, ref: Ref, progress: Callable[[int, int], None]
+    ) -> Optional[Pulled]:
+        """puller.pull in a thread while this one watches for a newer desired document: one arriving (or
+        stop) aborts the pull within a chunk (a trickling registry, even a silent one: abort() shuts the socket
+        down) and returns None, so a rollback is never stuck behind a download. The pull's errors are raised
+        here, as if it ran in this thread."""
+        outcome: dict[str, Any] = {}
+
+        def work() -> None:
+            try:
+                outcome["pulled"] = puller.pull(ref, progress)
+            except BaseException as e:  # handed to the watch's thread
+                outcome["error"] = e
+
+        worker = threading.Thread(target=work, name="pull", daemon=True)
+        worker.start()
+        while worker.is_alive():
+            if self.wake.wait(0.2) or self.stop.is_set():  # not cleared: the main loop sees the news
+                puller.abort()
+                worker.join(10)
+                log.info("download of %s pre-empted by a newer document", ref.sha[:16])
+                return None
+        if "error" in outcome:
+            raise outcome["error"]
+        pulled: Pulled = outcome["pulled"]
+        return pulled
 
     def _finish(self, doc: DesiredDoc, state: str, base: dict[str, Any], **fields: Any) -> None:
         data = self._load()

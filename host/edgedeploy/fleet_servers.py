@@ -2,9 +2,10 @@
 
 Tests, the benchmark and a pilot fleet start the same Debian packages the same way: `docker-registry
 serve CONFIG` (an origin that takes pushes with htpasswd auth, and a pull-through cache in front of it
-that refuses pushes: the devices' read-only endpoint) and `mosquitto -c CONFIG` (one user per device,
-an ACL that lets a device read only its own desired topic and write only its own status topic, the
-controller writes desired state; optionally a TLS listener with a fleet CA). Each is stopped by its PID.
+that refuses pushes: the devices' read-only endpoint) and `mosquitto -c CONFIG` (a devices' listener with
+one user per device, the client id bound to the user, an ACL that lets a device read only its own desired
+topic and write only its own status topic; a controller's listener where the controller writes desired state;
+optionally TLS listeners with a fleet CA). Each is stopped by its PID.
 """
 
 from __future__ import annotations
@@ -165,6 +166,8 @@ class LocalBroker(_Server):
         self.devices, self.controller_password, self.tls = devices, controller_password, tls
         self.port = free_port()
         self.tls_port = free_port() if tls else None
+        self.controller_port = free_port()  # the controller's own listener (_write says why)
+        self.controller_tls_port = free_port() if tls else None
         # mosquitto started as root drops to user `mosquitto`, which must read its folder: a folder of its
         # own under /tmp, not inside a root-only test temp dir
         self.base = Path(tempfile.mkdtemp(prefix="edgedeploy-mq-"))
@@ -174,40 +177,58 @@ class LocalBroker(_Server):
 
     @property
     def address(self) -> str:
+        """Where devices connect."""
         return f"{self.host}:{self.port}"
 
+    @property
+    def controller_address(self) -> str:
+        """Where the controller (`rollout` / `status --via mqtt`) connects."""
+        return f"{self.host}:{self.controller_port}"
+
     def _write(self) -> None:
-        passwd = self.base / "passwd"
-        passwd.write_text(
-            "".join(f"{u}:{p}\n" for u, p in {CONTROLLER: self.controller_password, **self.devices}.items())
-        )
-        subprocess.run(["mosquitto_passwd", "-U", str(passwd)], check=True, capture_output=True)
-        acl = self.base / "acl"
-        acl.write_text(
-            f"user {CONTROLLER}\ntopic readwrite edgedeploy/#\n\n"
-            "pattern read edgedeploy/v1/desired/%u\npattern readwrite edgedeploy/v1/status/%u\n"
-        )
-        lines = [
-            "per_listener_settings false",
+        """Two listeners, each with its own accounts (`per_listener_settings true`): devices on `port` (and
+        `tls_port`), where `use_username_as_clientid true` makes every session's client id its user name, so one
+        device's password cannot connect as another device's client id and take over (disconnect) its session;
+        the controller on `controller_port` (and `controller_tls_port`), where client ids are free (several
+        controllers at once: `status` while a `rollout` runs) and no device account exists. One broker behind
+        both: retained messages and sessions are shared."""
+        devices_pw, controller_pw = self.base / "passwd", self.base / "passwd-controller"
+        devices_pw.write_text("".join(f"{u}:{p}\n" for u, p in self.devices.items()))
+        controller_pw.write_text(f"{CONTROLLER}:{self.controller_password}\n")
+        for passwd in (devices_pw, controller_pw):
+            subprocess.run(["mosquitto_passwd", "-U", str(passwd)], check=True, capture_output=True)
+        devices_acl, controller_acl = self.base / "acl", self.base / "acl-controller"
+        devices_acl.write_text("pattern read edgedeploy/v1/desired/%u\npattern readwrite edgedeploy/v1/status/%u\n")
+        controller_acl.write_text(f"user {CONTROLLER}\ntopic readwrite edgedeploy/#\n")
+        device_settings = [
             "allow_anonymous false",
-            f"password_file {passwd}",
-            f"acl_file {acl}",
+            "use_username_as_clientid true",
+            f"password_file {devices_pw}",
+            f"acl_file {devices_acl}",
+        ]
+        controller_settings = ["allow_anonymous false", f"password_file {controller_pw}", f"acl_file {controller_acl}"]
+        lines = [
+            "per_listener_settings true",
             "persistence true",
             f"persistence_location {self.base}/",
             "max_connections -1",
             "max_queued_messages 10000",
             f"log_dest file {self.log}",
             f"listener {self.port} {self.host}",
+            *device_settings,
+            f"listener {self.controller_port} {self.host}",
+            *controller_settings,
         ]
-        if self.tls_port:
+        if self.tls_port and self.controller_tls_port:
             self.ca_file = _fleet_ca(self.base, self.host)
-            lines += [
-                f"listener {self.tls_port} {self.host}",
+            tls = [
                 f"cafile {self.ca_file}",
                 f"certfile {self.base / 'server.crt'}",
                 f"keyfile {self.base / 'server.key'}",
                 "tls_version tlsv1.2",
             ]
+            lines += [f"listener {self.tls_port} {self.host}", *device_settings, *tls]
+            lines += [f"listener {self.controller_tls_port} {self.host}", *controller_settings, *tls]
         self.config.write_text("\n".join(lines) + "\n")
         if os.geteuid() == 0:
             pw = pwd.getpwnam("mosquitto")
@@ -225,6 +246,7 @@ class LocalBroker(_Server):
             stdin=subprocess.DEVNULL,
         )
         _wait_port(self.host, self.port, self.proc, self.log)
+        _wait_port(self.host, self.controller_port, self.proc, self.log)
         return self
 
     def rss_kib(self) -> int | None:

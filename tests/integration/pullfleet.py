@@ -65,7 +65,7 @@ class PullFleet:
         pw.write_text(self.broker.controller_password)
         pw.chmod(0o600)
         (home / "config" / "fleet.toml").write_text(
-            f'[mqtt]\nbroker = "{self.broker.address}"\nusername = "{CONTROLLER}"\npassword_file = "{pw}"\n'
+            f'[mqtt]\nbroker = "{self.broker.controller_address}"\nusername = "{CONTROLLER}"\npassword_file = "{pw}"\n'
             '[rollout]\nkey = "rollout-1"\nexpires_hours = 1\n'
         )
 

@@ -103,7 +103,9 @@ def test_refusals_leave_the_device_on_its_release(
     good = _publish(fleet, two_releases[0])
     release = read_manifest(two_releases[0]).release_name
     assert cli("keys", "generate", "foreign").code == 0
-    settings = MqttSettings(broker=fleet.broker.address, password_file=str(hermetic / "config" / "mqtt-controller"))
+    settings = MqttSettings(
+        broker=fleet.broker.controller_address, password_file=str(hermetic / "config" / "mqtt-controller")
+    )
     health = DesiredHealth(timeout_s=60)
     serial = [100]
 
@@ -164,7 +166,9 @@ def test_corrupt_blob_and_registry_down(
     a, b = two_releases
     ref_a, ref_b = _publish(fleet, a), _publish(fleet, b)
     new_b = bundle_blobs(b).manifest_sha  # b shares its artifacts with a: its manifest is what dev1 lacks
-    settings = MqttSettings(broker=fleet.broker.address, password_file=str(hermetic / "config" / "mqtt-controller"))
+    settings = MqttSettings(
+        broker=fleet.broker.controller_address, password_file=str(hermetic / "config" / "mqtt-controller")
+    )
     with FaultProxy(fleet.readonly.url) as proxy:
         dev = fleet.devices["dev1"]
         cfg = json.loads((dev.root / "watch.json").read_text())

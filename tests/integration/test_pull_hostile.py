@@ -66,7 +66,7 @@ def _controller(broker: LocalBroker, home: Path) -> MqttSettings:
     pw = home / "config" / "mqtt-controller"
     pw.parent.mkdir(parents=True, exist_ok=True)
     pw.write_text(broker.controller_password)
-    return MqttSettings(broker=broker.address, username=CONTROLLER, password_file=str(pw))
+    return MqttSettings(broker=broker.controller_address, username=CONTROLLER, password_file=str(pw))
 
 
 @pytest.fixture
@@ -77,7 +77,7 @@ def two_devices(hermetic: Path, tmp_path: Path) -> Iterator[tuple[LocalBroker, P
         settings = _controller(broker, hermetic)
         generate_key("rollout-1")
         (hermetic / "config" / "fleet.toml").write_text(
-            f'[mqtt]\nbroker = "{broker.address}"\nusername = "{CONTROLLER}"\npassword_file = '
+            f'[mqtt]\nbroker = "{broker.controller_address}"\nusername = "{CONTROLLER}"\npassword_file = '
             f'"{settings.password_file}"\n[rollout]\nkey = "rollout-1"\nexpires_hours = 1\n'
         )
         inv = tmp_path / "devices.toml"
@@ -157,7 +157,9 @@ def test_a_deep_desired_document_is_refused_without_a_crash_loop_and_serials_fol
     refusal names its serial (the rollout ends at once with the device's reason, not a timeout); a device
     that acted on a serial far ahead of this host's clock still takes this host's next rollout."""
     fleet = pull_fleet
-    settings = MqttSettings(broker=fleet.broker.address, password_file=str(hermetic / "config" / "mqtt-controller"))
+    settings = MqttSettings(
+        broker=fleet.broker.controller_address, password_file=str(hermetic / "config" / "mqtt-controller")
+    )
     a, b = signed(cli, mnist_bundle, tmp_path / "a.edb"), signed(cli, mnist_bundle, tmp_path / "b.edb")
     refs = [
         publish(x, f"{fleet.origin.address}/models/mnist", user=PUBLISHER[0], password=PUBLISHER[1]).ref for x in (a, b)

@@ -100,7 +100,7 @@ def test_rollback_shares_one_deadline_and_returns_a_fleet_result(hermetic: Path,
         pw = hermetic / "config" / "mqtt-controller"
         pw.write_text("ctl-pw")
         (hermetic / "config" / "fleet.toml").write_text(
-            f'[mqtt]\nbroker = "{broker.address}"\nusername = "{CONTROLLER}"\npassword_file = "{pw}"\n'
+            f'[mqtt]\nbroker = "{broker.controller_address}"\nusername = "{CONTROLLER}"\npassword_file = "{pw}"\n'
             '[rollout]\nkey = "rollout-1"\n'
         )
         rollouts_dir().mkdir(parents=True)

@@ -135,6 +135,7 @@ def test_broker_over_tls_with_a_fleet_ca(tmp_path: Path, hermetic: Path) -> None
                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
         try:
             (tmp_path / "ctl").write_text("ctl-pw")
+            tls = f"127.0.0.1:{broker.controller_tls_port}"  # the controller's own TLS listener
             settings = MqttSettings(broker=tls, password_file=str(tmp_path / "ctl"), ca_file=str(broker.ca_file))
             with Controller(settings, client_id="tls-controller") as c:
                 assert c.wait_status("dev1", lambda st: st.get("state") == "idle", 30).get("state") == "idle"
