@@ -13,6 +13,7 @@ from edgedeploy_agent.bundle import Target, check_compatible, read_manifest
 from edgedeploy_agent.errors import IncompatibleBundle
 from edgedeploy_agent.gpu import probe_cuda
 from tests.agent.bundles import make_bundle
+from tests.helpers import require
 
 FAKE = r"""
 #include <string.h>
@@ -26,8 +27,7 @@ int cuDeviceGetName(char *name, int len, int d) { strncpy(name, NAME, len); retu
 
 
 def fake_libcuda(tmp: Path, driver: int, sm: int, name: str) -> str:
-    if shutil.which("gcc") is None:
-        pytest.skip("needs gcc to build the fake driver")
+    require("GCC", "needs gcc to build the fake driver" if shutil.which("gcc") is None else None)
     src, lib = tmp / "fake.c", tmp / f"libcuda-{driver}-{sm}.so"
     src.write_text(FAKE)
     subprocess.run(

@@ -16,11 +16,10 @@ from typing import Any
 
 import numpy as np
 import pytest
+import tvm
 
-tvm = pytest.importorskip("tvm")
-
-from edgedeploy.compile.cuda_tiles import GemmConfig, default_config, neighbours  # noqa: E402
-from edgedeploy.compile.gemm_tuning import (  # noqa: E402
+from edgedeploy.compile.cuda_tiles import GemmConfig, default_config, neighbours
+from edgedeploy.compile.gemm_tuning import (
     TIMING,
     VERSION,
     GemmKernel,
@@ -31,13 +30,13 @@ from edgedeploy.compile.gemm_tuning import (  # noqa: E402
     time_in_model_state,
     tune,
 )
-from edgedeploy.errors import BuildError  # noqa: E402
-from tests.host.test_cuda_tiles import _int8_conv_model  # noqa: E402
-from tests.host.test_gpu_build import _toolchain_or_skip  # noqa: E402
+from edgedeploy.errors import BuildError
+from tests.host.cuda import dump_sass, require_toolchain
+from tests.host.models import int8_conv_model
 
 REPO = Path(__file__).resolve().parents[2]
 # the H200's search of ResNet-18 INT8 batch 64 in run16, timed back to back (before gemm_tuning.TIMING)
-CAPTURED = REPO / "bench/results/h200/run16-words-cp-async/tuning/resnet18.int8.bs64.async.gemm_configs.json"
+CAPTURED = REPO / "tests/fixtures/h200.resnet18.int8.bs64.gemm_configs.v1.json"  # tests/fixtures/README.md
 LAYER1_RESIDUAL = "9127d464f5600bdb"  # fused_dequantize_conv2d1_...: b1 m200704 n64 k576 int8
 TARGET = {"kind": "cuda", "arch": "sm_90", "host": {"kind": "llvm"}}
 
@@ -83,7 +82,7 @@ class CapturedH200:
 
 @pytest.fixture(scope="module")
 def layer1() -> Any:
-    _toolchain_or_skip("h200")
+    require_toolchain("h200")
     from edgedeploy.compile.cuda_toolchain import resolve_toolchain
     from edgedeploy.compile.tuning import tuning_module
     from edgedeploy.profiles import get_profile
@@ -93,7 +92,7 @@ def layer1() -> Any:
         for k, v in env.items():
             mp.setenv(k, v)  # the builder processes inherit it: nvcc, a stub libcuda
         with tvm.target.Target(TARGET):
-            mod = tuning_module(_int8_conv_model(batch=64, channels=64, size=56))
+            mod = tuning_module(int8_conv_model(batch=64, channels=64, size=56))
         yield mod
 
 
@@ -247,7 +246,7 @@ def test_around_layer4s_fastest_split_k_with_mma_and_deeper_pipelines() -> None:
     transform_layout failed on the 4-D buffer). A split in 3 (kernel rows of 3 x 512 channels) gathers the
     activations as 16-byte vectors; in 2 (2304 = 4.5 rows) TVM 0.27 gathers them byte by byte. The round
     also tries deeper cp.async pipelines where they fit."""
-    _toolchain_or_skip("h200")
+    require_toolchain("h200")
     from edgedeploy.compile.cuda_toolchain import resolve_toolchain
     from edgedeploy.compile.tuning import tuning_module
     from edgedeploy.profiles import get_profile
@@ -256,7 +255,7 @@ def test_around_layer4s_fastest_split_k_with_mma_and_deeper_pipelines() -> None:
         for k, v in resolve_toolchain(get_profile("h200")).env.items():
             mp.setenv(k, v)
         with tvm.target.Target(TARGET):
-            mod = tuning_module(_int8_conv_model(batch=64, channels=512, size=7, pad=1))
+            mod = tuning_module(int8_conv_model(batch=64, channels=512, size=7, pad=1))
         [kernel] = gemm_kernels(mod, tvm.target.Target(TARGET))
         assert kernel.shape == "b1 m3136 n512 k4608 int8" and kernel.gemm.mma and kernel.gemm.cp_async
         fastest = GemmConfig.parse("64x64-k64-v16-s1-a3-m")
@@ -319,7 +318,7 @@ def test_the_build_applies_a_tuned_configuration(layer1: Any) -> None:
 
     def threads(rule: TensorCoreGemm) -> set[int]:
         with target:
-            mod = tvm.transform.Sequential(legalize_passes(target, rule))(_int8_conv_model(64, 64, 56))
+            mod = tvm.transform.Sequential(legalize_passes(target, rule))(int8_conv_model(64, 64, 56))
         script = "\n".join(f.script() for f in mod.functions.values() if isinstance(f, tvm.tirx.PrimFunc))
         return {int(n) for n in re.findall(r'T.thread_binding\((?:T.int64\()?(\d+)\)?, thread="threadIdx.y"', script)}
 
@@ -371,35 +370,18 @@ def test_kernel_keys_leave_scalar_constants_out() -> None:
                     mod[f"{gv.name_hint}_{i}"] = f
         return gemm_kernels(mod, target)
 
-    [a] = kernels(_int8_conv_model(1, 64, 14, scales=(1e-3, 0.5)))
-    [b] = kernels(_int8_conv_model(1, 64, 14, scales=(7.3e-4, 0.031)))
-    [c] = kernels(_int8_conv_model(1, 32, 14))
+    [a] = kernels(int8_conv_model(1, 64, 14, scales=(1e-3, 0.5)))
+    [b] = kernels(int8_conv_model(1, 64, 14, scales=(7.3e-4, 0.031)))
+    [c] = kernels(int8_conv_model(1, 32, 14))
     assert a.key == b.key != c.key
     assert not tvm_ffi.structural_equal(a.func, b.func)  # the constants differ, and TVM's own hash sees them
-    [both] = kernels(_int8_conv_model(1, 64, 14, scales=(1e-3, 0.5)), _int8_conv_model(1, 64, 14, scales=(2e-3, 0.1)))
+    [both] = kernels(int8_conv_model(1, 64, 14, scales=(1e-3, 0.5)), int8_conv_model(1, 64, 14, scales=(2e-3, 0.1)))
     assert both.key == a.key and both.calls == 2
 
 
 def _sass_ops(library: Path, tmp_path: Path) -> dict[str, int]:
     """Instruction counts of a built library's device code (cuobjdump, as test_gpu_build reads it)."""
-    import os
-    import subprocess
-
-    from edgedeploy.compile.devcode import device_blobs
-    from tests.host.test_gpu_build import _cuobjdump
-
-    cuobjdump = _cuobjdump()
-    if cuobjdump is None or not (Path(cuobjdump).parent / "nvdisasm").exists():
-        pytest.skip("cuobjdump/nvdisasm not installed (pip install nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm)")
-    (Path(cuobjdump).parent / "nvdisasm").chmod(0o755)
-    [(kind, blob)] = device_blobs(library.read_bytes())
-    (tmp_path / f"dev.{kind}").write_bytes(blob)
-    sass = subprocess.run(
-        [cuobjdump, "--dump-sass", str(tmp_path / f"dev.{kind}")],
-        capture_output=True,
-        text=True,
-        env={**os.environ, "NVDISASM_PATH": str(Path(cuobjdump).parent)},
-    ).stdout
+    sass = dump_sass(library, tmp_path, 90)
     return {op: len(re.findall(rf"\b{op}\b", sass)) for op in ("IMMA", "LDGSTS", "LDSM", "LDG", "STS")}
 
 

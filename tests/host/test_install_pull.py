@@ -25,8 +25,7 @@ from edgedeploy.remote.transport import LocalTransport
 from edgedeploy.signing import generate_key
 from edgedeploy_agent.trust import key_id, parse_public_key
 from edgedeploy_agent.unit import RESTART_PATH_UNIT, RESTART_UNIT, WATCH_UNIT
-from tests.conftest import require
-from tests.helpers import Cli, assert_one_line_error
+from tests.helpers import Cli, assert_one_line_error, require
 
 
 @pytest.fixture

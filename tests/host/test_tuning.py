@@ -267,8 +267,7 @@ def test_trials_follow_measured_time() -> None:
 
 def _database(model: Path, precision: str) -> Path:
     db = database_dir("cpu-x86_64", tuning_key(load_onnx(model), precision), REPO / "profiles" / "tuning")
-    if not has_database(db):
-        pytest.skip(f"no stored {precision} database for {model.name}")
+    assert has_database(db), f"no stored {precision} database for {model.name} at {db} (profiles/tuning is committed)"
     return db
 
 

@@ -29,6 +29,7 @@ from edgedeploy.compile.x86_int8 import (
 from edgedeploy.datasets import load_calibration
 from edgedeploy.profiles import get_profile
 from edgedeploy_agent.bundle import TensorSpec, cpu_flags
+from tests.helpers import require
 
 # the targets each kind is compiled for: the built-in x86-64-v3 profile's, and an AVX-512 VNNI target such as a
 # user's profile would have
@@ -40,8 +41,10 @@ MNV1_CARD = Path(__file__).resolve().parents[2] / "examples" / "cards" / "mobile
 
 
 def _runnable(kind: DotKind) -> None:
-    if kind.cpu_flag not in (cpu_flags(Path("/proc/cpuinfo")) or ()):
-        pytest.skip(f"this CPU has no {kind.cpu_flag}; the {kind.name} kernel cannot run here")
+    missing = f"this CPU has no {kind.cpu_flag}; the {kind.name} kernel cannot run here"
+    require(
+        f"CPU_{kind.cpu_flag.upper()}", None if kind.cpu_flag in (cpu_flags(Path("/proc/cpuinfo")) or ()) else missing
+    )
 
 
 def test_profiles_choose_their_dot_product() -> None:

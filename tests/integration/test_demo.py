@@ -6,8 +6,7 @@ import re
 
 import pytest
 
-from tests.conftest import require_sshd
-from tests.helpers import Cli
+from tests.helpers import Cli, require_sshd
 
 pytestmark = pytest.mark.integration
 

@@ -14,7 +14,7 @@ import pytest
 
 from edgedeploy.errors import EdgeDeployError
 from edgedeploy.localdevice import LoopbackSshd, NetnsLink
-from tests.conftest import require_sshd
+from tests.helpers import require_sshd
 
 pytestmark = pytest.mark.integration
 

@@ -24,7 +24,7 @@ from edgedeploy.fleet_servers import LocalBroker, servers_available
 from edgedeploy_agent.config import AgentConfig
 from edgedeploy_agent.store import DeviceStore
 from edgedeploy_agent.watch import WatchConfig, Watcher
-from tests.conftest import require
+from tests.helpers import require
 
 pytestmark = pytest.mark.integration
 
