@@ -1,10 +1,10 @@
 """Shared fixtures, the test tiers and what each tier needs. Tests are hermetic: every host folder (config,
 state, cache) is a temp dir.
 
-Tiers: a marker (pyproject.toml) says what a test costs or needs. Markers come from the module (`pytestmark`),
-from the fixtures a test uses (BY_FIXTURE) and, for tests/integration, from its conftest. Any test with a
-SLOW marker is also marked `slow`: `make test` runs `-m "not slow"` (the fast tier), `make test-all` all.
-Markers that name something a machine may lack (NEEDS) are checked before the test through require()."""
+Tiers: a marker (pyproject.toml) says what a test costs or needs. Markers come from the test or its module
+(`pytestmark`), from the fixtures it uses (BY_FIXTURE), and every test in tests/integration is `integration`.
+Any test with a SLOW marker is also marked `slow`: `make test` runs `-m "not slow"` (the fast tier), `make
+test-all` all. Markers that name something a machine may lack (NEEDS) are checked before the test through require()."""
 
 from __future__ import annotations
 
@@ -46,6 +46,7 @@ BY_FIXTURE: dict[str, tuple[str, ...]] = {
     "arm64_root": ("arm64",),
     "mnist_bundle": ("compile",),  # built with TVM (tests/integration/conftest.py, test_tuning.py)
     "trt_bundle": ("compile",),  # an INT8 TensorRT bundle built by the host (tests/agent/conftest.py)
+    "both_runtimes_release": ("compile",),  # TVM library + TensorRT artifacts (tests/agent/test_tensorrt_runtime.py)
 }
 
 
@@ -137,6 +138,8 @@ _checked: dict[str, str | None] = {}
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Markers from fixtures, then `slow` on every test with a SLOW marker; tryfirst: before `-m` selects."""
     for item in items:
+        if item.nodeid.startswith("tests/integration/"):
+            item.add_marker("integration")
         for fixture in getattr(item, "fixturenames", ()):
             for name in BY_FIXTURE.get(fixture, ()):
                 item.add_marker(name)
@@ -146,29 +149,46 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item: pytest.Item) -> None:
+    """Before the test's fixtures: what its markers need (require), and the compile guard."""
     for name, (variable, missing) in NEEDS.items():
         if item.get_closest_marker(name):
             if name not in _checked:
                 _checked[name] = missing()
             require(variable, _checked[name])
+    _guard_compiles(item)
 
 
-@pytest.fixture(autouse=True)
-def compile_guard(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
-    """A test not marked `compile` must not compile: tvm.compile fails it here, a build through the CLI in Cli
-    (tests/helpers.py). Keeps the fast tier fast and the `compile` marker true."""
-    COMPILE_GUARD.allowed = request.node.get_closest_marker("compile") is not None
-    COMPILE_GUARD.test = request.node.nodeid
+# --- the compile guard: a test not marked `compile` must not compile (the fast tier stays fast, the marker true) --
+
+# TVM's compile entries (tvm.compile calls relax.build or tirx.build), replaced while such a test runs; a build or
+# tune through the command line is caught by tests/helpers.py Cli
+TVM_COMPILE = (("tvm", "compile"), ("tvm", "build"), ("tvm.relax", "build"), ("tvm.tirx", "build"))
+_replaced: list[tuple[object, str, object]] = []
+
+
+def _guard_compiles(item: pytest.Item) -> None:
+    COMPILE_GUARD.allowed = item.get_closest_marker("compile") is not None
+    COMPILE_GUARD.test = item.nodeid
     if COMPILE_GUARD.allowed:
         return
-    # TVM's compile entries (tvm.compile calls relax.build or tirx.build); only where TVM is imported already
-    for module, name in (("tvm", "compile"), ("tvm", "build"), ("tvm.relax", "build"), ("tvm.tirx", "build")):
-        if hasattr(sys.modules.get(module), name):
+    for module_name, name in TVM_COMPILE:
+        module = sys.modules.get(module_name)  # not imported yet: nothing of TVM's can have run
+        if hasattr(module, name):
 
-            def refused(*args: object, _what: str = f"{module}.{name}", **kwargs: object) -> None:
+            def refused(*args: object, _what: str = f"{module_name}.{name}", **kwargs: object) -> None:
                 COMPILE_GUARD.refuse(_what)
 
-            monkeypatch.setattr(sys.modules[module], name, refused)
+            _replaced.append((module, name, getattr(module, name)))
+            setattr(module, name, refused)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_runtest_teardown(item: pytest.Item) -> None:
+    """After the test's fixtures are torn down: TVM as it was, and compiles allowed between tests."""
+    while _replaced:
+        module, name, original = _replaced.pop()
+        setattr(module, name, original)
+    COMPILE_GUARD.allowed = True
 
 
 @pytest.fixture

@@ -20,6 +20,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 from onnx_torch import OnnxModule  # noqa: E402
 from resnet18_onnx import export, torchvision_from_onnx  # noqa: E402
 
+pytestmark = pytest.mark.bench
+
 
 def _ort(path: Path, x: np.ndarray) -> np.ndarray:
     session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])

@@ -72,6 +72,7 @@ def _run_on_cpu(mod: Any, x: np.ndarray) -> np.ndarray:
     return np.asarray(relax.VirtualMachine(ex, tvm.cpu())["main"](tvm.runtime.tensor(x)).numpy())
 
 
+@pytest.mark.compile
 def test_padding_inside_the_convolution_is_exact() -> None:
     """Same bytes with the pad in the convolution as with the pad before it, borders included (x holds the
     whole int8 range, so a border read as 0 instead of ZP would change them)."""
@@ -95,6 +96,7 @@ def test_byte_vectors_are_packed_into_words() -> None:
     )
 
 
+@pytest.mark.compile
 def test_the_padded_convolution_keeps_16_byte_loads() -> None:
     """The tensor-core schedule inlines the pad into its global loads and keeps them 16 bytes wide: the
     out-of-image vector is 16 copies of ZP, which the source fix packs into four words."""
@@ -126,6 +128,7 @@ def test_a_depthwise_convolution_pads_itself_and_its_producer_keeps_tensor_cores
     assert any(n.startswith("fused_conv2d") and n.endswith("_pad") for n in names), names
 
 
+@pytest.mark.compile
 def test_a_depthwise_convolution_padding_itself_is_exact() -> None:
     """The same bytes with the pad inside the depthwise convolution, the asymmetric border included."""
     mod = pointwise_then_depthwise(2)

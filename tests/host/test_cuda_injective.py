@@ -42,6 +42,7 @@ def _graph(shape: tuple[int, ...], dtype: str, shift: bool, pad: list[int] | Non
 NHWC_PAD = [0, 0, 1, 1, 1, 1, 0, 0]
 
 
+@pytest.mark.compile
 @pytest.mark.parametrize(("shift", "pad"), [(True, NHWC_PAD), (False, NHWC_PAD), (True, None)])
 def test_byte_kernels_move_16_bytes_per_load_and_store(shift: bool, pad: list[int] | None) -> None:
     src = cuda_source(_graph((8, 56, 56, 64), "int8", shift, pad))
@@ -52,6 +53,7 @@ def test_byte_kernels_move_16_bytes_per_load_and_store(shift: bool, pad: list[in
         assert "^" in src  # the shift is an XOR of the words
 
 
+@pytest.mark.compile
 def test_float_pad_gets_4_element_vectors() -> None:
     src = cuda_source(_graph((8, 56, 56, 64), "float32", False, NHWC_PAD, 0.0))
     assert re.search(r"= \*\(float4\*\)\(", src), src
@@ -77,6 +79,7 @@ def _run_on_cpu(func: Any, x: np.ndarray, out_shape: tuple[int, ...], out_dtype:
     return out.numpy()
 
 
+@pytest.mark.compile
 @pytest.mark.parametrize(
     ("shift", "pad", "pad_value", "dtype"),
     [

@@ -139,6 +139,7 @@ def test_a_word_of_byte_lanes_becomes_one_simd_max_or_min() -> None:
     assert byte_simd(three) == three and byte_simd(mixed) == mixed
 
 
+@pytest.mark.compile
 def test_int8_nhwc_max_pooling_takes_words_of_bytes() -> None:
     """The whole path: ResNet-18's INT8 max pooling (NHWC, 64 channels), scheduled and compiled to CUDA source,
     takes each tap's 16 bytes as 4 __vmaxs4 and no byte-by-byte max is left."""

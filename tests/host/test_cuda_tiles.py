@@ -98,6 +98,7 @@ def test_int8_operands_load_16_bytes_per_thread_where_the_gemm_needs_no_padding(
     assert lanes(padded) == [4, 4]
 
 
+@pytest.mark.compile
 def test_epilogue_stores_are_coalesced_and_the_accumulator_stage_is_padded() -> None:
     """What ncu showed on the H200 in every INT8 GEMM kernel of ResNet-18: 8-way bank conflicts where the
     fragments are stored to the shared-memory accumulator stage (its 64-word rows all began in bank 0), and
@@ -132,6 +133,7 @@ def test_epilogue_stores_are_coalesced_and_the_accumulator_stage_is_padded() -> 
     assert "store_matrix_sync" in fp16 and re.search(r"\*\(half4\*\)\(\w*compute\w*_ptr", fp16), fp16[-2500:]
 
 
+@pytest.mark.compile
 @pytest.mark.parametrize("mma", [0, 1])
 def test_rounding_epilogue_with_round_lanes_moves_vectors(mma: int) -> None:
     """Knobs.round_lanes = 4: each thread of a requantizing epilogue takes 4 consecutive outputs, reads their
@@ -158,6 +160,7 @@ def test_rounding_epilogue_with_round_lanes_moves_vectors(mma: int) -> None:
     assert four.count("__edgedeploy_rq(") == 4  # rounded one by one, unrolled (on the FP32 pipe: cuda_source)
 
 
+@pytest.mark.compile
 def test_epilogue_steps_are_unrolled() -> None:
     """Knobs.unroll_epilogue (1 since run24): a warp's epilogue steps are unrolled, so that nvcc can issue
     every step's residual load before the first store (in the loop, each step waited for its own global load;

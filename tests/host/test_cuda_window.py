@@ -75,6 +75,7 @@ def test_nhwc_pooling_takes_16_bytes_of_channels_per_thread_with_the_max_in_regi
     assert "T.vectorized" not in nchw and 'scope="local"' not in nchw
 
 
+@pytest.mark.compile
 @pytest.mark.parametrize("knob", [0, 1])
 def test_a_depthwise_convolution_and_its_epilogue_are_one_kernel_with_the_knob(knob: int) -> None:
     """Knobs.window_epilogue: the window sum stays in a register and the requantize runs on it (1), or

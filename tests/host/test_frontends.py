@@ -79,6 +79,7 @@ def _relax_requantize(x: np.ndarray, m: float) -> np.ndarray:
     return np.asarray(vm["main"](tvm.runtime.tensor(x)).numpy())
 
 
+@pytest.mark.compile
 @pytest.mark.parametrize("m", [0.25, 0.0037, 1.7])
 def test_relax_requantize_equals_the_int64_reference(m: float) -> None:
     x = np.random.default_rng(1).integers(-(1 << 20), 1 << 20, (4, 257)).astype(np.int32)
@@ -107,6 +108,7 @@ def qat_bundle(data_dir: Path, tmp_path_factory: pytest.TempPathFactory, build_c
     return out
 
 
+@pytest.mark.compile
 @needs_tflite
 def test_qat_tflite_builds_in_integer_arithmetic(qat_bundle: Path, cli: Cli) -> None:
     r = cli("inspect", str(qat_bundle), "--json")
@@ -125,6 +127,7 @@ def test_qat_tflite_builds_in_integer_arithmetic(qat_bundle: Path, cli: Cli) -> 
     assert "tflite-integer" in m["provenance"]["options"]["pipeline"]
 
 
+@pytest.mark.compile
 @needs_tflite
 @needs_litert
 def test_qat_bundle_agrees_with_the_tflite_interpreter(data_dir: Path, qat_bundle: Path, cli: Cli) -> None:
@@ -189,6 +192,7 @@ def test_bad_model_files_are_one_line(data_dir: Path, tmp_path: Path, cli: Cli) 
     assert_one_line_error(r, contains="needs an ONNX model")
 
 
+@pytest.mark.compile
 @needs_torch
 def test_pytorch_exported_program_builds_and_runs_like_pytorch(tmp_path: Path, cli: Cli) -> None:
     import torch

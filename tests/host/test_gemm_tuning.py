@@ -96,6 +96,8 @@ def layer1() -> Any:
         yield mod
 
 
+@pytest.mark.compile
+@pytest.mark.cuda
 def test_search_resumes_keeps_only_correct_faster_configurations(layer1: Any, tmp_path: Path) -> None:
     [kernel] = gemm_kernels(layer1, tvm.target.Target(TARGET))
     assert (kernel.shape, kernel.default.text) == ("b1 m200704 n64 k576 int8", "128x64w-k64-v16-s1")
@@ -140,6 +142,8 @@ def test_search_resumes_keeps_only_correct_faster_configurations(layer1: Any, tm
     assert merge_into(stale_file, db) == 1 and load_configs(db) == load_configs(older)  # the stale one loses
 
 
+@pytest.mark.compile
+@pytest.mark.cuda
 def test_a_stored_configuration_the_schedule_now_refuses_is_recorded_not_fatal(layer1: Any, tmp_path: Path) -> None:
     """A database can hold a time for a configuration that today's schedule refuses (the H200's FP16 ResNet-18
     classifier had split-K over a padded N timed before `split_ok` existed; run23's search then died building
@@ -162,6 +166,8 @@ def test_a_stored_configuration_the_schedule_now_refuses_is_recorded_not_fatal(l
     assert entry["best"] is None and stats["kept"] == 0 and load_configs(db) == {}
 
 
+@pytest.mark.compile
+@pytest.mark.cuda
 def test_a_database_timed_otherwise_is_searched_again_fastest_first(layer1: Any, tmp_path: Path) -> None:
     """A database whose times were taken with a warm L2 (before TIMING; run16's, as committed then) is
     searched again: the default first (the reference), then its candidates in the order of their old times,
@@ -187,6 +193,8 @@ def test_a_database_timed_otherwise_is_searched_again_fastest_first(layer1: Any,
     assert {k: v.get("best") for k, v in doc["kernels"].items() if k != kernel.key} == others
 
 
+@pytest.mark.compile
+@pytest.mark.cuda
 def test_a_round_around_the_fastest_follows_the_neighbours(layer1: Any, tmp_path: Path) -> None:
     """Once the default's neighbours are timed, the search tries the single changes of the fastest of them
     (cuda_tiles.refinements) that it has not tried: here the H200's fastest, the 2x2-warp tile, with another
@@ -239,6 +247,8 @@ def _first_kernel(source: str) -> str:
     return bodies[0]
 
 
+@pytest.mark.compile
+@pytest.mark.cuda
 def test_around_layer4s_fastest_split_k_with_mma_and_deeper_pipelines() -> None:
     """ResNet-18 layer4 at batch 64 (M 3136, N 512, K 4608): the search's fastest was 64x64 tiles with
     cp.async and mma (run25: 0.055 ms, the default 0.074), whose K splits only the round around the fastest
@@ -282,6 +292,7 @@ def test_around_layer4s_fastest_split_k_with_mma_and_deeper_pipelines() -> None:
     assert gathers[3] > 0 and gathers[2] == 0, gathers
 
 
+@pytest.mark.cuda
 def test_kernels_know_which_arguments_the_model_computes(layer1: Any) -> None:
     """The arguments the model passes computed tensors to (the activations, the residual) are the ones
     L2State reads into the cache before a timed call; the weights are constants and stay in DRAM."""
@@ -289,6 +300,7 @@ def test_kernels_know_which_arguments_the_model_computes(layer1: Any) -> None:
     assert [kernel.func.params[i].name for i in kernel.warm] == ["x", "r"]
 
 
+@pytest.mark.compile
 def test_l2_state_sets_the_cache_before_every_timed_call(tmp_path: Path) -> None:
     """TVM's time evaluator calls L2State (its f_preproc) before each of the single timed calls, and it
     reads the warm arguments in: here on the CPU, the same runtime calls as on the GPU."""
@@ -308,6 +320,7 @@ def test_l2_state_sets_the_cache_before_every_timed_call(tmp_path: Path) -> None
     np.testing.assert_array_equal(args[1].numpy(), np.arange(1024, dtype="float32") + 1)
 
 
+@pytest.mark.cuda
 def test_the_build_applies_a_tuned_configuration(layer1: Any) -> None:
     """The rule finds a configuration by the kernel's key and schedules with it: here the 2x2 warp tile
     (8 warps of 2x2 fragments on a 128x64 tile) instead of the default's 2 warps of 4x4."""
@@ -385,6 +398,8 @@ def _sass_ops(library: Path, tmp_path: Path) -> dict[str, int]:
     return {op: len(re.findall(rf"\b{op}\b", sass)) for op in ("IMMA", "LDGSTS", "LDSM", "LDG", "STS")}
 
 
+@pytest.mark.compile
+@pytest.mark.cuda
 def test_sm90_copies_operands_with_cp_async_where_configured(layer1: Any, tmp_path: Path) -> None:
     """On sm_80+ a configuration with async_stages copies the operands with cp.async (SASS LDGSTS) into 3
     shared-memory stages instead of loading them into registers and storing them to shared memory; the

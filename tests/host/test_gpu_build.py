@@ -26,6 +26,8 @@ from tests.host.models import convnet, float_and_int8_modules, run_on_cpu
 GPU_PROFILES = {"t4": (75, "x86_64", "nvcc"), "h200": (90, "x86_64", "nvcc"), "xavier-agx": (72, "aarch64", "nvrtc")}
 
 
+@pytest.mark.compile
+@pytest.mark.cuda
 @pytest.mark.parametrize("profile", sorted(GPU_PROFILES))
 def test_gpu_bundle_has_device_code_for_its_sm(profile: str, data_dir: Path, tmp_path: Path) -> None:
     require_toolchain(profile)
@@ -60,6 +62,8 @@ def test_gpu_bundle_has_device_code_for_its_sm(profile: str, data_dir: Path, tmp
         assert f"sm_{sm}" in listing, listing
 
 
+@pytest.mark.compile
+@pytest.mark.cuda
 def test_int8_on_gpu_computes_with_dp4a(data_dir: Path, tmp_path: Path) -> None:
     """The QDQ -> integer rewrite on the CUDA pipeline: nvcc emits dp4a (IDP.4A) for the int8 MACs."""
     require_toolchain("t4")
@@ -78,6 +82,8 @@ def test_int8_on_gpu_computes_with_dp4a(data_dir: Path, tmp_path: Path) -> None:
     assert sass.count("IDP.4A.S8.S8") > 0, sass[:2000]
 
 
+@pytest.mark.compile
+@pytest.mark.cuda
 def test_int8_on_gpu_names_the_layers_left_in_float(data_dir: Path, tmp_path: Path) -> None:
     """The CUDA worker reports what the int8 rewrite left in float, as the CPU pipeline does."""
     require_toolchain("t4")
@@ -90,6 +96,7 @@ def test_int8_on_gpu_names_the_layers_left_in_float(data_dir: Path, tmp_path: Pa
     assert res.manifest.quantization.float_in_runtime == ["Times212: operands are not dequantized (kept in float)"]
 
 
+@pytest.mark.compile
 def test_cuda_source_instead_of_binary_fails_loudly(data_dir: Path, tmp_path: Path) -> None:
     """TVM's pitfall reproduced: compiled in a process without the CUDA toolchain environment (no
     libcuda), the library holds CUDA source; the check-library stage must refuse it."""
@@ -100,6 +107,7 @@ def test_cuda_source_instead_of_binary_fails_loudly(data_dir: Path, tmp_path: Pa
         run_pipeline(ctx)
 
 
+@pytest.mark.cuda
 def test_toolchain_refuses_what_it_cannot_target() -> None:
     profile = get_profile("xavier-agx")
     nvcc_for_xavier = profile.model_copy(
@@ -115,6 +123,8 @@ def _opcodes(sass: str, op: str) -> int:
     return sum(1 for line in sass.splitlines() if f" {op}" in line)
 
 
+@pytest.mark.compile
+@pytest.mark.cuda
 @pytest.mark.parametrize("profile", ["t4", "xavier-agx"])
 @pytest.mark.parametrize("precision", ["fp16", "int8"])
 def test_convolutions_run_on_tensor_cores(precision: str, profile: str, data_dir: Path, tmp_path: Path) -> None:
@@ -144,6 +154,8 @@ def test_convolutions_run_on_tensor_cores(precision: str, profile: str, data_dir
         assert convolutions and not [f.split()[0] for f in convolutions if _opcodes(f, "FRND")]
 
 
+@pytest.mark.compile
+@pytest.mark.cuda
 def test_int8_mma_knob_gives_m16n8k32_with_ldmatrix_x4_on_sm90(
     data_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -183,6 +195,7 @@ def _conv_weight_shapes(mod: object) -> list[tuple[int, ...]]:
     return shapes
 
 
+@pytest.mark.compile
 def test_nhwc_layout_is_exact_on_cpu(tmp_path: Path) -> None:
     """The nhwc-layout stage changes no result: the int8-rewritten graph gives the same bytes on llvm with
     and without it, the float graph the same values within float32 rounding. And it leaves no transposes

@@ -106,6 +106,7 @@ def test_process_mode_and_bad_values_are_refused_in_one_line(tmp_path: Path, pul
         write_pull_files(_spec(tmp_path), dataclasses.replace(pull, broker="no port"), tmp_path)
 
 
+@pytest.mark.fleet_servers
 def test_the_broker_user_is_added_hashed_and_the_password_kept_here(tmp_path: Path, hermetic: Path) -> None:
     require("FLEET_SERVERS", servers_available())  # mosquitto_passwd hashes the password
     password = tmp_path / "pw"

@@ -72,6 +72,7 @@ def test_no_float_tensor_between_int8_kernels(block_modules: tuple[Any, np.ndarr
     assert not any("conv2d" in n for n in _float_between_kernels(after)), _float_between_kernels(after)
 
 
+@pytest.mark.compile
 def test_moved_dequantize_gives_the_same_results(block_modules: tuple[Any, np.ndarray]) -> None:
     """The same bytes on llvm with and without the move (the dequantize computes the same float either way)."""
     from tvm import relax

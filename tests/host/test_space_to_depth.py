@@ -59,6 +59,7 @@ def _stem_weights(mod: object) -> list[tuple[tuple[int, ...], list[int]]]:
     return found
 
 
+@pytest.mark.compile
 @pytest.mark.parametrize(
     ("kernel", "size"),
     [(7, 32), (7, 33), (3, 30)],  # ResNet's stem; an odd input (one more row and column padded); a 3x3 stem

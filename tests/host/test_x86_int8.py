@@ -64,6 +64,7 @@ def _reference(x: np.ndarray, w: np.ndarray, bias: np.ndarray, mult: np.ndarray,
     return np.clip(y, lo, hi).astype(dtype)
 
 
+@pytest.mark.compile
 @pytest.mark.parametrize("kind", [AVX2, VNNI], ids=lambda k: k.name)
 @pytest.mark.parametrize(
     "n,c,o,hw,out",
@@ -96,6 +97,7 @@ def mobilenet_qdq(data_dir: Path) -> tuple[onnx.ModelProto, np.ndarray]:
     return quantize_qdq(model, calib, QuantizeOptions(samples=8)).model, calib
 
 
+@pytest.mark.compile
 @pytest.mark.parametrize("kind", [AVX2, VNNI], ids=lambda k: k.name)
 def test_mobilenet_pointwise_layers_on_the_dot_product(
     mobilenet_qdq: tuple[onnx.ModelProto, np.ndarray], kind: DotKind
@@ -153,6 +155,7 @@ def _residual_block() -> onnx.ModelProto:
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
 
 
+@pytest.mark.compile
 def test_residual_add_keeps_8_bit_tensors_between_layers() -> None:
     """A residual add between integer layers: every tensor passed between kernels is 8-bit (or the next 1x1
     kernel's packed int16), from the input's quantize to the last layer; the output matches the exact INT8

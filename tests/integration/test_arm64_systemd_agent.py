@@ -49,7 +49,7 @@ from tests.integration.arm64root import (
 from tests.integration.bundles import crashing_on_real_frames
 from tests.integration.pullfleet import PUBLISHER, PullFleet, start_pull_fleet
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.compile]
 in_container = pytest.mark.arm64  # checked through require(): tests/conftest.py NEEDS (ARM64_SYSTEMD)
 
 ROOT = "/var/lib/edgedeploy"

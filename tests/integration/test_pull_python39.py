@@ -24,7 +24,7 @@ from edgedeploy_agent.bundle import read_manifest
 from tests.helpers import BIN, Cli, agent, require
 from tests.integration.pullfleet import PUBLISHER, FaultProxy, PullFleet, start_pull_fleet
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.fleet_servers]
 
 
 @pytest.fixture(scope="module")

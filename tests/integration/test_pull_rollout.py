@@ -91,6 +91,7 @@ def test_publish_rollout_status_via_mqtt(
 
 
 # paho drops the socket of a failed TLS handshake without closing it (a ResourceWarning at garbage collection)
+@pytest.mark.fleet_servers
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 def test_broker_over_tls_with_a_fleet_ca(tmp_path: Path, hermetic: Path) -> None:
     """The agent and the controller reach the broker over TLS, checked against the fleet CA; without the CA

@@ -14,7 +14,7 @@ import pytest
 from tests.helpers import Cli, assert_one_line_error, require
 from tests.integration.conftest import add_device
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.compile]
 
 
 def test_prebuild_push_without_a_gpu_is_refused_with_the_reason(cli: Cli, sshd, data_dir: Path, tmp_path: Path) -> None:
