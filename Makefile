@@ -28,9 +28,10 @@ lint: $(STAMP)
 PYTEST = rc=0; $(BIN)/python -m pytest $(1) || rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests: failing" >&2; exit 1; fi; exit $$rc
 
-# the fast tier: no test that compiles a model or needs a service, root, emulation or hardware (`slow`)
+# the fast tier: no test that compiles a model or needs a service, root, emulation or hardware (`slow`); the 15
+# slowest are listed, so that it stays fast
 test: lint
-	@$(call PYTEST,-m "not slow")
+	@$(call PYTEST,-m "not slow" --durations=15)
 
 # every test; the 30 slowest are listed at the end
 test-all: lint
