@@ -11,6 +11,13 @@ $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q -e '.[dev]'
+	# .[dev] once had the cuda12 extra; its wheels share nvidia/cuda_* with the cuda11 ones (pyproject): drop
+	# them and lay the cu11 files down again, or NVRTC 11.8 compiles against CUDA 12 headers
+	@if $(BIN)/python -m pip show -q nvidia-cuda-runtime-cu12 >/dev/null 2>&1; then \
+	  $(BIN)/python -m pip uninstall -y -q nvidia-cuda-nvrtc-cu12 nvidia-cuda-runtime-cu12 nvidia-cuda-nvcc-cu12 \
+	    nvidia-cuda-cccl-cu12 cuda-bindings && \
+	  $(BIN)/python -m pip install -q --force-reinstall --no-deps nvidia-cuda-nvrtc-cu11==11.8.89 \
+	    nvidia-cuda-runtime-cu11==11.8.89 nvidia-cuda-nvcc-cu11==11.8.89; fi
 	touch $(STAMP)
 
 demo: $(STAMP)

@@ -30,6 +30,7 @@ SLOW = (
     "fleet_servers",
     "netns",
     "arm64",
+    "network",
     "bench",
     "gpu",
     "tensorrt",

@@ -24,7 +24,7 @@ from .bundle import (
     sha256_file,
     verify_bundle,
 )
-from .durable import fsync_dir
+from .durable import atomic_folder, move_durably
 from .errors import BundleError
 from .store import DeviceStore
 
@@ -61,8 +61,7 @@ class BlobStore:
             return False
         os.chmod(upload, 0o444)
         self.verified.mkdir(parents=True, exist_ok=True)
-        os.replace(upload, self.path(sha))
-        fsync_dir(self.verified)
+        move_durably(upload, self.path(sha))  # an upload arrives unsynced (SFTP has no fsync)
         return True
 
     def present(self, sha: str) -> bool:
@@ -169,11 +168,7 @@ class BlobSource:
                 shutil.rmtree(final)
         missing = [a for a in manifest.artifacts if not self.blobs.has(a.sha256)]
         store.check_space(sum(a.size for a in missing))
-        tmp = store.releases / f".tmp-{manifest.release_name}"
-        if tmp.exists():
-            shutil.rmtree(tmp)
-        tmp.mkdir()
-        try:
+        with atomic_folder(final) as tmp:  # releases/.tmp-<release> until it is whole
             links = {MANIFEST_NAME: self.manifest_sha}
             if self.signature_sha:
                 links[SIGNATURE_NAME] = self.signature_sha
@@ -185,12 +180,6 @@ class BlobSource:
                 links[a.path] = a.sha256
             for name, sha in links.items():
                 _link_or_copy(self.blobs.path(sha), tmp / name)
-            fsync_dir(tmp)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
-        os.replace(tmp, final)
-        fsync_dir(store.releases)
         return manifest
 
     def discard(self) -> None:

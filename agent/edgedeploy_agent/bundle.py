@@ -29,14 +29,16 @@ from typing import IO, Any, Literal, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, ValidationError, model_serializer
 
-from .durable import fsync_dir
+from .durable import atomic_file, fsync_dir
 from .errors import BundleError, IncompatibleBundle
 from .gpu import CudaDevice, version_tuple
 
 # 2: host_files (host-only files leave the bundle); 1 manifests still parse
 # 3: a host file may be a TFLite model or a PyTorch ExportedProgram (the source of the build). Only such
-#    bundles are written as 3, so agents that read 2 still take every ONNX-built bundle; this agent reads 3.
-SCHEMA_VERSION = 3
+#    bundles are written as 3, so agents that read 2 still take every ONNX-built bundle.
+# 4: target.driver_floor_reason, twin_of, and the cuda-ptx artifact (model.ptx): GPU bundles whose device code
+#    comes from NVRTC 11 (issue 39). Only bundles with one of them are written as 4; this agent reads 4.
+SCHEMA_VERSION = 4
 WRITTEN_SCHEMA_VERSION = 2  # what a manifest says unless it needs 3
 MANIFEST_NAME = "manifest.json"
 SIGNATURE_NAME = "manifest.sig"
@@ -87,6 +89,9 @@ class Target(_Model):
     device: Literal["cpu", "cuda"]
     cuda_sm: Optional[int] = None
     min_cuda_driver: Optional[str] = Field(default=None, description="minimum CUDA driver API version, e.g. 13.0")
+    driver_floor_reason: Optional[str] = Field(
+        default=None, description="why min_cuda_driver is that version (device code, runtime backend)"
+    )
     runtime: Literal["tvm", "tensorrt"] = "tvm"
     runtime_abi: str = Field(description="runtime ABI the library was built against, e.g. tvm-ffi-0.1")
     host_machine: Optional[str] = Field(default=None, description="ELF machine of the library, read back")
@@ -100,18 +105,25 @@ class Target(_Model):
 
     @model_serializer(mode="wrap")
     def _omit_empty_cpu_features(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
-        # a target without required CPU flags serialises as before the field existed: same bundle id
+        # a target without required CPU flags (or a floor reason) serialises as before the field existed: same
+        # bundle id
         data: dict[str, Any] = handler(self)
         if not data.get("cpu_features"):
             data.pop("cpu_features", None)
+        if data.get("driver_floor_reason") is None:
+            data.pop("driver_floor_reason", None)
         return data
+
+    def ptx_only(self) -> bool:
+        """The library's device code is PTX alone (a twin): the driver JIT-compiles it for any newer GPU."""
+        return bool(self.device_code) and all(d.split()[1:2] == ["ptx"] for d in self.device_code)
 
 
 class Artifact(_Model):
     """A file in the bundle (schema 1 bundles also carried onnx-model here)."""
 
     path: str
-    role: Literal["tvm-library", "onnx-model", "qdq-onnx", "labels", "other", "tensorrt-reference"]
+    role: Literal["tvm-library", "onnx-model", "qdq-onnx", "labels", "other", "tensorrt-reference", "cuda-ptx"]
     sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
     size: int = Field(ge=0)
 
@@ -218,6 +230,11 @@ class Manifest(_Model):
     serial: Optional[int] = None
     expires: Optional[_dt.datetime] = None
     health: Optional[HealthSpec] = Field(default=None, description="health objectives; the command line may add")
+    twin_of: Optional[str] = Field(
+        default=None,
+        description="a twin: the named profile's device code as PTX with a host library for this target's CPU, "
+        "built to run that profile's kernels on another GPU",
+    )
 
     @model_serializer(mode="wrap")
     def _omit_unset_fields(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
@@ -228,6 +245,8 @@ class Manifest(_Model):
             data.pop("health", None)
         if not data.get("host_files"):
             data.pop("host_files", None)
+        if data.get("twin_of") is None:
+            data.pop("twin_of", None)
         return data
 
     def artifact(self, role: str) -> Artifact:
@@ -282,9 +301,8 @@ def write_bundle(out: Path, manifest: Manifest, files: Mapping[str, Path], signa
         if sha256_file(files[name]) != art.sha256:
             raise BundleError(f"{files[name]} changed while the bundle was being written")
     body = manifest.canonical_bytes()
-    tmp = out.with_name(out.name + ".tmp")
     out.parent.mkdir(parents=True, exist_ok=True)
-    with open(tmp, "wb") as raw, gzip.GzipFile(fileobj=raw, mode="wb", mtime=0, compresslevel=6) as gz:
+    with atomic_file(out) as raw, gzip.GzipFile(fileobj=raw, mode="wb", mtime=0, compresslevel=6) as gz:
         with tarfile.open(fileobj=gz, mode="w", format=tarfile.PAX_FORMAT) as tar:
             tar.addfile(_tarinfo(MANIFEST_NAME, len(body)), io.BytesIO(body))
             if signature is not None:
@@ -292,7 +310,6 @@ def write_bundle(out: Path, manifest: Manifest, files: Mapping[str, Path], signa
             for name in sorted(listed):
                 with open(files[name], "rb") as f:
                     tar.addfile(_tarinfo(name, listed[name].size), f)
-    os.replace(tmp, out)
     return out
 
 
@@ -324,8 +341,10 @@ def verify_bundle(path: Path) -> Manifest:
 
 
 def extract_bundle(path: Path, dest: Path) -> Manifest:
-    """Verify and unpack into `dest` (which must not exist). Only listed regular files are written."""
-    dest.mkdir(parents=True, exist_ok=False)
+    """Verify and unpack into `dest` (new, or an empty folder). Only listed regular files are written."""
+    dest.mkdir(parents=True, exist_ok=True)
+    if any(dest.iterdir()):
+        raise BundleError(f"cannot unpack {path.name} into {dest}: the folder is not empty")
     return _walk(path, dest=dest)
 
 
@@ -392,16 +411,25 @@ def check_compatible(
     if t.runtime == "tensorrt":
         return  # the engine is built on the device for its own GPU; the TensorRT runtime checks the rest
     want = t.cuda_sm or 0
+    if t.ptx_only():
+        # PTX for compute_XY: the driver JIT-compiles it for any GPU of SM XY or newer (twins)
+        if gpu.sm < want:
+            raise IncompatibleBundle(
+                f"bundle holds compute_{want} PTX, this device's {gpu.name} is sm_{gpu.sm} (older)",
+                hint=f"build the bundle for this device's profile (a profile with cuda_sm = {gpu.sm})",
+            )
     # SASS runs on the same major architecture with an equal or newer minor version
-    if gpu.sm // 10 != want // 10 or gpu.sm < want:
+    elif gpu.sm // 10 != want // 10 or gpu.sm < want:
         raise IncompatibleBundle(
             f"bundle holds sm_{want} code, this device's {gpu.name} is sm_{gpu.sm}",
             hint=f"build the bundle for this device's profile (a profile with cuda_sm = {gpu.sm})",
         )
     if t.min_cuda_driver and version_tuple(gpu.driver_api) < version_tuple(t.min_cuda_driver):
+        why = f" ({t.driver_floor_reason})" if t.driver_floor_reason else ""
         raise IncompatibleBundle(
-            f"bundle needs CUDA driver API {t.min_cuda_driver}+, this device's driver offers {gpu.driver_api}",
-            hint="upgrade the NVIDIA driver (TVM 0.27's CUDA runtime needs CUDA 12+; the wheel's needs 13, R580+)",
+            f"bundle needs CUDA driver API {t.min_cuda_driver}+{why}, this device's driver offers {gpu.driver_api}",
+            hint=f"upgrade the NVIDIA driver to one of CUDA {t.min_cuda_driver} or newer, or build for a profile "
+            "whose min_cuda_driver this driver meets (edgedeploy profiles list)",
         )
 
 

@@ -19,7 +19,7 @@ from . import __version__
 from .agentlog import DEFAULT_LINES, MAX_LINES, stamp_stderr
 from .blobs import BlobSource, BlobStore
 from .bundle import SCHEMA_VERSION, verify_bundle
-from .config import AgentConfig
+from .config import AgentConfig, config_error
 from .durable import write_atomic
 from .errors import AgentError, StateError
 from .facts import Facts
@@ -71,8 +71,18 @@ def _gather_facts(store: DeviceStore, args: argparse.Namespace) -> dict[str, Any
     return facts
 
 
+def _stored_config(store: DeviceStore) -> dict[str, Any]:
+    if not store.initialised:
+        return {}
+    try:
+        data = json.loads(store.config_path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
 def _init(store: DeviceStore, args: argparse.Namespace) -> dict[str, Any]:
-    base = store.config() if store.initialised else AgentConfig()
+    base = _stored_config(store)  # as stored, unvalidated: `init --device-name` repairs a name now refused
     changes = {
         k: v
         for k, v in {
@@ -80,6 +90,7 @@ def _init(store: DeviceStore, args: argparse.Namespace) -> dict[str, Any]:
             "service": args.service,
             "source": args.source,
             "tvm_runtime_lib": args.tvm_runtime_lib,
+            "cuda_backend_lib": args.cuda_backend_lib,
             "report_interval_s": args.report_interval,
             "metrics_port": args.metrics_port,
             "profile": args.profile,
@@ -88,7 +99,10 @@ def _init(store: DeviceStore, args: argparse.Namespace) -> dict[str, Any]:
         }.items()
         if v is not None
     }
-    cfg = AgentConfig.model_validate({**base.model_dump(), **changes})
+    try:
+        cfg = AgentConfig.model_validate({**base, **changes})
+    except ValidationError as e:
+        raise StateError(f"init: {config_error(e)}") from None
     store.init(cfg)
     BlobStore(store.root).init()
     return {"root": str(store.root), "config": cfg.model_dump(mode="json")}
@@ -240,6 +254,7 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--service", choices=["process", "systemd"])
     s.add_argument("--source", help="frame source URI, e.g. file:/data/clip.mp4")
     s.add_argument("--tvm-runtime-lib", help="path of libtvm_runtime.so")
+    s.add_argument("--cuda-backend-lib", help="path of libedgedeploy_cuda.so, edgedeploy's CUDA backend")
     s.add_argument("--report-interval", type=float)
     s.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on 127.0.0.1:PORT")
     s.add_argument("--profile", help="device profile; bundles for another profile are refused")

@@ -3,17 +3,28 @@
 import socket
 from typing import Literal, Optional
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from .names import DEVICE_NAME_PATTERN, DEVICE_NAME_RULE
 
 
 class AgentConfig(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    device_name: str = Field(default_factory=socket.gethostname)
+    # the host's rule (names.py): a name MQTT, the broker or the inventory would refuse never gets this far
+    device_name: str = Field(default_factory=socket.gethostname, pattern=DEVICE_NAME_PATTERN)
     service: Literal["process", "systemd"] = "process"
     unit: str = "edgedeploy-agent.service"
     source: Optional[str] = Field(default=None, description="frame source URI, e.g. file:/data/clip.mp4")
     tvm_runtime_lib: Optional[str] = Field(default=None, description="path of libtvm_runtime.so")
+    cuda_backend: Literal["auto", "edgedeploy", "tvm"] = Field(
+        default="auto",
+        description="GPU bundles: edgedeploy's CUDA backend (CUDA 11.4+ drivers) or the TVM wheel's (CUDA 13+); "
+        "auto: edgedeploy's where installed",
+    )
+    cuda_backend_lib: Optional[str] = Field(
+        default=None, description="path of libedgedeploy_cuda.so (default: beside libtvm_runtime.so)"
+    )
     report_interval_s: float = Field(default=10.0, gt=0)
     record_predictions: bool = True
     keep_releases: int = Field(default=3, ge=2)
@@ -26,3 +37,15 @@ class AgentConfig(BaseModel):
     power_interval_s: float = Field(default=0.02, gt=0, description="power sampling period (sampled sensors)")
     metrics_port: Optional[int] = Field(default=None, ge=1, le=65535, description="Prometheus on 127.0.0.1")
     profile: Optional[str] = Field(default=None, description="device profile; bundles for another are refused")
+
+
+CONFIG_HINT = "edgedeploy-agent init --device-name NAME (" + DEVICE_NAME_RULE + ")"
+
+
+def config_error(e: ValidationError) -> str:
+    """The first problem of an invalid configuration, in one line (a device name names the rule)."""
+    err = e.errors()[0]
+    where = ".".join(str(x) for x in err["loc"])
+    if where == "device_name":
+        return f"device_name {str(err.get('input'))[:80]!r} is not a device name ({DEVICE_NAME_RULE})"
+    return f"{where}: {err['msg']}"

@@ -7,23 +7,74 @@ edgedeploy/v1/status/<device>   retained, written only by the device (the broker
 
 The device refuses a desired document that is not signed by a pinned rollout key, names another
 device, has expired, or carries a serial below the highest it has acted on.
+
+Both sides read every message from the network the same way (`parse_message`): at most
+MAX_MESSAGE_BYTES, nested at most MAX_DEPTH deep (checked by a scan *before* json.loads, which would
+recurse until RecursionError), a JSON object, then a typed model (DesiredDoc, StatusDoc). Anything else is
+refused with a MessageError (a ValueError): the device refuses the document, the controller marks that one
+device `unreadable`.
 """
 
 import base64
 import binascii
 import datetime as _dt
 import json
-from typing import Any, Optional
+import re
+from typing import Any, Literal, Optional, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from .bundle import canonical_json
 from .errors import AgentError
+from .names import DEVICE_NAME_PATTERN
 from .trust import TrustStore
 
 TOPIC_ROOT = "edgedeploy/v1"
-STATES = ("idle", "downloading", "verifying", "activating", "committed", "rolled-back", "refused", "offline")
+State = Literal["idle", "downloading", "verifying", "activating", "committed", "rolled-back", "refused", "offline"]
+STATES = get_args(State)
 TERMINAL = ("committed", "rolled-back", "refused")
+
+MAX_MESSAGE_BYTES = 64 << 10  # a desired document is ~1 KiB, a status a few hundred bytes
+MAX_DEPTH = 16  # a desired document nests 3 deep, a status 2
+MAX_SERIAL = (1 << 63) - 1
+MAX_MESSAGE_CHARS = 2000  # a status's `message` (an error text) is cut to this before it is sent
+
+
+class MessageError(ValueError):
+    """A message from the network that is too large, too deep, not JSON, not an object or not the model."""
+
+
+_JSON_STRING = re.compile(rb'"(?:[^"\\]|\\.)*"', re.S)
+_NOT_BRACKET = re.compile(rb"[^\[\]{}]+")
+
+
+def json_depth_exceeds(data: bytes, limit: int) -> bool:
+    """True when the JSON text nests deeper than `limit` (brackets inside strings do not count). A text
+    that is not JSON may be judged either way; json.loads refuses it next."""
+    depth = 0
+    for c in _NOT_BRACKET.sub(b"", _JSON_STRING.sub(b"", data)):
+        if c in b"[{":
+            depth += 1
+            if depth > limit:
+                return True
+        else:
+            depth -= 1
+    return False
+
+
+def parse_message(payload: bytes, max_bytes: int = MAX_MESSAGE_BYTES, max_depth: int = MAX_DEPTH) -> dict[str, Any]:
+    """A JSON object from the network, bounded in size and depth; MessageError for anything else."""
+    if len(payload) > max_bytes:
+        raise MessageError(f"message of {len(payload)} bytes (at most {max_bytes})")
+    if json_depth_exceeds(payload, max_depth):
+        raise MessageError(f"message nested deeper than {max_depth} levels")
+    try:
+        data = json.loads(payload)
+    except (ValueError, RecursionError) as e:  # UnicodeDecodeError is a ValueError
+        raise MessageError(f"message is not JSON: {str(e).splitlines()[0][:200]}") from None
+    if not isinstance(data, dict):
+        raise MessageError(f"message is a JSON {type(data).__name__}, not an object")
+    return data
 
 
 def desired_topic(device: str) -> str:
@@ -35,10 +86,15 @@ def status_topic(device: str) -> str:
 
 
 class DesiredRefused(AgentError):
-    """A desired-state document this device must not act on."""
+    """A desired-state document this device must not act on; `serial`: the serial it claims, when it names
+    one (the refusal status carries it, so the controller waiting for that serial learns the reason)."""
 
     code = "desired-refused"
     exit_code = 14  # 10 is a refused bundle (errors.UntrustedBundle)
+
+    def __init__(self, message: str, hint: Optional[str] = None, serial: Optional[int] = None) -> None:
+        super().__init__(message, hint)
+        self.serial = serial
 
 
 class DesiredHealth(BaseModel):
@@ -57,11 +113,16 @@ class DesiredDoc(BaseModel):
 
     schema_version: int = 1
     device: str
+    # deploy: pull `ref` and deploy it. rollback: go back to `release`, which this device kept as the
+    # release before its current one (or runs already); no download, `ref` is empty
+    action: Literal["deploy", "rollback"] = "deploy"
     ref: str  # HOST[:PORT]/REPO@sha256:<digest of the OCI manifest>
     release: str  # the release name the bundle unpacks to (for status and the planner)
     rollout: str
     wave: int = Field(ge=0)
-    serial: int = Field(ge=0)  # grows with every document the controller signs
+    # per device, above the highest the device reports having acted on and the one the broker holds
+    # for it (docs/fleet.md, "Serials"): no host's clock is involved
+    serial: int = Field(ge=0, le=MAX_SERIAL)
     issued: _dt.datetime
     expires: _dt.datetime
     jitter_s: float = Field(default=0.0, ge=0, le=3600)  # spread downloads over this many seconds
@@ -88,41 +149,98 @@ def verify_desired(
     """The verified document, or None for an empty message; DesiredRefused for anything not acceptable."""
     if not payload:
         return None
+    claimed: Optional[int] = None
     try:
-        outer = json.loads(payload)
+        outer = parse_message(payload)
         doc_data, sig = outer["doc"], outer["sig"]
+        if isinstance(doc_data, dict) and type(doc_data.get("serial")) is int:
+            claimed = doc_data["serial"]
         kid, raw_sig = str(sig["key"]), base64.b64decode(sig["ed25519"], validate=True)
         doc = DesiredDoc.model_validate(doc_data)
-    except (ValueError, KeyError, TypeError, binascii.Error, ValidationError) as e:
-        raise DesiredRefused(f"desired-state message is malformed: {str(e).splitlines()[0][:200]}") from None
+    except (ValueError, KeyError, TypeError, binascii.Error, ValidationError) as e:  # MessageError: ValueError
+        raise DesiredRefused(
+            f"desired-state message is malformed: {str(e).splitlines()[0][:200]}", serial=claimed
+        ) from None
     keys = trust.keys()
     if not keys:
         raise DesiredRefused(
-            "no rollout key is pinned on this device", hint="edgedeploy-agent watch-config --rollout-key"
+            "no rollout key is pinned on this device",
+            hint="edgedeploy-agent watch-config --rollout-key",
+            serial=claimed,
         )
     if kid not in keys:
-        raise DesiredRefused(f"desired state signed by key {kid}, which this device does not pin as a rollout key")
+        raise DesiredRefused(
+            f"desired state signed by key {kid[:80]}, which this device does not pin as a rollout key", serial=claimed
+        )
     from cryptography.exceptions import InvalidSignature
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
     try:
         Ed25519PublicKey.from_public_bytes(keys[kid]).verify(raw_sig, canonical_json(doc_data))
     except InvalidSignature:
-        raise DesiredRefused(f"desired-state signature by key {kid} does not match") from None
+        raise DesiredRefused(f"desired-state signature by key {kid} does not match", serial=claimed) from None
     if doc.device != device:
-        raise DesiredRefused(f"desired state is for device {doc.device!r}, this is {device!r}")
+        raise DesiredRefused(f"desired state is for device {doc.device[:80]!r}, this is {device!r}", serial=claimed)
     now = now or _dt.datetime.now(_dt.timezone.utc)
     expires = doc.expires if doc.expires.tzinfo else doc.expires.replace(tzinfo=_dt.timezone.utc)
     if expires <= now:
-        raise DesiredRefused(f"desired state of rollout {doc.rollout} expired at {expires.isoformat()}")
+        raise DesiredRefused(
+            f"desired state of rollout {doc.rollout} expired at {expires.isoformat()}", serial=doc.serial
+        )
     if serial_floor is not None and doc.serial < serial_floor:
-        raise DesiredRefused(f"desired state has serial {doc.serial}; this device already acted on {serial_floor}")
+        raise DesiredRefused(
+            f"desired state has serial {doc.serial}; this device already acted on {serial_floor}", serial=doc.serial
+        )
     return doc
 
 
+class Progress(BaseModel):
+    model_config = ConfigDict(extra="ignore", strict=True)
+
+    bytes: int = Field(ge=0)
+    total: Optional[int] = Field(default=None, ge=0)
+
+
+class StatusDoc(BaseModel):
+    """A device's status as the controller reads it (what status_doc writes). Fields it does not know are
+    dropped (a newer agent may add some); a field of the wrong type or size makes the message unreadable."""
+
+    model_config = ConfigDict(extra="ignore", strict=True)
+
+    device: str = Field(pattern=DEVICE_NAME_PATTERN)
+    state: State
+    updated: Optional[str] = Field(default=None, max_length=64)
+    release: Optional[str] = Field(default=None, max_length=256)
+    rollout: Optional[str] = Field(default=None, max_length=256)
+    ref: Optional[str] = Field(default=None, max_length=1024)
+    serial: Optional[int] = Field(default=None, ge=0, le=MAX_SERIAL)  # the document this status is about
+    floor: Optional[int] = Field(default=None, ge=0, le=MAX_SERIAL)  # the highest serial the device acted on
+    wave: Optional[int] = Field(default=None, ge=0)
+    code: Optional[str] = Field(default=None, max_length=64)
+    message: Optional[str] = Field(default=None, max_length=4 * MAX_MESSAGE_CHARS)
+    outcome: Optional[str] = Field(default=None, max_length=64)
+    progress: Optional[Progress] = None
+
+
+def parse_status(payload: bytes, device: str) -> StatusDoc:
+    """A status message from the status topic of `device`: bounded, typed, naming that device; MessageError."""
+    data = parse_message(payload)
+    try:
+        status = StatusDoc.model_validate(data)
+    except ValidationError as e:
+        err = e.errors()[0]
+        where = ".".join(str(x) for x in err["loc"]) or "message"
+        raise MessageError(f"status field {where[:64]}: {err['msg'][:200]}") from None
+    if status.device != device:
+        raise MessageError(f"status on the topic of {device!r} names device {status.device!r}")
+    return status
+
+
 def status_doc(device: str, state: str, **fields: Any) -> bytes:
-    """One status message (retained); `state` is one of STATES."""
+    """One status message (retained); `state` is one of STATES; a long `message` is cut."""
     if state not in STATES:
         raise ValueError(f"unknown status state {state}")
+    if isinstance(fields.get("message"), str) and len(fields["message"]) > MAX_MESSAGE_CHARS:
+        fields["message"] = fields["message"][: MAX_MESSAGE_CHARS - 3] + "..."
     now = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="milliseconds")
     return canonical_json({"device": device, "state": state, "updated": now, **fields})

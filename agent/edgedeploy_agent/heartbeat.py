@@ -13,6 +13,8 @@ import time
 from pathlib import Path
 from typing import Any, Optional
 
+from .durable import write_atomic
+
 BEAT_INTERVAL_S = 1.0
 STALE_AFTER_S = 10.0
 # Reported while a TensorRT engine is built and accepted at activation (runtime/tensorrt.py).
@@ -50,9 +52,7 @@ class Heartbeat:
         if now - self._last < BEAT_INTERVAL_S:
             return
         self._last = now
-        tmp = self.path.with_name(".heartbeat.tmp")
-        tmp.write_text(f"{os.getpid()} {time.time():.3f}\n", encoding="ascii")
-        os.replace(tmp, self.path)
+        write_atomic(self.path, f"{os.getpid()} {time.time():.3f}\n", sync=False)
 
 
 def read_beat(run_dir: Path) -> Optional[tuple[int, float]]:

@@ -275,6 +275,8 @@ def run_agent(
             engine_root=store.root / "engines",
             progress=lambda event: write_health(store, release, **event),
             tensorrt_options=tensorrt_options,
+            cuda_backend=cfg.cuda_backend,
+            cuda_backend_lib=cfg.cuda_backend_lib,
         )
         warm_ms = warm_up(runtime, manifest)
         labels = load_labels(rdir, manifest)

@@ -11,13 +11,13 @@ pull the existing deploy path (BlobSource -> Deployment) checks signature, seria
 import hashlib
 import http.client
 import json
-import os
 import re
 import urllib.error
 import urllib.request
 from typing import Any, Callable, NamedTuple, Optional
 
 from .blobs import BlobStore
+from .durable import move_durably
 from .errors import AgentError, BundleError
 
 OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
@@ -146,8 +146,6 @@ class OciPuller:
                             if have > size:
                                 break
                             progress(have)
-                        f.flush()
-                        os.fsync(f.fileno())
                 except (OSError, http.client.HTTPException) as e:
                     raise PullError(f"download of blob {sha[:16]} broke off at {have} of {size} bytes: {e}") from None
         if have != size:
@@ -155,7 +153,7 @@ class OciPuller:
                 part.unlink()
                 raise DigestMismatch(f"blob {sha[:16]} is longer than its {size} bytes; discarded")
             raise PullError(f"download of blob {sha[:16]} ended at {have} of {size} bytes")
-        os.replace(part, self.blobs.incoming / sha)
+        move_durably(part, self.blobs.incoming / sha)
         if not self.blobs.has(sha):  # hashed; a mismatch is deleted, so the next try starts clean
             raise DigestMismatch(f"blob {sha[:16]} from {url} does not match its sha256; discarded")
         return fetched, restarted

@@ -327,7 +327,10 @@ def run_selftest(store: DeviceStore, sys_root: Path = Path("/"), camera_seconds:
     release_bytes = sum(a.size for a in manifest.artifacts) if manifest else 0
     plan: list[tuple[str, Callable[[], Check]]] = [
         ("agent", lambda: check_agent(platform.python_version(), platform.machine())),
-        ("tvm runtime", lambda: hw.check_runtime(manifest, cfg.tvm_runtime_lib)),
+        (
+            "tvm runtime",
+            lambda: hw.check_runtime(manifest, cfg.tvm_runtime_lib, (cfg.cuda_backend, cfg.cuda_backend_lib)),
+        ),
         ("bundle vs hardware", lambda: hw.check_bundle_fit(manifest, cpuinfo=sys_root / "proc" / "cpuinfo")),
         ("tensorrt", lambda: hw.check_tensorrt(manifest, health, store.root / "engines")),
         ("camera", lambda: hw.check_camera(cfg.source, serving, latest_report(store), seconds=camera_seconds)),

@@ -24,26 +24,41 @@ SOURCE_FIX = (
 )
 
 
-def _load_tvm(runtime_lib: Optional[str], cuda: bool) -> Path:
+CudaBackendChoice = tuple[str, Optional[str]]  # config cuda_backend, cuda_backend_lib
+
+
+def _load_tvm(runtime_lib: Optional[str], cuda: bool, backend: CudaBackendChoice = ("auto", None)) -> Path:
     from .runtime.tvm import load_runtime_libraries
 
-    return load_runtime_libraries(runtime_lib, cuda=cuda)
+    return load_runtime_libraries(runtime_lib, cuda, *backend)
 
 
 def check_runtime(
     manifest: Optional[Manifest],
     runtime_lib: Optional[str],
-    load: Callable[[Optional[str], bool], Path] = _load_tvm,
+    cuda_backend: CudaBackendChoice = ("auto", None),
+    load: Callable[[Optional[str], bool, CudaBackendChoice], Path] = _load_tvm,
 ) -> Check:
     """libtvm_runtime.so (and the CUDA backend when the bundle runs on the GPU) loads in a process of its own."""
     if manifest is not None and not any(a.role == "tvm-library" for a in manifest.artifacts):
         return Check("tvm runtime", OK, f"not needed: the current bundle runs on {manifest.target.runtime}")
     cuda = manifest is not None and manifest.target.device == "cuda"
     try:
-        lib = load(runtime_lib, cuda)
+        lib = load(runtime_lib, cuda, cuda_backend)
     except RuntimeLoadError as e:
         return Check("tvm runtime", FAILED, e.message, e.hint or "edgedeploy agent install DEVICE")
-    return Check("tvm runtime", OK, f"{lib} loads" + (" with its CUDA backend" if cuda else ""), data={"lib": str(lib)})
+    if not cuda:
+        return Check("tvm runtime", OK, f"{lib} loads", data={"lib": str(lib)})
+    from .runtime.tvm import loaded_cuda_backend
+
+    backend = loaded_cuda_backend()
+    floor = "CUDA 11.4+ drivers" if backend == "edgedeploy" else "CUDA 13+ drivers"
+    return Check(
+        "tvm runtime",
+        OK,
+        f"{lib} loads with the {backend} CUDA backend ({floor})",
+        data={"lib": str(lib), "cuda_backend": backend},
+    )
 
 
 def _gpu_text(gpu: Optional[CudaDevice], reason: str) -> str:
@@ -65,6 +80,8 @@ def check_bundle_fit(
         )
     t = manifest.target
     wants = f"{manifest.profile}: {t.arch} {t.device}" + (f" sm_{t.cuda_sm}" if t.cuda_sm else "")
+    if t.min_cuda_driver:
+        wants += f", CUDA driver {t.min_cuda_driver}+"
     try:
         check_compatible(manifest, machine=machine, gpu=gpu, gpu_reason=reason, cpuinfo=cpuinfo)
     except IncompatibleBundle as e:

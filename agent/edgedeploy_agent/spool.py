@@ -1,17 +1,24 @@
-"""The report spool: one JSON-lines file per window, written to a temp name and renamed when complete.
+"""The report spool: one JSON-lines file per window (spool/STAMP-SEQ.jsonl), written atomically.
 
 The spool is capped on disk: when pending plus acknowledged reports exceed the cap, the oldest files
 go first (acknowledged ones before pending ones) and every pending report deleted is counted, so the
 host learns how many it never saw.
+
+The sequence number is what the host deduplicates on (with the bundle id): a number handed out twice makes
+the host take a new report for one it has, skip it and acknowledge it. So run/report_seq is written
+atomically before the report that carries its number, and it is checked against the spool's own files
+when read: a counter that is missing, unreadable or behind the highest number spooled (pending or sent;
+the cap never deletes the newest file) continues after that number instead of from 0.
 """
 
 import json
 import os
-from collections.abc import Sequence
+import sys
+from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
-from .durable import write_json_atomic
+from .durable import write_atomic, write_json_atomic
 from .report import Report
 from .store import DeviceStore
 
@@ -23,23 +30,33 @@ class Spool:
         self.dir, self.max_bytes = store.spool, max_bytes
         self._seq_path = store.run_dir / "report_seq"
         self._dropped_path = store.run_dir / "spool_dropped"
-        self.seq = _read_int(self._seq_path)
-        self.dropped = _read_int(self._dropped_path)
+        self.seq = self._last_seq()
+        dropped = _read_count(self._dropped_path)
+        if dropped is None:
+            _warn(f"{self._dropped_path} is unreadable: the count of reports dropped at the cap restarts at 0")
+        self.dropped = dropped or 0
+
+    def _last_seq(self) -> int:
+        """The last sequence number handed out: the counter, or the highest one spooled when that is more."""
+        counter = _read_count(self._seq_path)
+        spooled = max(_seqs([*self.dir.glob("*.jsonl"), *(self.dir / "sent").glob("*.jsonl")]), default=0)
+        if counter is None or counter < spooled:
+            state = "unreadable" if counter is None else f"at {counter}"
+            _warn(f"{self._seq_path} is {state}; the spool holds report {spooled}: continuing after it")
+            write_atomic(self._seq_path, str(spooled))
+            return spooled
+        return counter
 
     def next_seq(self) -> int:
+        """The next sequence number, durably recorded before any report carries it."""
         self.seq += 1
-        self._seq_path.write_text(str(self.seq))
+        write_atomic(self._seq_path, str(self.seq))
         return self.seq
 
     def write(self, report: Report) -> Path:
         stamp = report.window_end.strftime("%Y%m%dT%H%M%S")
         path = self.dir / f"{stamp}-{report.seq:08d}.jsonl"
-        tmp = self.dir / f".{path.name}.tmp"
-        with open(tmp, "w", encoding="utf-8") as f:
-            f.write(report.model_dump_json() + "\n")
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
+        write_atomic(path, report.model_dump_json() + "\n")
         self.enforce_cap(keep=path)
         return path
 
@@ -59,15 +76,32 @@ class Spool:
                 dropped += 1
         if dropped:
             self.dropped += dropped
-            self._dropped_path.write_text(str(self.dropped))
+            write_atomic(self._dropped_path, str(self.dropped))
         return dropped
 
 
-def _read_int(path: Path) -> int:
+def _read_count(path: Path) -> Optional[int]:
+    """A counter file's value: 0 when it does not exist yet, None when it is empty or not a number."""
     try:
-        return int(path.read_text())
-    except (FileNotFoundError, ValueError):
+        value = int(path.read_text(encoding="ascii"))
+    except FileNotFoundError:
         return 0
+    except (OSError, ValueError):
+        return None
+    return value if value >= 0 else None
+
+
+def _seqs(files: Iterable[Path]) -> Iterable[int]:
+    """The sequence numbers in spool file names (STAMP-SEQ.jsonl)."""
+    for p in files:
+        try:
+            yield int(p.stem.rsplit("-", 1)[1])
+        except (IndexError, ValueError):
+            continue
+
+
+def _warn(message: str) -> None:
+    print(f"edgedeploy-agent: {message}", file=sys.stderr, flush=True)  # into logs/agent.log
 
 
 def pending_reports(store: DeviceStore) -> list[tuple[str, dict[str, Any]]]:

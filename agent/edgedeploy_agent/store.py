@@ -19,9 +19,11 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Optional
 
+from pydantic import ValidationError
+
 from .bundle import MANIFEST_NAME, Manifest, extract_bundle, read_manifest, sha256_file, verify_bundle
-from .config import AgentConfig
-from .durable import fsync_dir, write_json_atomic
+from .config import CONFIG_HINT, AgentConfig, config_error
+from .durable import atomic_folder, fsync_dir, write_json_atomic
 from .errors import BundleError, InsufficientSpace, StateError
 
 SPACE_MARGIN_BYTES = 16 << 20
@@ -65,7 +67,10 @@ class DeviceStore:
 
     def config(self) -> AgentConfig:
         self.require_initialised()
-        return AgentConfig.model_validate_json(self.config_path.read_text(encoding="utf-8"))
+        try:
+            return AgentConfig.model_validate_json(self.config_path.read_text(encoding="utf-8"))
+        except ValidationError as e:
+            raise StateError(f"{self.config_path} is invalid: {config_error(e)}", hint=CONFIG_HINT) from None
 
     def update_config(self, **changes: Any) -> AgentConfig:
         cfg = self.config().model_copy(update=changes)
@@ -160,16 +165,8 @@ class DeviceStore:
             except BundleError:
                 shutil.rmtree(final)
         self.check_space(sum(a.size for a in manifest.artifacts))
-        tmp = self.releases / f".tmp-{manifest.release_name}"
-        if tmp.exists():
-            shutil.rmtree(tmp)
-        try:
+        with atomic_folder(final) as tmp:  # releases/.tmp-<release> until it is whole
             extract_bundle(bundle_file, tmp)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
-        os.replace(tmp, final)
-        fsync_dir(self.releases)
         return manifest
 
     def remove_staging_leftovers(self) -> list[str]:

@@ -19,7 +19,7 @@ import random
 import threading
 import time
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -42,6 +42,12 @@ from .service import HealthObjectives, make_service
 from .store import DeviceStore
 
 log = logging.getLogger("edgedeploy_agent.watch")
+
+
+class ReleaseNotKept(StateError):
+    """A fleet rollback names a release this device neither runs nor kept as the one before."""
+
+    code = "release-not-kept"
 
 
 class WatchConfig(BaseModel):
@@ -91,20 +97,24 @@ class Watcher:
         self.connected = threading.Event()
         self._lock = threading.Lock()
         self._inbox: Optional[bytes] = None
-        self._last_status = status_doc(self.device, "idle", release=self._release())
+        self._floor: Optional[int] = self._load().get("serial")  # every status says it (the controller's serials)
+        self._last_status = status_doc(self.device, "idle", release=self._release(), floor=self._floor)
         self.client: Any = None
 
     # --- persisted state ------------------------------------------------------------------------
     def _load(self) -> dict[str, Any]:
         try:
-            data: dict[str, Any] = json.loads(self.state_path.read_text(encoding="utf-8"))
-            return data
+            data = json.loads(self.state_path.read_text(encoding="utf-8"))
         except (FileNotFoundError, ValueError):
+            data = None
+        if not isinstance(data, dict):
             return {"serial": None, "last": None, "done": None}
+        return data
 
     def _save(self, data: dict[str, Any]) -> None:
         self.state_path.parent.mkdir(parents=True, exist_ok=True)
         write_atomic(self.state_path, json.dumps(data))
+        self._floor = data.get("serial")
 
     def _release(self) -> Optional[str]:
         try:
@@ -115,7 +125,7 @@ class Watcher:
 
     # --- MQTT -----------------------------------------------------------------------------------
     def _publish(self, state: str, **fields: Any) -> None:
-        self._last_status = status_doc(self.device, state, release=self._release(), **fields)
+        self._last_status = status_doc(self.device, state, release=self._release(), floor=self._floor, **fields)
         log.info("status %s %s", state, {k: v for k, v in fields.items() if k != "progress"})
         if self.client is not None and self.connected.is_set():
             self.client.publish(status_topic(self.device), self._last_status, qos=1, retain=True)
@@ -163,9 +173,11 @@ class Watcher:
         while not self.stop.is_set():
             self._connects = 0
             # the will is set before every connect, so it carries the release the device runs now; MQTT
-            # takes a will only with CONNECT, so a new release means a clean reconnect (no will fired)
+            # takes a will only with CONNECT, so a new release means a clean reconnect (no will fired). Its
+            # serial floor may be older than the device's (not worth a reconnect: the broker's retained
+            # desired document holds the newer serial, and the controller reads both)
             will_release = self._release()
-            offline = status_doc(self.device, "offline", release=will_release)
+            offline = status_doc(self.device, "offline", release=will_release, floor=self._floor)
             self.client.will_set(status_topic(self.device), offline, qos=1, retain=True)
             try:
                 self.client.connect(host, int(port), keepalive=self.cfg.keepalive_s)
@@ -207,7 +219,7 @@ class Watcher:
         finally:
             self.stop.set()
             if self.connected.is_set():
-                offline = status_doc(self.device, "offline", release=self._release())
+                offline = status_doc(self.device, "offline", release=self._release(), floor=self._floor)
                 self.client.publish(status_topic(self.device), offline, qos=1, retain=True).wait_for_publish(2)
                 self.client.disconnect()
             net.join(5)
@@ -216,9 +228,11 @@ class Watcher:
     def _handle(self, payload: bytes) -> None:
         data = self._load()
         try:
-            doc = verify_desired(payload, self.device, rollout_trust(self.store.root), data["serial"])
-        except DesiredRefused as e:
-            self._publish("refused", code=e.code, message=e.message)
+            doc = verify_desired(payload, self.device, rollout_trust(self.store.root), data.get("serial"))
+        except DesiredRefused as e:  # names the serial it refuses: the controller waiting for it stops at once
+            self._publish(
+                "refused", code=e.code, message=e.message, **({} if e.serial is None else {"serial": e.serial})
+            )
             return
         if doc is None:
             return  # empty retained message: no instruction
@@ -238,25 +252,47 @@ class Watcher:
 
     def _apply(self, doc: DesiredDoc) -> None:
         base = {"rollout": doc.rollout, "ref": doc.ref, "serial": doc.serial, "wave": doc.wave}
+        if doc.action == "rollback":  # nothing to download: the release is on this device, or it is refused
+            self._activate(doc, base, lambda: self._roll_back_to(doc))
+            return
         if doc.jitter_s and self.wake.wait(self.rng.uniform(0, doc.jitter_s)):
             return  # a newer message arrived while waiting: the main loop takes it
         pulled = self._download(doc, base)
         if pulled is None:
             return
-        self._publish("activating", **base)
+        manifest_sha, signature_sha = pulled
+        self._activate(doc, base, lambda: self._deploy(doc, manifest_sha, signature_sha))
+
+    def _deploy(self, doc: DesiredDoc, manifest_sha: str, signature_sha: Optional[str]) -> dict[str, Any]:
+        source = BlobSource(self.store, manifest_sha, signature_sha)
+        state = self.store.state()
+        if state["previous"] and source.read()[0].release_name == state["previous"][0]:
+            # the release this device kept: swap back to it, as `edgedeploy rollback` does over SSH (a
+            # deploy would meet the serial floor)
+            return rollback(self.store, make_service(self.store), doc.health.timeout_s)
         objectives = HealthObjectives(doc.health.min_inferences, doc.health.max_p95_ms, doc.health.min_fps)
+        return Deployment(self.store, make_service(self.store)).deploy(
+            source, timeout=doc.health.timeout_s, objectives=objectives
+        )
+
+    def _roll_back_to(self, doc: DesiredDoc) -> dict[str, Any]:
+        """A fleet rollback: back to `doc.release`, what this device ran before the rollout it undoes."""
+        state = self.store.state()
+        if state["current"] == doc.release:  # e.g. its new release failed health and it went back by itself
+            return {"outcome": "unchanged", "release": doc.release, "previous": doc.release}
+        if state["previous"] and state["previous"][0] == doc.release:
+            return rollback(self.store, make_service(self.store), doc.health.timeout_s)
+        raise ReleaseNotKept(
+            f"cannot roll back to {doc.release}: this device runs {state['current'] or 'nothing'} and kept "
+            f"{state['previous'][0] if state['previous'] else 'nothing'} before it"
+        )
+
+    def _activate(self, doc: DesiredDoc, base: dict[str, Any], act: Callable[[], dict[str, Any]]) -> None:
+        """act() under the device lock; its outcome (or why not) as the document's final status."""
+        self._publish("activating", **base)
         try:
             with self.store.exclusive("deploy"):
-                source = BlobSource(self.store, pulled[0], pulled[1])
-                state = self.store.state()
-                if state["previous"] and source.read()[0].release_name == state["previous"][0]:
-                    # a fleet rollback names the release this device kept: swap back to it, as
-                    # `edgedeploy rollback` does over SSH (a deploy would meet the serial floor)
-                    result = rollback(self.store, make_service(self.store), doc.health.timeout_s)
-                else:
-                    result = Deployment(self.store, make_service(self.store)).deploy(
-                        source, timeout=doc.health.timeout_s, objectives=objectives
-                    )
+                result = act()
         except StateError as e:
             if "another deploy" in e.message:  # someone (a technician over SSH) holds the lock: try again later
                 self._publish("downloading", **base, code=e.code, message=e.message)

@@ -48,13 +48,21 @@ def build(
     out: Path,
     card: ModelCard,
     progress: Callable[[str], None] = lambda s: None,
+    twin: bool = False,
     **options: Any,
 ) -> BuildResult:
     """A bundle for either runtime (compile.build_options.build_for_runtime's options: runtime, batch,
-    precision, cuda_graph, use_cache, int8, workspace_mib)."""
+    precision, cuda_graph, use_cache, int8, workspace_mib); `twin`: the profile's twin (compile/twin.py)."""
     from .compile.build_options import build_for_runtime
 
-    return build_for_runtime(model, get_profile(profile_name), out, card, progress=progress, **options)
+    profile = get_profile(profile_name)
+    if twin:
+        from .compile.twin import twin_profile
+
+        if options.get("runtime", "tvm") != "tvm":
+            raise InputError("a twin is a TVM build (--runtime tvm)")
+        profile = twin_profile(profile)
+    return build_for_runtime(model, profile, out, card, progress=progress, **options)
 
 
 def tune(

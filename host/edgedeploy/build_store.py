@@ -20,6 +20,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
 from edgedeploy_agent.bundle import HostFile, Manifest, sha256_file
+from edgedeploy_agent.durable import move_durably
 
 from .errors import InputError
 from .paths import build_store_dir
@@ -49,27 +50,24 @@ def _copy_in(path: Path, sha256: str | None) -> tuple[str, int]:
     root = build_store_dir() / "sha256"
     try:
         root.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=root, prefix=".tmp-")
+        work = tempfile.TemporaryDirectory(dir=root, prefix=".tmp-")
     except OSError as e:
         raise InputError(
             f"cannot write the build store {root}: {e.strerror}", hint="point EDGEDEPLOY_STORE_DIR at a writable folder"
         ) from None
     h, size = hashlib.sha256(), 0
-    try:
-        with os.fdopen(fd, "wb") as out, open(path, "rb") as f:
+    with work:
+        tmp = Path(work.name) / "file"  # its name is its sha256, known once it is copied
+        with open(tmp, "wb") as out, open(path, "rb") as f:
             for chunk in iter(lambda: f.read(_CHUNK), b""):
                 h.update(chunk)
                 size += len(chunk)
                 out.write(chunk)
-            out.flush()
-            os.fsync(out.fileno())
         digest = h.hexdigest()
         if sha256 is not None and digest != sha256:
             raise InputError(f"{path} changed while it was being stored (sha256 now {digest[:16]}…)")
         os.chmod(tmp, 0o444)
-        os.replace(tmp, root / digest)
-    finally:
-        Path(tmp).unlink(missing_ok=True)
+        move_durably(tmp, root / digest)
     return digest, size
 
 

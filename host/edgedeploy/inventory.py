@@ -18,18 +18,19 @@ from typing import Literal
 import tomli_w
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from edgedeploy_agent.names import DEVICE_NAME_PATTERN
+
 from .errors import InputError, InventoryError, validation_text
 from .paths import config_dir
 from .userfiles import read_toml, write_text_atomic
 
-_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 
 class Device(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    name: str = Field(pattern=_NAME.pattern)
+    name: str = Field(pattern=DEVICE_NAME_PATTERN)  # the agent's rule too (edgedeploy_agent/names.py)
     host: str
     port: int = Field(default=22, ge=1, le=65535)
     user: str = "edgedeploy"

@@ -24,7 +24,14 @@ class CompilerSpec(BaseModel):
     target: dict[str, Any] = Field(description="TVM target as a dict, e.g. {kind = 'llvm'}")
     host_triple: str = Field(description="triple of the device's CPU, e.g. x86_64-linux-gnu")
     cross_compiler: str | None = Field(default=None, description="C compiler used to link the library")
-    cuda_codegen: Literal["nvcc", "nvrtc-12"] | None = None
+    # nvcc: the nvcc on PATH (CUDA 12/13), a fatbin of SASS; nvrtc-11: NVRTC 11.8 from pip (the cuda11 extra), a
+    # cubin any CUDA 11.x driver loads, plus its PTX (compile/nvrtc11.py); nvrtc-12: NVRTC 12.x (the cuda12 extra)
+    cuda_codegen: Literal["nvcc", "nvrtc-11", "nvrtc-12"] | None = None
+    cuda_device_code: Literal["sass", "ptx"] = Field(
+        default="sass",
+        description="what the library's CUDA module holds: SASS for cuda_sm, or (twins, nvrtc-11 only) the PTX of "
+        "compute_<cuda_sm>, which the driver JIT-compiles for any GPU of that SM or newer",
+    )
     cpu_features: list[str] = Field(
         default_factory=list,
         description="CPU flags (/proc/cpuinfo names) the host code needs; agents without them refuse",
@@ -38,6 +45,9 @@ class PlatformSpec(BaseModel):
     python: str = Field(description="Python the agent runs on")
     cuda: str | None = None
     min_cuda_driver: str | None = None
+    driver_floor_reason: str | None = Field(
+        default=None, description="why min_cuda_driver is what it is (device code, runtime backend); in the manifest"
+    )
     glibc: str | None = Field(
         default=None,
         pattern=r"^\d+\.\d+$",
@@ -58,13 +68,25 @@ class DeviceProfile(BaseModel):
     cuda_sm: int | None = None
     compiler: CompilerSpec
     platform: PlatformSpec
+    twin_of: str | None = Field(
+        default=None,
+        description="a twin (compile/twin.py): this profile's device code is the named profile's, as PTX, with a "
+        "host library for another CPU, so that it runs on a GPU machine",
+    )
     source: str = Field(default="", exclude=True)
+
+    @property
+    def tuning_profile(self) -> str:
+        """Whose tuning databases a build applies: a twin's are its original's (the same kernels)."""
+        return self.twin_of or self.name
 
     @model_validator(mode="after")
     def _aarch64_names_its_glibc(self) -> DeviceProfile:
         # the cross compiler's libc is newer than the devices' (Debian 12: 2.36); the check needs the floor
         if self.arch == "aarch64" and self.platform.glibc is None:
             raise ValueError('an aarch64 profile must set platform.glibc (the devices\' glibc, e.g. "2.31")')
+        if self.compiler.cuda_device_code == "ptx" and self.compiler.cuda_codegen != "nvrtc-11":
+            raise ValueError('compiler.cuda_device_code = "ptx" needs cuda_codegen = "nvrtc-11"')
         return self
 
 

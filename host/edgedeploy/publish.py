@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from edgedeploy_agent.bundle import canonical_json
+from edgedeploy_agent.durable import write_atomic
 from edgedeploy_agent.oci import (
     ARTIFACT_MEDIA_TYPE,
     CONFIG_MEDIA_TYPE,
@@ -208,9 +209,7 @@ def record_published(p: Published) -> None:
     """STATE/published/<manifest sha>.json: which ref a bundle was published as (what rollout --via mqtt names)."""
     d = published_dir()
     d.mkdir(parents=True, exist_ok=True)
-    tmp = d / f".{p.manifest_sha}.tmp"
-    tmp.write_text(json.dumps({"ref": p.ref, "release": p.release, "tag": p.tag}, indent=1))
-    tmp.replace(d / f"{p.manifest_sha}.json")
+    write_atomic(d / f"{p.manifest_sha}.json", json.dumps({"ref": p.ref, "release": p.release, "tag": p.tag}, indent=1))
 
 
 def published_ref(blobs: BundleBlobs) -> str:

@@ -7,23 +7,26 @@ Bytes go through an OCI registry (publish.py), intent and status through an MQTT
 from __future__ import annotations
 
 import json
-from dataclasses import asdict
+import threading
+import time
+from dataclasses import asdict, fields
 from pathlib import Path
 from typing import Any
 
 from edgedeploy_agent.desired import TERMINAL, DesiredHealth
 
-from .errors import InputError
+from .errors import DeviceError, EdgeDeployError, InputError
 from .inventory import Inventory
 from .publish import published_ref
 from .remote.blobs import bundle_blobs
+from .remote.fleet import FleetResult, run_fleet
 from .remote.install_pull import PullOptions
-from .remote.mqtt import Controller, FleetConfig, desired_payload, load_fleet_config
+from .remote.mqtt import UNREADABLE, Controller, FleetConfig, desired_payload, load_fleet_config
 from .remote.mqtt_rollout import MqttRolloutRunner, PullPolicy, status_facts
 from .remote.plan import HealthPolicy
 from .remote.rollout import DEFAULT_WAVES, RolloutState, Waves, new_rollout_id, plan_rollout
-from .remote.rollout_runner import Listener, prepare_resume, rollouts_dir
-from .signing import list_keys, next_serial
+from .remote.rollout_runner import Listener, device_log, prepare_resume, rollouts_dir
+from .signing import list_keys
 
 
 def _rollout_key(cfg: FleetConfig) -> str:
@@ -59,21 +62,32 @@ def rollout_via_mqtt(
             rid, str(bundle.resolve()), blobs.manifest.release_name, names, facts,
             canary=waves.canary, wave=waves.wave, max_fail=waves.max_fail, concurrency=max(1, len(names)),
         )  # fmt: skip
-        pull = PullPolicy(ref, key, 0, rate, jitter_s, pull_timeout, cfg.rollout.expires_hours if cfg.rollout else 24)
+        pull = PullPolicy(ref, key, rate, jitter_s, pull_timeout, cfg.rollout.expires_hours if cfg.rollout else 24)
         state.options = {
             "via": "mqtt",
             "health": asdict(health or HealthPolicy()),
             "pull": asdict(pull),
-            # what each device ran before, by ref: what a fleet rollback publishes
-            "previous_refs": {n: st.get("ref") for n, st in statuses.items() if st.get("ref") != ref},
+            # what each device ran when the rollout started (its committed release; the last will of a
+            # device offline then says it too): what `rollback --via mqtt` goes back to
+            "before": releases_before(names, statuses),
         }
         if dry_run:
             return state
         return _run(inv, state, rollouts_dir() / f"{rid}.json", controller, listener)
 
 
+def releases_before(names: list[str], statuses: dict[str, dict[str, Any]]) -> dict[str, str | None]:
+    """Pure: the release each device runs by its retained status (None: no status, or an unreadable one)."""
+    before: dict[str, str | None] = {}
+    for n in names:
+        st = statuses.get(n) or {}
+        before[n] = None if st.get("state") == UNREADABLE else st.get("release")
+    return before
+
+
 def _run(inv: Inventory, state: RolloutState, path: Path, controller: Controller, listener: Listener) -> RolloutState:
-    pull = PullPolicy(**{**state.options["pull"], "serial": next_serial()})
+    known = {f.name for f in fields(PullPolicy)}  # a rollout recorded before serials were per device has one
+    pull = PullPolicy(**{k: v for k, v in state.options["pull"].items() if k in known})
     health = HealthPolicy(**state.options["health"])
     blobs = bundle_blobs(Path(state.bundle))
     return MqttRolloutRunner(inv, state, blobs, path, health, controller, pull, listener).run()
@@ -96,8 +110,10 @@ def fleet_status_via_mqtt(names: list[str], settle: float = 2.0) -> dict[str, di
     return {n: got.get(n) for n in names}
 
 
-def rollback_via_mqtt(names: list[str], timeout: float = 300.0) -> dict[str, dict[str, Any]]:
-    """Publish each device's previous ref (from the newest MQTT rollout) and wait for its outcome."""
+def rollback_via_mqtt(names: list[str], timeout: float = 90.0) -> FleetResult[dict[str, Any]]:
+    """Send each device back to the release it ran when the newest MQTT rollout started, and wait for
+    the outcomes: all published first, then one deadline (`timeout` s) shared by every device. Per-device
+    results as the SSH fan-out gives them: {"outcome", "release", "previous"} or the device's error."""
     cfg = load_fleet_config()
     key = _rollout_key(cfg)
     files = sorted(rollouts_dir().glob("*.json")) if rollouts_dir().is_dir() else []
@@ -106,27 +122,61 @@ def rollback_via_mqtt(names: list[str], timeout: float = 300.0) -> dict[str, dic
     if not mqtt_rollouts:
         raise InputError("no rollout via mqtt is recorded on this host: nothing to roll back to")
     last = mqtt_rollouts[-1]
-    previous: dict[str, str | None] = last["options"].get("previous_refs", {})
-    serial = next_serial()
-    results: dict[str, dict[str, Any]] = {}
+    rid = last["id"]
+    if "before" not in last["options"]:
+        raise InputError(
+            f"rollout {rid} does not record what its devices ran before it (an older edgedeploy recorded it)",
+            hint="roll back over SSH: edgedeploy rollback --group TAG",
+        )
+    before: dict[str, str | None] = last["options"]["before"]
+    refused: dict[str, EdgeDeployError] = {}
+    serials: dict[str, int] = {}
+    was: dict[str, str | None] = {}
+    cancelled = threading.Event()
     with Controller(cfg.mqtt) as controller:
+        statuses = controller.read_statuses(names)
         for n in names:
-            ref = previous.get(n)
-            if not ref:
-                results[n] = {"state": "skipped", "message": f"no previous ref recorded for {n} in {last['id']}"}
+            target = before.get(n)
+            if not target:
+                why = "was not in it" if n not in before else "named no release (no status)"
+                refused[n] = DeviceError(
+                    f"nothing to roll back to: {n} {why} when rollout {rid} started", code="no-previous"
+                )
                 continue
+            was[n] = statuses.get(n, {}).get("release")
+            serials[n] = controller.next_serial(n)
             payload = desired_payload(
-                key, n, ref, "", f"rollback-{last['id']}", 0, serial, health=DesiredHealth(),
-            )  # fmt: skip
-            controller.publish_desired(n, payload)
-        for n in names:
-            if n in results:
-                continue
-            st = controller.wait_status(n, lambda s: s.get("serial") == serial and s.get("state") in TERMINAL, timeout)
-            results[n] = (
-                st if st.get("serial") == serial else {"state": "timeout", "message": f"no outcome in {timeout} s"}
+                key, n, "", target, f"rollback-{rid}", 0, serials[n], health=DesiredHealth(), action="rollback"
             )
-    return results
+            try:
+                controller.publish_desired(n, payload)
+            except EdgeDeployError as e:
+                refused[n] = e
+        deadline = time.monotonic() + timeout
+
+        def one(n: str) -> dict[str, Any]:
+            if n in refused:
+                raise refused[n]
+
+            def done(st: dict[str, Any]) -> bool:
+                return st.get("serial") == serials[n] and st.get("state") in TERMINAL
+
+            st = controller.wait_status(n, done, deadline - time.monotonic(), cancelled=cancelled.is_set)
+            if not done(st):
+                seen = f"last status {st.get('state')}" if st else "no status"
+                raise DeviceError(f"no outcome from {n} within {timeout:.0f} s ({seen})", code="timeout")
+            if st["state"] != "committed":
+                raise DeviceError(
+                    f"{st['state']}: {st.get('message') or st.get('code')}", code=str(st.get("code") or st["state"])
+                )
+            return {"outcome": st.get("outcome") or "rolled-back", "release": st.get("release"), "previous": was[n]}
+
+        fleet = run_fleet(names, one, name=str, on_interrupt=cancelled.set)
+    for n, r in fleet.succeeded.items():
+        device_log(n, f"rollback via mqtt ({rid}) {r['outcome']}: {r['release']} (was {r['previous']})")
+    for n, err in fleet.failed.items():
+        device_log(n, f"rollback via mqtt ({rid}) failed: {err.message}")
+    return fleet
 
 
 def pull_install_options(

@@ -97,10 +97,16 @@ def _load_private(name: str) -> Ed25519PrivateKey:
 def next_serial(explicit: int | None = None) -> int:
     """One more than the last serial signed here, and at least the Unix time; recorded on use."""
     state = keys_dir() / "serial"
-    last = int(state.read_text()) if state.is_file() else 0
+    try:
+        last = int(state.read_text(encoding="ascii")) if state.is_file() else 0
+    except ValueError:
+        raise InputError(
+            f"{state} does not hold a serial number",
+            hint="write the last serial signed here into it (or remove it: serials then start from the Unix time)",
+        ) from None
     serial = explicit if explicit is not None else max(last + 1, int(time.time()))
     state.parent.mkdir(parents=True, exist_ok=True)
-    state.write_text(f"{max(serial, last)}\n")
+    write_atomic(state, f"{max(serial, last)}\n")
     return serial
 
 

@@ -1,9 +1,14 @@
-"""Test doubles for the agent: real classes behind its protocols, scripted."""
+"""Test doubles for the agent: real classes behind its protocols, scripted, and a fake CUDA driver library."""
 
 from __future__ import annotations
 
+import shutil
+import subprocess
+from pathlib import Path
+
 from edgedeploy_agent.service import write_health
 from edgedeploy_agent.store import DeviceStore
+from tests.helpers import require
 
 
 class ScriptedService:
@@ -24,3 +29,37 @@ class ScriptedService:
 
     def is_running(self) -> bool:
         return self.running
+
+
+# a libcuda that reports a chosen driver version and GPU (what a GPU-less machine cannot provide for real)
+FAKE_LIBCUDA = r"""
+#include <string.h>
+int cuInit(unsigned f) { return 0; }
+int cuDriverGetVersion(int *v) { *v = DRIVER; return 0; }
+int cuDeviceGetCount(int *n) { *n = 1; return 0; }
+int cuDeviceGet(int *d, int i) { *d = 0; return 0; }
+int cuDeviceGetAttribute(int *v, int attr, int d) { *v = attr == 75 ? MAJOR : MINOR; return 0; }
+int cuDeviceGetName(char *name, int len, int d) { strncpy(name, NAME, len); return 0; }
+"""
+
+
+def fake_libcuda(tmp: Path, driver: int, sm: int, name: str) -> str:
+    require("GCC", "needs gcc to build the fake driver" if shutil.which("gcc") is None else None)
+    src, lib = tmp / "fake.c", tmp / f"libcuda-{driver}-{sm}.so"
+    src.write_text(FAKE_LIBCUDA)
+    subprocess.run(
+        [
+            "gcc",
+            "-shared",
+            "-fPIC",
+            f"-DDRIVER={driver}",
+            f"-DMAJOR={sm // 10}",
+            f"-DMINOR={sm % 10}",
+            f'-DNAME="{name}"',
+            "-o",
+            str(lib),
+            str(src),
+        ],
+        check=True,
+    )
+    return str(lib)

@@ -13,7 +13,18 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from edgedeploy_agent.bundle import canonical_json
-from edgedeploy_agent.desired import DesiredRefused, rollout_trust, status_doc, verify_desired
+from edgedeploy_agent.desired import (
+    MAX_MESSAGE_BYTES,
+    MAX_MESSAGE_CHARS,
+    DesiredRefused,
+    MessageError,
+    json_depth_exceeds,
+    parse_message,
+    parse_status,
+    rollout_trust,
+    status_doc,
+    verify_desired,
+)
 from edgedeploy_agent.trust import TrustStore, key_id
 from edgedeploy_agent.watch import backoff_delay
 from tests.agent.bundles import public
@@ -116,3 +127,81 @@ def test_watch_bad_configuration_is_one_line(tmp_path: Path) -> None:
     assert agent("--root", root, *ok).code == 0
     r = agent("--root", root, "watch")
     assert r.code == 9 and "password file" in r.err and "Traceback" not in r.err, r.err
+
+
+# --- every message from the network: bounded, an object, a typed model (issue 40 items 1, 2, 7) --------------
+
+HOSTILE = {
+    "deep list": b"[" * 100000,  # past the size limit
+    "deep list within the size limit": b"[" * 60000 + b"]" * 60000,
+    "deep object": b'{"a":' * 5000 + b"1" + b"}" * 5000,
+    "a list": b"[1, 2]",
+    "a string": b'"text"',
+    "a number": b"7",
+    "null": b"null",
+    "a huge string": b'{"doc": "' + b"x" * (1 << 20) + b'"}',
+    "not UTF-8": b'{"doc": "\xff\xfe"}',
+    "not JSON": b"{",
+}
+
+
+@pytest.mark.parametrize("payload", list(HOSTILE.values()), ids=list(HOSTILE))
+def test_hostile_desired_messages_are_refused_never_raised(
+    pinned: tuple[TrustStore, Ed25519PrivateKey], payload: bytes
+) -> None:
+    trust, _ = pinned
+    with pytest.raises(DesiredRefused, match="malformed") as e:
+        verify_desired(payload, "cam-01", trust, None)
+    assert e.value.serial is None
+
+
+def test_depth_is_checked_before_parsing_and_strings_do_not_count() -> None:
+    assert json_depth_exceeds(b"[" * 17 + b"]" * 17, 16) and not json_depth_exceeds(b"[" * 16 + b"]" * 16, 16)
+    assert not json_depth_exceeds(b'{"a": "[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[\\"[[[[[["}', 2)
+    assert parse_message(b'{"a": "' + b"[" * 40 + b'"}') == {"a": "[" * 40}
+    with pytest.raises(MessageError, match="deeper than 16"):
+        parse_message(b"[" * 60000)  # json.loads itself would raise RecursionError here
+    with pytest.raises(MessageError, match="not an object"):
+        parse_message(b"[1, 2]")
+    with pytest.raises(MessageError, match="bytes"):
+        parse_message(b" " * (MAX_MESSAGE_BYTES + 1))
+
+
+def test_a_refusal_names_the_serial_it_refuses(pinned: tuple[TrustStore, Ed25519PrivateKey]) -> None:
+    trust, key = pinned
+    for payload, serial in (
+        (message(key, serial=9), 9),  # below the floor
+        (message(key, serial=12, expires=(NOW - dt.timedelta(seconds=1)).isoformat()), 12),
+        (message(key, serial=13).replace(b"mnist-8-x", b"mnist-9-x"), 13),  # signature does not match
+        (message(key, serial=14, extra="x"), 14),  # malformed, but it says which serial it is
+        (message(Ed25519PrivateKey.generate(), serial=15), 15),
+    ):
+        with pytest.raises(DesiredRefused) as e:
+            verify_desired(payload, "cam-01", trust, serial_floor=10)
+        assert e.value.serial == serial, e.value.message
+
+
+def test_status_messages_are_read_into_the_typed_model() -> None:
+    good = status_doc("cam-01", "downloading", release="r", serial=3, floor=2, progress={"bytes": 1, "total": 9})
+    st = parse_status(good, "cam-01")
+    assert (st.state, st.serial, st.floor, st.progress and st.progress.total) == ("downloading", 3, 2, 9)
+    assert parse_status(status_doc("cam-01", "idle", future_field={"x": 1}), "cam-01").state == "idle"
+    bad = [
+        *HOSTILE.values(),
+        status_doc("cam-02", "idle"),  # another device's name on this device's topic
+        b'{"device": "cam-01", "state": "on fire"}',
+        b'{"device": "cam-01", "state": "idle", "serial": "7"}',
+        b'{"device": "cam-01", "state": "idle", "serial": -1}',
+        b'{"device": "cam-01", "state": "idle", "release": "' + b"r" * 1000 + b'"}',
+        b'{"device": "cam-01", "state": "idle", "progress": [1]}',
+        b'{"device": "cam/01", "state": "idle"}',
+    ]
+    for payload in bad:
+        with pytest.raises(MessageError):
+            parse_status(payload, "cam-01")
+
+
+def test_a_status_message_is_cut_to_a_readable_length() -> None:
+    st = json.loads(status_doc("cam-01", "refused", message="x" * 100000))
+    assert len(st["message"]) == MAX_MESSAGE_CHARS and st["message"].endswith("...")
+    parse_status(status_doc("cam-01", "refused", message="x" * 100000), "cam-01")

@@ -3,8 +3,6 @@ chosen driver version and GPU (the one thing a GPU-less machine cannot provide f
 
 from __future__ import annotations
 
-import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -13,39 +11,7 @@ from edgedeploy_agent.bundle import Target, check_compatible, read_manifest
 from edgedeploy_agent.errors import IncompatibleBundle
 from edgedeploy_agent.gpu import probe_cuda
 from tests.agent.bundles import make_bundle
-from tests.helpers import require
-
-FAKE = r"""
-#include <string.h>
-int cuInit(unsigned f) { return 0; }
-int cuDriverGetVersion(int *v) { *v = DRIVER; return 0; }
-int cuDeviceGetCount(int *n) { *n = 1; return 0; }
-int cuDeviceGet(int *d, int i) { *d = 0; return 0; }
-int cuDeviceGetAttribute(int *v, int attr, int d) { *v = attr == 75 ? MAJOR : MINOR; return 0; }
-int cuDeviceGetName(char *name, int len, int d) { strncpy(name, NAME, len); return 0; }
-"""
-
-
-def fake_libcuda(tmp: Path, driver: int, sm: int, name: str) -> str:
-    require("GCC", "needs gcc to build the fake driver" if shutil.which("gcc") is None else None)
-    src, lib = tmp / "fake.c", tmp / f"libcuda-{driver}-{sm}.so"
-    src.write_text(FAKE)
-    subprocess.run(
-        [
-            "gcc",
-            "-shared",
-            "-fPIC",
-            f"-DDRIVER={driver}",
-            f"-DMAJOR={sm // 10}",
-            f"-DMINOR={sm % 10}",
-            f'-DNAME="{name}"',
-            "-o",
-            str(lib),
-            str(src),
-        ],
-        check=True,
-    )
-    return str(lib)
+from tests.agent.doubles import fake_libcuda
 
 
 def gpu_manifest(tmp: Path, sm: int, min_driver: str):
@@ -78,3 +44,36 @@ def test_refusals_say_why(tmp_path: Path) -> None:
             gpu=None,
             gpu_reason="no CUDA driver (libcuda.so.1 not found)",
         )
+
+
+def test_ptx_runs_on_newer_gpus_sass_only_on_its_own_major(tmp_path: Path) -> None:
+    """A twin's device code is compute_72 PTX: the driver JIT-compiles it for any SM >= 72, so an H200 (sm_90)
+    takes it; the same SM as SASS (a real Xavier bundle) stays refused there."""
+    h200, _ = probe_cuda(fake_libcuda(tmp_path, 13000, 90, "NVIDIA H200"))
+    t4, _ = probe_cuda(fake_libcuda(tmp_path, 12020, 75, "Tesla T4"))
+    m = gpu_manifest(tmp_path, 72, "11.8")
+    twin = m.model_copy(
+        update={"target": m.target.model_copy(update={"device_code": ["compute_72 ptx (module, 1 B)"]})}
+    )
+    sass = m.model_copy(update={"target": m.target.model_copy(update={"device_code": ["sm_72 sass (cubin, 1 B)"]})})
+    assert twin.target.ptx_only() and not sass.target.ptx_only() and not m.target.ptx_only()
+    check_compatible(twin, machine="x86_64", gpu=h200)
+    check_compatible(twin, machine="x86_64", gpu=t4)
+    with pytest.raises(IncompatibleBundle, match="sm_72 code, this device's NVIDIA H200 is sm_90"):
+        check_compatible(sass, machine="x86_64", gpu=h200)
+    newer = twin.model_copy(update={"target": twin.target.model_copy(update={"cuda_sm": 90})})
+    with pytest.raises(IncompatibleBundle, match="compute_90 PTX, this device's Tesla T4 is sm_75"):
+        check_compatible(newer, machine="x86_64", gpu=t4)
+
+
+def test_driver_refusal_names_the_floor_and_its_reason(tmp_path: Path) -> None:
+    xavier_jp5, _ = probe_cuda(fake_libcuda(tmp_path, 11040, 72, "Xavier"))
+    m = gpu_manifest(tmp_path, 72, "11.8")
+    why = "compute_72 PTX ISA 7.8: the driver's JIT needs CUDA 11.8+"
+    m = m.model_copy(update={"target": m.target.model_copy(update={"driver_floor_reason": why})})
+    with pytest.raises(
+        IncompatibleBundle, match=r"needs CUDA driver API 11\.8\+ \(compute_72 PTX ISA 7\.8.*offers 11\.4"
+    ) as e:
+        check_compatible(m, machine="x86_64", gpu=xavier_jp5)
+    assert "CUDA 11.8 or newer" in (e.value.hint or "")
+    check_compatible(gpu_manifest(tmp_path, 72, "11.4"), machine="x86_64", gpu=xavier_jp5)

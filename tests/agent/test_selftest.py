@@ -123,7 +123,7 @@ def test_runtime_loads_or_says_why() -> None:
     missing = check_runtime(None, "/nonexistent/libtvm_runtime.so")
     assert missing.status == FAILED and "does not exist" in missing.detail
 
-    def broken(lib: str | None, cuda: bool) -> Path:
+    def broken(lib: str | None, cuda: bool, backend: tuple[str, str | None]) -> Path:
         raise RuntimeLoadError("cannot load libtvm_runtime_cuda.so: libcudart.so.13: not found", hint="CUDA 13")
 
     gpu = check_runtime(_manifest(device="cuda", cuda_sm=75), None, load=broken)

@@ -11,6 +11,7 @@ import dataclasses
 import hashlib
 import importlib.util
 import json
+import os
 import subprocess
 import sys
 import threading
@@ -329,3 +330,38 @@ def test_production_backend_without_tensorrt_is_one_clear_error() -> None:
     with pytest.raises(RuntimeLoadError, match="TensorRT is not usable here") as e:
         PolygraphyBackend()
     assert e.value.hint and "polygraphy" in e.value.hint
+
+
+class _PolygraphyDouble:
+    """Polygraphy's EngineBytesFromNetwork as it treats save_timing_cache: a lock file beside the path, then
+    the cache written in place; `fail` breaks the build off after half of the cache is written."""
+
+    def __init__(self, fail: bool = False) -> None:
+        self.fail = fail
+
+    def EngineBytesFromNetwork(self, network: object, config: object, save_timing_cache: str | None = None):  # noqa: N802
+        def build() -> bytes:
+            if save_timing_cache is not None:
+                Path(save_timing_cache + ".lock").touch()
+                with open(save_timing_cache, "wb") as f:
+                    f.write(b"new ")
+                    if self.fail:
+                        raise RuntimeError("power cut")
+                    f.write(b"cache")
+            return b"plan"
+
+        return build
+
+
+def test_the_timing_cache_is_replaced_whole_or_not_at_all(tmp_path: Path) -> None:
+    cache = tmp_path / "timing" / "trt-10-T4.cache"
+    cache.parent.mkdir()
+    cache.write_bytes(b"old cache")
+    backend = object.__new__(PolygraphyBackend)  # no TensorRT here: only the cache handling is real
+    backend._poly = _PolygraphyDouble(fail=True)
+    with pytest.raises(RuntimeError):
+        backend._build_saving_cache(None, None, cache)
+    assert cache.read_bytes() == b"old cache" and os.listdir(cache.parent) == [cache.name]
+    backend._poly = _PolygraphyDouble()
+    assert backend._build_saving_cache(None, None, cache) == b"plan"
+    assert cache.read_bytes() == b"new cache" and os.listdir(cache.parent) == [cache.name]

@@ -93,3 +93,7 @@ def dump_sass(lib: Path, tmp_path: Path, sm: int = 75) -> str:
     env = {**os.environ, "NVDISASM_PATH": str(Path(cuobjdump).parent)}
     cmd = [cuobjdump, "--dump-sass", str(tmp_path / f"dev.{kind}")]
     return subprocess.run(cmd, capture_output=True, text=True, env=env).stdout
+
+
+# profile -> (SM, host architecture, CUDA codegen) of the GPU profiles the build tests build
+GPU_PROFILES = {"t4": (75, "x86_64", "nvrtc"), "h200": (90, "x86_64", "nvcc"), "xavier-agx": (72, "aarch64", "nvrtc")}

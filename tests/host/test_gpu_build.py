@@ -20,10 +20,8 @@ from edgedeploy.errors import BuildError
 from edgedeploy.profiles import get_profile
 from edgedeploy_agent.bundle import Preprocess, extract_bundle
 from tests.helpers import require
-from tests.host.cuda import dump_sass, require_cuobjdump, require_toolchain
+from tests.host.cuda import GPU_PROFILES, dump_sass, require_cuobjdump, require_toolchain
 from tests.host.models import convnet, float_and_int8_modules, run_on_cpu
-
-GPU_PROFILES = {"t4": (75, "x86_64", "nvcc"), "h200": (90, "x86_64", "nvcc"), "xavier-agx": (72, "aarch64", "nvrtc")}
 
 
 @pytest.mark.compile
@@ -116,7 +114,7 @@ def test_toolchain_refuses_what_it_cannot_target() -> None:
     require("GPU_TOOLCHAIN", "nvcc not installed" if shutil.which("nvcc") is None else None)
     with pytest.raises(BuildError, match="cannot target sm_72") as e:
         resolve_toolchain(nvcc_for_xavier)
-    assert "nvrtc-12" in (e.value.hint or "")
+    assert "nvrtc-11" in (e.value.hint or "")
 
 
 def _opcodes(sass: str, op: str) -> int:
@@ -128,8 +126,8 @@ def _opcodes(sass: str, op: str) -> int:
 @pytest.mark.parametrize("profile", ["t4", "xavier-agx"])
 @pytest.mark.parametrize("precision", ["fp16", "int8"])
 def test_convolutions_run_on_tensor_cores(precision: str, profile: str, data_dir: Path, tmp_path: Path) -> None:
-    """cuda_tensorcore.py: FP16 convolutions on HMMA, INT8 ones on IMMA, in the SASS of a t4 (nvcc 13,
-    fatbin) and a xavier-agx (NVRTC 12.9, sm_72 cubin) build; INT8 rounding without FRND (cuda_source.py)."""
+    """cuda_tensorcore.py: FP16 convolutions on HMMA, INT8 ones on IMMA, in the SASS of a t4 (sm_75) and a
+    xavier-agx (sm_72) build, cubins from NVRTC 11.8; INT8 rounding without FRND (cuda_source.py)."""
     require_toolchain(profile)
     from edgedeploy.compile.int8_build import Int8Config
     from edgedeploy.compile.quantize import QuantizeOptions

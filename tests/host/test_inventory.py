@@ -60,3 +60,29 @@ def test_an_inventory_that_cannot_be_written_is_an_input_error(tmp_path: Path) -
         with pytest.raises(InputError, match=f"cannot write inventory {path}"):
             Inventory.load(path).add(Device(name="a", host="h", profile="t4"))
     assert (tmp_path / "config").read_text().startswith("a file")
+
+
+NAMES_OK = ["cam-01", "a", "A.b_c-1", "9" * 63]
+NAMES_REFUSED = ["", "+", "#", "a/b", "cam+", "a b", "-a", ".a", "cam-01\n", "é", "x" * 64, "x" * 300, "x" * 70000]
+
+
+@pytest.mark.parametrize("name", NAMES_OK + NAMES_REFUSED, ids=lambda n: repr(n[:12]) + f"/{len(n)}")
+def test_agent_and_host_accept_the_same_device_names(name: str) -> None:
+    """One rule (edgedeploy_agent/names.py): the inventory, the agent's configuration and the controller's
+    topic check agree on every name, so a device the host can name is one that can report (issue 40 #9)."""
+    from pydantic import ValidationError
+
+    from edgedeploy_agent.config import AgentConfig
+    from edgedeploy_agent.names import is_device_name
+
+    try:
+        Device(name=name, host="h", profile="t4")
+        host = True
+    except ValidationError:
+        host = False
+    try:
+        AgentConfig(device_name=name)
+        device = True
+    except ValidationError:
+        device = False
+    assert host == device == is_device_name(name) == (name in NAMES_OK)

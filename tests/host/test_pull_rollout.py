@@ -112,3 +112,33 @@ def test_the_rollout_key_is_never_pinned_as_a_bundle_key(hermetic: Path) -> None
     assert sorted(fleet_public_keys()) == sorted([bundle_key.public, rollout_key.public])
     (hermetic / "config" / "fleet.toml").write_text('[mqtt]\nbroker = "b:1883"\n[rollout]\nkey = "rollout-1"\n')
     assert fleet_public_keys() == [bundle_key.public]
+
+
+def test_statuses_are_read_into_the_model_or_unreadable() -> None:
+    from edgedeploy.pull_api import releases_before
+    from edgedeploy.remote.mqtt import desired_serial, read_status
+    from edgedeploy_agent.desired import status_doc
+
+    ok = read_status("cam-01", status_doc("cam-01", "committed", release="r1", serial=4, floor=4, extra={"a": 1}))
+    assert ok["state"] == "committed" and ok["floor"] == 4 and "extra" not in ok and "updated" in ok
+    for payload in (b"[" * 100000, b"[" * 60000, b"[1, 2]", b'"text"', status_doc("cam-02", "idle")):
+        st = read_status("cam-01", payload)
+        assert (st["state"], st["code"]) == ("unreadable", "unreadable") and st["message"], payload[:20]
+        assert isinstance(status_facts(st), str)  # planned like a device with no status
+    statuses = {"a": {"state": "offline", "release": "r1"}, "b": {"state": "unreadable", "message": "x"}}
+    assert releases_before(["a", "b", "c"], statuses) == {"a": "r1", "b": None, "c": None}
+    assert desired_serial(b"[" * 60000) is None and desired_serial(b'{"doc": 1}') is None
+
+
+def test_desired_payload_carries_the_action(tmp_path: Path) -> None:
+    key = generate_key("rollout")
+    trust = rollout_trust(tmp_path)
+    trust.replace([key.public])
+    payload = desired_payload(
+        "rollout", "cam-01", "", "r0", "rollback-x", 0, 3, health=DesiredHealth(), action="rollback"
+    )
+    doc = verify_desired(payload, "cam-01", trust, None)
+    assert doc is not None and (doc.action, doc.release, doc.ref) == ("rollback", "r0", "")
+    from edgedeploy.remote.mqtt import desired_serial
+
+    assert desired_serial(payload) == 3

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from edgedeploy.cuda_backend import LIBRARY
 from edgedeploy.errors import DeviceError
 from edgedeploy.inventory import Device, Inventory
 from edgedeploy.remote import device_ops, install_run, rollout_runner
@@ -19,6 +20,7 @@ from edgedeploy.remote.execute import PushOptions, push, rollback
 from edgedeploy.remote.install import PROBE, SUDOERS_PATH, UNIT_PATH, InstallOptions
 from edgedeploy.remote.plan import HealthPolicy
 from edgedeploy.remote.rollout import Waves
+from edgedeploy.remote.wheels import CUDA_BACKEND_DIR
 from tests.agent.bundles import make_bundle
 from tests.host.doubles import FACTS, Put, RecordingTransport, agent_failed, agent_ok, connect_to, replied
 
@@ -143,9 +145,13 @@ def test_a_rollout_whose_canary_fails_its_health_check_halts_and_reads_the_relea
 
 
 def _wheelhouse(folder: Path) -> Path:
+    """The agent's wheel, and a CUDA backend for aarch64 devices (so that nothing is built here)."""
     folder.mkdir()
     with zipfile.ZipFile(folder / "edgedeploy-0.1.0-py3-none-any.whl", "w") as z:
         z.writestr("edgedeploy_agent/__init__.py", "__version__ = '0.1.0'\n")
+    backend = folder / CUDA_BACKEND_DIR / "aarch64" / LIBRARY
+    backend.parent.mkdir(parents=True)
+    backend.write_bytes(b"an aarch64 CUDA backend")
     return folder
 
 
@@ -213,6 +219,9 @@ def test_agent_install_as_a_non_root_login_runs_root_steps_through_sudo(
         f"/tmp/edgedeploy-install-{Path(UNIT_PATH).name}",
         UNIT_PATH,
     ) in planned
+    # the wheelhouse's CUDA backend for the device's architecture goes into the agent root the same way
+    moved = ("sudo", "-n", "install", "-m", "0644", f"/tmp/edgedeploy-install-{LIBRARY}", f"{ROOT}/lib/{LIBRARY}")
+    assert moved in planned
     # shell steps take the values as arguments: the scripts are constants, never built from input
     scripts = {a[a.index("-c") + 1] for a in planned if "-c" in a and a[a.index("-c") - 1] == "sh"}
     assert scripts and not any(ROOT in s or venv in s for s in scripts)

@@ -277,6 +277,23 @@ def test_agent_install_sets_up_the_systemd_service_for_a_non_root_login(arm: Arm
     assert no_tvm.returncode != 0 and "No module named 'tvm'" in no_tvm.stderr, no_tvm
 
 
+@in_container
+def test_the_cuda_backend_loads_on_the_device_and_says_it_has_no_driver(arm: ArmDevice) -> None:
+    """edgedeploy's CUDA backend, built here with aarch64-linux-gnu-g++ and uploaded by the install, loads in the
+    emulated Xavier's Python 3.9 beside the aarch64 libtvm_runtime.so (glibc 2.31, Debian 11's libstdc++) and
+    says in one line why it cannot run: this root has no NVIDIA driver."""
+    assert "upload CUDA backend" in arm.install["changed"] and arm.install["cuda_backend"] == "built here"
+    script = (
+        "import ctypes, tvm_ffi\n"
+        f"ctypes.CDLL('{ROOT}/lib/libtvm_runtime.so', ctypes.RTLD_GLOBAL)\n"
+        f"ctypes.CDLL('{ROOT}/lib/libedgedeploy_cuda.so', ctypes.RTLD_GLOBAL)\n"
+        "print(tvm_ffi.get_global_func('edgedeploy.cuda.backend_info')()['problem'])\n"
+    )
+    r = arm.ssh(f"{VENV}/bin/python", "-c", script)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith("edgedeploy CUDA backend: no CUDA driver: libcuda.so.1 cannot be loaded"), r.stdout
+
+
 def push(cli: Cli, arm: ArmDevice, bundle: Path, *extra: str) -> Any:
     return cli("push", arm.name, str(bundle), "--json", *extra, *arm.args(), timeout=900)
 

@@ -82,7 +82,9 @@ def test_publish_rollout_status_via_mqtt(
     assert all(d.current() == read_manifest(second).release_name for d in fleet.devices.values())
     r = cli("rollback", "--group", "lab", "--via", "mqtt", "--json", *fleet.args(), timeout=240)
     assert r.code == 0, r.out + r.err
-    assert {n: st["outcome"] for n, st in json.loads(r.out).items()} == {"dev1": "rolled-back", "dev2": "rolled-back"}
+    back = json.loads(r.out)  # the SSH fan-out's shape: {"succeeded": {device: result}, "failed": {...}}
+    assert {n: st["outcome"] for n, st in back["succeeded"].items()} == {"dev1": "rolled-back", "dev2": "rolled-back"}
+    assert back["failed"] == {}
     assert all(d.current() == release for d in fleet.devices.values())
 
     # the devices' endpoint (the pull-through cache) served the bytes, and it refuses pushes

@@ -40,12 +40,14 @@ def load_runtime(
     engine_root: Optional[Path] = None,
     progress: Callable[[dict[str, Any]], None] = lambda event: None,
     tensorrt_options: Optional[dict[str, Any]] = None,
+    cuda_backend: str = "auto",
+    cuda_backend_lib: Optional[str] = None,
 ) -> Runtime:
     """Open the runtime the bundle asks for; a TensorRT bundle that also carries TVM falls back to it."""
     if manifest.target.runtime == "tvm":
         from .tvm import TvmRuntime
 
-        return TvmRuntime(release_dir, manifest, runtime_lib=tvm_runtime_lib)
+        return TvmRuntime(release_dir, manifest, tvm_runtime_lib, cuda_backend, cuda_backend_lib)
     if manifest.target.runtime == "tensorrt":
         from .tensorrt import TensorRTRuntime
 
@@ -58,5 +60,7 @@ def load_runtime(
             progress({"state": "fallback", "to": "tvm", "reason": e.message})
             from .tvm import TvmRuntime
 
-            return FallbackRuntime(TvmRuntime(release_dir, manifest, runtime_lib=tvm_runtime_lib), e)
+            return FallbackRuntime(
+                TvmRuntime(release_dir, manifest, tvm_runtime_lib, cuda_backend, cuda_backend_lib), e
+            )
     raise IncompatibleBundle(f"runtime {manifest.target.runtime!r} is not supported by this agent")

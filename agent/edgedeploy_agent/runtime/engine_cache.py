@@ -12,7 +12,6 @@ Engines are not portable (reference notes §3): the key holds everything a plan 
 import fcntl
 import hashlib
 import json
-import os
 import re
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -20,7 +19,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from ..bundle import Manifest, TensorRTSettings, canonical_json
-from ..durable import fsync_dir
+from ..durable import atomic_folder, write_json_atomic
 
 # Bump when the key's fields or the cache layout change: old entries are then simply not found.
 ENGINE_CACHE_SCHEMA = 1
@@ -93,28 +92,17 @@ class EngineCache:
             return None
 
     def store(self, key: str, fields: dict[str, Any], plan: bytes, record: dict[str, Any]) -> Path:
-        """Write plan + plan.json into ENGINES/<key> atomically (a temp folder renamed into place)."""
-        self.root.mkdir(parents=True, exist_ok=True)
-        final = self.entry(key)
-        tmp = self.root / f".tmp-{key}-{os.getpid()}"
-        tmp.mkdir(parents=True, exist_ok=True)
+        """Write plan + plan.json into ENGINES/<key> atomically (a temp folder renamed into place); under `lock`."""
         meta = {"fields": fields, "plan_sha256": hashlib.sha256(plan).hexdigest(), **record}
-        _write_synced(tmp / "plan", plan)
-        _write_synced(tmp / "plan.json", json.dumps(meta, indent=1, sort_keys=True).encode())
-        if final.exists():
-            old = self.root / f".old-{key}-{os.getpid()}"
-            os.replace(final, old)
-            _rmtree(old)
-        os.replace(tmp, final)
-        fsync_dir(self.root)
-        return final
+        with atomic_folder(self.entry(key)) as tmp:
+            (tmp / "plan").write_bytes(plan)
+            (tmp / "plan.json").write_text(json.dumps(meta, indent=1, sort_keys=True), encoding="utf-8")
+        return self.entry(key)
 
     def mark_bad(self, key: str, reason: str, details: dict[str, Any]) -> None:
         d = self.entry(key)
         if d.is_dir():
-            tmp = d / ".bad.json.tmp"
-            _write_synced(tmp, json.dumps({"reason": reason, **details}, indent=1, sort_keys=True).encode())
-            os.replace(tmp, d / "bad.json")
+            write_json_atomic(d / "bad.json", {"reason": reason, **details})
 
     def timing_cache_path(self, trt_version: str, gpu_name: str) -> Path:
         return self.root / "timing" / f"trt-{_safe(trt_version)}-{_safe(gpu_name)}.cache"
@@ -129,16 +117,3 @@ class EngineCache:
                 yield
             finally:
                 fcntl.flock(f.fileno(), fcntl.LOCK_UN)
-
-
-def _write_synced(path: Path, data: bytes) -> None:
-    with open(path, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-
-
-def _rmtree(d: Path) -> None:
-    for p in d.iterdir():
-        p.unlink()
-    d.rmdir()

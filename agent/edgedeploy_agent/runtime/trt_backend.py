@@ -16,6 +16,7 @@ from typing import Any, Callable, Optional, Protocol
 import numpy as np
 
 from ..bundle import TensorRTSettings
+from ..durable import move_durably
 from ..errors import RuntimeLoadError
 
 
@@ -108,16 +109,15 @@ class PolygraphyBackend:
             profiles.append(p)
         if hasattr(trt, "IProgressMonitor"):
             cfg_opts["progress_monitor"] = _build_monitor(trt, progress)
-        cache = str(timing_cache) if timing_cache is not None else None
         config = poly.CreateConfig(
             profiles=profiles,
             memory_pool_limits={trt.MemoryPoolType.WORKSPACE: settings.workspace_bytes},
-            load_timing_cache=cache if timing_cache is not None and timing_cache.exists() else None,
+            load_timing_cache=str(timing_cache) if timing_cache is not None and timing_cache.exists() else None,
             **cfg_opts,
         )
         network = poly.NetworkFromOnnxPath(str(onnx), **net_opts)
         try:
-            plan = poly.EngineBytesFromNetwork(network, config, save_timing_cache=cache)()
+            plan = self._build_saving_cache(network, config, timing_cache)
         except Exception as e:  # Polygraphy raises PolygraphyException with TensorRT's log
             raise RuntimeLoadError(
                 f"TensorRT {self.version} could not build an engine from {onnx.name}: {e}",
@@ -125,6 +125,20 @@ class PolygraphyBackend:
                 "or too little workspace",
             ) from None
         return bytes(plan)
+
+    def _build_saving_cache(self, network: Any, config: Any, timing_cache: Optional[Path]) -> Any:
+        """Build; the config's timing cache (the one loaded and this build's timings) replaces the old one
+        whole: Polygraphy writes it in place, so it writes a new file that is then moved over the old one."""
+        if timing_cache is None:
+            return self._poly.EngineBytesFromNetwork(network, config)()
+        new = timing_cache.with_name(f".{timing_cache.name}.new")
+        try:
+            plan = self._poly.EngineBytesFromNetwork(network, config, save_timing_cache=str(new))()
+            move_durably(new, timing_cache)
+            return plan
+        finally:  # with Polygraphy's lock file (the engine cache's lock is held: no one else waits on it)
+            for left in (new, Path(f"{new}.lock")):
+                left.unlink(missing_ok=True)
 
     def load(self, plan: bytes) -> Optional[Engine]:
         runtime = self._trt.Runtime(self._trt.Logger(self._trt.Logger.WARNING))

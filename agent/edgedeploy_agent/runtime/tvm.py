@@ -3,6 +3,12 @@
 The `tvm` Python package (and its 260 MB libtvm_compiler.so) is never imported. The runtime library
 comes from the agent config (`tvm_runtime_lib`), or from the installed apache-tvm wheel's `tvm/lib`
 folder, found without importing the package.
+
+GPU bundles need a CUDA backend beside it, one of two (config `cuda_backend`):
+- `edgedeploy`: libedgedeploy_cuda.so (runtime/cuda_backend.cc, put there by `edgedeploy agent install`):
+  the CUDA 11.4 driver API only, so it runs on JetPack 5 and on long-term driver branches;
+- `tvm`: the apache-tvm wheel's libtvm_runtime_cuda.so, which needs libcudart.so.13 and a CUDA 13 driver.
+`auto` (the default) takes edgedeploy's where it is installed, else the wheel's.
 """
 
 import ctypes
@@ -15,17 +21,22 @@ import numpy as np
 from ..aligned import aligned
 from ..bundle import Manifest, check_compatible
 from ..errors import RuntimeLoadError
-from ..gpu import probe_cuda
+from ..gpu import probe_cuda, version_tuple
 
 _DEVICE_TYPE = {"cpu": 1, "cuda": 2, "cuda_host": 3}  # DLPack device types (cuda_host: page-locked memory)
 _POOLED_ALLOCATOR = 2
 _loaded: set[str] = set()
 _RUNTIME_HINT = "likely causes: wrong CPU architecture, glibc older than 2.28, missing libstdc++"
-# The runtime-only mode does not autoload the CUDA backend (shared/reference/tvm.md §5): load it by hand.
-_CUDA_HINT = (
-    "the CUDA backend needs libcudart.so.13 beside it (RUNPATH $ORIGIN) and a CUDA 13 driver (R580+); "
-    "JetPack 5 devices need a TVM runtime built from source (containers/jetson-runtime.sh)"
-)
+EDGEDEPLOY_CUDA = "libedgedeploy_cuda.so"
+TVM_CUDA = "libtvm_runtime_cuda.so"
+TVM_CUDA_DRIVER = "13.0"  # the wheel's backend links libcudart.so.13
+CUDA_BACKENDS = ("auto", "edgedeploy", "tvm")
+_CUDA_HINT = {
+    "edgedeploy": "reinstall the agent (edgedeploy agent install DEVICE puts libedgedeploy_cuda.so beside "
+    "libtvm_runtime.so); likely causes: a library for another architecture, libstdc++ older than GCC 9's",
+    "tvm": "the wheel's CUDA backend needs libcudart.so.13 beside it (RUNPATH $ORIGIN) and a CUDA 13 driver "
+    "(R580+); edgedeploy's own backend (cuda_backend = 'edgedeploy') needs neither",
+}
 
 
 def find_runtime_lib(configured: Optional[str] = None) -> Path:
@@ -57,8 +68,27 @@ def _load(lib: Path, hint: str) -> None:
     _loaded.add(str(lib))
 
 
-def load_runtime_libraries(runtime_lib: Optional[str] = None, cuda: bool = False) -> Path:
-    """Load tvm_ffi and libtvm_runtime.so (and the CUDA backend) into this process; returns the runtime's path."""
+def cuda_backend_lib(runtime_lib: Path, choice: str = "auto", configured: Optional[str] = None) -> tuple[str, Path]:
+    """(name, path) of the CUDA backend `choice` names: edgedeploy's at `configured` or beside `runtime_lib`,
+    the wheel's beside `runtime_lib`."""
+    if choice not in CUDA_BACKENDS:
+        raise RuntimeLoadError(f"unknown cuda_backend {choice!r}", hint=f"one of: {', '.join(CUDA_BACKENDS)}")
+    ours = Path(configured) if configured else runtime_lib.with_name(EDGEDEPLOY_CUDA)
+    if choice == "edgedeploy" or (choice == "auto" and ours.is_file()):
+        if not ours.is_file():
+            raise RuntimeLoadError(f"edgedeploy's CUDA backend {ours} is not installed", hint=_CUDA_HINT["edgedeploy"])
+        return "edgedeploy", ours
+    return "tvm", runtime_lib.with_name(TVM_CUDA)
+
+
+def load_runtime_libraries(
+    runtime_lib: Optional[str] = None,
+    cuda: bool = False,
+    cuda_backend: str = "auto",
+    cuda_backend_path: Optional[str] = None,
+) -> Path:
+    """Load tvm_ffi and libtvm_runtime.so (and a CUDA backend) into this process; returns the runtime's path.
+    One CUDA backend per process: both register the same functions."""
     try:
         import tvm_ffi  # noqa: F401  (loads libtvm_ffi.so, which libtvm_runtime.so links against)
     except ImportError as e:
@@ -68,8 +98,19 @@ def load_runtime_libraries(runtime_lib: Optional[str] = None, cuda: bool = False
     lib = find_runtime_lib(runtime_lib)
     _load(lib, _RUNTIME_HINT)
     if cuda:
-        _load(lib.with_name("libtvm_runtime_cuda.so"), _CUDA_HINT)
+        # The runtime-only mode autoloads no CUDA backend (shared/reference/tvm.md §5): load it by hand.
+        name, backend = cuda_backend_lib(lib, cuda_backend, cuda_backend_path)
+        other = {EDGEDEPLOY_CUDA: TVM_CUDA, TVM_CUDA: EDGEDEPLOY_CUDA}[backend.name]
+        if any(Path(p).name == other for p in _loaded):
+            raise RuntimeLoadError(f"this process already runs the other CUDA backend ({other})")
+        _load(backend, _CUDA_HINT[name])
     return lib
+
+
+def loaded_cuda_backend() -> Optional[str]:
+    """ "edgedeploy" or "tvm": the CUDA backend this process loaded, if any."""
+    names = {Path(p).name for p in _loaded}
+    return "edgedeploy" if EDGEDEPLOY_CUDA in names else "tvm" if TVM_CUDA in names else None
 
 
 class TvmRuntime:
@@ -77,11 +118,21 @@ class TvmRuntime:
 
     name = "tvm"
 
-    def __init__(self, release_dir: Path, manifest: Manifest, runtime_lib: Optional[str] = None) -> None:
+    def __init__(
+        self,
+        release_dir: Path,
+        manifest: Manifest,
+        runtime_lib: Optional[str] = None,
+        cuda_backend: str = "auto",
+        cuda_backend_lib: Optional[str] = None,
+    ) -> None:
         target = manifest.target
         gpu, reason = probe_cuda() if target.device == "cuda" else (None, "")
         check_compatible(manifest, gpu=gpu, gpu_reason=reason)
-        self._lib_path = load_runtime_libraries(runtime_lib, cuda=target.device == "cuda")
+        self._lib_path = load_runtime_libraries(runtime_lib, target.device == "cuda", cuda_backend, cuda_backend_lib)
+        self._cuda_backend = loaded_cuda_backend() if target.device == "cuda" else None
+        if gpu is not None and self._cuda_backend == "tvm":
+            _check_wheel_driver(gpu.driver_api)
         import tvm_ffi
 
         self._ffi = tvm_ffi
@@ -147,9 +198,19 @@ class TvmRuntime:
             "runtime": "tvm",
             "runtime_lib": str(self._lib_path),
             "device": self._manifest.target.device,
+            "cuda_backend": self._cuda_backend,
             "gpu": self._gpu.model_dump() if self._gpu else None,
             "loaded_tvm_libraries": loaded_tvm_libraries(),
         }
+
+
+def _check_wheel_driver(driver_api: str) -> None:
+    if version_tuple(driver_api) < version_tuple(TVM_CUDA_DRIVER):
+        raise RuntimeLoadError(
+            f"the apache-tvm wheel's CUDA backend needs a CUDA {TVM_CUDA_DRIVER}+ driver, this device's offers "
+            f"{driver_api}",
+            hint="install edgedeploy's CUDA backend (edgedeploy agent install DEVICE), which needs CUDA 11.4+",
+        )
 
 
 def loaded_tvm_libraries() -> list[str]:

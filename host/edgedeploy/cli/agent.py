@@ -73,6 +73,7 @@ def install(
     render.out.print(f"{device}: {verb}: {', '.join(steps) if steps else 'nothing (already installed)'}")
     if not dry_run:
         render.out.print(f"  agent {res['agent_command']}; OpenCV {res['opencv']}; healthy: {res['healthy']}")
+        render.out.print(f"  CUDA backend (edgedeploy's, CUDA 11.4+ drivers): {res['cuda_backend']}")
         if res.get("broker_user"):
             u = res["broker_user"]
             where = f"added to {u['added_to']}: reload the broker" if u["added_to"] else "add it to the broker"

@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from edgedeploy_agent.bundle import Manifest
+from edgedeploy_agent.bundle import Manifest, Target
 
 from .. import api
 from ..build_store import missing
@@ -108,6 +108,15 @@ def register(app: typer.Typer) -> None:
         workspace_mib: Annotated[
             int, typer.Option(help="tensorrt: builder workspace limit in MiB", callback=in_range(1))
         ] = 1024,
+        twin: Annotated[
+            bool,
+            typer.Option(
+                "--twin",
+                hidden=True,
+                help="a twin of the profile (t4, xavier-*): its device code as PTX with an x86_64 host library, "
+                "to run its kernels on a newer GPU (docs/gpu.md)",
+            ),
+        ] = False,
         json_: JsonOpt = False,
     ) -> None:
         """Compile a model for a device profile and write a bundle (INT8 with --int8 --calibration)."""
@@ -136,7 +145,7 @@ def register(app: typer.Typer) -> None:
         pre |= {"mean": _floats(mean, "mean"), "std": _floats(std, "std")}
         post = {"top_k": top_k, "softmax": softmax, "label_offset": label_offset}
         merged = card_with(base, name, version, labels, pre, post)
-        target = bundle_path(out or model.with_suffix(f".{profile}.edb"))
+        target = bundle_path(out or model.with_suffix(f".{profile}{'-twin' if twin else ''}.edb"))
         t = time.perf_counter()
         with render.steps(f"build {model.name} for {profile}") as step:
             result = api.build(
@@ -151,6 +160,7 @@ def register(app: typer.Typer) -> None:
                 use_cache=not no_cache,
                 int8=int8_cfg,
                 workspace_mib=workspace_mib,
+                twin=twin,
                 progress=step,
             )
         secs = time.perf_counter() - t
@@ -183,8 +193,15 @@ def register(app: typer.Typer) -> None:
         lost = missing(m)
         if json_:
             store = {"path": str(build_store_dir()), "missing": [h.name for h in lost]}
+            floor = {"min_cuda_driver": m.target.min_cuda_driver, "reason": m.target.driver_floor_reason}
             render.print_json(
-                {"bundle_id": m.bundle_id, "release": m.release_name, **m.model_dump(mode="json"), "host_store": store}
+                {
+                    "bundle_id": m.bundle_id,
+                    "release": m.release_name,
+                    **m.model_dump(mode="json"),
+                    "driver_floor": floor,
+                    "host_store": store,
+                }
             )
             return
         t = m.target
@@ -193,6 +210,7 @@ def register(app: typer.Typer) -> None:
             ["bundle id", m.bundle_id],
             ["created", m.created.isoformat()],
             ["profile", m.profile],
+            *([["twin of", f"{m.twin_of} (its device code as PTX, {t.arch} host code)"]] if m.twin_of else []),
             [
                 "target",
                 f"{t.arch} {t.device}" + (f" sm_{t.cuda_sm}" if t.cuda_sm else "") + f", {t.runtime} ({t.runtime_abi})",
@@ -208,6 +226,7 @@ def register(app: typer.Typer) -> None:
                 "host library",
                 f"{t.host_machine or '?'} ELF" + (f", device code by {t.cuda_codegen}" if t.cuda_codegen else ""),
             ],
+            *([["driver floor", _driver_floor(t)]] if t.device == "cuda" else []),
             *([["tensorrt", _tensorrt_summary(m)]] if m.tensorrt else []),
             ["tools", ", ".join(f"{k} {v}" for k, v in m.provenance.tools.items())],
         ]
@@ -217,6 +236,12 @@ def register(app: typer.Typer) -> None:
             for h in m.host_files
         ]
         render.table(str(bundle), ["field", "value"], rows)
+
+
+def _driver_floor(t: Target) -> str:
+    if not t.min_cuda_driver:
+        return "none declared"
+    return f"CUDA driver API {t.min_cuda_driver}+" + (f": {t.driver_floor_reason}" if t.driver_floor_reason else "")
 
 
 def _where(lost: bool) -> str:

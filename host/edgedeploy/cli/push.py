@@ -6,12 +6,12 @@ import dataclasses
 import shlex
 import time
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
 from .. import api, pull_api
-from ..errors import InputError, fleet_exit_code
+from ..errors import InputError
 from ..inventory import Inventory
 from ..remote.plan import HealthPolicy
 from ..remote.rollout_runner import Network
@@ -91,7 +91,7 @@ def register(app: typer.Typer) -> None:
         via: Annotated[
             str,
             typer.Option(
-                help="ssh: ask each device; mqtt: publish the ref each device ran before the last mqtt rollout"
+                help="ssh: ask each device; mqtt: send each device back to what it ran before the last mqtt rollout"
             ),
         ] = "ssh",
         inventory: InventoryOpt = None,
@@ -99,17 +99,12 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Put a device, or every device of a group, back on its previous bundle."""
         inv = Inventory.load(inventory)
-        if via == "mqtt":
+        if via == "mqtt":  # one deadline for all: the health check, plus a margin for the broker round trip
             names = api.select_devices(inv, [device] if device else None, group)
-            results = pull_api.rollback_via_mqtt(names, timeout=timeout + 300)
-            if json_:
-                render.print_json(results)
-            for name, st in results.items():
-                if not json_:
-                    render.out.print(f"{name}: {st.get('state')} {st.get('release') or ''} {st.get('message') or ''}")
-            ok = sum(1 for st in results.values() if st.get("state") == "committed")
-            if ok < len(results):
-                raise typer.Exit(fleet_exit_code(ok, len(results)))
+            fleet = pull_api.rollback_via_mqtt(names, timeout=timeout + 30)
+            render.fleet_result(fleet, json_, _rolled_back)
+            if fleet.exit_code:
+                raise typer.Exit(fleet.exit_code)
             return
         if via != "ssh":
             raise InputError(f"--via must be ssh or mqtt, got {via!r}")
@@ -121,6 +116,13 @@ def register(app: typer.Typer) -> None:
                 render.out.print(f"{device}: rolled back to {result['release']} (was {result['previous']})")
             return
         fleet = api.rollback_fleet(inv, api.select_devices(inv, [device] if device else None, group), timeout)
-        render.fleet_result(fleet, json_, lambda r: f"rolled back to {r['release']} (was {r['previous']})")
+        render.fleet_result(fleet, json_, _rolled_back)
         if fleet.exit_code:
             raise typer.Exit(fleet.exit_code)
+
+
+def _rolled_back(r: dict[str, Any]) -> str:
+    """One device's rollback result, SSH or MQTT (MQTT: `unchanged` when it already ran that release)."""
+    if r.get("outcome") == "unchanged":
+        return f"already on {r['release']}, nothing to do"
+    return f"rolled back to {r['release']} (was {r['previous']})"

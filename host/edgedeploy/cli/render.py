@@ -39,8 +39,8 @@ def table(title: str | None, columns: list[str], rows: list[list[Any]]) -> None:
     t = Table(title=title, show_lines=False, title_justify="left")
     for c in columns:
         t.add_column(c)
-    for r in rows:
-        t.add_row(*[("-" if v is None else str(v)) for v in r])
+    for r in rows:  # cells are data (a device's status may say "[/]"), never markup
+        t.add_row(*[("-" if v is None else escape(str(v))) for v in r])
     out.print(t)
 
 
@@ -107,7 +107,7 @@ def fleet(title: str, devices: list[str]) -> Iterator[Callable[[str, str, str], 
             t.add_column(c)
         for d, (s, m) in rows.items():
             colour = {"committed": "green", "unchanged": "green", "failed": "red", "running": "yellow"}.get(s, "dim")
-            t.add_row(d, f"[{colour}]{s}[/]", m)
+            t.add_row(escape(d), f"[{colour}]{escape(s)}[/]", escape(m))
         return t
 
     with Live(draw(), console=err, refresh_per_second=8, transient=False) as live:

@@ -42,16 +42,18 @@ def show(state: RolloutState, dry_run: bool) -> None:
         label = "canary" if w == 0 and state.canary else f"wave {w}"
         for n in names:
             d = state.devices[n]
+            # plain text: details quote what devices said, which is never markup
             if dry_run:
-                render.out.print(f"  {label:8s} {n:16s} {d.detail}")
+                render.out.print(f"  {label:8s} {n:16s} {d.detail}", markup=False)
             else:
                 code = f" [{d.code}]" if d.code else ""
                 after = f" -> runs {d.release_after}" if d.release_after else ""
-                render.out.print(f"  {label:8s} {n:16s} {d.status}{code}: {d.detail}{after}")
+                render.out.print(f"  {label:8s} {n:16s} {d.status}{code}: {d.detail}{after}", markup=False)
     if not dry_run:
         render.out.print(
             f"{state.status}: {len(state.succeeded)} ok, {len(state.failed)} failed, "
-            f"{len(state.untouched)} untouched" + (f" ({state.halted_reason})" if state.halted_reason else "")
+            f"{len(state.untouched)} untouched" + (f" ({state.halted_reason})" if state.halted_reason else ""),
+            markup=False,
         )
 
 

@@ -139,7 +139,8 @@ def _via_mqtt(names: list[str], group: str | None, json_: bool) -> None:
             ["device", "state", "release", "rollout", "code", "progress", "updated"],
             rows,
         )
-    ok = sum(1 for st in statuses.values() if st and st.get("state") not in ("offline", "refused", "rolled-back"))
+    bad = ("offline", "refused", "rolled-back", "unreadable")
+    ok = sum(1 for st in statuses.values() if st and st.get("state") not in bad)
     raise typer.Exit(fleet_exit_code(ok, len(names)))
 
 

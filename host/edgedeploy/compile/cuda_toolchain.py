@@ -1,8 +1,12 @@
 """CUDA toolchains per profile, checked before a build, and the environment a CUDA build runs in.
 
-- `nvcc` (sm_75, sm_90): CUDA 12/13's nvcc makes a fatbin of SASS.
-- `nvrtc-12` (sm_72, Xavier): CUDA 13 dropped sm_72, so device code comes from a CUDA 12 NVRTC from
-  pip (`pip install 'edgedeploy[cuda12]'`): a cubin of SASS.
+- `nvcc` (h200): CUDA 12/13's nvcc makes a fatbin of SASS.
+- `nvrtc-11` (t4, xavier-agx, xavier-nx): NVRTC 11.8 from pip (`pip install 'edgedeploy[cuda11]'`), called
+  through ctypes as TVM's compile callback (nvrtc11.py): a cubin that every CUDA 11.x driver loads (JetPack 5:
+  11.4), and the PTX of the same compilation (the bundle's model.ptx); a twin's library gets the PTX instead.
+- `nvrtc-12`: a CUDA 12 NVRTC from pip (`pip install 'edgedeploy[cuda12]'`): a cubin of SASS. No built-in profile
+  uses it now. The cuda11 and cuda12 extras exclude each other: their wheels install into the same
+  `nvidia/cuda_*` folders, and the one installed second overwrites the other's headers.
 
 Either way TVM only runs its CUDA compile callback when its CUDA runtime library loads, which needs
 `libcuda.so.1`. A GPU-less build host gets a stub driver (every call fails with NO_DEVICE) that lets
@@ -21,9 +25,12 @@ import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from edgedeploy_agent.durable import move_durably
+
 from ..errors import BuildError
 from ..paths import cache_dir
 from ..profiles import DeviceProfile
+from . import nvrtc11
 
 # The driver symbols libtvm_runtime_cuda.so imports (`nm -D --undefined-only`); apache-tvm 0.27.
 STUB_SYMBOLS = (
@@ -45,7 +52,7 @@ MIN_SM = {12: 50, 13: 75}
 
 @dataclass(frozen=True)
 class CudaToolchain:
-    codegen: str  # "nvcc" | "nvrtc-12"
+    codegen: str  # "nvcc" | "nvrtc-11" | "nvrtc-12"
     version: str  # CUDA version that produces the device code, e.g. "13.0.88"
     env: dict[str, str] = field(default_factory=dict)
 
@@ -70,7 +77,7 @@ def stub_libcuda_dir() -> Path:
     )
     tmp = out / "libcuda.so.1.tmp"
     subprocess.run([cc, "-shared", "-fPIC", "-Wl,-soname,libcuda.so.1", "-o", str(tmp), str(src)], check=True)
-    tmp.replace(lib)
+    move_durably(tmp, lib)  # a torn stub would be taken as built
     return out
 
 
@@ -107,7 +114,7 @@ def _nvcc_toolchain(profile: DeviceProfile, sm: int) -> CudaToolchain:
     major, version = int(m.group(1)), m.group(3)
     if sm < MIN_SM.get(major, 75):
         raise BuildError(
-            f"nvcc {version} cannot target sm_{sm}", hint="sm_72 (Xavier) profiles use cuda_codegen = 'nvrtc-12'"
+            f"nvcc {version} cannot target sm_{sm}", hint="sm_72 (Xavier) profiles use cuda_codegen = 'nvrtc-11'"
         )
     root = _cuda_root(nvcc)
     if root is None:
@@ -119,6 +126,7 @@ def _nvcc_toolchain(profile: DeviceProfile, sm: int) -> CudaToolchain:
             hint="install the CUDA 13 toolkit or `pip install nvidia-cuda-runtime` (cu13)",
         )
     env = {
+        nvrtc11.LIB_ENV: "",  # empty: TVM's own callback (nvcc), whatever the calling process had set
         "TVM_CUDA_COMPILE_MODE": "nvcc",
         "CUDA_PATH": str(root),
         "PATH": f"{Path(os.path.realpath(nvcc)).parent}{os.pathsep}{os.environ.get('PATH', '')}",
@@ -165,11 +173,79 @@ def _nvrtc12_toolchain(profile: DeviceProfile, sm: int) -> CudaToolchain:
         )
     assert parts["cuda_nvrtc"] is not None
     env = {
+        nvrtc11.LIB_ENV: "",  # TVM's own callback (NVRTC 12 through cuda-bindings)
         "TVM_CUDA_COMPILE_MODE": "nvrtc",
         "CUDA_PATH": str(include.parent),
         "LD_LIBRARY_PATH": os.pathsep.join([str(stub_libcuda_dir()), str(cudart), str(parts["cuda_nvrtc"] / "lib")]),
     }
     return CudaToolchain("nvrtc-12", nvrtc_version, env)
+
+
+def _nvidia_roots() -> list[Path]:
+    spec = importlib.util.find_spec("nvidia")
+    return [Path(p) for p in (spec.submodule_search_locations or [])] if spec else []
+
+
+def _dist_version(name: str) -> str | None:
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def _cudart_version(include: Path) -> int | None:
+    """CUDART_VERSION of the headers in `include` (11080 for CUDA 11.8)."""
+    m = re.search(r"#define\s+CUDART_VERSION\s+(\d+)", (include / "cuda_runtime_api.h").read_text(errors="ignore"))
+    return int(m.group(1)) if m else None
+
+
+def _nvrtc11_toolchain(profile: DeviceProfile, sm: int) -> CudaToolchain:
+    hint = "install it with: pip install 'edgedeploy[cuda11]'"
+    wheels = ("nvidia-cuda-nvrtc-cu11", "nvidia-cuda-runtime-cu11", "nvidia-cuda-nvcc-cu11")
+    missing = [w for w in wheels if _dist_version(w) is None]
+    if missing:
+        raise BuildError(f"profile {profile.name} needs NVRTC 11.8 and its headers: {', '.join(missing)}", hint=hint)
+    # the cu12 wheels write the same nvidia/cuda_* folders: whichever came second left its headers there
+    clash = [w.replace("cu11", "cu12") for w in wheels if _dist_version(w.replace("cu11", "cu12"))]
+    roots = _nvidia_roots()
+    parts = {
+        n: next((r / n for r in roots if (r / n).is_dir()), None) for n in ("cuda_nvrtc", "cuda_runtime", "cuda_nvcc")
+    }
+    lib = parts["cuda_nvrtc"] / "lib" if parts["cuda_nvrtc"] else None
+    if lib is None or not (lib / nvrtc11.LIBNVRTC).exists() or not (lib / nvrtc11.BUILTINS).exists():
+        raise BuildError(
+            f"profile {profile.name} needs {nvrtc11.LIBNVRTC} and {nvrtc11.BUILTINS} (nvidia-cuda-nvrtc-cu11 11.8)",
+            hint=hint,
+        )
+    runtime_inc = parts["cuda_runtime"] / "include" if parts["cuda_runtime"] else None
+    nvcc_inc = parts["cuda_nvcc"] / "include" if parts["cuda_nvcc"] else None
+    if runtime_inc is None or nvcc_inc is None or not (nvcc_inc / "crt" / "mma.h").is_file():
+        raise BuildError(
+            f"profile {profile.name} needs the CUDA 11.8 headers (cuda_fp16.h, mma.h, crt/mma.h)", hint=hint
+        )
+    cudart_h = _cudart_version(runtime_inc) if (runtime_inc / "cuda_runtime_api.h").is_file() else None
+    if clash or cudart_h is None or cudart_h // 1000 != 11:
+        raise BuildError(
+            f"the CUDA headers in {runtime_inc} are not CUDA 11's (CUDART_VERSION {cudart_h})"
+            + (f"; {', '.join(clash)} installed beside the cu11 wheels overwrote them" if clash else ""),
+            hint=f"pip uninstall -y {' '.join(clash) or 'nvidia-cuda-runtime-cu12'} && "
+            f"pip install --force-reinstall 'edgedeploy[cuda11]'",
+        )
+    version = _dist_version("nvidia-cuda-nvrtc-cu11") or "11"
+    # TVM's CUDA runtime library itself still needs a loadable libcudart.so.13 to register the codegen
+    cudart = _find_cudart13(None) or _find_cudart13(Path("/usr/local/cuda"))
+    if cudart is None:
+        raise BuildError(
+            "libcudart.so.13 not found (needed to load TVM's CUDA codegen)",
+            hint="install the CUDA 13 runtime: `pip install nvidia-cuda-runtime` (cu13)",
+        )
+    env = {
+        nvrtc11.LIB_ENV: str(lib),
+        nvrtc11.INCLUDE_ENV: os.pathsep.join([str(runtime_inc), str(nvcc_inc)]),
+        nvrtc11.FORMAT_ENV: profile.compiler.cuda_device_code,
+        "LD_LIBRARY_PATH": os.pathsep.join([str(stub_libcuda_dir()), str(cudart), str(lib)]),
+    }
+    return CudaToolchain("nvrtc-11", version, env)
 
 
 def resolve_toolchain(profile: DeviceProfile) -> CudaToolchain:
@@ -178,4 +254,6 @@ def resolve_toolchain(profile: DeviceProfile) -> CudaToolchain:
         raise BuildError(f"profile {profile.name} is a CUDA profile without cuda_sm / compiler.cuda_codegen")
     if profile.compiler.cuda_codegen == "nvcc":
         return _nvcc_toolchain(profile, profile.cuda_sm)
+    if profile.compiler.cuda_codegen == "nvrtc-11":
+        return _nvrtc11_toolchain(profile, profile.cuda_sm)
     return _nvrtc12_toolchain(profile, profile.cuda_sm)

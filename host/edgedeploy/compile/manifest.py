@@ -27,12 +27,15 @@ class BuildResult:
 
 
 def profile_target(profile: DeviceProfile, **runtime: Any) -> Target:
-    """What a device must provide: the profile's part (arch, GPU, driver, CPU flags) plus the runtime's."""
+    """What a device must provide: the profile's part (arch, GPU, driver, CPU flags) plus the runtime's. The
+    profile's driver floor reason speaks of the TVM runtime and its device code: TensorRT bundles go without it."""
+    tvm = runtime.get("runtime", "tvm") == "tvm"
     return Target(
         arch=profile.arch,
         device=profile.device,
         cuda_sm=profile.cuda_sm,
         min_cuda_driver=profile.platform.min_cuda_driver,
+        driver_floor_reason=profile.platform.driver_floor_reason if tvm else None,
         cpu_features=list(profile.compiler.cpu_features),
         **runtime,
     )
@@ -45,6 +48,7 @@ ARTIFACT_ROLES = {
     "model.qdq.onnx": "qdq-onnx",
     "labels.txt": "labels",
     "reference.npz": "tensorrt-reference",
+    "model.ptx": "cuda-ptx",  # nvrtc-11 builds: the PTX of the library's CUDA module (compile/nvrtc11.py)
 }
 
 
@@ -76,6 +80,10 @@ def card_manifest(
     host_files += [keep(p, ARTIFACT_ROLES[n], n) for n, p in sorted((host_only or {}).items())]
     if role != "onnx-model":  # agents that read schema 2 do not know this source role (plan_push refuses them)
         extra.setdefault("schema_version", 3)
+    if target.driver_floor_reason or profile.twin_of or "model.ptx" in files:  # fields schema 3 agents refuse
+        extra["schema_version"] = 4
+    if profile.twin_of:
+        extra.setdefault("twin_of", profile.twin_of)
     return Manifest(
         model=ModelInfo(name=name, version=card.version, description=card.description, source_sha256=model.sha256),
         created=dt.datetime.now(dt.timezone.utc).replace(microsecond=0),

@@ -13,6 +13,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from edgedeploy_agent.durable import write_atomic
+
 from . import tensor_intrinsics
 
 
@@ -148,4 +150,4 @@ def keep_whole_lines(folder: Path) -> None:
                 continue
             whole.append(line)
         if len(whole) != len(lines):
-            path.write_text("".join(line + "\n" for line in whole))
+            write_atomic(path, "".join(line + "\n" for line in whole))

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from edgedeploy_agent.bundle import SCHEMA_VERSION, Provenance, Quantization, write_bundle
+from edgedeploy_agent.durable import atomic_file
 
 from .. import __version__
 from ..build_store import restore
@@ -81,12 +82,12 @@ def build_bundle(
         assert isinstance(model, OnnxModel)  # pipeline_for refused int8 for the other frontends
         int8, calib = _calibration(model, card, int8, progress)
         extra |= {"int8": int8.describe(), "calibration_sha256": hashlib.sha256(calib.tobytes()).hexdigest()}
-    adopt_file_keyed_database(profile.name, model, precision)
+    adopt_file_keyed_database(profile.tuning_profile, model, precision)
     key_db = tuning_key(model, precision)
-    db = find_database(profile.name, key_db)
+    db = find_database(profile.tuning_profile, key_db)
     if db is not None:  # a changed database means different code: part of the cache key
         extra["tuning_db"] = hashlib.sha256((db / "database_tuning_record.json").read_bytes()).hexdigest()
-    gemm = find_gemm_configs(profile.name, key_db) if profile.device == "cuda" else None
+    gemm = find_gemm_configs(profile.tuning_profile, key_db) if profile.device == "cuda" else None
     if gemm is not None:  # tuned tensor-core configurations: different kernels
         extra["gemm_configs"] = hashlib.sha256(gemm.read_bytes()).hexdigest()
     key = _cache_key(model.sha256, profile, card, name, extra)
@@ -110,6 +111,8 @@ def build_bundle(
         assert res.library is not None
         progress("package")
         files: dict[str, Path] = {"model.so": res.library}
+        if res.ptx is not None:  # nvrtc-11: the PTX of the same compilation (a future JIT fallback; twins)
+            files["model.ptx"] = res.ptx
         write_labels(work, card, files)
         manifest = card_manifest(
             card,
@@ -133,7 +136,9 @@ def build_bundle(
             Provenance(
                 tools={"edgedeploy": __version__, "python": platform.python_version(), **tool_versions()},
                 build_host=f"{platform.node()} ({platform.machine()})",
-                options={"pipeline": ",".join(res.timings), "cache_key": key} | _tuning_note(db, res),
+                options={"pipeline": ",".join(res.timings), "cache_key": key}
+                | _tuning_note(db, res)
+                | ({"cuda_source_sha256": res.cuda_source_sha256} if res.cuda_source_sha256 else {}),
             ),
             host_only={"model.qdq.onnx": compiled.path} if int8 is not None else None,
         )
@@ -265,6 +270,5 @@ def _cache_key(
 
 def _copy_atomic(src: Path, dst: Path) -> None:
     dst.parent.mkdir(parents=True, exist_ok=True)
-    tmp = dst.with_name(dst.name + ".tmp")
-    shutil.copyfile(src, tmp)
-    tmp.replace(dst)
+    with open(src, "rb") as f, atomic_file(dst) as out:
+        shutil.copyfileobj(f, out, 1 << 20)

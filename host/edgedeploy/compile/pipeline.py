@@ -42,6 +42,8 @@ class BuildContext:
     timings: dict[str, float] = field(default_factory=dict)
     device_code: list[str] = field(default_factory=list)  # e.g. ["sm_75 sass (fatbin, 132704 B)"]
     host_machine: str | None = None  # ELF machine of the exported library
+    ptx: Path | None = None  # nvrtc-11 builds: the PTX of the library's CUDA module (the bundle's model.ptx)
+    cuda_source_sha256: str = ""  # nvrtc-11 builds: of TVM's CUDA source (a twin's equals its original's)
     float_left: list[str] = field(default_factory=list)  # int8 builds: layers TVM still computes in float
     tuning_key: str = ""  # names the stored MetaSchedule database: "<graph digest[:16]>-<precision>" (tuning_key)
     tuning_db: Path | None = None  # the database apply-tuning applies (tuning.find_database), if any

@@ -46,7 +46,7 @@ from .metaschedule import (
 )
 from .pipeline import BuildContext, stage
 from .tuning_common import allocate_trials, random_input
-from .tuning_db import DB_FILES, has_database, rewrite_database
+from .tuning_db import DB_FILES, has_database, rewrite_database, sync_database
 
 EXPORT_MODULE = "tuning-module.json"
 EXPORT_META = "tuning.json"
@@ -380,6 +380,7 @@ def import_database(folder: Path, database: Path | None = None) -> tuple[Path, i
             continue
         workload = dst.commit_workload(r.workload.mod)
         dst.commit_tuning_record(ms.database.TuningRecord(r.trace, workload, r.run_secs, r.target, r.args_info))
+    sync_database(dest)
     return dest, len(dst) + tuned_gemms
 
 

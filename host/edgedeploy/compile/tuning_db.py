@@ -9,7 +9,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from edgedeploy_agent.durable import fsync_dir, write_atomic
+from edgedeploy_agent.durable import fsync_dir, fsync_file
 
 from .metaschedule import open_database
 
@@ -48,12 +48,19 @@ def rewrite_database(db: Path, drop: list[Any] | None = None, keep_best: int | N
                 workload = new.commit_workload(r.workload.mod)
                 new.commit_tuning_record(ms.database.TuningRecord(r.trace, workload, r.run_secs, r.target, r.args_info))
         del new
-        for f in DB_FILES:  # the same bytes, written durably (MetaSchedule's writer does not fsync)
-            write_atomic(Path(work) / f, (Path(work) / f).read_bytes())
+        sync_database(Path(work))
         os.replace(work, db / REWRITE_READY)
         fsync_dir(db)
         os.mkdir(work)  # for TemporaryDirectory's clean-up
     finish_rewrite(db)
+
+
+def sync_database(db: Path) -> None:
+    """Make what MetaSchedule appended to the database durable (its writer does not fsync)."""
+    for f in DB_FILES:
+        if (db / f).is_file():
+            fsync_file(db / f)
+    fsync_dir(db)
 
 
 def finish_rewrite(db: Path) -> None:

@@ -14,6 +14,7 @@ from tvm.relax.frontend.onnx import from_onnx
 
 from ..errors import BuildError, ModelError
 from ..profiles import DeviceProfile
+from . import nvrtc11
 from .cuda_tensorcore import TIR_PIPELINE, TensorCoreGemm, cuda_pipeline, pass_config
 from .cuda_tiles import Knobs
 from .devcode import inspect_library
@@ -22,6 +23,8 @@ from .frontends import import_failure, output_specs
 from .gemm_tuning import load_configs
 from .pipeline import BuildContext, stage, tensor_cores_enabled
 from .tuning import find_gemm_configs
+
+nvrtc11.install_from_env()  # the CUDA worker of an nvrtc-11 profile: NVRTC 11.8 compiles TVM's CUDA source
 
 
 def tool_versions() -> dict[str, str]:
@@ -148,7 +151,7 @@ def cuda_lowering(ctx: BuildContext) -> CudaLowering:
     _rules_fall_through()
     target = make_target(ctx)
     config = {"relax.backend.use_cuda_graph": ctx.cuda_graph, **pass_config(target)}
-    gemm_file = find_gemm_configs(ctx.profile.name, ctx.tuning_key)
+    gemm_file = find_gemm_configs(ctx.profile.tuning_profile, ctx.tuning_key)
     # EDGEDEPLOY_CUDA_KNOBS (before/after builds) was checked by package.build_bundle, in the cache key
     try:
         configs = load_configs(gemm_file)
@@ -163,6 +166,7 @@ def cuda_lowering(ctx: BuildContext) -> CudaLowering:
 @stage("compile-cuda")
 def compile_cuda(ctx: BuildContext) -> None:
     low = cuda_lowering(ctx)
+    compiled_before = len(nvrtc11.MODULES)
     try:
         # the compile callback reads the arch from Target.current(): compile inside `with target`
         with low.target, tvm.transform.PassContext(opt_level=3, config=low.config):
@@ -180,6 +184,20 @@ def compile_cuda(ctx: BuildContext) -> None:
             f"TVM failed to compile {ctx.model.path.name} for {ctx.profile.name}: "
             f"{lines[-1] if lines else type(e).__name__}"
         ) from None
+    _keep_ptx(ctx, nvrtc11.MODULES[compiled_before:])
+
+
+def _keep_ptx(ctx: BuildContext, modules: list[nvrtc11.DeviceModule]) -> None:
+    """nvrtc-11: the PTX of the one CUDA module TVM compiled, for the bundle (model.ptx)."""
+    if not modules:
+        return
+    if len(modules) != 1:
+        raise BuildError(f"expected one CUDA module from TVM, NVRTC 11 compiled {len(modules)}")
+    [module] = modules
+    ctx.ptx = ctx.work_dir / "model.ptx"
+    ctx.ptx.write_bytes(module.ptx)
+    ctx.cuda_source_sha256 = module.source_sha256
+    ctx.progress(f"compile-cuda: NVRTC 11 PTX ISA {module.ptx_isa} for compute_{module.sm}")
 
 
 @stage("export-library")
@@ -216,7 +234,8 @@ def check_glibc(library: Path, profile: DeviceProfile) -> None:
 
 @stage("check-library")
 def check_library(ctx: BuildContext) -> None:
-    """The library is for the device's CPU, and a GPU library holds SASS for exactly the profile's SM."""
+    """The library is for the device's CPU, and a GPU library holds SASS for exactly the profile's SM (a twin's:
+    the PTX of compute_<SM>)."""
     assert ctx.library is not None
     report = inspect_library(ctx.library)
     ctx.host_machine = report.host_machine
@@ -229,10 +248,12 @@ def check_library(ctx: BuildContext) -> None:
     if ctx.profile.device != "cuda":
         return
     sm = ctx.profile.cuda_sm
-    if sm not in report.sms():
+    ptx = ctx.profile.compiler.cuda_device_code == "ptx"
+    if sm not in (report.ptx_sms() if ptx else report.sms()):
         found = ", ".join(ctx.device_code) or "no device binary"
         source = "; TVM stored CUDA source instead (the CUDA runtime did not load)" if report.has_cuda_source else ""
+        want = f"compute_{sm} PTX" if ptx else f"sm_{sm} SASS"
         raise BuildError(
-            f"GPU library for {ctx.profile.name} has no sm_{sm} SASS (found: {found}){source}",
+            f"GPU library for {ctx.profile.name} has no {want} (found: {found}){source}",
             hint="check the toolchain: edgedeploy build prints what it needs",
         )

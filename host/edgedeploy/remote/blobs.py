@@ -7,12 +7,12 @@ and a new bundle that shares a library with an earlier one sends only what chang
 from __future__ import annotations
 
 import hashlib
-import os
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 from edgedeploy_agent.bundle import Manifest, extract_bundle, read_signed_manifest
+from edgedeploy_agent.durable import move_durably
 
 from ..errors import InputError, agent_input
 from ..paths import cache_dir
@@ -41,7 +41,7 @@ class BundleBlobs:
 def _put_cache(store: Path, data_path: Path, sha: str) -> Path:
     dst = store / sha
     if not dst.is_file():
-        os.replace(data_path, dst)
+        move_durably(data_path, dst)  # a torn blob here would be sent on every push
     return dst
 
 

@@ -45,8 +45,13 @@ id -nG "$login" 2>/dev/null | tr ' ' '\n' | grep -qx "$user" && echo "login_in_g
 [ -f "$sudoers" ] && echo "sudoers_sha256=$( (sha256sum "$sudoers" || sudo -n sha256sum "$sudoers") 2>/dev/null |
   cut -d' ' -f1)"
 [ -f "$root/lib/libtvm_runtime.so" ] && echo "runtime_sha256=$(sha256sum "$root/lib/libtvm_runtime.so" | cut -d' ' -f1)"
+[ -f "$root/lib/libedgedeploy_cuda.so" ] && echo "cuda_backend_sha256=$(sha256sum "$root/lib/libedgedeploy_cuda.so" |
+  cut -d' ' -f1)"
 true
 """
+
+
+CUDA_BACKEND_PATH = "{root}/lib/libedgedeploy_cuda.so"
 
 
 @dataclass(frozen=True)
@@ -65,6 +70,7 @@ class InstallFacts:
     runtime_sha256: str | None
     login_in_group: bool = False
     sudoers_sha256: str | None = None
+    cuda_backend_sha256: str | None = None
 
 
 def parse_install_probe(stdout: str) -> InstallFacts:
@@ -85,6 +91,7 @@ def parse_install_probe(stdout: str) -> InstallFacts:
         runtime_sha256=kv.get("runtime_sha256") or None,
         login_in_group=kv.get("login_in_group") == "1",
         sudoers_sha256=kv.get("sudoers_sha256") or None,
+        cuda_backend_sha256=kv.get("cuda_backend_sha256") or None,
     )
 
 
@@ -116,6 +123,7 @@ class InstallSpec:
     offline: bool = False  # dependencies only from the uploaded wheels (--no-index)
     source: str | None = None
     login_user: str | None = None  # the SSH user that will deploy; None or root: nothing to grant
+    cuda_backend_lib: Path | None = None  # libedgedeploy_cuda.so for the device's architecture
 
     @property
     def as_root(self) -> bool:
@@ -246,12 +254,34 @@ def _runtime(facts: InstallFacts, spec: InstallSpec, files: InstallFiles) -> lis
     ]
 
 
+def _new_cuda_backend(facts: InstallFacts, spec: InstallSpec) -> bool:
+    return spec.cuda_backend_lib is not None and facts.cuda_backend_sha256 != _sha256(spec.cuda_backend_lib)
+
+
+def _cuda_backend(facts: InstallFacts, spec: InstallSpec, files: InstallFiles) -> list[Step]:
+    """edgedeploy's CUDA backend for the TVM runtime (CUDA 11.4+ drivers): GPU bundles use it where it is."""
+    if not _new_cuda_backend(facts, spec):
+        return []
+    assert spec.cuda_backend_lib is not None
+    return [
+        Step("make lib dir", ("mkdir", "-p", f"{spec.root}/lib"), root=spec.as_root),
+        Step(
+            "upload CUDA backend",
+            put=(spec.cuda_backend_lib, CUDA_BACKEND_PATH.format(root=spec.root)),
+            root=spec.as_root,
+        ),
+    ]
+
+
 def _agent_root(facts: InstallFacts, spec: InstallSpec, files: InstallFiles) -> list[Step]:
-    if facts.initialised and not _new_runtime(facts, spec):  # init keeps the rest of an existing config
+    # init keeps the rest of an existing config
+    if facts.initialised and not _new_runtime(facts, spec) and not _new_cuda_backend(facts, spec):
         return []
     init = [f"{spec.venv}/bin/edgedeploy-agent", "--root", spec.root, "--json", "init", "--service", spec.mode]
     if spec.runtime_lib is not None:
         init += ["--tvm-runtime-lib", f"{spec.root}/lib/libtvm_runtime.so"]
+    if spec.cuda_backend_lib is not None:
+        init += ["--cuda-backend-lib", CUDA_BACKEND_PATH.format(root=spec.root)]
     if spec.source:
         init += ["--source", spec.source]
     steps = [Step("initialise agent root", tuple(init), root=spec.as_root)]
@@ -309,6 +339,7 @@ PLAN_PARTS: tuple[Planner, ...] = (
     _venv,
     _agent_wheels,
     _runtime,
+    _cuda_backend,
     _agent_root,
     _login_group,
     _sudoers,

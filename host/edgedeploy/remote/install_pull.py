@@ -22,6 +22,7 @@ from typing import NamedTuple
 
 from pydantic import ValidationError
 
+from edgedeploy_agent.durable import write_atomic
 from edgedeploy_agent.trust import key_id, parse_public_key
 from edgedeploy_agent.unit import RESTART_PATH_UNIT, RESTART_UNIT, WATCH_UNIT, render_unit
 from edgedeploy_agent.watch import WatchConfig
@@ -183,9 +184,7 @@ def record_broker_user(device: str, password_file: Path, broker_passwd: Path | N
     kept = broker_password_path(device)
     kept.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     password = password_file.read_text(encoding="utf-8").strip()
-    fd = os.open(kept, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(password + "\n")
+    write_atomic(kept, password + "\n", mode=0o600)  # the only copy on this host
     if broker_passwd is not None:
         with tempfile.TemporaryDirectory(prefix="edgedeploy-mq-") as tmp:
             one = Path(tmp) / "passwd"

@@ -29,7 +29,7 @@ from .install import (
 from .install_pull import PULL_PROBE, PullFiles, parse_pull_probe, plan_pull, record_broker_user, write_pull_files
 from .transport import Transport
 from .wheelhouse import check_wheelhouse
-from .wheels import agent_wheels, default_runtime_lib
+from .wheels import agent_wheels, cuda_backend_for, default_runtime_lib
 
 OPENCV_PROBE = (
     "import re, cv2; info = cv2.getBuildInformation(); "
@@ -46,6 +46,7 @@ class InstallPlan:
     spec: InstallSpec
     steps: list[Step]
     pull_files: PullFiles | None = None  # --mqtt: the broker password the plan may upload
+    cuda_backend: str = ""  # where libedgedeploy_cuda.so came from, or why it is not installed
 
 
 @dataclass
@@ -84,11 +85,14 @@ def plan_on(transport: Transport, spec: InstallSpec, options: InstallOptions, wo
         check_wheelhouse(options.wheelhouse, facts.python, facts.arch)
     if spec.runtime_lib is None:
         spec = replace(spec, runtime_lib=default_runtime_lib(facts.arch))
+    backend, backend_note = cuda_backend_for(facts.arch, options.wheelhouse)
+    spec = replace(spec, cuda_backend_lib=backend)
     steps = plan_install(facts, spec, write_install_files(spec, work_dir))
     if options.pull is None:
-        return InstallPlan(facts, spec, steps)
+        return InstallPlan(facts, spec, steps, cuda_backend=backend_note)
     files = write_pull_files(spec, options.pull, work_dir)
-    return InstallPlan(facts, spec, steps + plan_pull(parse_pull_probe(stdout), spec, options.pull, files), files)
+    pull = plan_pull(parse_pull_probe(stdout), spec, options.pull, files)
+    return InstallPlan(facts, spec, steps + pull, files, cuda_backend=backend_note)
 
 
 def execute_plan(
@@ -140,6 +144,7 @@ def install_agent(
                     "dry_run": True,
                     "steps": [s.name for s in plan.steps],
                     "facts": plan.facts.__dict__,
+                    "cuda_backend": plan.cuda_backend,
                 }
             broker_user = None
             if options.pull and plan.pull_files and "install broker password" in [s.name for s in plan.steps]:
@@ -155,6 +160,7 @@ def install_agent(
         "changed": result.steps,
         "agent_command": result.agent_command,
         "opencv": result.opencv,
+        "cuda_backend": plan.cuda_backend,
         "healthy": bool(result.health.get("ok") and result.health.get("initialised")),
         "facts": result.facts.__dict__,
         "broker_user": broker_user,

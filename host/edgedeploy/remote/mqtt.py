@@ -15,22 +15,34 @@ CONFIG/fleet.toml (written by hand or by the pilot set-up, docs/fleet.md):
 from __future__ import annotations
 
 import datetime as dt
+import logging
 import os
 import secrets
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import tomllib
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from edgedeploy_agent.bundle import canonical_json
-from edgedeploy_agent.desired import TOPIC_ROOT, DesiredDoc, DesiredHealth, desired_topic
+from edgedeploy_agent.desired import (
+    TOPIC_ROOT,
+    DesiredDoc,
+    DesiredHealth,
+    MessageError,
+    desired_topic,
+    parse_message,
+    parse_status,
+)
+from edgedeploy_agent.names import is_device_name
 
 from ..errors import ConnectionFailed, InputError, validation_text
 from ..paths import config_dir
 from ..signing import sign_document
+
+log = logging.getLogger(__name__)
 
 
 class MqttSettings(BaseModel):
@@ -78,19 +90,42 @@ def load_fleet_config(path: Path | None = None) -> FleetConfig:
 def desired_payload(
     key: str, device: str, ref: str, release: str, rollout: str, wave: int, serial: int, *,
     health: DesiredHealth, jitter_s: float = 0.0, expires_hours: float = 24.0,
+    action: Literal["deploy", "rollback"] = "deploy",
 ) -> bytes:  # fmt: skip
     """A signed desired-state message for one device."""
     now = dt.datetime.now(dt.timezone.utc).replace(microsecond=0)
     doc = DesiredDoc(
-        device=device, ref=ref, release=release, rollout=rollout, wave=wave, serial=serial, issued=now,
-        expires=now + dt.timedelta(hours=expires_hours), jitter_s=jitter_s, health=health,
+        device=device, action=action, ref=ref, release=release, rollout=rollout, wave=wave, serial=serial,
+        issued=now, expires=now + dt.timedelta(hours=expires_hours), jitter_s=jitter_s, health=health,
     )  # fmt: skip
     data = doc.model_dump(mode="json")
     return canonical_json({"doc": data, "sig": sign_document(canonical_json(data), key)})
 
 
+UNREADABLE = "unreadable"  # the state the controller gives a device whose status message it cannot read
+
+
+def read_status(device: str, payload: bytes) -> dict[str, Any]:
+    """Pure: one status message -> the validated status as a dict (StatusDoc's fields that are set), or
+    {"state": "unreadable", ...} with the reason. Never raises on what a device can send."""
+    try:
+        return parse_status(payload, device).model_dump(exclude_none=True)
+    except MessageError as e:
+        return {"device": device, "state": UNREADABLE, "code": UNREADABLE, "message": str(e)[:300]}
+
+
+def desired_serial(payload: bytes) -> int | None:
+    """Pure: the serial of a retained desired document (written by a controller), None if unreadable."""
+    try:
+        return DesiredDoc.model_validate(parse_message(payload).get("doc")).serial
+    except (MessageError, ValidationError):
+        return None
+
+
 class Controller:
-    """One MQTT session as the controller: reads every retained status, publishes desired state."""
+    """One MQTT session as the controller: reads every retained status (and the retained desired documents,
+    for their serials), publishes desired state. Every message is bounded and validated before use: a
+    device whose status cannot be read is `unreadable`, and the session goes on for the others."""
 
     def __init__(self, settings: MqttSettings, client_id: str | None = None) -> None:
         import paho.mqtt.client as mqtt
@@ -101,6 +136,7 @@ class Controller:
 
         self.settings = settings
         self.statuses: dict[str, dict[str, Any]] = {}
+        self.desired_serials: dict[str, int] = {}  # the serial of each device's retained desired document
         self._lock = threading.Lock()
         self.changed = threading.Condition(self._lock)  # any status changed
         self._device_changed: dict[str, threading.Condition] = {}  # one device's: a waiter wakes for its own only
@@ -130,22 +166,49 @@ class Controller:
         if reason.is_failure:
             self._refused = str(reason)
             return
-        client.subscribe(f"{TOPIC_ROOT}/status/+", qos=1)
+        # desired first: the broker sends retained messages in this order, so a device's desired serial is
+        # known by the time its status arrives (next_serial)
+        client.subscribe([(f"{TOPIC_ROOT}/desired/+", 1), (f"{TOPIC_ROOT}/status/+", 1)])
         self._connected.set()
 
     def _on_message(self, client: Any, userdata: Any, msg: Any) -> None:
-        import json
-
-        device = msg.topic.rsplit("/", 1)[-1]
         try:
-            status = json.loads(msg.payload) if msg.payload else {}
-        except ValueError:
-            status = {"state": "unreadable"}
+            self._take(str(msg.topic), bytes(msg.payload))
+        except Exception:  # the network thread serves every device: one message must never end it
+            log.exception("MQTT message on %s not taken", str(msg.topic)[:200])
+
+    def _take(self, topic: str, payload: bytes) -> None:
+        kind, _, device = topic[len(TOPIC_ROOT) + 1 :].partition("/")
+        if not is_device_name(device):
+            return  # not a topic of a device this controller can name (the broker's ACL admits no other)
+        if kind == "desired":
+            serial = desired_serial(payload) if payload else None
+            if serial is not None:
+                with self._lock:
+                    self.desired_serials[device] = max(serial, self.desired_serials.get(device, 0))
+            return
+        if kind != "status":
+            return
         with self._lock:
-            self.statuses[device] = status
+            if payload:
+                self.statuses[device] = read_status(device, payload)
+            else:  # a cleared retained status: no status
+                self.statuses.pop(device, None)
             self.changed.notify_all()
             if device in self._device_changed:
                 self._device_changed[device].notify_all()
+
+    def next_serial(self, device: str) -> int:
+        """The serial of the next desired document for `device`: one more than the highest of what the
+        device says it acted on (`floor`), its last status's document and the broker's retained desired
+        document for it, and than any this controller gave it. Per device and from what the fleet holds,
+        never from this host's clock (docs/fleet.md, "Serials of desired state")."""
+        with self._lock:
+            st = self.statuses.get(device, {})
+            seen = [self.desired_serials.get(device, 0), st.get("floor") or 0, st.get("serial") or 0]
+            serial = max(seen) + 1
+            self.desired_serials[device] = serial  # taken: a second document for it goes higher
+            return serial
 
     def __enter__(self) -> Controller:
         host, _, port = self.settings.broker.rpartition(":")

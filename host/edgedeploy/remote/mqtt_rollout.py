@@ -2,8 +2,9 @@
 
 Facts come from the devices' retained statuses instead of SSH. Delivering to a device is publishing
 its signed desired state (retained, QoS 1) at no more than `rate` per second, then waiting for its
-status to say the outcome for that document's serial; no outcome within the device timeout counts
-as a failure (the device keeps whatever it runs). Fleet rollback publishes the previous ref.
+status to say the outcome for that document's serial (a refusal names the serial too, and ends the
+wait at once); no outcome within the device timeout counts as a failure (the device keeps whatever it
+runs). Each document's serial is the device's own next one (Controller.next_serial).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from ..errors import DeviceError
 from ..inventory import Inventory
 from .blobs import BundleBlobs
 from .facts import DeviceFacts
-from .mqtt import Controller, desired_payload
+from .mqtt import UNREADABLE, Controller, desired_payload
 from .plan import HealthPolicy
 from .rollout import RolloutState
 from .rollout_runner import Listener, RolloutRunner
@@ -33,6 +34,8 @@ def status_facts(st: dict[str, Any] | None) -> DeviceFacts | str:
     """Pure: a retained status -> the facts the planner reads (or why there are none)."""
     if not st:
         return "no status on the broker (never connected)"
+    if st.get("state") == UNREADABLE:
+        return f"status unreadable ({st.get('message')})"
     release = st.get("release")
     healthy = release if st.get("state") in ("committed", "idle") else None
     return DeviceFacts(
@@ -46,7 +49,6 @@ def status_facts(st: dict[str, Any] | None) -> DeviceFacts | str:
 class PullPolicy:
     ref: str
     key: str
-    serial: int
     rate: float = 50.0  # desired-state publishes per second
     jitter_s: float = 0.0
     pull_timeout: float = 300.0  # download allowance before the health timeout starts to count
@@ -93,8 +95,9 @@ class MqttRolloutRunner(RolloutRunner):
     def _deliver(self, name: str) -> tuple[str, str, str | None]:
         wave = self.state.devices[name].wave
         h = self.health
+        serial = self.controller.next_serial(name)
         payload = desired_payload(
-            self.pull.key, name, self.pull.ref, self.state.release, self.state.id, wave, self.pull.serial,
+            self.pull.key, name, self.pull.ref, self.state.release, self.state.id, wave, serial,
             health=DesiredHealth(
                 timeout_s=h.timeout, min_inferences=h.min_inferences, max_p95_ms=h.max_p95_ms, min_fps=h.min_fps
             ),
@@ -102,11 +105,11 @@ class MqttRolloutRunner(RolloutRunner):
         )  # fmt: skip
         self.rate.wait()
         self.controller.publish_desired(name, payload)
-        self._step(name, f"desired state published (serial {self.pull.serial})")
+        self._step(name, f"desired state published (serial {serial})")
         timeout = self.pull.jitter_s + self.pull.pull_timeout + h.timeout
 
         def done(st: dict[str, Any]) -> bool:
-            return st.get("serial") == self.pull.serial and st.get("state") in TERMINAL
+            return st.get("serial") == serial and st.get("state") in TERMINAL
 
         st = self.controller.wait_status(name, done, timeout, cancelled=lambda: self._halt == "interrupted")
         if not done(st):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 from typing import Any
@@ -45,7 +46,12 @@ def load_local_reports(d: Path) -> list[dict[str, Any]]:
 
 
 def pull_reports(transport: Transport, device: Device, d: Path) -> list[dict[str, Any]]:
-    """Fetch new reports into folder `d` (fsync'd), then acknowledge them on the device."""
+    """Fetch new reports into folder `d` (fsync'd), then acknowledge them on the device.
+
+    A report is acknowledged only once this host holds it: stored now, or stored before with the same
+    content (a pull whose acknowledgement was lost). One whose (seq, bundle) is stored with other content
+    is a new report under a number used twice (a device whose spool was wiped): it is kept beside the
+    first one, named by its content too, never skipped."""
     client = AgentClient(transport, device)
     pending = client.call("reports", timeout=120)["reports"]
     d.mkdir(parents=True, exist_ok=True)
@@ -53,6 +59,9 @@ def pull_reports(transport: Transport, device: Device, d: Path) -> list[dict[str
     for item in pending:
         report = checked_report(item["report"], device.name)
         path = d / f"{int(report['seq']):08d}-{report['bundle_id']}.jsonl"
+        if _holds_other(path, report):
+            digest = hashlib.sha256(json.dumps(report, sort_keys=True).encode()).hexdigest()[:12]
+            path = path.with_name(f"{path.stem}-{digest}.jsonl")
         if not path.exists():
             write_atomic(path, json.dumps(report) + "\n")
             stored.append(report)
@@ -60,3 +69,14 @@ def pull_reports(transport: Transport, device: Device, d: Path) -> list[dict[str
     if names:
         client.call("reports", "--ack", *names, timeout=120)
     return stored
+
+
+def _holds_other(path: Path, report: dict[str, Any]) -> bool:
+    """Whether `path` holds a report other than `report`."""
+    try:
+        lines = [line for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+        return [json.loads(line) for line in lines] != [report]
+    except FileNotFoundError:
+        return False
+    except ValueError:  # not a report any more (edited by hand?): keep the new one beside it
+        return True

@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
+from edgedeploy_agent.durable import move_durably
+
 Progress = Callable[[int, int], None]
 Sink = Callable[[bytes], None]  # where a streamed command's output goes as it arrives
 
@@ -62,9 +64,7 @@ class LocalTransport:
                 done += len(chunk)
                 if progress:
                     progress(done, total)
-            out.flush()
-            os.fsync(out.fileno())
-        os.replace(part, dst)
+        move_durably(part, dst)
 
     def stream(self, argv: Sequence[str], out: Sink, err: Sink) -> int:
         """Run `argv`, handing its output over as it arrives (stderr once it ends); returns its exit status."""

@@ -41,6 +41,7 @@ class Wheelhouse:
     extras: list[str]
     wheels: list[str]
     download_s: float
+    cuda_backend: str = ""  # cuda-backend/<arch>/libedgedeploy_cuda.so, or why it is missing
 
 
 def platform_tags(platform: str) -> list[str]:
@@ -87,9 +88,22 @@ def build_wheelhouse(out: Path, python: str, platform: str, extras: tuple[str, .
             hint="this host needs PyPI (or PIP_INDEX_URL); a dependency without a wheel for that platform "
             "cannot go into a wheelhouse",
         )
+    # edgedeploy's CUDA backend for the platform's architecture, which `agent install --offline` uploads
+    from ..cuda_backend import LIBRARY, build_backend
+    from ..errors import BuildError
+    from .wheels import CUDA_BACKEND_DIR
+
+    backend = out / CUDA_BACKEND_DIR / m.group(1) / LIBRARY
+    try:
+        built = build_backend(m.group(1))
+        backend.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(built, backend)
+        backend_note = str(backend.relative_to(out))
+    except BuildError as e:
+        backend_note = f"not included: {e.message}"
     house = Wheelhouse(
         str(out), python, platform, m.group(1), sorted(extras), sorted(w.name for w in out.glob("*.whl")),
-        round(time.monotonic() - t, 1),
+        round(time.monotonic() - t, 1), backend_note,
     )  # fmt: skip
     (out / MANIFEST).write_text(json.dumps(asdict(house), indent=1) + "\n", encoding="utf-8")
     return house

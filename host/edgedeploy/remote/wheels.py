@@ -50,6 +50,25 @@ def agent_wheels(out: Path, wheelhouse: Path | None) -> list[Path]:
     return built[:1]
 
 
+CUDA_BACKEND_DIR = "cuda-backend"  # in a wheelhouse: cuda-backend/<arch>/libedgedeploy_cuda.so
+
+
+def cuda_backend_for(device_arch: str, wheelhouse: Path | None) -> tuple[Path | None, str]:
+    """edgedeploy's CUDA backend for the device's architecture: the wheelhouse's, else built here (cached);
+    (None, why) when neither can be had (a CPU-only device does not need it)."""
+    from ..cuda_backend import LIBRARY, build_backend
+    from ..errors import BuildError
+
+    if wheelhouse is not None:
+        lib = wheelhouse / CUDA_BACKEND_DIR / device_arch / LIBRARY
+        if lib.is_file():
+            return lib, f"from {wheelhouse}"
+    try:
+        return build_backend(device_arch), "built here"
+    except BuildError as e:
+        return None, f"not installed: {e.message}" + (f" ({e.hint})" if e.hint else "")
+
+
 def default_runtime_lib(device_arch: str) -> Path | None:
     """This machine's libtvm_runtime.so when the device has the same architecture, else None."""
     if device_arch != platform.machine():
