@@ -1,10 +1,11 @@
-# The two README commands: `make demo` and `make test`. Both set up .venv on first use.
+# The README commands: `make demo`, `make test` (lint + the fast tier) and `make test-all` (lint + every test: what CI
+# runs, .ci/run). All set up .venv on first use. The tiers: pyproject.toml's markers, tests/conftest.py.
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-dev
 
-.PHONY: demo test lint schema clean
+.PHONY: demo test test-all lint schema clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -31,9 +32,17 @@ lint: $(STAMP)
 	$(BIN)/hadolint containers/*.Dockerfile
 
 # pytest exits 5 when it collects nothing: that is a failure here, never a pass.
-test: lint
-	@$(BIN)/python -m pytest; rc=$$?; \
+PYTEST = rc=0; $(BIN)/python -m pytest $(1) || rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests: failing" >&2; exit 1; fi; exit $$rc
+
+# the fast tier: no test that compiles a model or needs a service, root, emulation or hardware (`slow`); the 15
+# slowest are listed, so that it stays fast
+test: lint
+	@$(call PYTEST,-m "not slow" --durations=15)
+
+# every test; the 30 slowest are listed at the end
+test-all: lint
+	@$(call PYTEST,--durations=30)
 
 schema: $(STAMP)
 	$(BIN)/python -m edgedeploy.schema

@@ -1,22 +1,58 @@
-"""Shared fixtures. Tests are hermetic: every host folder (config, state, cache) is a temp dir."""
+"""Shared fixtures, the test tiers and what each tier needs. Tests are hermetic: every host folder (config,
+state, cache) is a temp dir.
+
+Tiers: a marker (pyproject.toml) says what a test costs or needs. Markers come from the test or its module
+(`pytestmark`), from the fixtures it uses (BY_FIXTURE), and every test in tests/integration is `integration`.
+Any test with a SLOW marker is also marked `slow`: `make test` runs `-m "not slow"` (the fast tier), `make
+test-all` all. Markers that name something a machine may lack (NEEDS) are checked before the test through require()."""
 
 from __future__ import annotations
 
 import os
 import shutil
 import subprocess
-from collections.abc import Iterator
+import sys
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.helpers import Cli
+from tests.helpers import COMPILE_GUARD, Cli, require, sshd_missing
 from tests.leftovers import Leftovers
 
 LEFTOVERS = Leftovers()
 LEFTOVERS.mark()
 
 REPO = Path(__file__).resolve().parents[1]
+
+# markers that keep a test out of the fast tier (`make test`); `make test-all` runs them too
+SLOW = (
+    "compile",
+    "cuda",
+    "integration",
+    "sshd",
+    "fleet_servers",
+    "netns",
+    "arm64",
+    "network",
+    "bench",
+    "gpu",
+    "tensorrt",
+    "jetson",
+    "camera",
+)
+
+# fixtures whose use makes a test slow or needy: the markers it gets from them
+BY_FIXTURE: dict[str, tuple[str, ...]] = {
+    "sshd": ("sshd",),  # a real OpenSSH server on loopback (tests/integration/conftest.py)
+    "device": ("sshd",),  # an enrolled device behind that sshd
+    "netns": ("netns",),
+    "pull_fleet": ("fleet_servers",),  # docker-registry + mosquitto
+    "arm64_root": ("arm64",),
+    "mnist_bundle": ("compile",),  # built with TVM (tests/integration/conftest.py, test_tuning.py)
+    "trt_bundle": ("compile",),  # an INT8 TensorRT bundle built by the host (tests/agent/conftest.py)
+    "both_runtimes_release": ("compile",),  # TVM library + TensorRT artifacts (tests/agent/test_tensorrt_runtime.py)
+}
 
 
 def _data_dir() -> Path:
@@ -26,8 +62,7 @@ def _data_dir() -> Path:
 @pytest.fixture(scope="session")
 def data_dir() -> Path:
     d = _data_dir()
-    if not (d / "models").is_dir():
-        pytest.skip(f"test data not found at {d} (set EDGEDEPLOY_TEST_DATA)")
+    require("TEST_DATA", None if (d / "models").is_dir() else f"test data not found at {d} (set EDGEDEPLOY_TEST_DATA)")
     return d
 
 
@@ -67,99 +102,123 @@ def hermetic(tmp_path: Path, build_cache: Path, monkeypatch: pytest.MonkeyPatch)
     return home
 
 
-# --- services and tools: skip where missing, fail where CI requires them --------------------
+# --- what a marker needs, checked through require() before the test (and before its fixtures) -------------
 
 
-def require(variable: str, missing: str | None) -> None:
-    """The one skip rule for a service or tool a test needs: `missing` (None when it is there) says what
-    is not; CI sets EDGEDEPLOY_REQUIRE_<variable>=1 (.ci/run) and then the test fails instead of skipping."""
-    if missing is None:
-        return
-    if os.environ.get(f"EDGEDEPLOY_REQUIRE_{variable}") == "1":
-        pytest.fail(f"{missing}, but EDGEDEPLOY_REQUIRE_{variable}=1 says this test must run here")
-    pytest.skip(missing)
-
-
-def require_host() -> None:
-    """Agent tests that need a bundle built by the host package skip where only the agent is installed
-    (as on a device); CI installs both and sets EDGEDEPLOY_REQUIRE_HOST=1."""
-    try:
-        import edgedeploy.api  # noqa: F401
-    except ImportError as e:
-        require("HOST", f"the host package is not installed here ({e})")
-
-
-def require_sshd() -> None:
-    from edgedeploy.localdevice import sshd_available
-
-    require("SSHD", None if sshd_available() else "OpenSSH server not installed (apt-get install openssh-server)")
-
-
-# --- hardware markers: declared in pyproject.toml, checked here at run time -------------------
-
-
-def _has_gpu() -> bool:
-    return (
+def _gpu_missing() -> str | None:
+    found = (
         shutil.which("nvidia-smi") is not None
         and subprocess.run(["nvidia-smi", "-L"], capture_output=True).returncode == 0
     )
+    return None if found else "needs an NVIDIA GPU (nvidia-smi -L failed)"
 
 
-def _has_tensorrt() -> bool:
+def _tensorrt_missing() -> str | None:
     try:
         import tensorrt  # noqa: F401
     except ImportError:
-        return False
-    return True
+        return "needs the tensorrt Python package"
+    return None
 
 
-HARDWARE = {
-    "gpu": (_has_gpu, "needs an NVIDIA GPU (nvidia-smi -L failed)"),
-    "tensorrt": (_has_tensorrt, "needs the tensorrt Python package"),
-    "jetson": (lambda: Path("/etc/nv_tegra_release").exists(), "needs a Jetson (/etc/nv_tegra_release)"),
-    "camera": (lambda: Path("/dev/video0").exists(), "needs a camera at /dev/video0"),
-}
+def _netns_missing() -> str | None:
+    from edgedeploy.localdevice import netns_available
+
+    ok, why = netns_available()
+    return None if ok else why
 
 
-def _arm64_systemd_missing() -> str | None:
+def _fleet_servers_missing() -> str | None:
+    from edgedeploy.fleet_servers import servers_available
+
+    return servers_available()
+
+
+def _arm64_missing() -> str | None:
     from tests.integration.arm64root import missing
 
     return missing()
 
 
-# what this machine may lack for a test, with the variable CI (.ci/run) sets so that the test fails instead
-EMULATION = {"arm64_systemd": (_arm64_systemd_missing, "EDGEDEPLOY_REQUIRE_ARM64_SYSTEMD")}
+# marker -> (EDGEDEPLOY_REQUIRE_<variable>, what is missing on this machine or None)
+NEEDS: dict[str, tuple[str, Callable[[], str | None]]] = {
+    "sshd": ("SSHD", sshd_missing),
+    "netns": ("NETNS", _netns_missing),
+    "fleet_servers": ("FLEET_SERVERS", _fleet_servers_missing),
+    "arm64": ("ARM64_SYSTEMD", _arm64_missing),
+    "gpu": ("GPU", _gpu_missing),
+    "tensorrt": ("TENSORRT", _tensorrt_missing),
+    "jetson": (
+        "JETSON",
+        lambda: None if Path("/etc/nv_tegra_release").exists() else "needs a Jetson (/etc/nv_tegra_release)",
+    ),
+    "camera": ("CAMERA", lambda: None if Path("/dev/video0").exists() else "needs a camera at /dev/video0"),
+}
+_checked: dict[str, str | None] = {}
 
 
-def pytest_runtest_setup(item: pytest.Item) -> None:
-    for name, (why_not, require) in EMULATION.items():
-        if name in item.keywords:
-            reason = why_not()
-            if reason and os.environ.get(require) == "1":
-                pytest.fail(f"{require}=1 but this machine cannot run it: {reason}")
-            if reason:
-                pytest.skip(reason)
-
-
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    cache: dict[str, bool] = {}
+    """Markers from fixtures, then `slow` on every test with a SLOW marker; tryfirst: before `-m` selects."""
     for item in items:
-        for name, (check, reason) in HARDWARE.items():
-            if name in item.keywords:
-                if name not in cache:
-                    cache[name] = check()
-                if not cache[name]:
-                    item.add_marker(pytest.mark.skip(reason=reason))
+        if item.nodeid.startswith("tests/integration/"):
+            item.add_marker("integration")
+        for fixture in getattr(item, "fixturenames", ()):
+            for name in BY_FIXTURE.get(fixture, ()):
+                item.add_marker(name)
+        if any(item.get_closest_marker(name) for name in SLOW):
+            item.add_marker("slow")
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """Before the test's fixtures: what its markers need (require), and the compile guard."""
+    for name, (variable, missing) in NEEDS.items():
+        if item.get_closest_marker(name):
+            if name not in _checked:
+                _checked[name] = missing()
+            require(variable, _checked[name])
+    _guard_compiles(item)
+
+
+# --- the compile guard: a test not marked `compile` must not compile (the fast tier stays fast, the marker true) --
+
+# TVM's compile entries (tvm.compile calls relax.build or tirx.build), replaced while such a test runs; a build or
+# tune through the command line is caught by tests/helpers.py Cli
+TVM_COMPILE = (("tvm", "compile"), ("tvm", "build"), ("tvm.relax", "build"), ("tvm.tirx", "build"))
+_replaced: list[tuple[object, str, object]] = []
+
+
+def _guard_compiles(item: pytest.Item) -> None:
+    COMPILE_GUARD.allowed = item.get_closest_marker("compile") is not None
+    COMPILE_GUARD.test = item.nodeid
+    if COMPILE_GUARD.allowed:
+        return
+    for module_name, name in TVM_COMPILE:
+        module = sys.modules.get(module_name)  # not imported yet: nothing of TVM's can have run
+        if hasattr(module, name):
+
+            def refused(*args: object, _what: str = f"{module_name}.{name}", **kwargs: object) -> None:
+                COMPILE_GUARD.refuse(_what)
+
+            _replaced.append((module, name, getattr(module, name)))
+            setattr(module, name, refused)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_runtest_teardown(item: pytest.Item) -> None:
+    """After the test's fixtures are torn down: TVM as it was, and compiles allowed between tests."""
+    while _replaced:
+        module, name, original = _replaced.pop()
+        setattr(module, name, original)
+    COMPILE_GUARD.allowed = True
 
 
 @pytest.fixture
 def netns() -> None:
-    """Network-namespace devices need root and iproute2; CI sets EDGEDEPLOY_REQUIRE_NETNS=1."""
-    from edgedeploy.localdevice import netns_available
-
-    ok, why = netns_available()
-    if not ok:
-        require("NETNS", why)
+    """Network-namespace devices need root and iproute2; CI sets EDGEDEPLOY_REQUIRE_NETNS=1 (the test is marked
+    `netns` through BY_FIXTURE, so the check has run already; the fixture says so where it is used)."""
+    require("NETNS", _netns_missing())
 
 
 @pytest.fixture(scope="session")

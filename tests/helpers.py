@@ -1,14 +1,80 @@
-"""Small helpers shared by tests (not fixtures)."""
+"""Small helpers shared by tests (not fixtures), and the one rule for what a test needs (require)."""
 
 from __future__ import annotations
 
+import importlib
 import os
 import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
+
+import pytest
 
 BIN = Path(sys.executable).parent
+
+
+# --- what a test needs: one rule ------------------------------------------------------------------------
+
+
+def require(variable: str, missing: str | None) -> None:
+    """The one rule for anything a test needs that a machine may lack (a tool, a service, root, a package, a
+    GPU): `missing` says what is not there (None: it is). Where EDGEDEPLOY_REQUIRE_<variable>=1 is set (.ci/run
+    sets it for what CI has) the test FAILS; elsewhere it skips with that reason. Also at module level.
+
+    Every skip for a missing requirement goes through here: a test's markers (conftest.NEEDS), its fixtures
+    (sshd, netns, pull_fleet, python39) and the checks inside tests call it; nothing else skips silently."""
+    if missing is None:
+        return
+    if os.environ.get(f"EDGEDEPLOY_REQUIRE_{variable}") == "1":
+        pytest.fail(f"{missing}, but EDGEDEPLOY_REQUIRE_{variable}=1 says this test must run here", pytrace=False)
+    # reported at the test's location, not this line's (pytest.skip's private flag; pytest 7-9)
+    raise pytest.skip.Exception(
+        f"{missing} [EDGEDEPLOY_REQUIRE_{variable}]", allow_module_level=True, _use_item_location=True
+    )
+
+
+def require_module(name: str, variable: str, install: str) -> ModuleType:
+    """`import name` through require() (pytest.importorskip's job, with the CI rule); `install` says how."""
+    try:
+        return importlib.import_module(name)
+    except ImportError as e:
+        require(variable, f"{name} is not installed ({install}): {e}")
+        raise AssertionError("unreachable: require() skipped or failed") from e
+
+
+def require_root(why: str) -> None:
+    """Tests that act as root (mounts, other users' files); CI runs as root and sets EDGEDEPLOY_REQUIRE_ROOT=1."""
+    require("ROOT", None if os.geteuid() == 0 else f"needs root: {why}")
+
+
+def mount_tmpfs(path: Path, size: str) -> None:
+    """A small tmpfs at `path` (a disk that fills up on demand): needs root that may mount (CI: ROOT)."""
+    require_root(f"mounting a {size} tmpfs")
+    r = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)], capture_output=True, text=True
+    )
+    require("ROOT", None if r.returncode == 0 else f"cannot mount a tmpfs here: {r.stderr.strip()}")
+
+
+def require_host() -> None:
+    """Agent tests that need a bundle built by the host package skip where only the agent is installed
+    (as on a device); CI installs both and sets EDGEDEPLOY_REQUIRE_HOST=1."""
+    try:
+        import edgedeploy.api  # noqa: F401
+    except ImportError as e:
+        require("HOST", f"the host package is not installed here ({e})")
+
+
+def sshd_missing() -> str | None:
+    from edgedeploy.localdevice import sshd_available
+
+    return None if sshd_available() else "OpenSSH server not installed (apt-get install openssh-server)"
+
+
+def require_sshd() -> None:
+    require("SSHD", sshd_missing())
 
 
 @dataclass
@@ -16,6 +82,22 @@ class Ran:
     code: int
     out: str
     err: str
+
+
+@dataclass
+class CompileGuard:
+    """May the running test compile models? tests/conftest.py sets this before each test from its `compile`
+    marker and stops TVM compiles in-process; Cli stops a model built through the command line."""
+
+    allowed: bool = True
+    test: str = ""
+
+    def refuse(self, what: str) -> None:
+        if not self.allowed:
+            pytest.fail(f"{self.test} compiles ({what}) but is not marked `compile`: mark it (tests/conftest.py)")
+
+
+COMPILE_GUARD = CompileGuard()
 
 
 class Cli:
@@ -28,7 +110,13 @@ class Cli:
             env={**os.environ, "COLUMNS": "200", **(env or {})},
             stdin=subprocess.DEVNULL,
         )
+        if p.returncode == 0 and args and (args[0] in ("build", "demo") or _tunes(args)):
+            COMPILE_GUARD.refuse(f"`edgedeploy {args[0]}`")
         return Ran(p.returncode, p.stdout, p.stderr)
+
+
+def _tunes(args: tuple[str, ...]) -> bool:
+    return args[0] == "tune" and not {"--export", "--import"} & set(args)
 
 
 def agent(*args: str, timeout: float = 120) -> Ran:

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import base64
 import datetime as dt
 import gzip
 import io
 import tarfile
 from pathlib import Path
+
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from edgedeploy_agent.bundle import (
     Manifest,
@@ -21,6 +25,7 @@ from edgedeploy_agent.bundle import (
 )
 from edgedeploy_agent.report import Report, stage_latency
 from edgedeploy_agent.sources.power import NoPowerSensor
+from edgedeploy_agent.trust import KEY_PREFIX
 
 
 def make_manifest(
@@ -98,3 +103,17 @@ def rewrite_bundle(
             if name == after:
                 add(tout, *extra)
     return dst
+
+
+def copy(b: Path, d: Path) -> Path:
+    """A copy of bundle `b` in folder `d` (as an upload leaves it in the device's incoming folder)."""
+    d.mkdir(parents=True, exist_ok=True)
+    out = d / b.name
+    out.write_bytes(b.read_bytes())
+    return out
+
+
+def public(key: Ed25519PrivateKey) -> str:
+    """The key's public half as trust stores pin it (KEY_PREFIX + base64)."""
+    raw = key.public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+    return KEY_PREFIX + base64.b64encode(raw).decode()

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import require_host
+from tests.helpers import require_host
 
 
 @pytest.fixture(scope="session")

@@ -15,9 +15,9 @@ from edgedeploy_agent.errors import BundleError, UnsignedBundle
 from edgedeploy_agent.lifecycle import Deployment
 from edgedeploy_agent.store import DeviceStore
 from edgedeploy_agent.trust import TrustStore
-from tests.agent.bundles import make_bundle
-from tests.agent.test_lifecycle import ScriptedService
-from tests.agent.test_trust import public
+from tests.agent.bundles import make_bundle, public
+from tests.agent.doubles import ScriptedService
+from tests.helpers import require, require_root
 
 
 @pytest.fixture
@@ -91,12 +91,12 @@ def test_a_blob_another_user_wrote_is_copied_where_the_kernel_refuses_a_link() -
     """fs.protected_hardlinks: the watch service cannot hard-link a 0444 blob the deploying login uploaded (seen
     in the arm64 systemd container after an SSH push); the release gets a copy. Run as user nobody, since root
     may link anything."""
-    import os
     import sys
     import tempfile
 
-    if os.geteuid() != 0 or Path("/proc/sys/fs/protected_hardlinks").read_text().strip() != "1":
-        pytest.skip("needs root (to act as another user) and fs.protected_hardlinks=1")
+    require_root("to act as another user")
+    protected = Path("/proc/sys/fs/protected_hardlinks").read_text().strip() == "1"
+    require("PROTECTED_HARDLINKS", None if protected else "needs fs.protected_hardlinks=1")
     with tempfile.TemporaryDirectory() as d:  # pytest's tmp_path is root's alone (0700 above it)
         _copied_as_nobody(Path(d), sys.executable)
 

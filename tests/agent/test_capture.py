@@ -10,24 +10,15 @@ import time
 from pathlib import Path
 
 import cv2
-import numpy as np
 import pytest
 
 from edgedeploy_agent.errors import SourceError
 from edgedeploy_agent.sources.capture import CapturedSource, open_source
 from edgedeploy_agent.sources.frames import check_openable, has_gstreamer, parse_source
-from tests.conftest import require
+from tests.agent.clips import write_clip
+from tests.helpers import require
 
 REPO = Path(__file__).resolve().parents[2]
-
-
-def write_clip(path: Path, n: int, value: int) -> Path:
-    """An MJPG clip of n frames; frame i has brightness value + i (readable back after JPEG)."""
-    w = cv2.VideoWriter(str(path), cv2.VideoWriter.fourcc(*"MJPG"), 25.0, (64, 48))
-    for i in range(n):
-        w.write(np.full((48, 64, 3), value + i, dtype=np.uint8))
-    w.release()
-    return path
 
 
 def test_uris_parse_to_backends_and_pipelines() -> None:
@@ -192,8 +183,7 @@ def test_gst_videotestsrc_pipeline_with_debian_opencv(tmp_path: Path) -> None:
 
 
 def test_pip_opencv_refuses_gstreamer_uris_clearly() -> None:
-    if has_gstreamer(cv2.getBuildInformation()):
-        pytest.skip("this OpenCV has GStreamer")
+    require("NO_GSTREAMER", "this OpenCV has GStreamer" if has_gstreamer(cv2.getBuildInformation()) else None)
     with pytest.raises(SourceError, match="needs OpenCV with GStreamer"):
         open_source("gst:videotestsrc")
     assert sys.modules["cv2"].__version__

@@ -15,8 +15,9 @@ from edgedeploy_agent.errors import IncompatibleBundle
 from edgedeploy_agent.lifecycle import Deployment
 from edgedeploy_agent.preprocess import preprocess
 from edgedeploy_agent.store import DeviceStore
-from tests.agent.bundles import make_bundle
-from tests.agent.test_lifecycle import ScriptedService, copy
+from tests.agent.bundles import copy, make_bundle
+from tests.agent.doubles import ScriptedService
+from tests.helpers import require
 
 CPUINFO = """processor\t: 0
 vendor_id\t: GenuineIntel
@@ -65,8 +66,9 @@ def test_bundle_without_cpu_features_keeps_its_manifest_bytes(tmp_path: Path) ->
     assert m.target.cpu_features == [] and "cpu_features" not in m.canonical_bytes().decode()
 
 
-@pytest.mark.skipif(platform.machine() != "x86_64" or cpu_flags() is None, reason="needs an x86-64 /proc/cpuinfo")
 def test_deploy_refuses_a_bundle_needing_a_flag_this_cpu_lacks(tmp_path: Path) -> None:
+    x86 = platform.machine() == "x86_64" and cpu_flags() is not None
+    require("X86_64", None if x86 else "needs an x86-64 /proc/cpuinfo")
     store = DeviceStore(tmp_path / "device")
     store.init(AgentConfig(device_name="t", keep_releases=2))
     svc = ScriptedService(store)

@@ -25,16 +25,12 @@ from edgedeploy_agent.desired import (
     status_doc,
     verify_desired,
 )
-from edgedeploy_agent.trust import KEY_PREFIX, TrustStore, key_id
+from edgedeploy_agent.trust import TrustStore, key_id
 from edgedeploy_agent.watch import backoff_delay
+from tests.agent.bundles import public
 
 NOW = dt.datetime.now(dt.timezone.utc).replace(microsecond=0)
 REF = "127.0.0.1:5000/models/mnist@sha256:" + "ab" * 32
-
-
-def public(key: Ed25519PrivateKey) -> str:
-    raw = key.public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
-    return KEY_PREFIX + base64.b64encode(raw).decode()
 
 
 def message(key: Ed25519PrivateKey, **over: object) -> bytes:

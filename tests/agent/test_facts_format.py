@@ -14,8 +14,8 @@ from edgedeploy_agent.config import AgentConfig
 from edgedeploy_agent.facts import Facts
 from edgedeploy_agent.lifecycle import Deployment
 from edgedeploy_agent.store import DeviceStore
-from tests.agent.bundles import make_bundle
-from tests.agent.test_lifecycle import ScriptedService, copy
+from tests.agent.bundles import copy, make_bundle
+from tests.agent.doubles import ScriptedService
 from tests.helpers import agent
 
 FIXTURE = Path(__file__).parent / "fixtures" / "facts.json"

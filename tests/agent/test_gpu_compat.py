@@ -3,8 +3,6 @@ chosen driver version and GPU (the one thing a GPU-less machine cannot provide f
 
 from __future__ import annotations
 
-import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -13,39 +11,7 @@ from edgedeploy_agent.bundle import Target, check_compatible, read_manifest
 from edgedeploy_agent.errors import IncompatibleBundle
 from edgedeploy_agent.gpu import probe_cuda
 from tests.agent.bundles import make_bundle
-
-FAKE = r"""
-#include <string.h>
-int cuInit(unsigned f) { return 0; }
-int cuDriverGetVersion(int *v) { *v = DRIVER; return 0; }
-int cuDeviceGetCount(int *n) { *n = 1; return 0; }
-int cuDeviceGet(int *d, int i) { *d = 0; return 0; }
-int cuDeviceGetAttribute(int *v, int attr, int d) { *v = attr == 75 ? MAJOR : MINOR; return 0; }
-int cuDeviceGetName(char *name, int len, int d) { strncpy(name, NAME, len); return 0; }
-"""
-
-
-def fake_libcuda(tmp: Path, driver: int, sm: int, name: str) -> str:
-    if shutil.which("gcc") is None:
-        pytest.skip("needs gcc to build the fake driver")
-    src, lib = tmp / "fake.c", tmp / f"libcuda-{driver}-{sm}.so"
-    src.write_text(FAKE)
-    subprocess.run(
-        [
-            "gcc",
-            "-shared",
-            "-fPIC",
-            f"-DDRIVER={driver}",
-            f"-DMAJOR={sm // 10}",
-            f"-DMINOR={sm % 10}",
-            f'-DNAME="{name}"',
-            "-o",
-            str(lib),
-            str(src),
-        ],
-        check=True,
-    )
-    return str(lib)
+from tests.agent.doubles import fake_libcuda
 
 
 def gpu_manifest(tmp: Path, sm: int, min_driver: str):

@@ -22,7 +22,7 @@ from edgedeploy_agent.sources.power import NoPowerSensor
 from edgedeploy_agent.spool import Spool
 from edgedeploy_agent.store import DeviceStore
 from tests.agent.bundles import make_bundle
-from tests.agent.test_capture import write_clip
+from tests.agent.clips import write_clip
 
 
 class NanOnRealPixels:

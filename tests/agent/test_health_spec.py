@@ -12,8 +12,8 @@ from edgedeploy_agent.errors import HealthCheckFailed
 from edgedeploy_agent.lifecycle import Deployment
 from edgedeploy_agent.service import HealthObjectives
 from edgedeploy_agent.store import DeviceStore
-from tests.agent.bundles import make_bundle
-from tests.agent.test_lifecycle import ScriptedService, copy
+from tests.agent.bundles import copy, make_bundle
+from tests.agent.doubles import ScriptedService
 
 
 def test_no_objectives_serialise_as_before(tmp_path: Path) -> None:

@@ -7,10 +7,8 @@ import os
 import shutil
 from pathlib import Path
 
-import pytest
-
 from tests.agent.bundles import make_bundle
-from tests.helpers import agent
+from tests.helpers import agent, require_root
 
 
 def test_missing_file_and_root_owned_by_someone_else(tmp_path: Path) -> None:
@@ -18,8 +16,7 @@ def test_missing_file_and_root_owned_by_someone_else(tmp_path: Path) -> None:
     assert agent("--root", str(root), "init").code == 0
     r = agent("--root", str(root), "install-bundle", str(tmp_path / "usb" / "model.edb"))
     assert r.code == 9 and "does not exist" in r.err and "USB stick" in r.err
-    if os.geteuid() != 0:
-        pytest.skip("the root-ownership refusal needs root to be produced")
+    require_root("the root-ownership refusal needs root to be produced")
     bundle = make_bundle(tmp_path / "b")
     os.chown(root, 65534, 65534)
     try:

@@ -15,27 +15,8 @@ from edgedeploy_agent.errors import BundleError, HealthCheckFailed, Insufficient
 from edgedeploy_agent.lifecycle import Deployment, recover, rollback
 from edgedeploy_agent.service import write_health
 from edgedeploy_agent.store import DeviceStore
-from tests.agent.bundles import make_bundle
-
-
-class ScriptedService:
-    """Acts like the agent process: on restart it 'loads' whatever `current` points at."""
-
-    def __init__(self, store: DeviceStore, bad: set[str] | None = None) -> None:
-        self.store, self.bad, self.running, self.restarts = store, bad or set(), False, 0
-
-    def restart(self) -> None:
-        self.restarts += 1
-        name = self.store.current()
-        self.running = name is not None and name not in self.bad
-        state = "failed" if name in self.bad else "ready"
-        write_health(self.store, name, state, error={"message": "library does not load"})
-
-    def stop(self) -> None:
-        self.running = False
-
-    def is_running(self) -> bool:
-        return self.running
+from tests.agent.bundles import copy, make_bundle
+from tests.agent.doubles import ScriptedService
 
 
 @pytest.fixture
@@ -43,13 +24,6 @@ def store(tmp_path: Path) -> DeviceStore:
     s = DeviceStore(tmp_path / "device")
     s.init(AgentConfig(device_name="t", keep_releases=2))
     return s
-
-
-def copy(b: Path, d: Path) -> Path:
-    d.mkdir(parents=True, exist_ok=True)
-    out = d / b.name
-    out.write_bytes(b.read_bytes())
-    return out
 
 
 def test_commit_then_unchanged_then_upgrade(store: DeviceStore, tmp_path: Path) -> None:

@@ -1,10 +1,9 @@
 import socket
 import urllib.request
 
-import pytest
-
 from edgedeploy_agent.metrics import PrometheusExporter
 from edgedeploy_agent.report import PowerReport, Report, stage_latency
+from tests.helpers import require_module
 
 
 def _free_port() -> int:
@@ -14,7 +13,7 @@ def _free_port() -> int:
 
 
 def test_prometheus_endpoint_on_localhost_only() -> None:
-    pytest.importorskip("prometheus_client")
+    require_module("prometheus_client", "DEV_PACKAGES", "pip install prometheus_client")
     port = _free_port()
     exp = PrometheusExporter(port)
     try:

@@ -26,6 +26,7 @@ from edgedeploy_agent.sources.power import (
 from edgedeploy_agent.sources.rapl import RaplEnergy
 from edgedeploy_agent.sources.tegrastats import TegrastatsPower, parse_tegrastats
 from edgedeploy_agent.sources.thermal import ThermalZones
+from tests.helpers import require, require_module
 
 SYSFS = Path(__file__).parent / "fixtures" / "sysfs"
 
@@ -117,8 +118,8 @@ def test_rapl_counts_packages_only_and_undoes_the_wrap(tmp_path: Path) -> None:
 
 
 def test_rapl_root_only_counter_is_reported_unavailable(tmp_path: Path) -> None:
-    if os.getuid() == 0:
-        pytest.skip("root reads any file: the permission case cannot be produced here")
+    root = os.getuid() == 0
+    require("NON_ROOT", "root reads any file: the permission case cannot be produced here" if root else None)
     shutil.copytree(SYSFS / "x86-rapl", tmp_path / "rapl")
     (tmp_path / "rapl/sys/class/powercap/intel-rapl:0/energy_uj").chmod(0)
     with pytest.raises(SensorUnavailable, match="root only"):
@@ -126,9 +127,8 @@ def test_rapl_root_only_counter_is_reported_unavailable(tmp_path: Path) -> None:
 
 
 def test_nvml_without_a_driver_is_unavailable_not_an_error() -> None:
-    pytest.importorskip("pynvml")
-    if Path("/dev/nvidiactl").exists():
-        pytest.skip("this machine has an NVIDIA driver")
+    require_module("pynvml", "DEV_PACKAGES", "pip install nvidia-ml-py")
+    require("NO_NVIDIA", "this machine has an NVIDIA driver" if Path("/dev/nvidiactl").exists() else None)
     with pytest.raises(SensorUnavailable, match="nvml"):
         NvmlEnergy()
 

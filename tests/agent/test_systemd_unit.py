@@ -11,7 +11,7 @@ import pytest
 
 from edgedeploy_agent.service import write_restart_request
 from edgedeploy_agent.unit import DEFAULT_ROOT, RESTART_PATH_UNIT, RESTART_UNIT, WATCH_UNIT, render_unit
-from tests.conftest import require
+from tests.helpers import require
 
 MAX_EXPOSURE = 4.0
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import importlib.util
 import json
 import os
 import subprocess
@@ -35,7 +36,7 @@ from edgedeploy_agent.runtime.engine_cache import engine_key, engine_key_fields
 from edgedeploy_agent.runtime.tensorrt import EngineRejected, TensorRTRuntime
 from edgedeploy_agent.runtime.trt_backend import PolygraphyBackend, build_options
 from tests.agent.trt_double import T4, XAVIER, FakeTensorRT
-from tests.conftest import require_host
+from tests.helpers import require, require_host, require_module
 
 
 @pytest.fixture(scope="module")
@@ -191,8 +192,8 @@ def test_no_cuda_device_stops_before_tensorrt_is_touched(trt_release, tmp_path: 
 
 
 def test_probe_here_without_a_driver_is_one_clear_error() -> None:
-    if Path("/dev/nvidia0").exists() or Path("/dev/nvhost-ctrl").exists():
-        pytest.skip("this machine has an NVIDIA device")
+    nvidia = Path("/dev/nvidia0").exists() or Path("/dev/nvhost-ctrl").exists()
+    require("NO_NVIDIA", "this machine has an NVIDIA device" if nvidia else None)
     with pytest.raises(RuntimeLoadError) as e:
         probe_cuda()
     assert "CUDA" in e.value.message and e.value.hint
@@ -323,13 +324,9 @@ def test_tensorrt_and_polygraphy_are_imported_lazily() -> None:
 
 
 def test_production_backend_without_tensorrt_is_one_clear_error() -> None:
-    pytest.importorskip("polygraphy.backend.trt")  # Polygraphy itself imports without TensorRT (lazy imports)
-    try:
-        import tensorrt  # noqa: F401
-    except ImportError:
-        pass
-    else:
-        pytest.skip("TensorRT is installed here")
+    # Polygraphy itself imports without TensorRT (lazy imports)
+    require_module("polygraphy.backend.trt", "DEV_PACKAGES", "pip install polygraphy")
+    require("NO_TENSORRT", "TensorRT is installed here" if importlib.util.find_spec("tensorrt") else None)
     with pytest.raises(RuntimeLoadError, match="TensorRT is not usable here") as e:
         PolygraphyBackend()
     assert e.value.hint and "polygraphy" in e.value.hint

@@ -22,16 +22,11 @@ from edgedeploy_agent.errors import (
 )
 from edgedeploy_agent.lifecycle import Deployment
 from edgedeploy_agent.store import DeviceStore
-from edgedeploy_agent.trust import KEY_PREFIX, TrustStore, key_id
-from tests.agent.bundles import make_bundle
-from tests.agent.test_lifecycle import ScriptedService, copy
+from edgedeploy_agent.trust import TrustStore, key_id
+from tests.agent.bundles import copy, make_bundle, public
+from tests.agent.doubles import ScriptedService
 
 NOW = dt.datetime.now(dt.timezone.utc)
-
-
-def public(key: Ed25519PrivateKey) -> str:
-    raw = key.public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
-    return KEY_PREFIX + base64.b64encode(raw).decode()
 
 
 def signed(

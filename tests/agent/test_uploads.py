@@ -13,7 +13,7 @@ from edgedeploy_agent.config import AgentConfig
 from edgedeploy_agent.lifecycle import recover
 from edgedeploy_agent.store import DeviceStore
 from edgedeploy_agent.uploads import ABANDONED_PART_S, IN_FLIGHT_S
-from tests.agent.test_lifecycle import ScriptedService
+from tests.agent.doubles import ScriptedService
 
 HOUR = 3600.0
 

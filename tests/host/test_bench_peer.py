@@ -1,6 +1,7 @@
 """The PyTorch peer of the GPU benchmark (bench/onnx_torch.py) compiles into one graph and computes what
 onnxruntime computes; the ResNet-18 generator's file loads back into the same architecture. Needs torch
-(not a dependency of edgedeploy: skipped without it); runs on the CPU with dynamo's eager backend."""
+(.[dev] installs it; without it the module skips, or fails under EDGEDEPLOY_REQUIRE_DEV_PACKAGES=1); runs on the
+CPU with dynamo's eager backend."""
 
 from __future__ import annotations
 
@@ -8,14 +9,18 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import onnxruntime as ort
 import pytest
 
-torch = pytest.importorskip("torch")
-ort = pytest.importorskip("onnxruntime")
+from tests.helpers import require_module
+
+torch = require_module("torch", "DEV_PACKAGES", "pip install torch==2.13.0, the CPU build")
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
 from onnx_torch import OnnxModule  # noqa: E402
 from resnet18_onnx import export, torchvision_from_onnx  # noqa: E402
+
+pytestmark = pytest.mark.bench
 
 
 def _ort(path: Path, x: np.ndarray) -> np.ndarray:
@@ -115,10 +120,7 @@ def test_ncu_summary_reads_the_committed_report() -> None:
     kernel, with its metrics and ncu's memory-access findings."""
     from ncu_summary import parse, read
 
-    report = (
-        Path(__file__).resolve().parents[2]
-        / "bench/results/h200/run17-ncu-epilogue/epi/ncu.resnet18.int8.bs64.epi.txt.xz"
-    )
+    report = Path(__file__).resolve().parents[2] / "tests/fixtures/ncu.resnet18.int8.bs64.epi.txt.xz"
     kernels = parse(read(report))
     assert len(kernels) == 20 and all({"us", "sm", "l1", "occ", "regs"} <= k.values.keys() for k in kernels)
     stem = kernels[0]

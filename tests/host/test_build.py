@@ -15,6 +15,7 @@ from edgedeploy_agent.runtime import load_runtime
 from tests.helpers import Cli
 
 
+@pytest.mark.compile
 def test_mnist_bundle_runs_like_onnxruntime(data_dir: Path, tmp_path: Path) -> None:
     model = data_dir / "models" / "mnist-8_opset13.onnx"
     card = ModelCard(name="mnist", labels=[str(i) for i in range(10)], preprocess=Preprocess(color="gray"))
@@ -33,6 +34,7 @@ def test_mnist_bundle_runs_like_onnxruntime(data_dir: Path, tmp_path: Path) -> N
     np.testing.assert_allclose(rt.run([x])[0], ref, rtol=1e-4, atol=1e-3)
 
 
+@pytest.mark.compile
 def test_rebuild_is_cached(data_dir: Path, tmp_path: Path) -> None:
     model = data_dir / "models" / "mnist-8_opset13.onnx"
     card = ModelCard(name="mnist-cache", preprocess=Preprocess(color="gray"))  # one channel, as the model wants
@@ -52,6 +54,7 @@ def test_corrupt_model(tmp_path: Path) -> None:
         build(bad, "cpu-x86_64", tmp_path / "x.edb", ModelCard())
 
 
+@pytest.mark.compile
 def test_cli_build_and_inspect_json(data_dir: Path, tmp_path: Path, cli: Cli) -> None:
     out = tmp_path / "mnist.edb"
     r = cli(
@@ -75,6 +78,7 @@ def test_cli_build_and_inspect_json(data_dir: Path, tmp_path: Path, cli: Cli) ->
     assert data["postprocess"]["top_k"] == 3 and len(data["bundle_id"]) == 16
 
 
+@pytest.mark.compile
 def test_known_models_find_their_card(data_dir: Path, tmp_path: Path, cli: Cli) -> None:
     from edgedeploy.compile.cards import card_for
 
@@ -95,6 +99,7 @@ def test_known_models_find_their_card(data_dir: Path, tmp_path: Path, cli: Cli) 
     assert r.code == 0 and "mnist-8.toml (it names this model's sha256)" in r.err, r.err
 
 
+@pytest.mark.compile
 def test_int8_gate_refuses_to_judge_nonsense(data_dir: Path, tmp_path: Path, cli: Cli) -> None:
     """Preprocessing that does not fit the model (FP32 scores 0%) must not pass an accuracy gate."""
     card = tmp_path / "wrong.toml"  # labels that do not fit the outputs are refused before (test_model_cards.py)

@@ -25,6 +25,8 @@ from edgedeploy_agent.service import write_health
 from edgedeploy_agent.store import DeviceStore
 from tests.helpers import Cli, assert_one_line_error, schema1_bundle
 
+pytestmark = pytest.mark.compile
+
 MNIST = "models/mnist-8_opset13.onnx"
 CARD = ModelCard(name="mnist", labels=[str(i) for i in range(10)], preprocess=Preprocess(color="gray"))
 

@@ -19,7 +19,7 @@ from edgedeploy.compile.devcode import elf_machine
 from edgedeploy.compile.elf_versions import version_needs
 from edgedeploy.cuda_backend import ARCHS, build_backend, sources
 from edgedeploy.paths import cache_dir
-from tests.conftest import require
+from tests.helpers import require
 
 # JetPack 5 (Ubuntu 20.04): glibc 2.31 and GCC 10's libstdc++ (GLIBCXX_3.4.28, CXXABI_1.3.12)
 FLOORS = {"GLIBC": (2, 31), "GLIBCXX": (3, 4, 28), "CXXABI": (1, 3, 12)}
@@ -58,6 +58,7 @@ def cuda11_typedefs() -> str:
         return z.read("nvidia/cuda_runtime/include/cudaTypedefs.h").decode()
 
 
+@pytest.mark.network
 def test_every_entry_point_is_in_the_cuda_11_4_driver_api(cuda11_typedefs: str) -> None:
     versions: dict[str, list[int]] = {}
     for name, version in set(re.findall(r"PFN_(cu\w+?)_v(\d+)\b", cuda11_typedefs)):
@@ -76,6 +77,7 @@ def test_every_entry_point_is_in_the_cuda_11_4_driver_api(cuda11_typedefs: str) 
     assert not newer & {s.rpartition("_v")[0] or s for s in names}
 
 
+@pytest.mark.compile
 @pytest.mark.parametrize("arch", ["x86_64", "aarch64"])
 def test_builds_for_each_device_architecture_within_jetpack_5s_floors(arch: str) -> None:
     _compiler_or_skip(arch)
@@ -118,6 +120,7 @@ def _run_backend(backend: Path, script: str, ld_path: Path | None = None) -> str
     return p.stdout
 
 
+@pytest.mark.compile
 def test_no_driver_and_no_device_are_one_clear_error(tmp_path: Path) -> None:
     _compiler_or_skip("x86_64")
     backend = build_backend("x86_64")
@@ -148,18 +151,21 @@ def test_no_driver_and_no_device_are_one_clear_error(tmp_path: Path) -> None:
     )
 
 
+@pytest.mark.compile
+@pytest.mark.cuda
 def test_reads_the_device_module_of_a_real_gpu_bundle(tmp_path: Path) -> None:
     """An h200 library (nvcc 13 fatbin): the backend's reader of TVM's serialized CUDA module gives the format
     and every kernel with its argument and launch counts, without a GPU (the driver is needed only on launch)."""
-    from tests.host.test_gpu_build import _convnet, _toolchain_or_skip
+    from tests.host.cuda import require_toolchain
+    from tests.host.models import convnet
 
-    _toolchain_or_skip("h200")
+    require_toolchain("h200")
     _compiler_or_skip("x86_64")
     from edgedeploy.api import build
     from edgedeploy.compile.cards import ModelCard
     from edgedeploy_agent.bundle import Preprocess, extract_bundle
 
-    res = build(_convnet(tmp_path / "convnet.onnx"), "h200", tmp_path / "c.edb", ModelCard(
+    res = build(convnet(tmp_path / "convnet.onnx"), "h200", tmp_path / "c.edb", ModelCard(
         name="convnet", preprocess=Preprocess(scale=1 / 255)), precision="fp16")  # fmt: skip
     extract_bundle(res.bundle, tmp_path / "rel")
     library = tmp_path / "rel" / "model.so"

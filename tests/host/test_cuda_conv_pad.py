@@ -12,16 +12,14 @@ from typing import Any
 
 import numpy as np
 import pytest
+import tvm
+from tvm import relax
 
-tvm = pytest.importorskip("tvm")
-from tvm import relax  # noqa: E402
-
-from edgedeploy.compile.cuda_conv_pad import MIN_BATCH, pad_into_conv  # noqa: E402
-from edgedeploy.compile.cuda_source import pack_byte_vectors  # noqa: E402
-from edgedeploy.compile.cuda_tensorcore import TensorCoreGemm, legalize_passes  # noqa: E402
-from tests.host.test_cuda_window import TARGET  # noqa: E402
-
-ZP = -128  # a ReLU output's zero point (uint8 0) in the signed activations of CUDA builds
+from edgedeploy.compile.cuda_conv_pad import MIN_BATCH, pad_into_conv
+from edgedeploy.compile.cuda_source import pack_byte_vectors
+from edgedeploy.compile.cuda_tensorcore import TensorCoreGemm, legalize_passes
+from tests.host.cuda import TARGET
+from tests.host.models import ZP, pointwise_then_depthwise
 
 
 def _padded_conv_model(second_use: bool = False, batch: int = MIN_BATCH) -> Any:
@@ -74,6 +72,7 @@ def _run_on_cpu(mod: Any, x: np.ndarray) -> np.ndarray:
     return np.asarray(relax.VirtualMachine(ex, tvm.cpu())["main"](tvm.runtime.tensor(x)).numpy())
 
 
+@pytest.mark.compile
 def test_padding_inside_the_convolution_is_exact() -> None:
     """Same bytes with the pad in the convolution as with the pad before it, borders included (x holds the
     whole int8 range, so a border read as 0 instead of ZP would change them)."""
@@ -97,47 +96,23 @@ def test_byte_vectors_are_packed_into_words() -> None:
     )
 
 
+@pytest.mark.compile
 def test_the_padded_convolution_keeps_16_byte_loads() -> None:
     """The tensor-core schedule inlines the pad into its global loads and keeps them 16 bytes wide: the
     out-of-image vector is 16 copies of ZP, which the source fix packs into four words."""
-    from tests.host.test_cuda_injective import _cuda_source
+    from tests.host.cuda import cuda_source
 
     rule = TensorCoreGemm()
-    src = _cuda_source(_padded_conv_model(), rule)
+    src = cuda_source(_padded_conv_model(), rule)
     assert rule.seen and re.search(r"= \*\(int4\*\)\(x_ptr", src), src[:3000]
     assert "make_int4(__edgedeploy_pack4((signed char)-128" in src
-
-
-def _pointwise_then_depthwise(batch: int) -> Any:
-    """MobileNet's pair in NCHW as int8_rewrite emits it: a 1x1 int8 convolution with a requantizing epilogue,
-    then pad(ZP) with a stride-2 layer's asymmetric (0, 1) pad and a 3x3 stride-2 depthwise convolution.
-    Left alone, FuseOps fuses that pad into the 1x1 convolution's epilogue."""
-    rng = np.random.default_rng(2)
-    c_in, c = 32, 64
-    w1 = rng.integers(-127, 128, (c, c_in, 1, 1)).astype("int8")
-    wd = rng.integers(-127, 128, (c, 1, 3, 3)).astype("int8")
-    bb = relax.BlockBuilder()
-    x = relax.Var("x", relax.TensorType((batch, c_in, 14, 14), "int8"))
-
-    def requantize(acc: Any) -> Any:
-        y = relax.op.round(relax.op.multiply(relax.op.astype(acc, "float32"), relax.const(1e-3)))
-        return bb.emit(relax.op.astype(relax.op.clip(y, -128, 127), "int8"))
-
-    with bb.function("main", [x]):
-        with bb.dataflow():
-            pw = requantize(bb.emit(relax.op.nn.conv2d(x, relax.const(w1), out_dtype="int32")))
-            p = bb.emit(relax.op.nn.pad(pw, [0, 0, 0, 0, 0, 1, 0, 1], pad_value=float(ZP)))
-            dw = relax.op.nn.conv2d(p, relax.const(wd), strides=[2, 2], groups=c, out_dtype="int32")
-            out = bb.emit_output(requantize(bb.emit(dw)))
-        bb.emit_func_output(out)
-    return bb.get()
 
 
 @pytest.mark.parametrize("batch", [1, 64])
 def test_a_depthwise_convolution_pads_itself_and_its_producer_keeps_tensor_cores(batch: int) -> None:
     target = tvm.target.Target(TARGET)
     with target:
-        fused = tvm.transform.Sequential(legalize_passes(target))(_pointwise_then_depthwise(batch))
+        fused = tvm.transform.Sequential(legalize_passes(target))(pointwise_then_depthwise(batch))
     funcs = {name: str(f.script()) for name, f in _prim_funcs(fused).items()}
     assert len(funcs) == 2 and not any("pad" in name for name in funcs), list(funcs)  # no pad kernel, none fused
     [pointwise] = [s for s in funcs.values() if "mma_sync" in s]  # the 1x1 convolution on tensor cores
@@ -148,14 +123,15 @@ def test_a_depthwise_convolution_pads_itself_and_its_producer_keeps_tensor_cores
     unscheduled = legalize_passes(target)[1:-1]  # LegalizeOps .. FuseTIR, without pad_into_conv
     assert pad_into_conv not in unscheduled
     with target:
-        before = tvm.transform.Sequential(unscheduled)(_pointwise_then_depthwise(batch))
+        before = tvm.transform.Sequential(unscheduled)(pointwise_then_depthwise(batch))
     names = list(_prim_funcs(before))
     assert any(n.startswith("fused_conv2d") and n.endswith("_pad") for n in names), names
 
 
+@pytest.mark.compile
 def test_a_depthwise_convolution_padding_itself_is_exact() -> None:
     """The same bytes with the pad inside the depthwise convolution, the asymmetric border included."""
-    mod = _pointwise_then_depthwise(2)
+    mod = pointwise_then_depthwise(2)
     x = np.random.default_rng(3).integers(-128, 128, (2, 32, 14, 14)).astype("int8")
     moved = pad_into_conv(mod)
     assert "relax.nn.pad" not in moved.script()

@@ -12,13 +12,14 @@ from typing import Any
 
 import numpy as np
 import pytest
+import tvm
+from tvm import relax
 
-tvm = pytest.importorskip("tvm")
-from tvm import relax  # noqa: E402
-
-from edgedeploy.compile.cuda_injective import byte_words, vector_lanes  # noqa: E402
-from edgedeploy.compile.cuda_tensorcore import legalize_passes  # noqa: E402
-from tests.host.test_cuda_window import TARGET  # noqa: E402
+from edgedeploy.compile.cuda_injective import byte_words, vector_lanes
+from tests.host.cuda import (
+    TARGET,
+    cuda_source,
+)
 
 SHIFT = "shift"  # uint8 -> int8 (x - 128), as int8_rewrite emits before an INT8 convolution
 
@@ -41,23 +42,10 @@ def _graph(shape: tuple[int, ...], dtype: str, shift: bool, pad: list[int] | Non
 NHWC_PAD = [0, 0, 1, 1, 1, 1, 0, 0]
 
 
-def _cuda_source(mod: Any, rule: Any = None) -> str:
-    """The CUDA source of `mod` built for TARGET (the tensor-core rule `rule` when given)."""
-    target = tvm.target.Target({**TARGET, "host": {"kind": "llvm"}})
-    with target:
-        ex = tvm.compile(tvm.transform.Sequential(legalize_passes(target, rule))(mod), target=target)
-
-    def modules(m: Any) -> Any:
-        yield m
-        for i in m.imports:
-            yield from modules(i)
-
-    return "".join(m.inspect_source() for m in modules(ex.mod) if m.kind == "cuda")
-
-
+@pytest.mark.compile
 @pytest.mark.parametrize(("shift", "pad"), [(True, NHWC_PAD), (False, NHWC_PAD), (True, None)])
 def test_byte_kernels_move_16_bytes_per_load_and_store(shift: bool, pad: list[int] | None) -> None:
-    src = _cuda_source(_graph((8, 56, 56, 64), "int8", shift, pad))
+    src = cuda_source(_graph((8, 56, 56, 64), "int8", shift, pad))
     assert "signed char" not in src.split("__global__")[-1], src  # no byte access left in the kernel
     assert re.search(r"= \*\(int4\*\)\(", src), src  # one 16-byte load...
     assert re.search(r"^\s*\*\(int4\*\)\(", src, re.M), src  # ...and one 16-byte store per thread
@@ -65,8 +53,9 @@ def test_byte_kernels_move_16_bytes_per_load_and_store(shift: bool, pad: list[in
         assert "^" in src  # the shift is an XOR of the words
 
 
+@pytest.mark.compile
 def test_float_pad_gets_4_element_vectors() -> None:
-    src = _cuda_source(_graph((8, 56, 56, 64), "float32", False, NHWC_PAD, 0.0))
+    src = cuda_source(_graph((8, 56, 56, 64), "float32", False, NHWC_PAD, 0.0))
     assert re.search(r"= \*\(float4\*\)\(", src), src
     assert re.search(r"^\s*\*\(float4\*\)\(", src, re.M), src
 
@@ -90,6 +79,7 @@ def _run_on_cpu(func: Any, x: np.ndarray, out_shape: tuple[int, ...], out_dtype:
     return out.numpy()
 
 
+@pytest.mark.compile
 @pytest.mark.parametrize(
     ("shift", "pad", "pad_value", "dtype"),
     [

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from edgedeploy.compile.cuda_source import byte_simd, postprocess, round_on_fp32_pipe
+from tests.helpers import require
 
 # as TVM 0.27 writes them: a requantize (zero point 8), the residual's quantize (zero point -128), a ReLU's
 # unsigned byte, no zero point at all, and a clamp narrower than the byte (ReLU6-like bounds)
@@ -70,8 +71,8 @@ def _split_helpers(code: str) -> tuple[str, str]:
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_the_rewritten_rounding_equals_nearbyint_for_every_float(case: str, tmp_path: Path) -> None:
     gcc = shutil.which("gcc")
-    if gcc is None:
-        pytest.skip("gcc not installed")
+    require("GCC", "gcc not installed" if gcc is None else None)
+    assert gcc is not None
     original = CASES[case]
     helpers, rewritten = _split_helpers(round_on_fp32_pipe(original))
     assert "__edgedeploy_rq(" in rewritten and "nearbyintf" not in rewritten
@@ -138,14 +139,14 @@ def test_a_word_of_byte_lanes_becomes_one_simd_max_or_min() -> None:
     assert byte_simd(three) == three and byte_simd(mixed) == mixed
 
 
+@pytest.mark.compile
 def test_int8_nhwc_max_pooling_takes_words_of_bytes() -> None:
     """The whole path: ResNet-18's INT8 max pooling (NHWC, 64 channels), scheduled and compiled to CUDA source,
     takes each tap's 16 bytes as 4 __vmaxs4 and no byte-by-byte max is left."""
-    pytest.importorskip("tvm")
-    from tests.host.test_cuda_injective import _cuda_source
-    from tests.host.test_cuda_window import _pool_model
+    from tests.host.cuda import cuda_source
+    from tests.host.models import pool_model
 
-    kernel = _cuda_source(_pool_model((8, 112, 112, 64), "NHWC")).split("__global__")[-1]
+    kernel = cuda_source(pool_model((8, 112, 112, 64), "NHWC")).split("__global__")[-1]
     assert kernel.count("__vmaxs4(") == 4 and "reinterpret_cast<signed char*>" not in kernel, kernel
 
 

@@ -9,13 +9,13 @@ import re
 
 import numpy as np
 import pytest
+import tvm
+from tvm import relax
 
-tvm = pytest.importorskip("tvm")
-from tvm import relax  # noqa: E402
-
-from edgedeploy.compile.cuda_tensorcore import legalize_passes  # noqa: E402
-from edgedeploy.compile.cuda_tiles import MIN_BLOCKS, SPLIT_BLOCKS, choose_split, choose_tiles  # noqa: E402
-from tests.host.test_cuda_window import TARGET  # noqa: E402
+from edgedeploy.compile.cuda_tensorcore import legalize_passes
+from edgedeploy.compile.cuda_tiles import MIN_BLOCKS, SPLIT_BLOCKS, choose_split, choose_tiles
+from tests.host.cuda import TARGET
+from tests.host.models import int8_conv_model
 
 
 @pytest.mark.parametrize(
@@ -35,44 +35,11 @@ def test_grid_fills_the_gpu_or_tiles_are_smallest(m: int, n: int, k: int) -> Non
         assert t.m == 128 and t.n >= 64
 
 
-def _int8_conv_model(
-    batch: int, channels: int, size: int, scales: tuple[float, float] = (1e-3, 0.5), pad: int = 0
-) -> object:
-    """3x3 int8 convolution (NHWC/OHWI, int32 accumulation) whose epilogue requantizes and adds a residual
-    (dequantized from another input), as int8_rewrite emits for a ResNet block; `scales`: the requantize's
-    and the residual's, scalars as a per-tensor calibration gives them. `pad` 1: the convolution pads its
-    input (as the model's do) instead of taking it padded."""
-    rng = np.random.default_rng(0)
-    bb = relax.BlockBuilder()
-    x = relax.Var("x", relax.TensorType((batch, size + 2 - 2 * pad, size + 2 - 2 * pad, channels), "int8"))
-    r = relax.Var("r", relax.TensorType((batch, size, size, channels), "int8"))
-    w = rng.integers(-127, 128, (channels, 3, 3, channels)).astype("int8")
-    with bb.function("main", [x, r]):
-        with bb.dataflow():
-            acc = bb.emit(
-                relax.op.nn.conv2d(
-                    x,
-                    relax.const(w),
-                    padding=pad,
-                    data_layout="NHWC",
-                    kernel_layout="OHWI",
-                    out_layout="NHWC",
-                    out_dtype="int32",
-                )
-            )
-            f = relax.op.multiply(relax.op.astype(acc, "float32"), relax.const(np.float32(scales[0])))
-            res = relax.op.dequantize(r, relax.const(np.float32(scales[1])), relax.const(3, "int8"), axis=3)
-            y = bb.emit(relax.op.astype(relax.op.clip(relax.op.round(relax.op.add(f, res)), -128, 127), "int8"))
-            out = bb.emit_output(y)
-        bb.emit_func_output(out)
-    return bb.get()
-
-
 def _int8_conv(batch: int, channels: int, size: int) -> object:
-    """`_int8_conv_model`, legalized, fused and scheduled as CUDA builds do."""
+    """`int8_conv_model`, legalized, fused and scheduled as CUDA builds do."""
     target = tvm.target.Target(TARGET)
     with target:
-        return tvm.transform.Sequential(legalize_passes(target))(_int8_conv_model(batch, channels, size))
+        return tvm.transform.Sequential(legalize_passes(target))(int8_conv_model(batch, channels, size))
 
 
 def _kernel_script(mod: object, name: str) -> str:
@@ -131,6 +98,7 @@ def test_int8_operands_load_16_bytes_per_thread_where_the_gemm_needs_no_padding(
     assert lanes(padded) == [4, 4]
 
 
+@pytest.mark.compile
 def test_epilogue_stores_are_coalesced_and_the_accumulator_stage_is_padded() -> None:
     """What ncu showed on the H200 in every INT8 GEMM kernel of ResNet-18: 8-way bank conflicts where the
     fragments are stored to the shared-memory accumulator stage (its 64-word rows all began in bank 0), and
@@ -142,12 +110,12 @@ def test_epilogue_stores_are_coalesced_and_the_accumulator_stage_is_padded() -> 
     4-lane vectors."""
     from edgedeploy.compile.cuda_tensorcore import TensorCoreGemm
     from edgedeploy.compile.cuda_tiles import Knobs
-    from tests.host.test_cuda_injective import _cuda_source
+    from tests.host.cuda import cuda_source
 
     # (one element per thread and step: Knobs.round_lanes = 1; the default's vectors are the next test's; a loop
     # of steps, not unrolled, so that its one store is read below: the unrolled epilogue is test_epilogue_unrolled)
     knobs = Knobs(round_lanes=1, unroll_epilogue=0)
-    src = _cuda_source(_int8_conv_model(64, 64, 8), TensorCoreGemm(knobs)).split("__global__")[-1]
+    src = cuda_source(int8_conv_model(64, 64, 8), TensorCoreGemm(knobs)).split("__global__")[-1]
     strides = [int(n) for n in re.findall(r"store_matrix_sync\(.*, (\d+), nvcuda::wmma::mem_row_major\)", src)]
     assert strides and all(s % 32 for s in strides), strides
     [store] = [line for line in src.splitlines() if re.match(r"\s*compute\w*_ptr\[", line)]
@@ -161,10 +129,11 @@ def test_epilogue_stores_are_coalesced_and_the_accumulator_stage_is_padded() -> 
         with bb.dataflow():
             out = bb.emit_output(bb.emit(relax.op.nn.relu(relax.op.matmul(x, relax.const(w)))))
         bb.emit_func_output(out)
-    fp16 = _cuda_source(bb.get()).split("__global__")[-1]
+    fp16 = cuda_source(bb.get()).split("__global__")[-1]
     assert "store_matrix_sync" in fp16 and re.search(r"\*\(half4\*\)\(\w*compute\w*_ptr", fp16), fp16[-2500:]
 
 
+@pytest.mark.compile
 @pytest.mark.parametrize("mma", [0, 1])
 def test_rounding_epilogue_with_round_lanes_moves_vectors(mma: int) -> None:
     """Knobs.round_lanes = 4: each thread of a requantizing epilogue takes 4 consecutive outputs, reads their
@@ -173,11 +142,11 @@ def test_rounding_epilogue_with_round_lanes_moves_vectors(mma: int) -> None:
     stores (WMMA and mma accumulators alike)."""
     from edgedeploy.compile.cuda_tensorcore import TensorCoreGemm
     from edgedeploy.compile.cuda_tiles import Knobs
-    from tests.host.test_cuda_injective import _cuda_source
+    from tests.host.cuda import cuda_source
 
     def epilogue(lanes: int) -> str:
         knobs = Knobs(round_lanes=lanes, int8_mma=mma, unroll_epilogue=0)
-        src = _cuda_source(_int8_conv_model(64, 64, 8), TensorCoreGemm(knobs))
+        src = cuda_source(int8_conv_model(64, 64, 8), TensorCoreGemm(knobs))
         return src.split("__global__")[-1].split("__syncthreads();")[-1]
 
     assert Knobs().round_lanes == 4  # the default since run21 (1.05x on ResNet-18 INT8 batch 64, bit-identical)
@@ -191,16 +160,17 @@ def test_rounding_epilogue_with_round_lanes_moves_vectors(mma: int) -> None:
     assert four.count("__edgedeploy_rq(") == 4  # rounded one by one, unrolled (on the FP32 pipe: cuda_source)
 
 
+@pytest.mark.compile
 def test_epilogue_steps_are_unrolled() -> None:
     """Knobs.unroll_epilogue (1 since run24): a warp's epilogue steps are unrolled, so that nvcc can issue
     every step's residual load before the first store (in the loop, each step waited for its own global load;
     seen in the SASS of ResNet-18's residual convolutions); 0 keeps the loop."""
     from edgedeploy.compile.cuda_tensorcore import TensorCoreGemm
     from edgedeploy.compile.cuda_tiles import Knobs
-    from tests.host.test_cuda_injective import _cuda_source
+    from tests.host.cuda import cuda_source
 
     def epilogue(unroll: int) -> str:
-        src = _cuda_source(_int8_conv_model(64, 64, 8), TensorCoreGemm(Knobs(unroll_epilogue=unroll)))
+        src = cuda_source(int8_conv_model(64, 64, 8), TensorCoreGemm(Knobs(unroll_epilogue=unroll)))
         return src.split("__global__")[-1].split("__syncthreads();")[-1]
 
     assert Knobs().unroll_epilogue == 1
@@ -266,7 +236,7 @@ def test_sm90_pipelines_copy_with_cp_async_only_from_contiguous_memory() -> None
     convolutions). A K x N weight keeps the register path, which loads it element by element: TVM 0.27 made
     one 8-byte cp.async of the wrong bytes of it (the H200 said misaligned address in ResNet-18's FP16
     classifier). sm_75 never has cp.async; the default has none either."""
-    conv = _int8_conv_model(64, 64, 8)
+    conv = int8_conv_model(64, 64, 8)
     default, fit = _scheduled_on(SM90, conv, "conv2d", 0)
     assert fit and "software_pipeline_async_stages" not in default
     asynchronous, _ = _scheduled_on(SM90, conv, "conv2d", 3)
@@ -318,7 +288,7 @@ def test_shared_memory_estimate_is_what_tvm_allocates(size: int, tiles: str) -> 
 
     config = GemmConfig.parse(tiles)
     target = tvm.target.Target(SM90)
-    model = _int8_conv_model(64, 64, size)
+    model = int8_conv_model(64, 64, size)
     with target:
         fused = tvm.transform.Sequential(legalize_passes(target)[:-1])(model)
         [(name, func)] = [(gv.name_hint, f) for gv, f in fused.functions.items() if "conv2d" in gv.name_hint]

@@ -4,24 +4,14 @@ thread block per output (dlight's reduction rules did that: 12.97 ms of ResNet-1
 from __future__ import annotations
 
 import re
-from typing import Any
 
 import pytest
+import tvm
+from tvm import relax
 
-tvm = pytest.importorskip("tvm")
-from tvm import relax  # noqa: E402
-
-from edgedeploy.compile.cuda_tensorcore import legalize_passes  # noqa: E402
-
-TARGET = {
-    "kind": "cuda",
-    "arch": "sm_75",
-    "max_threads_per_block": 1024,
-    "max_num_threads": 1024,
-    "max_shared_memory_per_block": 49152,
-    "thread_warp_size": 32,
-    "registers_per_block": 65536,
-}
+from edgedeploy.compile.cuda_tensorcore import legalize_passes
+from tests.host.cuda import TARGET
+from tests.host.models import pool_model
 
 
 def _blocks(batch: int, classes: int) -> dict[str, tuple[list[int], list[int]]]:
@@ -62,22 +52,10 @@ def test_pooling_gets_a_thread_per_output_and_long_reductions_keep_dlight() -> N
     assert max(blocks["softmax"][0]) == 8, blocks
 
 
-def _pool_model(shape: tuple[int, ...], layout: str, dtype: str = "int8") -> Any:
-    """ResNet's 3x3 stride-2 max pooling as a Relax module (also test_cuda_source's)."""
-    bb = relax.BlockBuilder()
-    x = relax.Var("x", relax.TensorType(shape, dtype))
-    with bb.function("main", [x]):
-        with bb.dataflow():
-            pooled = relax.op.nn.max_pool2d(x, pool_size=(3, 3), strides=(2, 2), padding=(1, 1, 1, 1), layout=layout)
-            out = bb.emit_output(bb.emit(pooled))
-        bb.emit_func_output(out)
-    return bb.get()
-
-
 def _pool_script(shape: tuple[int, ...], layout: str, dtype: str = "int8") -> str:
     target = tvm.target.Target(TARGET)
     with target:
-        mod = tvm.transform.Sequential(legalize_passes(target))(_pool_model(shape, layout, dtype))
+        mod = tvm.transform.Sequential(legalize_passes(target))(pool_model(shape, layout, dtype))
     return "\n".join(f.script() for f in mod.functions.values() if isinstance(f, tvm.tirx.PrimFunc))
 
 
@@ -97,6 +75,7 @@ def test_nhwc_pooling_takes_16_bytes_of_channels_per_thread_with_the_max_in_regi
     assert "T.vectorized" not in nchw and 'scope="local"' not in nchw
 
 
+@pytest.mark.compile
 @pytest.mark.parametrize("knob", [0, 1])
 def test_a_depthwise_convolution_and_its_epilogue_are_one_kernel_with_the_knob(knob: int) -> None:
     """Knobs.window_epilogue: the window sum stays in a register and the requantize runs on it (1), or
@@ -105,16 +84,16 @@ def test_a_depthwise_convolution_and_its_epilogue_are_one_kernel_with_the_knob(k
     from edgedeploy.compile.cuda_tensorcore import TensorCoreGemm
     from edgedeploy.compile.cuda_tiles import Knobs
     from edgedeploy.compile.kernel_bounds import check_module
-    from tests.host.test_cuda_conv_pad import _pointwise_then_depthwise
-    from tests.host.test_cuda_injective import _cuda_source
+    from tests.host.cuda import cuda_source
+    from tests.host.models import pointwise_then_depthwise
 
     target = tvm.target.Target(TARGET)
     rule = TensorCoreGemm(Knobs(window_epilogue=knob))
     with target:
-        mod = tvm.transform.Sequential(legalize_passes(target, rule))(_pointwise_then_depthwise(8))
+        mod = tvm.transform.Sequential(legalize_passes(target, rule))(pointwise_then_depthwise(8))
     [depthwise] = [f.script() for f in mod.functions.values() if "group_conv2d" in str(f.script())]
     assert depthwise.count('thread="blockIdx.x"') == (1 if knob else 2)
     assert ('"int32", scope="local"' in depthwise) == bool(knob)  # the window sum in a register
     assert check_module(mod, target)[1] == []
-    src = _cuda_source(_pointwise_then_depthwise(8), TensorCoreGemm(Knobs(window_epilogue=knob)))
+    src = cuda_source(pointwise_then_depthwise(8), TensorCoreGemm(Knobs(window_epilogue=knob)))
     assert src.count('extern "C" __global__') == (2 if knob else 3) * 2  # declaration + definition each

@@ -5,32 +5,40 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from edgedeploy.compile.tflite_integer import multiply_by_quantized_multiplier, quantize_multiplier
-from tests.helpers import Cli, assert_one_line_error
+from tests.helpers import Cli, assert_one_line_error, require
 
 QAT = "mobilenet_v1_0.25_224_quant.tflite"
-needs_tflite = pytest.mark.skipif(importlib.util.find_spec("tflite") is None, reason="tflite is not installed")
-needs_litert = pytest.mark.skipif(
-    importlib.util.find_spec("ai_edge_litert") is None,
-    reason="ai-edge-litert (the TFLite interpreter) is not installed: pip install 'edgedeploy[litert]'",
-)
-needs_torch = pytest.mark.skipif(
-    importlib.util.find_spec("torch") is None, reason="torch is not installed: pip install 'edgedeploy[torch]'"
-)
 
 
-def test_reference_runtimes_are_installed_where_required() -> None:
-    """CI (.ci/run) sets EDGEDEPLOY_REQUIRE_FRONTENDS=1: the tests below must run there, not skip."""
-    if os.environ.get("EDGEDEPLOY_REQUIRE_FRONTENDS") != "1":
-        pytest.skip("EDGEDEPLOY_REQUIRE_FRONTENDS is not set")
-    missing = [m for m in ("tflite", "ai_edge_litert", "torch") if importlib.util.find_spec(m) is None]
-    assert not missing, f"not installed: {', '.join(missing)} (make test installs them with .[dev])"
+def _frontend(module: str, what: str) -> None:
+    """A frontend or reference runtime; CI (.ci/run) sets EDGEDEPLOY_REQUIRE_FRONTENDS=1 (make's .[dev] has them)."""
+    require("FRONTENDS", None if importlib.util.find_spec(module) else f"{what} is not installed")
+
+
+@pytest.fixture
+def tflite_installed() -> None:
+    _frontend("tflite", "tflite (TVM's TFLite frontend reads its schema)")
+
+
+@pytest.fixture
+def litert_installed() -> None:
+    _frontend("ai_edge_litert", "ai-edge-litert (the TFLite interpreter): pip install 'edgedeploy[litert]'")
+
+
+@pytest.fixture
+def torch_installed() -> None:
+    _frontend("torch", "torch: pip install 'edgedeploy[torch]'")
+
+
+needs_tflite = pytest.mark.usefixtures("tflite_installed")
+needs_litert = pytest.mark.usefixtures("litert_installed")
+needs_torch = pytest.mark.usefixtures("torch_installed")
 
 
 def test_quantize_multiplier_matches_tflite() -> None:
@@ -71,6 +79,7 @@ def _relax_requantize(x: np.ndarray, m: float) -> np.ndarray:
     return np.asarray(vm["main"](tvm.runtime.tensor(x)).numpy())
 
 
+@pytest.mark.compile
 @pytest.mark.parametrize("m", [0.25, 0.0037, 1.7])
 def test_relax_requantize_equals_the_int64_reference(m: float) -> None:
     x = np.random.default_rng(1).integers(-(1 << 20), 1 << 20, (4, 257)).astype(np.int32)
@@ -82,14 +91,26 @@ def test_relax_requantize_equals_the_int64_reference(m: float) -> None:
 
 
 @pytest.fixture(scope="module")
-def qat_bundle(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.mktemp("qat") / "q.edb"
-
-
-@needs_tflite
-def test_qat_tflite_builds_in_integer_arithmetic(data_dir: Path, qat_bundle: Path, cli: Cli) -> None:
-    r = cli("build", str(data_dir / "models" / QAT), "-p", "cpu-x86_64", "-o", str(qat_bundle), "--json", timeout=900)
+def qat_bundle(data_dir: Path, tmp_path_factory: pytest.TempPathFactory, build_cache: Path) -> Path:
+    """`edgedeploy build` of the QAT model, once for the module's tests (the source model goes to the session's
+    build store, where `eval` finds it)."""
+    _frontend("tflite", "tflite (TVM's TFLite frontend reads its schema)")
+    out = tmp_path_factory.mktemp("qat") / "q.edb"
+    home = tmp_path_factory.mktemp("qat-host")
+    with pytest.MonkeyPatch.context() as mp:  # what `hermetic` does, for a module-scoped fixture
+        mp.setenv("EDGEDEPLOY_CONFIG_DIR", str(home / "config"))
+        mp.setenv("EDGEDEPLOY_STATE_DIR", str(home / "state"))
+        mp.setenv("EDGEDEPLOY_CACHE_DIR", str(build_cache))
+        mp.delenv("EDGEDEPLOY_INVENTORY", raising=False)
+        mp.delenv("EDGEDEPLOY_PROFILES", raising=False)
+        r = Cli()("build", str(data_dir / "models" / QAT), "-p", "cpu-x86_64", "-o", str(out), "--json", timeout=900)
     assert r.code == 0, r.err
+    return out
+
+
+@pytest.mark.compile
+@needs_tflite
+def test_qat_tflite_builds_in_integer_arithmetic(qat_bundle: Path, cli: Cli) -> None:
     r = cli("inspect", str(qat_bundle), "--json")
     m = json.loads(r.out)
     assert m["model"]["name"] == "mobilenet_v1_025_quant"  # the shipped card, found by the model's sha256
@@ -106,6 +127,7 @@ def test_qat_tflite_builds_in_integer_arithmetic(data_dir: Path, qat_bundle: Pat
     assert "tflite-integer" in m["provenance"]["options"]["pipeline"]
 
 
+@pytest.mark.compile
 @needs_tflite
 @needs_litert
 def test_qat_bundle_agrees_with_the_tflite_interpreter(data_dir: Path, qat_bundle: Path, cli: Cli) -> None:
@@ -113,8 +135,6 @@ def test_qat_bundle_agrees_with_the_tflite_interpreter(data_dir: Path, qat_bundl
     the same output bytes on nearly all (measured on all 500: 496 identical, the rest 1 step apart in the
     softmax, which TVM computes in float). Fake quant as the frontend emits it (no tflite-integer stage) gave
     93 of 100 top-1 agreement, 8 of 100 identical and differences of up to 16 steps."""
-    if not qat_bundle.is_file():
-        pytest.skip("the build test did not run")
     r = cli("eval", str(qat_bundle), "--data", str(data_dir / "imagenet-sample"), "--limit", "60", "--json")
     assert r.code == 0, r.err
     e = json.loads(r.out)
@@ -172,6 +192,7 @@ def test_bad_model_files_are_one_line(data_dir: Path, tmp_path: Path, cli: Cli) 
     assert_one_line_error(r, contains="needs an ONNX model")
 
 
+@pytest.mark.compile
 @needs_torch
 def test_pytorch_exported_program_builds_and_runs_like_pytorch(tmp_path: Path, cli: Cli) -> None:
     import torch

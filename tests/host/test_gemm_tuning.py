@@ -16,11 +16,10 @@ from typing import Any
 
 import numpy as np
 import pytest
+import tvm
 
-tvm = pytest.importorskip("tvm")
-
-from edgedeploy.compile.cuda_tiles import GemmConfig, default_config, neighbours  # noqa: E402
-from edgedeploy.compile.gemm_tuning import (  # noqa: E402
+from edgedeploy.compile.cuda_tiles import GemmConfig, default_config, neighbours
+from edgedeploy.compile.gemm_tuning import (
     TIMING,
     VERSION,
     GemmKernel,
@@ -31,13 +30,13 @@ from edgedeploy.compile.gemm_tuning import (  # noqa: E402
     time_in_model_state,
     tune,
 )
-from edgedeploy.errors import BuildError  # noqa: E402
-from tests.host.test_cuda_tiles import _int8_conv_model  # noqa: E402
-from tests.host.test_gpu_build import _toolchain_or_skip  # noqa: E402
+from edgedeploy.errors import BuildError
+from tests.host.cuda import dump_sass, require_toolchain
+from tests.host.models import int8_conv_model
 
 REPO = Path(__file__).resolve().parents[2]
 # the H200's search of ResNet-18 INT8 batch 64 in run16, timed back to back (before gemm_tuning.TIMING)
-CAPTURED = REPO / "bench/results/h200/run16-words-cp-async/tuning/resnet18.int8.bs64.async.gemm_configs.json"
+CAPTURED = REPO / "tests/fixtures/h200.resnet18.int8.bs64.gemm_configs.v1.json"  # tests/fixtures/README.md
 LAYER1_RESIDUAL = "9127d464f5600bdb"  # fused_dequantize_conv2d1_...: b1 m200704 n64 k576 int8
 TARGET = {"kind": "cuda", "arch": "sm_90", "host": {"kind": "llvm"}}
 
@@ -83,7 +82,7 @@ class CapturedH200:
 
 @pytest.fixture(scope="module")
 def layer1() -> Any:
-    _toolchain_or_skip("h200")
+    require_toolchain("h200")
     from edgedeploy.compile.cuda_toolchain import resolve_toolchain
     from edgedeploy.compile.tuning import tuning_module
     from edgedeploy.profiles import get_profile
@@ -93,10 +92,12 @@ def layer1() -> Any:
         for k, v in env.items():
             mp.setenv(k, v)  # the builder processes inherit it: nvcc, a stub libcuda
         with tvm.target.Target(TARGET):
-            mod = tuning_module(_int8_conv_model(batch=64, channels=64, size=56))
+            mod = tuning_module(int8_conv_model(batch=64, channels=64, size=56))
         yield mod
 
 
+@pytest.mark.compile
+@pytest.mark.cuda
 def test_search_resumes_keeps_only_correct_faster_configurations(layer1: Any, tmp_path: Path) -> None:
     [kernel] = gemm_kernels(layer1, tvm.target.Target(TARGET))
     assert (kernel.shape, kernel.default.text) == ("b1 m200704 n64 k576 int8", "128x64w-k64-v16-s1")
@@ -141,6 +142,8 @@ def test_search_resumes_keeps_only_correct_faster_configurations(layer1: Any, tm
     assert merge_into(stale_file, db) == 1 and load_configs(db) == load_configs(older)  # the stale one loses
 
 
+@pytest.mark.compile
+@pytest.mark.cuda
 def test_a_stored_configuration_the_schedule_now_refuses_is_recorded_not_fatal(layer1: Any, tmp_path: Path) -> None:
     """A database can hold a time for a configuration that today's schedule refuses (the H200's FP16 ResNet-18
     classifier had split-K over a padded N timed before `split_ok` existed; run23's search then died building
@@ -163,6 +166,8 @@ def test_a_stored_configuration_the_schedule_now_refuses_is_recorded_not_fatal(l
     assert entry["best"] is None and stats["kept"] == 0 and load_configs(db) == {}
 
 
+@pytest.mark.compile
+@pytest.mark.cuda
 def test_a_database_timed_otherwise_is_searched_again_fastest_first(layer1: Any, tmp_path: Path) -> None:
     """A database whose times were taken with a warm L2 (before TIMING; run16's, as committed then) is
     searched again: the default first (the reference), then its candidates in the order of their old times,
@@ -188,6 +193,8 @@ def test_a_database_timed_otherwise_is_searched_again_fastest_first(layer1: Any,
     assert {k: v.get("best") for k, v in doc["kernels"].items() if k != kernel.key} == others
 
 
+@pytest.mark.compile
+@pytest.mark.cuda
 def test_a_round_around_the_fastest_follows_the_neighbours(layer1: Any, tmp_path: Path) -> None:
     """Once the default's neighbours are timed, the search tries the single changes of the fastest of them
     (cuda_tiles.refinements) that it has not tried: here the H200's fastest, the 2x2-warp tile, with another
@@ -240,6 +247,8 @@ def _first_kernel(source: str) -> str:
     return bodies[0]
 
 
+@pytest.mark.compile
+@pytest.mark.cuda
 def test_around_layer4s_fastest_split_k_with_mma_and_deeper_pipelines() -> None:
     """ResNet-18 layer4 at batch 64 (M 3136, N 512, K 4608): the search's fastest was 64x64 tiles with
     cp.async and mma (run25: 0.055 ms, the default 0.074), whose K splits only the round around the fastest
@@ -247,7 +256,7 @@ def test_around_layer4s_fastest_split_k_with_mma_and_deeper_pipelines() -> None:
     transform_layout failed on the 4-D buffer). A split in 3 (kernel rows of 3 x 512 channels) gathers the
     activations as 16-byte vectors; in 2 (2304 = 4.5 rows) TVM 0.27 gathers them byte by byte. The round
     also tries deeper cp.async pipelines where they fit."""
-    _toolchain_or_skip("h200")
+    require_toolchain("h200")
     from edgedeploy.compile.cuda_toolchain import resolve_toolchain
     from edgedeploy.compile.tuning import tuning_module
     from edgedeploy.profiles import get_profile
@@ -256,7 +265,7 @@ def test_around_layer4s_fastest_split_k_with_mma_and_deeper_pipelines() -> None:
         for k, v in resolve_toolchain(get_profile("h200")).env.items():
             mp.setenv(k, v)
         with tvm.target.Target(TARGET):
-            mod = tuning_module(_int8_conv_model(batch=64, channels=512, size=7, pad=1))
+            mod = tuning_module(int8_conv_model(batch=64, channels=512, size=7, pad=1))
         [kernel] = gemm_kernels(mod, tvm.target.Target(TARGET))
         assert kernel.shape == "b1 m3136 n512 k4608 int8" and kernel.gemm.mma and kernel.gemm.cp_async
         fastest = GemmConfig.parse("64x64-k64-v16-s1-a3-m")
@@ -283,6 +292,7 @@ def test_around_layer4s_fastest_split_k_with_mma_and_deeper_pipelines() -> None:
     assert gathers[3] > 0 and gathers[2] == 0, gathers
 
 
+@pytest.mark.cuda
 def test_kernels_know_which_arguments_the_model_computes(layer1: Any) -> None:
     """The arguments the model passes computed tensors to (the activations, the residual) are the ones
     L2State reads into the cache before a timed call; the weights are constants and stay in DRAM."""
@@ -290,6 +300,7 @@ def test_kernels_know_which_arguments_the_model_computes(layer1: Any) -> None:
     assert [kernel.func.params[i].name for i in kernel.warm] == ["x", "r"]
 
 
+@pytest.mark.compile
 def test_l2_state_sets_the_cache_before_every_timed_call(tmp_path: Path) -> None:
     """TVM's time evaluator calls L2State (its f_preproc) before each of the single timed calls, and it
     reads the warm arguments in: here on the CPU, the same runtime calls as on the GPU."""
@@ -309,6 +320,7 @@ def test_l2_state_sets_the_cache_before_every_timed_call(tmp_path: Path) -> None
     np.testing.assert_array_equal(args[1].numpy(), np.arange(1024, dtype="float32") + 1)
 
 
+@pytest.mark.cuda
 def test_the_build_applies_a_tuned_configuration(layer1: Any) -> None:
     """The rule finds a configuration by the kernel's key and schedules with it: here the 2x2 warp tile
     (8 warps of 2x2 fragments on a 128x64 tile) instead of the default's 2 warps of 4x4."""
@@ -319,7 +331,7 @@ def test_the_build_applies_a_tuned_configuration(layer1: Any) -> None:
 
     def threads(rule: TensorCoreGemm) -> set[int]:
         with target:
-            mod = tvm.transform.Sequential(legalize_passes(target, rule))(_int8_conv_model(64, 64, 56))
+            mod = tvm.transform.Sequential(legalize_passes(target, rule))(int8_conv_model(64, 64, 56))
         script = "\n".join(f.script() for f in mod.functions.values() if isinstance(f, tvm.tirx.PrimFunc))
         return {int(n) for n in re.findall(r'T.thread_binding\((?:T.int64\()?(\d+)\)?, thread="threadIdx.y"', script)}
 
@@ -371,38 +383,23 @@ def test_kernel_keys_leave_scalar_constants_out() -> None:
                     mod[f"{gv.name_hint}_{i}"] = f
         return gemm_kernels(mod, target)
 
-    [a] = kernels(_int8_conv_model(1, 64, 14, scales=(1e-3, 0.5)))
-    [b] = kernels(_int8_conv_model(1, 64, 14, scales=(7.3e-4, 0.031)))
-    [c] = kernels(_int8_conv_model(1, 32, 14))
+    [a] = kernels(int8_conv_model(1, 64, 14, scales=(1e-3, 0.5)))
+    [b] = kernels(int8_conv_model(1, 64, 14, scales=(7.3e-4, 0.031)))
+    [c] = kernels(int8_conv_model(1, 32, 14))
     assert a.key == b.key != c.key
     assert not tvm_ffi.structural_equal(a.func, b.func)  # the constants differ, and TVM's own hash sees them
-    [both] = kernels(_int8_conv_model(1, 64, 14, scales=(1e-3, 0.5)), _int8_conv_model(1, 64, 14, scales=(2e-3, 0.1)))
+    [both] = kernels(int8_conv_model(1, 64, 14, scales=(1e-3, 0.5)), int8_conv_model(1, 64, 14, scales=(2e-3, 0.1)))
     assert both.key == a.key and both.calls == 2
 
 
 def _sass_ops(library: Path, tmp_path: Path) -> dict[str, int]:
     """Instruction counts of a built library's device code (cuobjdump, as test_gpu_build reads it)."""
-    import os
-    import subprocess
-
-    from edgedeploy.compile.devcode import device_blobs
-    from tests.host.test_gpu_build import _cuobjdump
-
-    cuobjdump = _cuobjdump()
-    if cuobjdump is None or not (Path(cuobjdump).parent / "nvdisasm").exists():
-        pytest.skip("cuobjdump/nvdisasm not installed (pip install nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm)")
-    (Path(cuobjdump).parent / "nvdisasm").chmod(0o755)
-    [(kind, blob)] = device_blobs(library.read_bytes())
-    (tmp_path / f"dev.{kind}").write_bytes(blob)
-    sass = subprocess.run(
-        [cuobjdump, "--dump-sass", str(tmp_path / f"dev.{kind}")],
-        capture_output=True,
-        text=True,
-        env={**os.environ, "NVDISASM_PATH": str(Path(cuobjdump).parent)},
-    ).stdout
+    sass = dump_sass(library, tmp_path, 90)
     return {op: len(re.findall(rf"\b{op}\b", sass)) for op in ("IMMA", "LDGSTS", "LDSM", "LDG", "STS")}
 
 
+@pytest.mark.compile
+@pytest.mark.cuda
 def test_sm90_copies_operands_with_cp_async_where_configured(layer1: Any, tmp_path: Path) -> None:
     """On sm_80+ a configuration with async_stages copies the operands with cp.async (SASS LDGSTS) into 3
     shared-memory stages instead of loading them into registers and storing them to shared memory; the

@@ -13,6 +13,7 @@ from edgedeploy.compile.elf_versions import glibc_newer_than, version_needs
 from edgedeploy.compile.tvm_backend import check_glibc
 from edgedeploy.errors import BuildError
 from edgedeploy.profiles import get_profile
+from tests.helpers import require
 
 CROSS_GCC = "aarch64-linux-gnu-gcc"
 OBJDUMP = "aarch64-linux-gnu-objdump"
@@ -25,8 +26,8 @@ OLD_SYMBOLS = "#include <string.h>\nvoid copy(char *d, const char *s, size_t n) 
 
 
 def cross_library(tmp_path: Path, name: str, source: str) -> Path:
-    if shutil.which(CROSS_GCC) is None:
-        pytest.skip(f"{CROSS_GCC} not installed (containers/install-build-deps.sh installs it)")
+    missing = f"{CROSS_GCC} not installed (containers/install-build-deps.sh installs it)"
+    require("CROSS_TOOLCHAIN", missing if shutil.which(CROSS_GCC) is None else None)
     c, so = tmp_path / f"{name}.c", tmp_path / f"{name}.so"
     c.write_text(source)
     subprocess.run([CROSS_GCC, "-shared", "-fPIC", "-O1", "-o", str(so), str(c)], check=True)

@@ -3,12 +3,9 @@ the device's CPU, checked by our parser and independently by cuobjdump and reade
 
 from __future__ import annotations
 
-import importlib.util
-import os
 import shutil
 import subprocess
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pytest
@@ -22,32 +19,16 @@ from edgedeploy.compile.pipeline import BuildContext, run_pipeline
 from edgedeploy.errors import BuildError
 from edgedeploy.profiles import get_profile
 from edgedeploy_agent.bundle import Preprocess, extract_bundle
-
-GPU_PROFILES = {"t4": (75, "x86_64", "nvrtc"), "h200": (90, "x86_64", "nvcc"), "xavier-agx": (72, "aarch64", "nvrtc")}
-
-
-def _toolchain_or_skip(profile: str) -> None:
-    try:
-        resolve_toolchain(get_profile(profile))
-    except BuildError as e:
-        if os.environ.get("EDGEDEPLOY_REQUIRE_GPU_TOOLCHAIN") == "1":
-            pytest.fail(f"CUDA toolchain for {profile} required here but missing: {e.message}")
-        pytest.skip(f"no CUDA toolchain for {profile} here: {e.message}")
+from tests.helpers import require
+from tests.host.cuda import GPU_PROFILES, dump_sass, require_cuobjdump, require_toolchain
+from tests.host.models import convnet, float_and_int8_modules, run_on_cpu
 
 
-def _cuobjdump() -> str | None:
-    spec = importlib.util.find_spec("nvidia")
-    for root in spec.submodule_search_locations if spec and spec.submodule_search_locations else []:
-        exe = Path(root) / "cu13" / "bin" / "cuobjdump"
-        if exe.is_file():
-            exe.chmod(0o755)
-            return str(exe)
-    return shutil.which("cuobjdump")
-
-
+@pytest.mark.compile
+@pytest.mark.cuda
 @pytest.mark.parametrize("profile", sorted(GPU_PROFILES))
 def test_gpu_bundle_has_device_code_for_its_sm(profile: str, data_dir: Path, tmp_path: Path) -> None:
-    _toolchain_or_skip(profile)
+    require_toolchain(profile)
     sm, arch, codegen = GPU_PROFILES[profile]
     card = ModelCard(name="mnist", preprocess=Preprocess(color="gray"))
     res = build(data_dir / "models" / "mnist-8_opset13.onnx", profile, tmp_path / "b.edb", card)
@@ -74,20 +55,17 @@ def test_gpu_bundle_has_device_code_for_its_sm(profile: str, data_dir: Path, tmp
             elf = subprocess.run(["readelf", "-h", "-l", str(f)], capture_output=True, text=True)
             assert "NVIDIA CUDA architecture" in elf.stdout and "Error" not in elf.stderr, elf.stderr
             continue
-        cuobjdump = _cuobjdump()
-        if cuobjdump is None:
-            pytest.skip("cuobjdump not installed (pip install nvidia-cuda-cuobjdump)")
+        cuobjdump = require_cuobjdump(sm, nvdisasm=False)
         listing = subprocess.run([cuobjdump, "--list-elf", str(f)], capture_output=True, text=True).stdout
         assert f"sm_{sm}" in listing, listing
 
 
+@pytest.mark.compile
+@pytest.mark.cuda
 def test_int8_on_gpu_computes_with_dp4a(data_dir: Path, tmp_path: Path) -> None:
     """The QDQ -> integer rewrite on the CUDA pipeline: nvcc emits dp4a (IDP.4A) for the int8 MACs."""
-    _toolchain_or_skip("t4")
-    cuobjdump = _cuobjdump()
-    if cuobjdump is None or not (Path(cuobjdump).parent / "nvdisasm").exists():
-        pytest.skip("cuobjdump/nvdisasm not installed (pip install nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm)")
-    (Path(cuobjdump).parent / "nvdisasm").chmod(0o755)
+    require_toolchain("t4")
+    require_cuobjdump()
     from edgedeploy.compile.int8_build import Int8Config
     from edgedeploy.compile.quantize import QuantizeOptions
 
@@ -98,20 +76,15 @@ def test_int8_on_gpu_computes_with_dp4a(data_dir: Path, tmp_path: Path) -> None:
     assert any(h.role == "qdq-onnx" for h in res.manifest.host_files)
     rel = tmp_path / "rel"
     extract_bundle(res.bundle, rel)
-    [(kind, blob)] = device_blobs((rel / "model.so").read_bytes())
-    (tmp_path / f"dev.{kind}").write_bytes(blob)
-    sass = subprocess.run(
-        [cuobjdump, "--dump-sass", str(tmp_path / f"dev.{kind}")],
-        capture_output=True,
-        text=True,
-        env={**os.environ, "NVDISASM_PATH": str(Path(cuobjdump).parent)},
-    ).stdout
+    sass = dump_sass(rel / "model.so", tmp_path)
     assert sass.count("IDP.4A.S8.S8") > 0, sass[:2000]
 
 
+@pytest.mark.compile
+@pytest.mark.cuda
 def test_int8_on_gpu_names_the_layers_left_in_float(data_dir: Path, tmp_path: Path) -> None:
     """The CUDA worker reports what the int8 rewrite left in float, as the CPU pipeline does."""
-    _toolchain_or_skip("t4")
+    require_toolchain("t4")
     from edgedeploy.compile.int8_build import Int8Config
     from edgedeploy.compile.quantize import QuantizeOptions
 
@@ -121,6 +94,7 @@ def test_int8_on_gpu_names_the_layers_left_in_float(data_dir: Path, tmp_path: Pa
     assert res.manifest.quantization.float_in_runtime == ["Times212: operands are not dequantized (kept in float)"]
 
 
+@pytest.mark.compile
 def test_cuda_source_instead_of_binary_fails_loudly(data_dir: Path, tmp_path: Path) -> None:
     """TVM's pitfall reproduced: compiled in a process without the CUDA toolchain environment (no
     libcuda), the library holds CUDA source; the check-library stage must refuse it."""
@@ -131,132 +105,34 @@ def test_cuda_source_instead_of_binary_fails_loudly(data_dir: Path, tmp_path: Pa
         run_pipeline(ctx)
 
 
+@pytest.mark.cuda
 def test_toolchain_refuses_what_it_cannot_target() -> None:
     profile = get_profile("xavier-agx")
     nvcc_for_xavier = profile.model_copy(
         update={"compiler": profile.compiler.model_copy(update={"cuda_codegen": "nvcc"})}
     )
-    if shutil.which("nvcc") is None:
-        pytest.skip("nvcc not installed")
+    require("GPU_TOOLCHAIN", "nvcc not installed" if shutil.which("nvcc") is None else None)
     with pytest.raises(BuildError, match="cannot target sm_72") as e:
         resolve_toolchain(nvcc_for_xavier)
     assert "nvrtc-11" in (e.value.hint or "")
-
-
-def _convnet(path: Path, width: int = 32, downsample: bool = False) -> Path:
-    """A small ResNet-like block in ONNX: 3x3 stem, 3x3 conv, 1x1 conv with a residual add, pooling and
-    a classifier; channel counts are multiples of 16, so every convolution fits the tensor cores. With
-    `downsample`, a basic block with a downsampling shortcut instead: two 3x3 convolutions (the first stride 2,
-    twice the channels) beside a 1x1 stride-2 shortcut, then the add and its ReLU."""
-    import onnx
-    from onnx import TensorProto, helper, numpy_helper
-
-    rng = np.random.default_rng(7)
-    inits, nodes = [], []
-
-    def conv(name: str, x: str, cin: int, cout: int, k: int, stride: int = 1, relu: bool = True) -> str:
-        w = (rng.standard_normal((cout, cin, k, k)) * (2.0 / (cin * k * k)) ** 0.5).astype(np.float32)
-        b = (rng.standard_normal(cout) * 0.1).astype(np.float32)
-        inits.extend([numpy_helper.from_array(w, f"{name}.w"), numpy_helper.from_array(b, f"{name}.b")])
-        ins = [x, f"{name}.w", f"{name}.b"]
-        attrs = {"pads": [k // 2] * 4} | ({"strides": [stride, stride]} if stride > 1 else {})
-        nodes.append(helper.make_node("Conv", ins, [f"{name}.y"], name=name, **attrs))
-        if not relu:
-            return f"{name}.y"
-        nodes.append(helper.make_node("Relu", [f"{name}.y"], [f"{name}.r"]))
-        return f"{name}.r"
-
-    h = conv("stem", "x", 3, width, 3)
-    if downsample:
-        main = conv("c2", conv("c1", h, width, 2 * width, 3, stride=2), 2 * width, 2 * width, 3, relu=False)
-        shortcut = conv("down", h, width, 2 * width, 1, stride=2, relu=False)
-        nodes.append(helper.make_node("Add", [main, shortcut], ["sum"]))
-        nodes.append(helper.make_node("Relu", ["sum"], ["res"]))
-        width *= 2
-    else:
-        h2 = conv("c1", h, width, width, 3)
-        h3 = conv("c2", h2, width, width, 1)
-        nodes.append(helper.make_node("Add", [h, h3], ["res"]))
-    nodes.append(helper.make_node("GlobalAveragePool", ["res"], ["gap"]))
-    nodes.append(helper.make_node("Flatten", ["gap"], ["flat"]))
-    inits.append(numpy_helper.from_array(rng.standard_normal((width, 10)).astype(np.float32), "fc.w"))
-    nodes.append(helper.make_node("MatMul", ["flat", "fc.w"], ["y"], name="fc"))
-    graph = helper.make_graph(
-        nodes,
-        "convnet",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3, 32, 32])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 10])],
-        inits,
-    )
-    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)]), path)
-    return path
-
-
-def float_and_int8_modules(model: Any, calib: np.ndarray) -> tuple[Any, Any, Any]:
-    """An ONNX model's float Relax module, and its QDQ model (calibrated on `calib`) rewritten to integer
-    ops, both for batch 1: (fp32 module, int8 module, int8_rewrite's report)."""
-    from tvm import relax
-    from tvm.relax.frontend.onnx import from_onnx
-
-    from edgedeploy.compile.int8_rewrite import rewrite_int8
-    from edgedeploy.compile.quantize import QuantizeOptions, quantizable_layers, quantize_qdq
-
-    qdq = quantize_qdq(model, calib, QuantizeOptions(samples=len(calib))).model
-    shape = {"x": [1, *calib.shape[1:]]}
-    fp32 = relax.transform.DecomposeOpsForInference()(from_onnx(model, shape, keep_params_in_input=False))
-    qdq_mod = relax.transform.DecomposeOpsForInference()(from_onnx(qdq, shape, keep_params_in_input=False))
-    int8, report = rewrite_int8(qdq_mod, quantizable_layers(qdq))
-    return fp32, int8, report
-
-
-def run_on_cpu(mod: Any, inputs: np.ndarray) -> np.ndarray:
-    """The module compiled for llvm, run on each input (batch 1), outputs concatenated."""
-    import tvm
-    from tvm import relax
-
-    vm = relax.VirtualMachine(tvm.compile(mod, target="llvm"), tvm.cpu())
-    return np.concatenate([vm["main"](tvm.runtime.tensor(x[None])).numpy() for x in inputs])
-
-
-def _cuobjdump_cuda12() -> str | None:
-    """CUDA 12.8's cuobjdump (with its nvdisasm), shipped inside the triton wheel: it still reads sm_72."""
-    spec = importlib.util.find_spec("triton")
-    for root in spec.submodule_search_locations if spec and spec.submodule_search_locations else []:
-        exe = Path(root) / "backends" / "nvidia" / "bin" / "cuobjdump"
-        if exe.is_file():
-            return str(exe)
-    return None
-
-
-def _sass(lib: Path, tmp_path: Path, sm: int = 75) -> str:
-    cuobjdump = _cuobjdump() if sm >= 75 else _cuobjdump_cuda12()
-    if cuobjdump is None or not (Path(cuobjdump).parent / "nvdisasm").exists():
-        tools = "nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm" if sm >= 75 else "triton==3.3.1 (CUDA 12.8 tools)"
-        if os.environ.get("EDGEDEPLOY_REQUIRE_GPU_TOOLCHAIN") == "1":
-            pytest.fail(f"cuobjdump/nvdisasm for sm_{sm} required here but not installed: pip install {tools}")
-        pytest.skip(f"cuobjdump/nvdisasm for sm_{sm} not installed (pip install {tools})")
-    (Path(cuobjdump).parent / "nvdisasm").chmod(0o755)
-    [(kind, blob)] = device_blobs(lib.read_bytes())
-    (tmp_path / f"dev.{kind}").write_bytes(blob)
-    env = {**os.environ, "NVDISASM_PATH": str(Path(cuobjdump).parent)}
-    cmd = [cuobjdump, "--dump-sass", str(tmp_path / f"dev.{kind}")]
-    return subprocess.run(cmd, capture_output=True, text=True, env=env).stdout
 
 
 def _opcodes(sass: str, op: str) -> int:
     return sum(1 for line in sass.splitlines() if f" {op}" in line)
 
 
+@pytest.mark.compile
+@pytest.mark.cuda
 @pytest.mark.parametrize("profile", ["t4", "xavier-agx"])
 @pytest.mark.parametrize("precision", ["fp16", "int8"])
 def test_convolutions_run_on_tensor_cores(precision: str, profile: str, data_dir: Path, tmp_path: Path) -> None:
     """cuda_tensorcore.py: FP16 convolutions on HMMA, INT8 ones on IMMA, in the SASS of a t4 (sm_75) and a
     xavier-agx (sm_72) build, cubins from NVRTC 11.8; INT8 rounding without FRND (cuda_source.py)."""
-    _toolchain_or_skip(profile)
+    require_toolchain(profile)
     from edgedeploy.compile.int8_build import Int8Config
     from edgedeploy.compile.quantize import QuantizeOptions
 
-    model = _convnet(tmp_path / "convnet.onnx")
+    model = convnet(tmp_path / "convnet.onnx")
     card = ModelCard(name="convnet", preprocess=Preprocess(scale=1 / 255))
     int8 = None
     if precision == "int8":
@@ -264,7 +140,7 @@ def test_convolutions_run_on_tensor_cores(precision: str, profile: str, data_dir
     res = build(model, profile, tmp_path / "c.edb", card, precision=precision, int8=int8)
     assert res.manifest.quantization.float_in_runtime == []
     extract_bundle(res.bundle, tmp_path / "rel")
-    sass = _sass(tmp_path / "rel" / "model.so", tmp_path, GPU_PROFILES[profile][0])
+    sass = dump_sass(tmp_path / "rel" / "model.so", tmp_path, GPU_PROFILES[profile][0])
     assert "Function" in sass, sass[:2000]  # the tool read the code (an unreadable SM prints no functions)
     if precision == "fp16":
         assert _opcodes(sass, "HMMA") > 0, sass[:2000]
@@ -276,6 +152,8 @@ def test_convolutions_run_on_tensor_cores(precision: str, profile: str, data_dir
         assert convolutions and not [f.split()[0] for f in convolutions if _opcodes(f, "FRND")]
 
 
+@pytest.mark.compile
+@pytest.mark.cuda
 def test_int8_mma_knob_gives_m16n8k32_with_ldmatrix_x4_on_sm90(
     data_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -284,17 +162,17 @@ def test_int8_mma_knob_gives_m16n8k32_with_ldmatrix_x4_on_sm90(
     TVM's WMMA m16n16k16 (IMMA.16816), with their operand fragments in registers: a fragment left a
     whole-warp array (TVM 0.27's LowerWarpMemory, cuda_mma.py) is indexed by the thread and lives in local
     memory (LDL/STL)."""
-    _toolchain_or_skip("h200")
+    require_toolchain("h200")
     monkeypatch.setenv("EDGEDEPLOY_CUDA_KNOBS", "int8_mma=1")
     from edgedeploy.compile.int8_build import Int8Config
     from edgedeploy.compile.quantize import QuantizeOptions
 
-    model = _convnet(tmp_path / "convnet.onnx")
+    model = convnet(tmp_path / "convnet.onnx")
     card = ModelCard(name="convnet", preprocess=Preprocess(scale=1 / 255))
     int8 = Int8Config(calibration=data_dir / "imagenet-sample", options=QuantizeOptions(samples=16))
     res = build(model, "h200", tmp_path / "c.edb", card, precision="int8", int8=int8)
     extract_bundle(res.bundle, tmp_path / "rel")
-    sass = _sass(tmp_path / "rel" / "model.so", tmp_path, 90)
+    sass = dump_sass(tmp_path / "rel" / "model.so", tmp_path, 90)
     assert "Function" in sass, sass[:2000]
     # (the stem and the 1x1 convolution have K = 27 and 32: one 32-deep stage, which stays WMMA, IMMA.16816)
     assert _opcodes(sass, "IMMA.16832") > 0, sass[:2000]
@@ -315,6 +193,7 @@ def _conv_weight_shapes(mod: object) -> list[tuple[int, ...]]:
     return shapes
 
 
+@pytest.mark.compile
 def test_nhwc_layout_is_exact_on_cpu(tmp_path: Path) -> None:
     """The nhwc-layout stage changes no result: the int8-rewritten graph gives the same bytes on llvm with
     and without it, the float graph the same values within float32 rounding. And it leaves no transposes
@@ -325,7 +204,7 @@ def test_nhwc_layout_is_exact_on_cpu(tmp_path: Path) -> None:
 
     from edgedeploy.compile.nhwc import to_nhwc, transposes
 
-    model = onnx.load(_convnet(tmp_path / "convnet.onnx"))
+    model = onnx.load(convnet(tmp_path / "convnet.onnx"))
     calib = np.random.default_rng(3).uniform(0, 1, (8, 3, 32, 32)).astype(np.float32)
     fp32, int8, report = float_and_int8_modules(model, calib)
     assert len(report.integer) == 4 and report.float_left == []

@@ -25,8 +25,7 @@ from edgedeploy.remote.transport import LocalTransport
 from edgedeploy.signing import generate_key
 from edgedeploy_agent.trust import key_id, parse_public_key
 from edgedeploy_agent.unit import RESTART_PATH_UNIT, RESTART_UNIT, WATCH_UNIT
-from tests.conftest import require
-from tests.helpers import Cli, assert_one_line_error
+from tests.helpers import Cli, assert_one_line_error, require
 
 
 @pytest.fixture
@@ -107,6 +106,7 @@ def test_process_mode_and_bad_values_are_refused_in_one_line(tmp_path: Path, pul
         write_pull_files(_spec(tmp_path), dataclasses.replace(pull, broker="no port"), tmp_path)
 
 
+@pytest.mark.fleet_servers
 def test_the_broker_user_is_added_hashed_and_the_password_kept_here(tmp_path: Path, hermetic: Path) -> None:
     require("FLEET_SERVERS", servers_available())  # mosquitto_passwd hashes the password
     password = tmp_path / "pw"

@@ -8,14 +8,12 @@ from typing import Any
 
 import numpy as np
 import pytest
-
-pytest.importorskip("tvm")
+import tvm
 
 
 def _fused(mod: Any, move: bool) -> Any:
     """The module after FuseOps, through the CUDA builds' own passes (cuda_tensorcore.fusion_passes, all but
     the last, FuseTIR), with the dequantizes moved (the knob's default) or not."""
-    import tvm
 
     from edgedeploy.compile.cuda_tensorcore import fusion_passes
     from edgedeploy.compile.cuda_tiles import Knobs
@@ -47,11 +45,10 @@ def block_modules(tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, np.nda
     import onnx
 
     from edgedeploy.compile.nhwc import to_nhwc
-
-    from .test_gpu_build import _convnet, float_and_int8_modules
+    from tests.host.models import convnet, float_and_int8_modules
 
     # a basic block with a downsampling shortcut (stem 16 channels, block 32), pooling and a classifier
-    model = onnx.load(_convnet(tmp_path_factory.mktemp("block") / "block.onnx", width=16, downsample=True))
+    model = onnx.load(convnet(tmp_path_factory.mktemp("block") / "block.onnx", width=16, downsample=True))
     calib = np.random.default_rng(5).uniform(0, 1, (6, 3, 32, 32)).astype(np.float32)
     _fp32, int8, report = float_and_int8_modules(model, calib)
     assert len(report.integer) == 5 and report.float_left == []
@@ -75,9 +72,9 @@ def test_no_float_tensor_between_int8_kernels(block_modules: tuple[Any, np.ndarr
     assert not any("conv2d" in n for n in _float_between_kernels(after)), _float_between_kernels(after)
 
 
+@pytest.mark.compile
 def test_moved_dequantize_gives_the_same_results(block_modules: tuple[Any, np.ndarray]) -> None:
     """The same bytes on llvm with and without the move (the dequantize computes the same float either way)."""
-    import tvm
     from tvm import relax
 
     mod, calib = block_modules
@@ -91,7 +88,6 @@ def test_moved_dequantize_gives_the_same_results(block_modules: tuple[Any, np.nd
 
 def test_uses_other_than_a_fused_consumer_keep_the_float_result() -> None:
     """A producer whose dequantized result is also returned from main stays as FuseOps made it."""
-    import tvm
     from tvm.script import relax as R
 
     from edgedeploy.compile.int8_boundaries import dequantize_in_consumers

@@ -33,6 +33,7 @@ def _mnist_build_args(data_dir: Path, out: Path) -> list[str]:
             "--samples", "64", "--eval", mnist, "-o", str(out)]  # fmt: skip
 
 
+@pytest.mark.compile
 def test_mnist_int8_bundle_gate_and_eval(cli: Cli, data_dir: Path, tmp_path: Path) -> None:
     out = tmp_path / "mnist-int8.edb"
     r = cli(*_mnist_build_args(data_dir, out), "--max-top1-drop", "0.1")
@@ -60,6 +61,7 @@ def test_mnist_int8_bundle_gate_and_eval(cli: Cli, data_dir: Path, tmp_path: Pat
     assert res["tvm_bundle"]["top1"] > 98.0
 
 
+@pytest.mark.compile
 def test_gate_failure_is_one_clear_line(cli: Cli, data_dir: Path, tmp_path: Path) -> None:
     r = cli(*_mnist_build_args(data_dir, tmp_path / "x.edb"), "--max-top1-drop", "-50")
     assert_one_line_error(r, code=1, contains="INT8 top-1 drops")
@@ -68,6 +70,7 @@ def test_gate_failure_is_one_clear_line(cli: Cli, data_dir: Path, tmp_path: Path
     assert_one_line_error(r, code=1, contains="even with all 3 layers in float")
 
 
+@pytest.mark.compile
 def test_bad_int8_input_is_one_clear_line(cli: Cli, data_dir: Path, tmp_path: Path) -> None:
     model = str(data_dir / "models" / "mnist-8_opset13.onnx")
     base = ["build", model, "-p", "cpu-x86_64", "--card", str(MNIST_CARD), "-o", str(tmp_path / "o.edb")]
@@ -117,6 +120,7 @@ def _mnist_qdq(data_dir: Path, samples: int) -> tuple[onnx.ModelProto, object, n
     return qdq, imported, calib
 
 
+@pytest.mark.compile
 def test_float_exact_accumulation_is_bit_identical_to_int32(data_dir: Path) -> None:
     """The CPU pipeline accumulates int8 products in float32 where the sum provably stays below 2**24:
     compiled and run, both forms give the same bytes on real images."""
@@ -134,6 +138,7 @@ def test_float_exact_accumulation_is_bit_identical_to_int32(data_dir: Path) -> N
     assert np.array_equal(outputs[0], outputs[1])
 
 
+@pytest.mark.compile
 def test_max_pool_runs_on_integers(data_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """dequantize -> max_pool2d -> quantize with one scale becomes max_pool2d on the integers: mnist's two
     poolings read int8, and the compiled graph gives the same bytes as the float pooling between Q/DQ."""
@@ -172,6 +177,7 @@ def mobilenet_int8(data_dir: Path, tmp_path_factory: pytest.TempPathFactory, bui
     return out
 
 
+@pytest.mark.compile
 def test_mobilenet_int8_bundle_agrees_with_the_reference(mobilenet_int8: Path, data_dir: Path) -> None:
     """Depthwise convolutions, asymmetric padding, per-channel scales: all 28 convs in integer."""
     m = read_manifest(mobilenet_int8)
@@ -183,6 +189,7 @@ def test_mobilenet_int8_bundle_agrees_with_the_reference(mobilenet_int8: Path, d
     assert abs(res["top1_drop"]) < 10  # 100 images: a sanity bound; bench/int8_accuracy.py has the real numbers
 
 
+@pytest.mark.compile
 def test_auto_fallback_keeps_sensitive_layers_float(data_dir: Path, tmp_path: Path) -> None:
     """A deliberately weak quantization (symmetric, no bias correction, 8 samples) must fall back."""
     opts = QuantizeOptions(samples=8, symmetric_activations=True, bias_correction=False)
@@ -215,6 +222,7 @@ def test_auto_fallback_keeps_sensitive_layers_float(data_dir: Path, tmp_path: Pa
     assert np.isfinite(res.comparison.int8.top1)
 
 
+@pytest.mark.compile
 def test_a_classifier_with_transposed_weights_becomes_integer() -> None:
     """ONNX Gemm with transB=1 (ResNet-18's fc) imports as matmul(x, permute_dims(dequantize(W))): the rewrite
     takes the transposition into the constant, and the integer result equals the exact integer sum."""
@@ -243,6 +251,7 @@ def test_a_classifier_with_transposed_weights_becomes_integer() -> None:
     np.testing.assert_allclose(got, exact, rtol=1e-6)
 
 
+@pytest.mark.compile
 def test_signed_activations_give_the_same_bytes_without_shift_kernels(data_dir: Path) -> None:
     """CUDA builds quantize activations to int8 (q - 128, zero point - 128) instead of uint8: int8_rewrite
     then has no uint8 input to shift before a convolution, and the compiled graph gives the same bytes."""

@@ -6,16 +6,14 @@ from __future__ import annotations
 
 from typing import Any
 
-import pytest
+import tvm
+from tvm import te, tirx
+from tvm.s_tir import dlight as dl
 
-tvm = pytest.importorskip("tvm")
-from tvm import te, tirx  # noqa: E402
-from tvm.s_tir import dlight as dl  # noqa: E402
-
-from edgedeploy.compile.cuda_tensorcore import legalize_passes  # noqa: E402
-from edgedeploy.compile.kernel_bounds import check_function, check_module  # noqa: E402
-from tests.host.test_cuda_conv_pad import _pointwise_then_depthwise  # noqa: E402
-from tests.host.test_cuda_window import TARGET  # noqa: E402
+from edgedeploy.compile.cuda_tensorcore import legalize_passes
+from edgedeploy.compile.kernel_bounds import check_function, check_module
+from tests.host.cuda import TARGET
+from tests.host.models import pointwise_then_depthwise
 
 
 def _shifted(guarded: bool) -> Any:
@@ -48,6 +46,6 @@ def test_padding_convolutions_are_proven_inside_their_tensors() -> None:
     border only where its guard substitutes the zero point; the 1x1 convolution on tensor cores pads M."""
     target = tvm.target.Target(TARGET)
     with target:
-        mod = tvm.transform.Sequential(legalize_passes(target))(_pointwise_then_depthwise(3))
+        mod = tvm.transform.Sequential(legalize_passes(target))(pointwise_then_depthwise(3))
     kernels, found = check_module(mod, target)
     assert kernels == 2 and found == [], [str(f) for f in found]

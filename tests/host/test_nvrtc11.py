@@ -15,7 +15,8 @@ from edgedeploy.compile.cuda_toolchain import resolve_toolchain
 from edgedeploy.compile.devcode import _cubin_sm, cubin_functions, ptx_entries, ptx_version
 from edgedeploy.errors import BuildError
 from edgedeploy.profiles import get_profile
-from tests.host.test_gpu_build import _toolchain_or_skip
+from tests.helpers import require
+from tests.host.cuda import require_toolchain
 
 # TVM 0.27's preamble under NVRTC (its codegen writes these lines), a WMMA INT8 and a WMMA FP16 kernel
 SOURCE = r"""
@@ -68,12 +69,13 @@ extern "C" __global__ void __launch_bounds__(32) hmma_kernel(const half* a, cons
 
 @pytest.fixture(scope="module")
 def compiler() -> nvrtc11.Nvrtc:
-    _toolchain_or_skip("xavier-agx")
+    require_toolchain("xavier-agx")
     env = resolve_toolchain(get_profile("xavier-agx")).env
     include = [Path(p) for p in env[nvrtc11.INCLUDE_ENV].split(os.pathsep)]
     return nvrtc11.Nvrtc(Path(env[nvrtc11.LIB_ENV]), include)
 
 
+@pytest.mark.cuda
 @pytest.mark.parametrize("sm", [72, 75])
 def test_cubin_is_one_an_11x_driver_reads_and_its_ptx_is_the_compute_one(compiler: nvrtc11.Nvrtc, sm: int) -> None:
     assert compiler.version() == (11, 8)
@@ -92,11 +94,13 @@ def test_cubin_is_one_an_11x_driver_reads_and_its_ptx_is_the_compute_one(compile
     assert not twin.ptx.endswith(b"\0")
 
 
+@pytest.mark.cuda
 def test_compile_errors_name_the_line(compiler: nvrtc11.Nvrtc) -> None:
     with pytest.raises(nvrtc11.NvrtcError, match=r"compute_72: .*error: identifier \"undefined_thing\""):
         compiler.compile('extern "C" __global__ void k() { undefined_thing(); }', 72, ptx_only=True)
 
 
+@pytest.mark.cuda
 def test_toolchain_refuses_cuda12_headers(monkeypatch: pytest.MonkeyPatch) -> None:
     """The cu12 wheels write the same nvidia/cuda_* folders: with one of them installed beside the cu11 ones the
     headers are not CUDA 11's, and the build must stop and say so."""
@@ -106,8 +110,7 @@ def test_toolchain_refuses_cuda12_headers(monkeypatch: pytest.MonkeyPatch) -> No
     monkeypatch.setattr(
         cuda_toolchain, "_dist_version", lambda n: "12.9.79" if n == "nvidia-cuda-runtime-cu12" else real(n)
     )
-    if real("nvidia-cuda-runtime-cu11") is None:
-        pytest.skip("the cuda11 extra is not installed")
+    require("GPU_TOOLCHAIN", "the cuda11 extra is not installed" if real("nvidia-cuda-runtime-cu11") is None else None)
     with pytest.raises(BuildError, match="nvidia-cuda-runtime-cu12 installed beside the cu11 wheels") as e:
         resolve_toolchain(get_profile("t4"))
     assert "pip uninstall -y nvidia-cuda-runtime-cu12" in (e.value.hint or "")

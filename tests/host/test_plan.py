@@ -14,26 +14,8 @@ from edgedeploy.remote.plan import HealthPolicy, plan_push
 from edgedeploy.remote.transport import CommandResult
 from edgedeploy_agent.bundle import HostFile, Manifest, read_manifest
 from tests.agent.bundles import make_bundle
+from tests.host.doubles import FACTS
 
-# captured from `edgedeploy-agent --json facts` on this machine
-FACTS = {
-    "ok": True,
-    "agent_version": "0.1.0",
-    "bundle_schema": 2,
-    "python": "3.11.7",
-    "arch": "x86_64",
-    "root": "/tmp/dev",
-    "initialised": True,
-    "uid": 0,
-    "free_bytes": 85899345920,
-    "service": "process",
-    "source": None,
-    "running": True,
-    "health": {"release": "toy-1-abc", "state": "ready", "pid": 42, "time": "2026-11-29T19:40:00.000+00:00"},
-    "current": {"release": "toy-1-abc", "model": "toy", "version": "1", "profile": "cpu-x86_64", "bundle_id": "abc"},
-    "previous": [],
-    "history": [],
-}
 DEV = Device(name="d1", host="h", profile="cpu-x86_64")
 LIB = Blob("a" * 64, 1000, "model.so", Path("/cache/blobs") / ("a" * 64))
 ALL = {LIB.sha256}  # what the device lacks

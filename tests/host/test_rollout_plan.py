@@ -13,7 +13,7 @@ from edgedeploy.remote.fleet import run_fleet
 from edgedeploy.remote.plan import HealthPolicy
 from edgedeploy.remote.rollout import RolloutState, parse_fraction, plan_rollout
 from edgedeploy.remote.rollout_runner import RolloutRunner, prepare_resume
-from tests.host.test_plan import FACTS
+from tests.host.doubles import FACTS
 
 NAMES = [f"d{i:02d}" for i in range(10)]
 

@@ -9,8 +9,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-pytest.importorskip("tvm")
-
 
 def _stem_net(path: Path, kernel: int, size: int) -> Path:
     """RGB input, a stride-2 `kernel`x`kernel` convolution with ONNX padding kernel // 2 (ResNet's stem for 7),
@@ -61,6 +59,7 @@ def _stem_weights(mod: object) -> list[tuple[tuple[int, ...], list[int]]]:
     return found
 
 
+@pytest.mark.compile
 @pytest.mark.parametrize(
     ("kernel", "size"),
     [(7, 32), (7, 33), (3, 30)],  # ResNet's stem; an odd input (one more row and column padded); a 3x3 stem
@@ -71,7 +70,7 @@ def test_space_to_depth_gives_the_same_results(
     import onnx
 
     from edgedeploy.compile.nhwc import to_nhwc
-    from tests.host.test_gpu_build import float_and_int8_modules, run_on_cpu
+    from tests.host.models import float_and_int8_modules, run_on_cpu
 
     model = onnx.load(_stem_net(tmp_path / "stem.onnx", kernel, size))
     calib = np.random.default_rng(5).uniform(0, 1, (6, 3, size, size)).astype(np.float32)

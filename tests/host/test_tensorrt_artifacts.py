@@ -16,6 +16,7 @@ from tests.helpers import Cli, assert_one_line_error
 MODEL = "models/mobilenet_v1_0.25_224.onnx"
 
 
+@pytest.mark.compile
 def test_acceptance_command_writes_qdq_profiles_references_and_no_plan(
     cli: Cli, data_dir: Path, tmp_path: Path
 ) -> None:
@@ -79,6 +80,7 @@ def test_acceptance_command_writes_qdq_profiles_references_and_no_plan(
     assert f"reference vs FP32 top-1 at build: {agree:.0%}" in r.out
 
 
+@pytest.mark.compile
 def test_build_refuses_references_that_disagree_with_fp32(cli: Cli, data_dir: Path, tmp_path: Path) -> None:
     """Activations clipped at their median: the Q/DQ model is garbage, so the build writes nothing."""
     out = tmp_path / "bad.edb"

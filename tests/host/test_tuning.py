@@ -103,6 +103,7 @@ def _records(db: Path) -> list[float]:
     return [float(r.run_secs[0]) for r in open_database(db).get_all_tuning_records() if r.run_secs]
 
 
+@pytest.mark.compile
 def test_rpc_tuning_measures_on_the_device_and_builds_apply_it(
     mnist_bundle: Path, data_dir: Path, tmp_path: Path, cli: Cli, rpc_device: tuple[str, Path], hermetic: Path
 ) -> None:
@@ -130,6 +131,7 @@ def test_rpc_tuning_measures_on_the_device_and_builds_apply_it(
     np.testing.assert_allclose(outs[1], outs[0], rtol=1e-4, atol=1e-3)
 
 
+@pytest.mark.compile
 def test_offline_tuning_export_tune_import(mnist_bundle: Path, tmp_path: Path, cli: Cli, hermetic: Path) -> None:
     export = tmp_path / "export"
     r = cli("tune", str(mnist_bundle), "--export", str(export))
@@ -156,6 +158,7 @@ def test_offline_tuning_export_tune_import(mnist_bundle: Path, tmp_path: Path, c
     assert all(0 < t < 1 for t in _records(Path(stored["database"])))
 
 
+@pytest.mark.compile
 def test_tune_refuses_what_it_cannot_measure(mnist_bundle: Path, tmp_path: Path, cli: Cli) -> None:
     assert_one_line_error(cli("tune", str(mnist_bundle), "--tracker", "127.0.0.1:9190"), contains="--key")
     assert_one_line_error(cli("tune", str(mnist_bundle), "--tracker", "nohost", "--key", "k"), contains="HOST:PORT")
@@ -267,11 +270,11 @@ def test_trials_follow_measured_time() -> None:
 
 def _database(model: Path, precision: str) -> Path:
     db = database_dir("cpu-x86_64", tuning_key(load_onnx(model), precision), REPO / "profiles" / "tuning")
-    if not has_database(db):
-        pytest.skip(f"no stored {precision} database for {model.name}")
+    assert has_database(db), f"no stored {precision} database for {model.name} at {db} (profiles/tuning is committed)"
     return db
 
 
+@pytest.mark.compile
 def test_tuned_fp32_bundle_uses_the_database_and_matches_onnxruntime(data_dir: Path, tmp_path: Path) -> None:
     model = data_dir / "models" / "mobilenet_v1_0.25_224.onnx"
     db = _database(model, "fp32")
@@ -297,6 +300,7 @@ def test_tuned_fp32_bundle_uses_the_database_and_matches_onnxruntime(data_dir: P
     np.testing.assert_array_equal(np.asarray(tvm_rt.run([odd])[0]), np.asarray(tvm_rt.run([x[:1]])[0]))
 
 
+@pytest.mark.compile
 def test_tuned_int8_bundle_uses_the_database_and_agrees_with_the_reference(data_dir: Path, tmp_path: Path) -> None:
     """The default quantization (the one the database was tuned for) on the whole evaluation half."""
     model = data_dir / "models" / "mobilenet_v1_0.25_224.onnx"
@@ -315,6 +319,7 @@ def test_tuned_int8_bundle_uses_the_database_and_agrees_with_the_reference(data_
     assert abs(ev["tvm_bundle"]["top1"] - ev["int8_reference"]["top1"]) <= 2.5
 
 
+@pytest.mark.compile
 def test_tuning_an_int8_bundle_compiles_its_qdq_model_under_the_source_key(
     data_dir: Path, tmp_path: Path, cli: Cli, hermetic: Path
 ) -> None:

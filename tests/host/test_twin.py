@@ -19,20 +19,21 @@ from edgedeploy.compile.twin import build_twin
 from edgedeploy_agent.bundle import Manifest, Preprocess, check_compatible, extract_bundle
 from edgedeploy_agent.errors import IncompatibleBundle
 from edgedeploy_agent.gpu import probe_cuda
-from tests.agent.test_gpu_compat import fake_libcuda
-from tests.host.test_gpu_build import GPU_PROFILES, _convnet, _toolchain_or_skip
+from tests.agent.doubles import fake_libcuda
+from tests.host.cuda import GPU_PROFILES, require_toolchain
+from tests.host.models import convnet
 
-pytestmark = pytest.mark.compile
+pytestmark = [pytest.mark.compile, pytest.mark.cuda]
 
 
 def _builds(profile: str, precision: str, data_dir: Path, tmp: Path) -> tuple[Manifest, Path, Manifest, Path]:
     """(real manifest, its unpacked folder, twin manifest, its unpacked folder); the real build is the one
     test_gpu_build's tensor-core test makes (same model bytes, card and options: a build-cache hit after it)."""
-    _toolchain_or_skip(profile)
+    require_toolchain(profile)
     from edgedeploy.compile.int8_build import Int8Config
     from edgedeploy.compile.quantize import QuantizeOptions
 
-    model = _convnet(tmp / "convnet.onnx")
+    model = convnet(tmp / "convnet.onnx")
     card = ModelCard(name="convnet", preprocess=Preprocess(scale=1 / 255))
     int8 = None
     if precision == "int8":

@@ -29,6 +29,7 @@ from edgedeploy.compile.x86_int8 import (
 from edgedeploy.datasets import load_calibration
 from edgedeploy.profiles import get_profile
 from edgedeploy_agent.bundle import TensorSpec, cpu_flags
+from tests.helpers import require
 
 # the targets each kind is compiled for: the built-in x86-64-v3 profile's, and an AVX-512 VNNI target such as a
 # user's profile would have
@@ -40,8 +41,10 @@ MNV1_CARD = Path(__file__).resolve().parents[2] / "examples" / "cards" / "mobile
 
 
 def _runnable(kind: DotKind) -> None:
-    if kind.cpu_flag not in (cpu_flags(Path("/proc/cpuinfo")) or ()):
-        pytest.skip(f"this CPU has no {kind.cpu_flag}; the {kind.name} kernel cannot run here")
+    missing = f"this CPU has no {kind.cpu_flag}; the {kind.name} kernel cannot run here"
+    require(
+        f"CPU_{kind.cpu_flag.upper()}", None if kind.cpu_flag in (cpu_flags(Path("/proc/cpuinfo")) or ()) else missing
+    )
 
 
 def test_profiles_choose_their_dot_product() -> None:
@@ -61,6 +64,7 @@ def _reference(x: np.ndarray, w: np.ndarray, bias: np.ndarray, mult: np.ndarray,
     return np.clip(y, lo, hi).astype(dtype)
 
 
+@pytest.mark.compile
 @pytest.mark.parametrize("kind", [AVX2, VNNI], ids=lambda k: k.name)
 @pytest.mark.parametrize(
     "n,c,o,hw,out",
@@ -93,6 +97,7 @@ def mobilenet_qdq(data_dir: Path) -> tuple[onnx.ModelProto, np.ndarray]:
     return quantize_qdq(model, calib, QuantizeOptions(samples=8)).model, calib
 
 
+@pytest.mark.compile
 @pytest.mark.parametrize("kind", [AVX2, VNNI], ids=lambda k: k.name)
 def test_mobilenet_pointwise_layers_on_the_dot_product(
     mobilenet_qdq: tuple[onnx.ModelProto, np.ndarray], kind: DotKind
@@ -150,6 +155,7 @@ def _residual_block() -> onnx.ModelProto:
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
 
 
+@pytest.mark.compile
 def test_residual_add_keeps_8_bit_tensors_between_layers() -> None:
     """A residual add between integer layers: every tensor passed between kernels is 8-bit (or the next 1x1
     kernel's packed int16), from the input's quantize to the last layer; the output matches the exact INT8

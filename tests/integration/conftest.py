@@ -17,8 +17,7 @@ from edgedeploy.compile.cards import ModelCard
 from edgedeploy.fleet_servers import servers_available
 from edgedeploy.localdevice import LoopbackSshd
 from edgedeploy_agent.bundle import Postprocess, Preprocess
-from tests.conftest import require, require_sshd
-from tests.helpers import Cli, agent
+from tests.helpers import Cli, agent, require, require_sshd
 from tests.integration.arm64root import PreparedRoot, prepare_root
 from tests.integration.pullfleet import PullFleet, start_pull_fleet
 

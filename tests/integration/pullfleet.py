@@ -11,6 +11,7 @@ import secrets
 import signal
 import subprocess
 import threading
+import time
 import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
@@ -194,3 +195,20 @@ class FaultProxy:
     def __exit__(self, *exc: object) -> None:
         self.server.shutdown()
         self.server.server_close()
+
+
+def signed(cli: Cli, bundle: Path, out: Path) -> Path:
+    """`bundle` signed with the fleet's key (fleet-1, made by PullFleet.setup_host)."""
+    r = cli("sign", str(bundle), "--key", "fleet-1", "-o", str(out))
+    assert r.code == 0, r.err
+    return out
+
+
+def wait_for(check: object, timeout: float = 60.0) -> None:
+    """Poll `check()` until it is true; fail after `timeout` seconds."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if check():  # type: ignore[operator]
+            return
+        time.sleep(0.2)
+    raise AssertionError(f"not true within {timeout} s")

@@ -36,8 +36,7 @@ from edgedeploy_agent.loop import top_k
 from edgedeploy_agent.preprocess import preprocess
 from edgedeploy_agent.runtime import load_runtime
 from edgedeploy_agent.unit import RESTART_UNIT, WATCH_UNIT
-from tests.conftest import require
-from tests.helpers import Cli
+from tests.helpers import Cli, require
 from tests.integration.arm64root import (
     FRAMES,
     LOGIN,
@@ -47,11 +46,11 @@ from tests.integration.arm64root import (
     PreparedRoot,
     set_up_disk,
 )
+from tests.integration.bundles import crashing_on_real_frames
 from tests.integration.pullfleet import PUBLISHER, PullFleet, start_pull_fleet
-from tests.integration.test_serving_health import crashing_on_real_frames
 
-pytestmark = pytest.mark.integration
-in_container = pytest.mark.arm64_systemd  # skip rule: tests/conftest.py (EDGEDEPLOY_REQUIRE_ARM64_SYSTEMD)
+pytestmark = [pytest.mark.integration, pytest.mark.compile]
+in_container = pytest.mark.arm64  # checked through require(): tests/conftest.py NEEDS (ARM64_SYSTEMD)
 
 ROOT = "/var/lib/edgedeploy"
 DIGITS, PHOTOS = 6, 6  # frames: MNIST test digits, then ImageNet sample photos (bounded: emulation is slow)
@@ -154,8 +153,8 @@ def test_the_jetson_cpu_int8_libraries_have_no_dot_product_and_need_glibc_2_31(
 ) -> None:
     """Carmel has no sdot/udot (asimddp): they would be SIGILL there. The build checked the glibc needs; check
     them again with binutils, and the instructions with its disassembler."""
-    if shutil.which("aarch64-linux-gnu-objdump") is None:
-        pytest.skip("binutils-aarch64-linux-gnu not installed (containers/install-build-deps.sh installs it)")
+    missing = "binutils-aarch64-linux-gnu not installed (containers/install-build-deps.sh installs it)"
+    require("CROSS_TOOLCHAIN", missing if shutil.which("aarch64-linux-gnu-objdump") is None else None)
     for name in ("mnist", "mobilenet"):
         m = extract_bundle(bundles[f"{name}-xavier-cpu"], tmp_path / name)
         so = tmp_path / name / next(a.path for a in m.artifacts if a.role == "tvm-library")

@@ -6,13 +6,12 @@ import re
 
 import pytest
 
-from tests.conftest import require_sshd
-from tests.helpers import Cli
+from tests.helpers import Cli, require_sshd
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.compile]
 
 
-@pytest.mark.parametrize("transport", ["ssh", "local"])
+@pytest.mark.parametrize("transport", [pytest.param("ssh", marks=pytest.mark.sshd), "local"])
 def test_demo(cli: Cli, transport: str) -> None:
     if transport == "ssh":
         require_sshd()

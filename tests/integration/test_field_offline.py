@@ -105,6 +105,7 @@ def _offline_install(cli: Cli, tmp_path: Path, python: str, version: str, bundle
         agent("--root", str(fleet.devices["site-1"].root), "--json", "stop")
 
 
+@pytest.mark.sshd
 def test_offline_install_on_a_device_with_no_route_out(
     cli: Cli, tmp_path: Path, mnist_bundle: Path, netns: None
 ) -> None:
@@ -112,6 +113,7 @@ def test_offline_install_on_a_device_with_no_route_out(
     _offline_install(cli, tmp_path, base, f"{sys.version_info.major}.{sys.version_info.minor}", mnist_bundle, 44)
 
 
+@pytest.mark.sshd
 def test_offline_install_runs_the_agent_on_python_3_9(
     cli: Cli, tmp_path: Path, mnist_bundle: Path, netns: None, python39: Path
 ) -> None:

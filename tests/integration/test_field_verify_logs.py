@@ -20,7 +20,7 @@ from tests.helpers import BIN, Cli, agent, assert_one_line_error
 from tests.integration.conftest import Enrolled, LabeledVideo, add_device
 from tests.integration.netfleet import net_fleet
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.sshd]
 
 
 def _serving(cli: Cli, sshd: LoopbackSshd, tmp_path: Path, video: Path, bundle: Path, name: str) -> Enrolled:

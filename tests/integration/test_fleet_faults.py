@@ -17,22 +17,17 @@ from pathlib import Path
 
 import pytest
 
-from edgedeploy.localdevice import netns_available
 from edgedeploy_agent.bundle import read_manifest
 from tests.agent.bundles import make_bundle
-from tests.conftest import require_sshd
-from tests.helpers import Cli, assert_one_line_error
+from tests.helpers import Cli, assert_one_line_error, mount_tmpfs, require_sshd
 from tests.integration.netfleet import NetFleet, net_fleet, padded_bundle
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.sshd, pytest.mark.netns]
 
 
 @pytest.fixture
-def fleet(cli: Cli, tmp_path: Path, mnist_bundle: Path) -> Iterator[NetFleet]:
+def fleet(cli: Cli, tmp_path: Path, mnist_bundle: Path, netns: None) -> Iterator[NetFleet]:
     require_sshd()
-    ok, why = netns_available()
-    if not ok:
-        pytest.skip(why)
     with net_fleet(cli, tmp_path, ["cam-a", "cam-b", "cam-c"], first_index=11) as f:
         code, first = f.rollout(str(mnist_bundle), "--group", "lab", "--canary", "1", "--concurrency", "3")
         assert code == 0, first
@@ -160,15 +155,11 @@ def test_link_down_mid_upload_then_resume(fleet: NetFleet, mnist_bundle: Path, t
     assert not list(incoming.glob("*.part"))
 
 
-def test_small_disk_refuses_before_upload(cli: Cli, tmp_path: Path, mnist_bundle: Path) -> None:
+def test_small_disk_refuses_before_upload(cli: Cli, tmp_path: Path, mnist_bundle: Path, netns: None) -> None:
     require_sshd()
-    ok, why = netns_available()
-    if not ok:
-        pytest.skip(why)
     root = tmp_path / "small"
     root.mkdir()
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=40m", "tmpfs", str(root)]).returncode != 0:
-        pytest.skip("cannot mount tmpfs here")
+    mount_tmpfs(root, "40m")
     try:
         fleet = NetFleet(cli, tmp_path, tmp_path / "fleet" / "devices.toml")
         try:

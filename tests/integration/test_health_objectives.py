@@ -32,6 +32,7 @@ def test_inferences_then_a_missed_latency_objective_rolls_back(
     assert_one_line_error(r, 4, "source ended after")  # the 300-frame clip cannot give 100000 inferences
 
 
+@pytest.mark.compile
 def test_objectives_from_the_model_card_travel_in_the_bundle(
     cli: Cli, device: Enrolled, mnist_bundle: Path, data_dir: Path, tmp_path: Path
 ) -> None:

@@ -14,7 +14,7 @@ import pytest
 
 from edgedeploy.errors import EdgeDeployError
 from edgedeploy.localdevice import LoopbackSshd, NetnsLink
-from tests.conftest import require_sshd
+from tests.helpers import require_sshd
 
 pytestmark = pytest.mark.integration
 
@@ -27,6 +27,7 @@ def _links(index: int) -> list[str]:
     return [line.split()[1].split("@")[0] for line in out.stdout.splitlines()]
 
 
+@pytest.mark.sshd
 def test_a_link_left_by_a_killed_run_is_replaced(netns: None, tmp_path: Path) -> None:
     require_sshd()
     stale = NetnsLink(INDEX, tag="zk").up()  # a run that died without its teardown

@@ -22,8 +22,7 @@ from edgedeploy_agent.bundle import canonical_json, read_manifest
 from edgedeploy_agent.desired import DesiredHealth, desired_topic
 from edgedeploy_agent.oci import DigestMismatch, OciPuller, PullError, parse_ref
 from tests.helpers import BIN, Cli
-from tests.integration.pullfleet import PUBLISHER, FaultProxy, PullFleet
-from tests.integration.test_pull_rollout import signed, wait_for
+from tests.integration.pullfleet import PUBLISHER, FaultProxy, PullFleet, signed, wait_for
 
 pytestmark = pytest.mark.integration
 

@@ -22,12 +22,10 @@ from edgedeploy.signing import generate_key, sign_bundle
 from edgedeploy_agent.bundle import canonical_json, read_manifest
 from edgedeploy_agent.desired import DesiredHealth, desired_topic, status_doc, status_topic
 from tests.agent.bundles import make_bundle
-from tests.conftest import require
-from tests.helpers import Cli
-from tests.integration.pullfleet import PUBLISHER, PullFleet
-from tests.integration.test_pull_rollout import signed, wait_for
+from tests.helpers import Cli, require
+from tests.integration.pullfleet import PUBLISHER, PullFleet, signed, wait_for
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.fleet_servers]
 
 HOSTILE_STATUSES = {
     "deep list": b"[" * 100000,

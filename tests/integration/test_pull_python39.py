@@ -21,11 +21,10 @@ import pytest
 from edgedeploy.fleet_servers import servers_available
 from edgedeploy.remote.wheels import default_runtime_lib
 from edgedeploy_agent.bundle import read_manifest
-from tests.conftest import require
-from tests.helpers import BIN, Cli, agent
+from tests.helpers import BIN, Cli, agent, require
 from tests.integration.pullfleet import PUBLISHER, FaultProxy, PullFleet, start_pull_fleet
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.fleet_servers]
 
 
 @pytest.fixture(scope="module")

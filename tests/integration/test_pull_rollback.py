@@ -20,13 +20,11 @@ from edgedeploy.remote.fleet import FleetResult
 from edgedeploy.remote.rollout_runner import rollouts_dir
 from edgedeploy.signing import generate_key
 from edgedeploy_agent.bundle import read_manifest
-from tests.conftest import require
-from tests.helpers import Cli, agent, assert_one_line_error
+from tests.helpers import Cli, agent, assert_one_line_error, require
 from tests.integration.conftest import LabeledVideo
-from tests.integration.pullfleet import PUBLISHER, PullFleet
-from tests.integration.test_pull_rollout import signed, wait_for
+from tests.integration.pullfleet import PUBLISHER, PullFleet, signed, wait_for
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.fleet_servers]
 
 
 def short_video(src: Path, out: Path, frames: int) -> Path:

@@ -4,32 +4,15 @@
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
 
 import pytest
 
 from edgedeploy_agent.bundle import read_manifest
-from tests.conftest import require
-from tests.helpers import Cli, assert_one_line_error
-from tests.integration.pullfleet import PUBLISHER, PullFleet
+from tests.helpers import Cli, assert_one_line_error, require
+from tests.integration.pullfleet import PUBLISHER, PullFleet, signed, wait_for
 
 pytestmark = pytest.mark.integration
-
-
-def signed(cli: Cli, bundle: Path, out: Path) -> Path:
-    r = cli("sign", str(bundle), "--key", "fleet-1", "-o", str(out))
-    assert r.code == 0, r.err
-    return out
-
-
-def wait_for(check: object, timeout: float = 60.0) -> None:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if check():  # type: ignore[operator]
-            return
-        time.sleep(0.2)
-    raise AssertionError(f"not true within {timeout} s")
 
 
 def test_publish_rollout_status_via_mqtt(
@@ -110,6 +93,7 @@ def test_publish_rollout_status_via_mqtt(
 
 
 # paho drops the socket of a failed TLS handshake without closing it (a ResourceWarning at garbage collection)
+@pytest.mark.fleet_servers
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 def test_broker_over_tls_with_a_fleet_ca(tmp_path: Path, hermetic: Path) -> None:
     """The agent and the controller reach the broker over TLS, checked against the fleet CA; without the CA

@@ -19,7 +19,7 @@ from edgedeploy.inventory import Inventory
 from edgedeploy.remote.connect import connected
 from edgedeploy_agent.bundle import read_manifest
 from tests.agent.bundles import make_bundle
-from tests.helpers import Cli, agent, assert_one_line_error
+from tests.helpers import Cli, agent, assert_one_line_error, mount_tmpfs
 from tests.integration.conftest import AGENT, Enrolled, add_device
 from tests.integration.netfleet import padded_bundle
 
@@ -104,12 +104,9 @@ def test_bundle_for_another_profile(cli: Cli, device: Enrolled, tmp_path: Path) 
 
 
 def test_full_disk_is_detected_before_upload(cli: Cli, sshd, tmp_path: Path, mnist_bundle: Path) -> None:
-    if os.geteuid() != 0:
-        pytest.skip("mounting a small tmpfs needs root")
     root = tmp_path / "small"
     root.mkdir()
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(root)]).returncode != 0:
-        pytest.skip("cannot mount tmpfs here")
+    mount_tmpfs(root, "4m")
     try:
         dev = add_device(cli, sshd, tmp_path / "s" / "devices.toml", root)
         assert cli("devices", "enroll", dev.name, "--yes", *dev.args()).code == 0

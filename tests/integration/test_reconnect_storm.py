@@ -24,9 +24,9 @@ from edgedeploy.fleet_servers import LocalBroker, servers_available
 from edgedeploy_agent.config import AgentConfig
 from edgedeploy_agent.store import DeviceStore
 from edgedeploy_agent.watch import WatchConfig, Watcher
-from tests.conftest import require
+from tests.helpers import require
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.fleet_servers]
 
 CLIENTS = 40
 LOW, HIGH = 0.25, 2.0  # backoff_min_s, backoff_max_s: the ceilings are 0.25 0.5 1 2 2 2 ...

@@ -15,8 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from edgedeploy_agent.bundle import Preprocess, extract_bundle, read_manifest, write_bundle
+from edgedeploy_agent.bundle import read_manifest
 from tests.helpers import Cli, Ran, agent, assert_one_line_error
+from tests.integration.bundles import crashing_on_real_frames
 from tests.integration.conftest import Enrolled, LabeledVideo, add_device
 from tests.integration.netfleet import padded_bundle
 
@@ -35,20 +36,6 @@ def facts(cli: Cli, dev: Enrolled) -> dict:
     r = cli("devices", "facts", dev.name, "--json", *dev.args())
     assert r.code == 0, r.err
     return json.loads(r.out)
-
-
-def crashing_on_real_frames(good: Path, out: Path) -> Path:
-    """mnist with three channel means for its one-channel input, as `build` wrote it before it refused
-    that: the warm-up (zeros of the input's shape) passes, the first real frame cannot feed the model."""
-    work = out.parent / ".crash"
-    m = extract_bundle(good, work)
-    bad = m.model_copy(
-        update={
-            "preprocess": Preprocess(color="gray", interpolation="area", mean=[1.0, 2.0, 3.0], std=[1.0]),
-            "model": m.model.model_copy(update={"version": "crash"}),
-        }
-    )
-    return write_bundle(out, bad, {a.path: work / a.path for a in bad.artifacts})
 
 
 def test_a_bundle_crashing_on_the_first_real_frame_is_rolled_back_by_a_plain_push(

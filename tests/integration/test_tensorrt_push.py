@@ -11,15 +11,15 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import Cli, assert_one_line_error
+from tests.helpers import Cli, assert_one_line_error, require
 from tests.integration.conftest import add_device
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.compile]
 
 
 def test_prebuild_push_without_a_gpu_is_refused_with_the_reason(cli: Cli, sshd, data_dir: Path, tmp_path: Path) -> None:
-    if Path("/dev/nvidia0").exists():
-        pytest.skip("this machine has an NVIDIA GPU: the activation would go on to TensorRT")
+    gpu = Path("/dev/nvidia0").exists()
+    require("NO_NVIDIA", "this machine has an NVIDIA GPU: the activation would go on to TensorRT" if gpu else None)
     bundle = tmp_path / "m.t4-trt.edb"
     r = cli(
         "build", str(data_dir / "models" / "mobilenet_v1_0.25_224.onnx"), "--profile", "t4", "--runtime", "tensorrt",

@@ -1,0 +1,65 @@
+"""Test doubles for the agent: real classes behind its protocols, scripted, and a fake CUDA driver library."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+from edgedeploy_agent.service import write_health
+from edgedeploy_agent.store import DeviceStore
+from tests.helpers import require
+
+
+class ScriptedService:
+    """Acts like the agent process: on restart it 'loads' whatever `current` points at."""
+
+    def __init__(self, store: DeviceStore, bad: set[str] | None = None) -> None:
+        self.store, self.bad, self.running, self.restarts = store, bad or set(), False, 0
+
+    def restart(self) -> None:
+        self.restarts += 1
+        name = self.store.current()
+        self.running = name is not None and name not in self.bad
+        state = "failed" if name in self.bad else "ready"
+        write_health(self.store, name, state, error={"message": "library does not load"})
+
+    def stop(self) -> None:
+        self.running = False
+
+    def is_running(self) -> bool:
+        return self.running
+
+
+# a libcuda that reports a chosen driver version and GPU (what a GPU-less machine cannot provide for real)
+FAKE_LIBCUDA = r"""
+#include <string.h>
+int cuInit(unsigned f) { return 0; }
+int cuDriverGetVersion(int *v) { *v = DRIVER; return 0; }
+int cuDeviceGetCount(int *n) { *n = 1; return 0; }
+int cuDeviceGet(int *d, int i) { *d = 0; return 0; }
+int cuDeviceGetAttribute(int *v, int attr, int d) { *v = attr == 75 ? MAJOR : MINOR; return 0; }
+int cuDeviceGetName(char *name, int len, int d) { strncpy(name, NAME, len); return 0; }
+"""
+
+
+def fake_libcuda(tmp: Path, driver: int, sm: int, name: str) -> str:
+    require("GCC", "needs gcc to build the fake driver" if shutil.which("gcc") is None else None)
+    src, lib = tmp / "fake.c", tmp / f"libcuda-{driver}-{sm}.so"
+    src.write_text(FAKE_LIBCUDA)
+    subprocess.run(
+        [
+            "gcc",
+            "-shared",
+            "-fPIC",
+            f"-DDRIVER={driver}",
+            f"-DMAJOR={sm // 10}",
+            f"-DMINOR={sm % 10}",
+            f'-DNAME="{name}"',
+            "-o",
+            str(lib),
+            str(src),
+        ],
+        check=True,
+    )
+    return str(lib)
