@@ -24,7 +24,7 @@ from edgedeploy_agent.store import DeviceStore
 from tests.helpers import Cli
 from tests.integration.conftest import AGENT, Enrolled
 from tests.integration.netfleet import padded_bundle
-from tests.integration.test_push_failures import current, push_ok
+from tests.integration.pushes import current, push_ok
 
 pytestmark = pytest.mark.integration
 

@@ -22,8 +22,7 @@ from edgedeploy_agent.desired import DesiredHealth
 from tests.conftest import require
 from tests.helpers import Cli, agent
 from tests.integration.netfleet import padded_bundle
-from tests.integration.pullfleet import PUBLISHER, PullFleet
-from tests.integration.test_pull_rollout import signed
+from tests.integration.pullfleet import PUBLISHER, PullFleet, signed
 
 pytestmark = pytest.mark.integration
 

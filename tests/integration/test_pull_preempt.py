@@ -23,8 +23,7 @@ from edgedeploy_agent.bundle import read_manifest
 from edgedeploy_agent.desired import DesiredHealth
 from tests.helpers import Cli
 from tests.integration.netfleet import padded_bundle
-from tests.integration.pullfleet import PUBLISHER, PullFleet
-from tests.integration.test_pull_rollout import signed, wait_for
+from tests.integration.pullfleet import PUBLISHER, PullFleet, signed, wait_for
 
 pytestmark = pytest.mark.integration
 

@@ -15,8 +15,7 @@ import pytest
 
 from edgedeploy.fleet_servers import CONTROLLER
 from edgedeploy_agent.desired import status_topic
-from tests.integration.pullfleet import PullFleet
-from tests.integration.test_pull_rollout import wait_for
+from tests.integration.pullfleet import PullFleet, wait_for
 
 pytestmark = pytest.mark.integration
 

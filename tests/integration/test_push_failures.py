@@ -4,7 +4,6 @@ device keeps a working bundle."""
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import threading
@@ -22,19 +21,9 @@ from tests.agent.bundles import make_bundle
 from tests.helpers import Cli, agent, assert_one_line_error, mount_tmpfs
 from tests.integration.conftest import AGENT, Enrolled, add_device
 from tests.integration.netfleet import padded_bundle
+from tests.integration.pushes import current, push_ok
 
 pytestmark = pytest.mark.integration
-
-
-def current(dev: Enrolled) -> str | None:
-    link = dev.root / "current"
-    return os.readlink(link).split("/")[-1] if link.is_symlink() else None
-
-
-def push_ok(cli: Cli, dev: Enrolled, bundle: Path) -> None:
-    r = cli("push", dev.name, str(bundle), "--json", *dev.args())
-    assert r.code == 0, r.err
-    assert json.loads(r.out)["outcome"] == "committed"
 
 
 def test_changed_host_key_is_refused_until_reenrolled(cli: Cli, device: Enrolled, mnist_bundle: Path) -> None:
