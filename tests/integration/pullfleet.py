@@ -134,7 +134,29 @@ def start_pull_fleet(base: Path, cli: Cli, names: list[str]) -> PullFleet:
     return PullFleet(base, cli, origin, readonly, cache, broker)
 
 
-class FaultProxy:
+class LoopbackHTTP:
+    """An HTTP server on 127.0.0.1, serving from a thread while the `with` block runs (a registry written for a
+    test: the subclass gives its request handler)."""
+
+    def __init__(self, handler: type[http.server.BaseHTTPRequestHandler]) -> None:
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", free_port()), handler)
+        self.server.daemon_threads = True
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server.server_address[1]}"
+
+    def __enter__(self) -> LoopbackHTTP:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+class FaultProxy(LoopbackHTTP):
     """HTTP proxy in front of a registry endpoint: `corrupt` flips a byte of that blob, `cut_after` closes the
     connection after N body bytes of any blob longer than that (`cuts` counts them), `ignore_range` answers a
     range request with a full 200."""
@@ -180,21 +202,7 @@ class FaultProxy:
                     return
                 self.wfile.write(body)
 
-        self.port = free_port()
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", self.port), Handler)
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    def __enter__(self) -> FaultProxy:
-        self.thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+        super().__init__(Handler)
 
 
 def signed(cli: Cli, bundle: Path, out: Path) -> Path:

@@ -15,7 +15,6 @@ from pathlib import Path
 
 import pytest
 
-from edgedeploy.localdevice import free_port
 from edgedeploy.publish import publish
 from edgedeploy.remote.blobs import bundle_blobs
 from edgedeploy.remote.mqtt import Controller, MqttSettings, desired_payload
@@ -23,12 +22,12 @@ from edgedeploy_agent.bundle import read_manifest
 from edgedeploy_agent.desired import DesiredHealth
 from tests.helpers import Cli
 from tests.integration.netfleet import padded_bundle
-from tests.integration.pullfleet import PUBLISHER, PullFleet, signed, wait_for
+from tests.integration.pullfleet import PUBLISHER, LoopbackHTTP, PullFleet, signed, wait_for
 
 pytestmark = pytest.mark.integration
 
 
-class TrickleRegistry:
+class TrickleRegistry(LoopbackHTTP):
     """In front of a registry endpoint: every request passes through, except the body of blob `trickle`,
     sent one byte per `interval` s (headers at once, so the client's read timeout never fires)."""
 
@@ -69,22 +68,11 @@ class TrickleRegistry:
                 except OSError:
                     return  # the client went away
 
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", free_port()), Handler)
-        self.server.daemon_threads = True
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.server.server_address[1]}"
-
-    def __enter__(self) -> TrickleRegistry:
-        self.thread.start()
-        return self
+        super().__init__(Handler)
 
     def __exit__(self, *exc: object) -> None:
-        self.closing.set()
-        self.server.shutdown()
-        self.server.server_close()
+        self.closing.set()  # the trickling handler stops first
+        super().__exit__(*exc)
 
 
 def test_a_rollback_pre_empts_a_trickling_download(
