@@ -4,8 +4,10 @@ the PTX of the sm_XX compilation is the compute_XX one. Seconds, no GPU."""
 
 from __future__ import annotations
 
+import locale
 import os
 import struct
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -92,6 +94,16 @@ def test_cubin_is_one_an_11x_driver_reads_and_its_ptx_is_the_compute_one(compile
     assert ptx_version(twin.ptx) == twin.ptx_isa == "7.8" and f"\n.target sm_{sm}\n".encode() in twin.ptx
     assert sorted(cubin_functions(real.cubin)) == sorted(ptx_entries(twin.ptx)) == ["hmma_kernel", "imma_kernel"]
     assert not twin.ptx.endswith(b"\0")
+
+
+@pytest.mark.cuda
+def test_the_process_keeps_reading_text_as_utf8_after_a_compile(compiler: nvrtc11.Nvrtc) -> None:
+    """NVRTC 11.8 leaves its thread in the C locale: without nvrtc11._KeepThreadLocale, every text subprocess
+    of this process after a compile decoded as ASCII (a CI run failed 11 tests so)."""
+    before = locale.getpreferredencoding(False)
+    compiler.compile(SOURCE, 75)
+    assert locale.getpreferredencoding(False) == before
+    assert subprocess.run(["printf", "\\342\\200\\246"], capture_output=True, text=True).stdout == "\u2026"
 
 
 @pytest.mark.cuda

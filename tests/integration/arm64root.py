@@ -263,7 +263,8 @@ class Container:
         p = subprocess.run(
             ["nsenter", "-t", str(self.leader), "-a", *CLEAN_ENV, *argv],
             capture_output=True,
-            text=True,
+            encoding="utf-8",  # systemctl's bullets and the journal's text, whatever this process's locale
+            errors="replace",
             timeout=timeout,
             stdin=subprocess.DEVNULL,
         )

@@ -245,11 +245,14 @@ def arm(
         assert r.code == 0, r.err
         yield dev
     finally:
-        if request.session.testsfailed and c.leader:
-            for argv in (["ls", "-la", ROOT, f"{ROOT}/run"], ["systemctl", "status", UNIT], ["journalctl", "-n", "60"]):
-                p = c.exec(argv, check=False)
-                print(f"\n$ {' '.join(argv)}\n{p.stdout}{p.stderr}")
-        c.close()
+        try:
+            if request.session.testsfailed and c.leader:  # what the device looked like, for the failed test
+                dumps = (["ls", "-la", ROOT, f"{ROOT}/run"], ["systemctl", "status", UNIT], ["journalctl", "-n", "60"])
+                for argv in dumps:
+                    p = c.exec(argv, check=False)
+                    print(f"\n$ {' '.join(argv)}\n{p.stdout}{p.stderr}")
+        finally:  # a failing dump must not leave the container running and its overlay mounted
+            c.close()
         print(f"\narm64 container timings (s): root {arm64_root.timings}, boots {c.boots}, steps {TIMINGS}")
 
 

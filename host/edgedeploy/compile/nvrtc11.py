@@ -147,19 +147,41 @@ class DeviceModule:
         return "?"
 
 
+class _KeepThreadLocale:
+    """NVRTC 11.8 switches the calling thread to the C locale (uselocale) and leaves it there: Python then reads
+    every later subprocess's text in that thread as ASCII (`locale.getpreferredencoding()` follows the thread's
+    locale), and a UTF-8 byte from a child ('…', '●') raises UnicodeDecodeError far from here. Seen in a test run:
+    every text subprocess after tests/host/test_nvrtc11.py failed so. This restores the thread's own locale."""
+
+    def __init__(self) -> None:
+        self.libc = ctypes.CDLL(None)
+        self.libc.uselocale.restype = ctypes.c_void_p
+        self.libc.uselocale.argtypes = [ctypes.c_void_p]
+        self.saved: int | None = None
+
+    def __enter__(self) -> None:
+        self.saved = self.libc.uselocale(None)  # NULL: ask, change nothing
+
+    def __exit__(self, *exc: object) -> None:
+        self.libc.uselocale(self.saved)
+
+
 class Nvrtc:
     """libnvrtc.so.11.2 through ctypes (no cuda-bindings 11 exists on PyPI for it to go through)."""
 
     def __init__(self, lib_dir: Path, include: list[Path]) -> None:
+        self.keep_locale = _KeepThreadLocale()
         # libnvrtc dlopens its builtins by soname: loaded first (RTLD_GLOBAL) it is found wherever lib_dir is
-        ctypes.CDLL(str(lib_dir / BUILTINS), mode=ctypes.RTLD_GLOBAL)
-        self.lib = ctypes.CDLL(str(lib_dir / LIBNVRTC))
+        with self.keep_locale:
+            ctypes.CDLL(str(lib_dir / BUILTINS), mode=ctypes.RTLD_GLOBAL)
+            self.lib = ctypes.CDLL(str(lib_dir / LIBNVRTC))
         self.lib.nvrtcGetErrorString.restype = ctypes.c_char_p
         self.include = include
 
     def version(self) -> tuple[int, int]:
         major, minor = ctypes.c_int(), ctypes.c_int()
-        self._check(self.lib.nvrtcVersion(ctypes.byref(major), ctypes.byref(minor)), "nvrtcVersion")
+        with self.keep_locale:
+            self._check(self.lib.nvrtcVersion(ctypes.byref(major), ctypes.byref(minor)), "nvrtcVersion")
         return major.value, minor.value
 
     def _check(self, result: int, what: str) -> None:
@@ -175,6 +197,10 @@ class Nvrtc:
 
     def compile(self, source: str, sm: int, ptx_only: bool = False) -> DeviceModule:
         """`source` for sm_XX: a cubin and its PTX, or (ptx_only) the PTX of compute_XX alone."""
+        with self.keep_locale:
+            return self._compile(source, sm, ptx_only)
+
+    def _compile(self, source: str, sm: int, ptx_only: bool) -> DeviceModule:
         code = source.encode()
         names = list(SHIM_HEADERS)
         heads = (ctypes.c_char_p * len(names))(*[SHIM_HEADERS[n].encode() for n in names])
