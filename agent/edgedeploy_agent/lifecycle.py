@@ -247,19 +247,34 @@ def recover(store: DeviceStore, service: Service) -> Optional[str]:
 
 FINISH_HEALTH_TIMEOUT_S = 120.0  # the health check a device finishes by itself (no host to say otherwise)
 FINISH_CHECK_EVERY_S = 10.0  # how often a running service looks for an interrupted transition
+# how long a cut-off transition is left to a host that is still connected (a push whose agent was killed runs
+# `recover` and reads the device back within seconds) before the device finishes it by itself
+FINISH_GRACE_S = 5.0
 
 
-def interrupted(store: DeviceStore) -> Optional[dict[str, Any]]:
+def interrupted(store: DeviceStore, grace_s: float = FINISH_GRACE_S) -> Optional[dict[str, Any]]:
     """The pending transition nobody runs: every deploy, rollback and recovery holds the device lock for the
     whole transition, and the kernel drops a dead process's lock, so a pending transition with the lock free was
-    cut off (its SSH session killed, its process or the device died). Read only."""
+    cut off (its SSH session killed, its process or the device died). Only once the transition has not moved for
+    `grace_s` s: a host still connected recovers and reads the device back first. Read only."""
     try:
         pending: Optional[dict[str, Any]] = store.state().get("pending")
     except AgentError:
         return None
-    if not pending or store.busy():
+    if not pending or _quiet_s(pending) < grace_s or store.busy():
         return None
     return pending
+
+
+def _quiet_s(pending: dict[str, Any]) -> float:
+    """Seconds since the transition last moved (`updated`, else `started`); unreadable: long ago."""
+    import datetime as _dt
+
+    try:
+        moved = _dt.datetime.fromisoformat(str(pending.get("updated") or pending.get("started")).replace("Z", "+00:00"))
+        return (_dt.datetime.now(_dt.timezone.utc) - moved).total_seconds()
+    except (TypeError, ValueError):
+        return float("inf")
 
 
 def spawn_finisher(store: DeviceStore) -> None:

@@ -157,3 +157,14 @@ def pull_fleet(  # a pull fleet: registry, cache, broker, two watch devices (tes
 def arm64_root(tmp_path_factory: pytest.TempPathFactory) -> PreparedRoot:
     """The arm64 root (tests/integration/arm64root.py), built once per recipe and cached on disk (~10 min)."""
     return prepare_root(tmp_path_factory.mktemp("arm64-root") / "build.log")
+
+
+@pytest.fixture
+def looping(cli: Cli, sshd, tmp_path: Path, mnist_video: LabeledVideo) -> Iterator[Enrolled]:
+    """A device whose source plays the clip in a loop: its agent serves until it is stopped or killed."""
+    dev = add_device(
+        cli, sshd, tmp_path / "f" / "devices.toml", tmp_path / "root", source=f"file:{mnist_video.path}?loop=1"
+    )
+    assert cli("devices", "enroll", dev.name, "--yes", *dev.args()).code == 0
+    yield dev
+    agent("--root", str(dev.root), "--json", "stop")

@@ -75,8 +75,9 @@ def _kill_deploy(upload: Path) -> None:
 
 
 def test_a_session_killed_in_the_health_check_is_finished_by_the_device(
-    cli: Cli, device: Enrolled, mnist_bundle: Path, tmp_path: Path
+    cli: Cli, looping: Enrolled, mnist_bundle: Path, tmp_path: Path
 ) -> None:
+    device = looping  # a camera-like source: its service keeps looking for an interrupted transition (10 s)
     push_ok(cli, device, mnist_bundle)
     old = read_manifest(mnist_bundle).release_name
     new_bundle = padded_bundle(mnist_bundle, tmp_path / "new.edb", 4096, version="10")

@@ -10,7 +10,6 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -18,7 +17,7 @@ import pytest
 from edgedeploy_agent.bundle import read_manifest
 from tests.helpers import Cli, Ran, agent, assert_one_line_error
 from tests.integration.bundles import crashing_on_real_frames
-from tests.integration.conftest import Enrolled, LabeledVideo, add_device
+from tests.integration.conftest import Enrolled, add_device
 from tests.integration.netfleet import padded_bundle
 
 pytestmark = pytest.mark.integration
@@ -67,17 +66,6 @@ def test_a_source_that_delivers_nothing_is_source_unavailable(
         assert not (dev.root / "current").exists()
     finally:
         agent("--root", str(dev.root), "--json", "stop")
-
-
-@pytest.fixture
-def looping(cli: Cli, sshd, tmp_path: Path, mnist_video: LabeledVideo) -> Iterator[Enrolled]:
-    """A device whose source plays the clip in a loop: its agent serves until it is stopped or killed."""
-    dev = add_device(
-        cli, sshd, tmp_path / "f" / "devices.toml", tmp_path / "root", source=f"file:{mnist_video.path}?loop=1"
-    )
-    assert cli("devices", "enroll", dev.name, "--yes", *dev.args()).code == 0
-    yield dev
-    agent("--root", str(dev.root), "--json", "stop")
 
 
 def test_a_killed_agent_shows_as_dead_at_once(cli: Cli, looping: Enrolled, mnist_bundle: Path) -> None:
