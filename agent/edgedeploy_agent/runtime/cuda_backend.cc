@@ -255,15 +255,14 @@ class Contexts {
     return contexts[device_id];
   }
 
-  /*! \brief Make `device_id` this thread's device: its primary context current. */
+  /*! \brief Make `device_id` this thread's device: its primary context current. Every kernel launch passes
+   * here: once the thread is on that device it returns at once (no lock, no driver call). */
   static void Use(int device_id) {
-    thread_local CUcontext current = nullptr;
-    CUcontext ctx = Primary(device_id);
+    thread_local int current = -1;  // the device whose context this thread made current
     CurrentDevice() = device_id;
-    if (ctx != current) {
-      CU(cuCtxSetCurrent(ctx));
-      current = ctx;
-    }
+    if (device_id == current) return;
+    CU(cuCtxSetCurrent(Primary(device_id)));
+    current = device_id;
   }
 
   static int& CurrentDevice() {
