@@ -13,6 +13,7 @@ A refused bundle (untrusted, incompatible, unreadable, failing to stage) leaves 
 uploaded file or blobs are removed at refusal, and `recover()` sweeps uploads nobody will use.
 """
 
+import datetime as _dt
 import subprocess
 import sys
 import threading
@@ -267,11 +268,10 @@ def interrupted(store: DeviceStore, grace_s: float = FINISH_GRACE_S) -> Optional
 
 
 def _quiet_s(pending: dict[str, Any]) -> float:
-    """Seconds since the transition last moved (`updated`, else `started`); unreadable: long ago."""
-    import datetime as _dt
-
+    """Seconds since the transition last moved (`updated`, else `started`, both store.utcnow()); unreadable:
+    long ago."""
     try:
-        moved = _dt.datetime.fromisoformat(str(pending.get("updated") or pending.get("started")).replace("Z", "+00:00"))
+        moved = _dt.datetime.fromisoformat(str(pending.get("updated") or pending.get("started")))
         return (_dt.datetime.now(_dt.timezone.utc) - moved).total_seconds()
     except (TypeError, ValueError):
         return float("inf")
