@@ -115,3 +115,28 @@ def test_a_root_with_spaces_is_quoted_and_unsafe_values_are_refused(tmp_path: Pa
     for login in ("deploy\nALL ALL=(ALL) NOPASSWD: ALL", "a,b", "ops team", "-x", "#0"):
         with pytest.raises(InputError, match="sudoers rule"):
             dataclasses.replace(spec, login_user=login).sudoers_text()
+
+
+def test_the_runtime_and_the_cuda_backend_share_one_lib_dir_and_each_goes_only_when_changed(tmp_path: Path) -> None:
+    backend = tmp_path / "libedgedeploy_cuda.so"
+    backend.write_bytes(b"backend")
+    spec = dataclasses.replace(_spec(tmp_path, mode="process"), cuda_backend_lib=backend)
+    assert parse_install_probe(FRESH_JETSON).nvidia and parse_install_probe("cuda_driver=1\n").nvidia
+    assert not parse_install_probe("uid=0\narch=x86_64\n").nvidia  # no driver, not a Jetson: no backend wanted
+    steps = plan_install(parse_install_probe(FRESH_JETSON), spec)
+    names = [s.name for s in steps]
+    assert names.count("make lib dir") == 1
+    assert names.index("make lib dir") < names.index("upload TVM runtime") < names.index("upload CUDA backend")
+    assert {s.put[1] for s in steps if s.put and s.name.startswith("upload ") and "lib" in s.put[1]} == {
+        "/var/lib/edgedeploy/lib/libtvm_runtime.so",
+        "/var/lib/edgedeploy/lib/libedgedeploy_cuda.so",
+    }
+    init = next(s.argv for s in steps if s.name == "initialise agent root")
+    assert init[-2:] == ("--cuda-backend-lib", "/var/lib/edgedeploy/lib/libedgedeploy_cuda.so")
+    # the runtime already there, the backend changed: its upload alone, and init records it
+    have_runtime = FRESH_JETSON + f"initialised=1\nruntime_sha256={hashlib.sha256(b'lib').hexdigest()}\n"
+    names = [s.name for s in plan_install(parse_install_probe(have_runtime), spec)]
+    assert "upload TVM runtime" not in names and "upload CUDA backend" in names and "initialise agent root" in names
+    both = have_runtime + f"cuda_backend_sha256={hashlib.sha256(b'backend').hexdigest()}\n"
+    names = [s.name for s in plan_install(parse_install_probe(both), spec)]
+    assert not {"make lib dir", "upload TVM runtime", "upload CUDA backend", "initialise agent root"} & set(names)

@@ -316,6 +316,8 @@ EMULATED_CPUINFO_DROPIN = "[Service]\nBindReadOnlyPaths=/etc/edgedeploy-emulatio
 def set_up_disk(merged: Path, public_key: str, frames: Path) -> None:
     """What a technician did before `agent install`: a login with a key and a bootstrap sudo grant."""
     (merged / "etc/hostname").write_text("xavier-emu\n")
+    # what L4T writes (JetPack 5.1): the installer takes it for a Jetson, which gets the CUDA backend
+    (merged / "etc/nv_tegra_release").write_text("# R35 (release), REVISION: 2.1, GCID: 32413640, BOARD: t186ref\n")
     (merged / "etc/hosts").write_text("127.0.0.1 localhost\n127.0.1.1 xavier-emu\n")
     entry = next(ln.split(":") for ln in (merged / "etc/passwd").read_text().splitlines() if ln.startswith(f"{LOGIN}:"))
     uid, gid = int(entry[2]), int(entry[3])

@@ -104,3 +104,4 @@ def wheelhouse(
         f"in {house.download_s:.0f} s; install with `edgedeploy agent install DEVICE --offline {out}`",
         markup=False,
     )
+    render.out.print(f"  CUDA backend (edgedeploy's, CUDA 11.4+ drivers): {house.cuda_backend}", markup=False)

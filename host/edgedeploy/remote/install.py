@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, NamedTuple
 
 from edgedeploy_agent.unit import UNIT_NAME, render_unit
 
+from ..cuda_backend import LIBRARY as CUDA_BACKEND
 from ..errors import DeviceError, InputError
 from .transport import Transport
 
@@ -47,11 +48,10 @@ id -nG "$login" 2>/dev/null | tr ' ' '\n' | grep -qx "$user" && echo "login_in_g
 [ -f "$root/lib/libtvm_runtime.so" ] && echo "runtime_sha256=$(sha256sum "$root/lib/libtvm_runtime.so" | cut -d' ' -f1)"
 [ -f "$root/lib/libedgedeploy_cuda.so" ] && echo "cuda_backend_sha256=$(sha256sum "$root/lib/libedgedeploy_cuda.so" |
   cut -d' ' -f1)"
+# an NVIDIA driver (a Jetson's comes with L4T, the jetson line above): only then does the device need a CUDA backend
+/sbin/ldconfig -p 2>/dev/null | grep -q 'libcuda\.so\.1 ' && echo "cuda_driver=1"
 true
 """
-
-
-CUDA_BACKEND_PATH = "{root}/lib/libedgedeploy_cuda.so"
 
 
 @dataclass(frozen=True)
@@ -71,6 +71,12 @@ class InstallFacts:
     login_in_group: bool = False
     sudoers_sha256: str | None = None
     cuda_backend_sha256: str | None = None
+    cuda_driver: bool = False  # libcuda.so.1 is known to the dynamic linker
+
+    @property
+    def nvidia(self) -> bool:
+        """An NVIDIA GPU stack: a driver, or a Jetson (L4T)."""
+        return self.cuda_driver or self.jetson is not None
 
 
 def parse_install_probe(stdout: str) -> InstallFacts:
@@ -92,6 +98,7 @@ def parse_install_probe(stdout: str) -> InstallFacts:
         login_in_group=kv.get("login_in_group") == "1",
         sudoers_sha256=kv.get("sudoers_sha256") or None,
         cuda_backend_sha256=kv.get("cuda_backend_sha256") or None,
+        cuda_driver=kv.get("cuda_driver") == "1",
     )
 
 
@@ -241,47 +248,33 @@ def _agent_wheels(facts: InstallFacts, spec: InstallSpec, files: InstallFiles) -
     ]
 
 
-def _new_runtime(facts: InstallFacts, spec: InstallSpec) -> bool:
-    return spec.runtime_lib is not None and facts.runtime_sha256 != _sha256(spec.runtime_lib)
+def _new_libraries(facts: InstallFacts, spec: InstallSpec) -> list[tuple[Path, str, str]]:
+    """(local file, name in ROOT/lib, step) of each library the device lacks these bytes of: the TVM runtime and
+    edgedeploy's CUDA backend (CUDA 11.4+ drivers), where the spec has them."""
+    wanted = (
+        (spec.runtime_lib, "libtvm_runtime.so", "upload TVM runtime", facts.runtime_sha256),
+        (spec.cuda_backend_lib, CUDA_BACKEND, "upload CUDA backend", facts.cuda_backend_sha256),
+    )
+    return [(lib, name, step) for lib, name, step, have in wanted if lib is not None and have != _sha256(lib)]
 
 
-def _runtime(facts: InstallFacts, spec: InstallSpec, files: InstallFiles) -> list[Step]:
-    if spec.runtime_lib is None or not _new_runtime(facts, spec):
+def _libraries(facts: InstallFacts, spec: InstallSpec, files: InstallFiles) -> list[Step]:
+    new = _new_libraries(facts, spec)
+    if not new:
         return []
-    return [
-        Step("make lib dir", ("mkdir", "-p", f"{spec.root}/lib"), root=spec.as_root),
-        Step("upload TVM runtime", put=(spec.runtime_lib, f"{spec.root}/lib/libtvm_runtime.so"), root=spec.as_root),
-    ]
-
-
-def _new_cuda_backend(facts: InstallFacts, spec: InstallSpec) -> bool:
-    return spec.cuda_backend_lib is not None and facts.cuda_backend_sha256 != _sha256(spec.cuda_backend_lib)
-
-
-def _cuda_backend(facts: InstallFacts, spec: InstallSpec, files: InstallFiles) -> list[Step]:
-    """edgedeploy's CUDA backend for the TVM runtime (CUDA 11.4+ drivers): GPU bundles use it where it is."""
-    if not _new_cuda_backend(facts, spec):
-        return []
-    assert spec.cuda_backend_lib is not None
-    return [
-        Step("make lib dir", ("mkdir", "-p", f"{spec.root}/lib"), root=spec.as_root),
-        Step(
-            "upload CUDA backend",
-            put=(spec.cuda_backend_lib, CUDA_BACKEND_PATH.format(root=spec.root)),
-            root=spec.as_root,
-        ),
-    ]
+    mkdir = Step("make lib dir", ("mkdir", "-p", f"{spec.root}/lib"), root=spec.as_root)
+    return [mkdir, *(Step(step, put=(lib, f"{spec.root}/lib/{name}"), root=spec.as_root) for lib, name, step in new)]
 
 
 def _agent_root(facts: InstallFacts, spec: InstallSpec, files: InstallFiles) -> list[Step]:
     # init keeps the rest of an existing config
-    if facts.initialised and not _new_runtime(facts, spec) and not _new_cuda_backend(facts, spec):
+    if facts.initialised and not _new_libraries(facts, spec):
         return []
     init = [f"{spec.venv}/bin/edgedeploy-agent", "--root", spec.root, "--json", "init", "--service", spec.mode]
     if spec.runtime_lib is not None:
         init += ["--tvm-runtime-lib", f"{spec.root}/lib/libtvm_runtime.so"]
     if spec.cuda_backend_lib is not None:
-        init += ["--cuda-backend-lib", CUDA_BACKEND_PATH.format(root=spec.root)]
+        init += ["--cuda-backend-lib", f"{spec.root}/lib/{CUDA_BACKEND}"]
     if spec.source:
         init += ["--source", spec.source]
     steps = [Step("initialise agent root", tuple(init), root=spec.as_root)]
@@ -338,8 +331,7 @@ PLAN_PARTS: tuple[Planner, ...] = (
     _service_user,
     _venv,
     _agent_wheels,
-    _runtime,
-    _cuda_backend,
+    _libraries,
     _agent_root,
     _login_group,
     _sudoers,

@@ -85,7 +85,9 @@ def plan_on(transport: Transport, spec: InstallSpec, options: InstallOptions, wo
         check_wheelhouse(options.wheelhouse, facts.python, facts.arch)
     if spec.runtime_lib is None:
         spec = replace(spec, runtime_lib=default_runtime_lib(facts.arch))
-    backend, backend_note = cuda_backend_for(facts.arch, options.wheelhouse)
+    backend, backend_note = None, "not needed: no NVIDIA driver on the device (no libcuda.so.1, not a Jetson)"
+    if facts.nvidia:
+        backend, backend_note = cuda_backend_for(facts.arch, options.wheelhouse)
     spec = replace(spec, cuda_backend_lib=backend)
     steps = plan_install(facts, spec, write_install_files(spec, work_dir))
     if options.pull is None:

@@ -88,12 +88,13 @@ def build_wheelhouse(out: Path, python: str, platform: str, extras: tuple[str, .
             hint="this host needs PyPI (or PIP_INDEX_URL); a dependency without a wheel for that platform "
             "cannot go into a wheelhouse",
         )
+    download_s = round(time.monotonic() - t, 1)
     # edgedeploy's CUDA backend for the platform's architecture, which `agent install --offline` uploads
-    from ..cuda_backend import LIBRARY, build_backend
+    from ..cuda_backend import build_backend
     from ..errors import BuildError
-    from .wheels import CUDA_BACKEND_DIR
+    from .wheels import wheelhouse_backend
 
-    backend = out / CUDA_BACKEND_DIR / m.group(1) / LIBRARY
+    backend = wheelhouse_backend(out, m.group(1))
     try:
         built = build_backend(m.group(1))
         backend.parent.mkdir(parents=True, exist_ok=True)
@@ -103,7 +104,7 @@ def build_wheelhouse(out: Path, python: str, platform: str, extras: tuple[str, .
         backend_note = f"not included: {e.message}"
     house = Wheelhouse(
         str(out), python, platform, m.group(1), sorted(extras), sorted(w.name for w in out.glob("*.whl")),
-        round(time.monotonic() - t, 1), backend_note,
+        download_s, backend_note,
     )  # fmt: skip
     (out / MANIFEST).write_text(json.dumps(asdict(house), indent=1) + "\n", encoding="utf-8")
     return house

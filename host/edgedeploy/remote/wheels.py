@@ -53,14 +53,21 @@ def agent_wheels(out: Path, wheelhouse: Path | None) -> list[Path]:
 CUDA_BACKEND_DIR = "cuda-backend"  # in a wheelhouse: cuda-backend/<arch>/libedgedeploy_cuda.so
 
 
+def wheelhouse_backend(wheelhouse: Path, arch: str) -> Path:
+    """Where a wheelhouse keeps edgedeploy's CUDA backend for `arch`."""
+    from ..cuda_backend import LIBRARY
+
+    return wheelhouse / CUDA_BACKEND_DIR / arch / LIBRARY
+
+
 def cuda_backend_for(device_arch: str, wheelhouse: Path | None) -> tuple[Path | None, str]:
     """edgedeploy's CUDA backend for the device's architecture: the wheelhouse's, else built here (cached);
     (None, why) when neither can be had (a CPU-only device does not need it)."""
-    from ..cuda_backend import LIBRARY, build_backend
+    from ..cuda_backend import build_backend
     from ..errors import BuildError
 
     if wheelhouse is not None:
-        lib = wheelhouse / CUDA_BACKEND_DIR / device_arch / LIBRARY
+        lib = wheelhouse_backend(wheelhouse, device_arch)
         if lib.is_file():
             return lib, f"from {wheelhouse}"
     try:
