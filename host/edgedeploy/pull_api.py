@@ -21,7 +21,7 @@ from .publish import published_ref
 from .remote.blobs import bundle_blobs
 from .remote.fleet import FleetResult, run_fleet
 from .remote.install_pull import PullOptions
-from .remote.mqtt import UNREADABLE, Controller, FleetConfig, desired_payload, load_fleet_config
+from .remote.mqtt import Controller, FleetConfig, desired_payload, load_fleet_config
 from .remote.mqtt_rollout import MqttRolloutRunner, PullPolicy, status_facts
 from .remote.plan import HealthPolicy
 from .remote.rollout import DEFAULT_WAVES, RolloutState, Waves, new_rollout_id, plan_rollout
@@ -77,12 +77,9 @@ def rollout_via_mqtt(
 
 
 def releases_before(names: list[str], statuses: dict[str, dict[str, Any]]) -> dict[str, str | None]:
-    """Pure: the release each device runs by its retained status (None: no status, or an unreadable one)."""
-    before: dict[str, str | None] = {}
-    for n in names:
-        st = statuses.get(n) or {}
-        before[n] = None if st.get("state") == UNREADABLE else st.get("release")
-    return before
+    """Pure: the release each device runs by its retained status (None: no status, or an unreadable one,
+    which read_status gives no release)."""
+    return {n: (statuses.get(n) or {}).get("release") for n in names}
 
 
 def _run(inv: Inventory, state: RolloutState, path: Path, controller: Controller, listener: Listener) -> RolloutState:
@@ -99,6 +96,8 @@ def resume_via_mqtt(
     """Publish again (with a new serial) to every device that did not end ok; same halt rules."""
     cfg = load_fleet_config()
     with Controller(cfg.mqtt) as controller:
+        # every device's retained status before the first next_serial: a serial above the floor it reports
+        controller.read_statuses(list(state.devices))
         return _run(inv, prepare_resume(state), path, controller, listener)
 
 
@@ -110,10 +109,14 @@ def fleet_status_via_mqtt(names: list[str], settle: float = 2.0) -> dict[str, di
     return {n: got.get(n) for n in names}
 
 
-def rollback_via_mqtt(names: list[str], timeout: float = 90.0) -> FleetResult[dict[str, Any]]:
-    """Send each device back to the release it ran when the newest MQTT rollout started, and wait for
-    the outcomes: all published first, then one deadline (`timeout` s) shared by every device. Per-device
-    results as the SSH fan-out gives them: {"outcome", "release", "previous"} or the device's error."""
+def rollback_via_mqtt(
+    names: list[str], health_timeout: float = 60.0, margin: float = 30.0
+) -> FleetResult[dict[str, Any]]:
+    """Send each device back to the release it ran when the newest MQTT rollout started, its health check
+    `health_timeout` s, and wait for the outcomes: all published first, then one deadline (the health check
+    plus `margin` s for the broker's round trips) shared by every device. Per-device results as the SSH fan-out
+    gives them: {"outcome", "release", "previous"} or the device's error."""
+    timeout = health_timeout + margin
     cfg = load_fleet_config()
     key = _rollout_key(cfg)
     files = sorted(rollouts_dir().glob("*.json")) if rollouts_dir().is_dir() else []
@@ -146,8 +149,9 @@ def rollback_via_mqtt(names: list[str], timeout: float = 90.0) -> FleetResult[di
             was[n] = statuses.get(n, {}).get("release")
             serials[n] = controller.next_serial(n)
             payload = desired_payload(
-                key, n, "", target, f"rollback-{rid}", 0, serials[n], health=DesiredHealth(), action="rollback"
-            )
+                key, n, "", target, f"rollback-{rid}", 0, serials[n], health=DesiredHealth(timeout_s=health_timeout),
+                expires_hours=cfg.rollout.expires_hours if cfg.rollout else 24, action="rollback",
+            )  # fmt: skip
             try:
                 controller.publish_desired(n, payload)
             except EdgeDeployError as e:

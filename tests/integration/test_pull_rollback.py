@@ -107,7 +107,7 @@ def test_rollback_shares_one_deadline_and_returns_a_fleet_result(hermetic: Path,
         (rollouts_dir() / "20260101T000000-abcdefgh.json").write_text(json.dumps(record))
 
         t0 = time.monotonic()
-        fleet = rollback_via_mqtt(names, timeout=3.0)
+        fleet = rollback_via_mqtt(names, health_timeout=1.0, margin=2.0)  # one 3 s deadline
         took = time.monotonic() - t0
         assert isinstance(fleet, FleetResult) and not fleet.succeeded
         assert {n: e.code for n, e in fleet.failed.items()} == {  # type: ignore[attr-defined]
@@ -124,7 +124,7 @@ def test_rollback_shares_one_deadline_and_returns_a_fleet_result(hermetic: Path,
         old = {"id": "20260102T000000-abcdefgh", "options": {"via": "mqtt", "previous_refs": {"d1": "h:1/m@sha256:0"}}}
         (rollouts_dir() / "20260102T000000-abcdefgh.json").write_text(json.dumps(old))
         with pytest.raises(InputError, match="does not record what its devices ran"):
-            rollback_via_mqtt(names, timeout=1.0)
+            rollback_via_mqtt(names, health_timeout=1.0)
         assert_one_line_error(
             Cli()("rollback", "d4", "--via", "mqtt", "--inventory", str(inv)), 2, "does not record what its devices"
         )

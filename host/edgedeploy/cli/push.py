@@ -105,7 +105,7 @@ def register(app: typer.Typer) -> None:
         inv = Inventory.load(inventory)
         if via == "mqtt":  # one deadline for all: the health check, plus a margin for the broker round trip
             names = api.select_devices(inv, [device] if device else None, group)
-            fleet = pull_api.rollback_via_mqtt(names, timeout=timeout + 30)
+            fleet = pull_api.rollback_via_mqtt(names, health_timeout=timeout)
             render.fleet_result(fleet, json_, _rolled_back)
             if fleet.exit_code:
                 raise typer.Exit(fleet.exit_code)

@@ -94,7 +94,7 @@ def register(app: typer.Typer) -> None:
         With a DEVICE: its detail (an error exits with its own code: 3 unreachable, 4 refused). Without (or
         with --group TAG): one line per device, pulled in parallel; exit 0 when all answered, 5 when some did
         (partial), 1 when none did. With --via mqtt a device counts as answered when its retained status is
-        there and not offline, refused or rolled-back.
+        there and not offline, refused, rolled-back or unreadable.
         """
         inv = Inventory.load(inventory)
         if via == "mqtt":
@@ -141,7 +141,9 @@ def _via_mqtt(names: list[str], group: str | None, json_: bool) -> None:
             ["device", "state", "release", "rollout", "code", "progress", "updated"],
             rows,
         )
-    bad = ("offline", "refused", "rolled-back", "unreadable")
+    from ..remote.mqtt import UNREADABLE  # paho only when --via mqtt asks for it
+
+    bad = ("offline", "refused", "rolled-back", UNREADABLE)
     ok = sum(1 for st in statuses.values() if st and st.get("state") not in bad)
     raise typer.Exit(fleet_exit_code(ok, len(names)))
 
