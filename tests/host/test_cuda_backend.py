@@ -10,7 +10,6 @@ import re
 import shutil
 import subprocess
 import sys
-import zipfile
 from pathlib import Path
 
 import pytest
@@ -18,13 +17,11 @@ import pytest
 from edgedeploy.compile.devcode import elf_machine
 from edgedeploy.compile.elf_versions import version_needs
 from edgedeploy.cuda_backend import ARCHS, build_backend, sources
-from edgedeploy.paths import cache_dir
 from tests.helpers import require
 
 # JetPack 5 (Ubuntu 20.04): glibc 2.31 and GCC 10's libstdc++ (GLIBCXX_3.4.28, CXXABI_1.3.12)
 FLOORS = {"GLIBC": (2, 31), "GLIBCXX": (3, 4, 28), "CXXABI": (1, 3, 12)}
 DRIVER_FLOOR = 11040  # CUDA 11.4, as cuDriverGetVersion counts
-CUDA11_HEADERS = "nvidia-cuda-runtime-cu11==11.7.99"  # PyPI's oldest CUDA 11 headers
 
 
 def entry_points() -> list[str]:
@@ -39,30 +36,21 @@ def _compiler_or_skip(arch: str) -> None:
         require("HOST", f"{ARCHS[arch].compiler} not installed (containers/install-build-deps.sh installs it)")
 
 
-@pytest.fixture(scope="module")
-def cuda11_typedefs() -> str:
-    """cudaTypedefs.h of CUDA 11.7: one `PFN_<name>_v<version>` typedef per ABI of every driver entry point,
-    the version being the CUDA release that introduced that ABI (cuMemAlloc_v2: PFN_cuMemAlloc_v3020)."""
-    folder = cache_dir() / "cuda11-headers"
-    wheels = sorted(folder.glob("nvidia_cuda_runtime_cu11-11.7.99-*.whl"))
-    if not wheels:
-        folder.mkdir(parents=True, exist_ok=True)
-        p = subprocess.run(
-            [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:", "--platform",
-             "manylinux1_x86_64", "--python-version", "3.11", "-d", str(folder), CUDA11_HEADERS],
-            capture_output=True, text=True, timeout=300,
-        )  # fmt: skip
-        wheels = sorted(folder.glob("nvidia_cuda_runtime_cu11-11.7.99-*.whl"))
-        require("PYPI", None if wheels else f"cannot download {CUDA11_HEADERS}: {p.stderr.strip()[-200:]}")
-    with zipfile.ZipFile(wheels[0]) as z:
-        return z.read("nvidia/cuda_runtime/include/cudaTypedefs.h").decode()
+CUDA11_ENTRY_POINTS = Path(__file__).resolve().parents[1] / "fixtures" / "cuda11.7_driver_entry_points.txt"
 
 
-@pytest.mark.network
-def test_every_entry_point_is_in_the_cuda_11_4_driver_api(cuda11_typedefs: str) -> None:
+def cuda11_versions() -> dict[str, list[int]]:
+    """name -> the CUDA versions that introduced its ABIs, from CUDA 11.7's cudaTypedefs.h (tests/fixtures)."""
     versions: dict[str, list[int]] = {}
-    for name, version in set(re.findall(r"PFN_(cu\w+?)_v(\d+)\b", cuda11_typedefs)):
-        versions.setdefault(name, []).append(int(version))
+    for line in CUDA11_ENTRY_POINTS.read_text().splitlines():
+        if line and not line.startswith("#"):
+            name, version = line.split()
+            versions.setdefault(name, []).append(int(version))
+    return versions
+
+
+def test_every_entry_point_is_in_the_cuda_11_4_driver_api() -> None:
+    versions = cuda11_versions()
     names = entry_points()
     assert len(names) == 38 and len(set(names)) == len(names), names
     for symbol in names:
@@ -84,7 +72,11 @@ def test_builds_for_each_device_architecture_within_jetpack_5s_floors(arch: str)
     lib = build_backend(arch)
     data = lib.read_bytes()
     assert elf_machine(data) == arch
-    assert build_backend(arch) == lib  # cached
+    built = lib.stat()
+    assert build_backend(arch) == lib and (lib.stat().st_ino, lib.stat().st_mtime_ns) == (
+        built.st_ino,
+        built.st_mtime_ns,
+    )
     needs = {n.version for n in version_needs(data)}
     for version in needs:
         family, _, number = version.partition("_")
