@@ -99,6 +99,7 @@ def _init(store: DeviceStore, args: argparse.Namespace) -> dict[str, Any]:
             "service": args.service,
             "source": args.source,
             "tvm_runtime_lib": args.tvm_runtime_lib,
+            "cuda_backend": args.cuda_backend,
             "cuda_backend_lib": args.cuda_backend_lib,
             "report_interval_s": args.report_interval,
             "metrics_port": args.metrics_port,
@@ -267,6 +268,11 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--source", help="frame source URI, e.g. file:/data/clip.mp4")
     s.add_argument("--tvm-runtime-lib", help="path of libtvm_runtime.so")
     s.add_argument("--cuda-backend-lib", help="path of libedgedeploy_cuda.so, edgedeploy's CUDA backend")
+    s.add_argument(
+        "--cuda-backend",
+        choices=("auto", "edgedeploy", "tvm"),
+        help="GPU bundles: edgedeploy's CUDA backend (CUDA 11.4+), the TVM wheel's (CUDA 13+), or auto",
+    )
     s.add_argument("--report-interval", type=float)
     s.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on 127.0.0.1:PORT")
     s.add_argument("--profile", help="device profile; bundles for another profile are refused")

@@ -49,14 +49,13 @@ def check_runtime(
         return Check("tvm runtime", FAILED, e.message, e.hint or "edgedeploy agent install DEVICE")
     if not cuda:
         return Check("tvm runtime", OK, f"{lib} loads", data={"lib": str(lib)})
-    from .runtime.tvm import loaded_cuda_backend
+    from .runtime.tvm import CUDA_DRIVER_FLOOR, cuda_backend_lib
 
-    backend = loaded_cuda_backend()
-    floor = "CUDA 11.4+ drivers" if backend == "edgedeploy" else "CUDA 13+ drivers"
+    backend = cuda_backend_lib(lib, *cuda_backend)[0]  # the one the loader took, by the same rule
     return Check(
         "tvm runtime",
         OK,
-        f"{lib} loads with the {backend} CUDA backend ({floor})",
+        f"{lib} loads with the {backend} CUDA backend (CUDA {CUDA_DRIVER_FLOOR[backend]}+ drivers)",
         data={"lib": str(lib), "cuda_backend": backend},
     )
 

@@ -30,6 +30,7 @@ _RUNTIME_HINT = "likely causes: wrong CPU architecture, glibc older than 2.28, m
 EDGEDEPLOY_CUDA = "libedgedeploy_cuda.so"
 TVM_CUDA = "libtvm_runtime_cuda.so"
 TVM_CUDA_DRIVER = "13.0"  # the wheel's backend links libcudart.so.13
+CUDA_DRIVER_FLOOR = {"edgedeploy": "11.4", "tvm": TVM_CUDA_DRIVER}  # the driver API each backend needs
 CUDA_BACKENDS = ("auto", "edgedeploy", "tvm")
 _CUDA_HINT = {
     "edgedeploy": "reinstall the agent (edgedeploy agent install DEVICE puts libedgedeploy_cuda.so beside "
