@@ -18,7 +18,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from edgedeploy_agent.durable import write_atomic
+from edgedeploy_agent.durable import move_durably
 
 from .errors import BuildError
 from .paths import cache_dir
@@ -69,7 +69,8 @@ def include_dirs() -> list[Path]:
     return [sources()[0].parent / "cuda_backend_include", *found]
 
 
-def _compiler(arch: str) -> tuple[Arch, str]:
+def _compiler(arch: str) -> tuple[Arch, str, str]:
+    """(the architecture's build facts, the compiler's path, the path and version line that key the cache)"""
     if arch not in ARCHS:
         raise BuildError(f"no CUDA backend for {arch}", hint=f"architectures: {', '.join(ARCHS)}")
     spec = ARCHS[arch]
@@ -77,12 +78,12 @@ def _compiler(arch: str) -> tuple[Arch, str]:
     if path is None:
         raise BuildError(f"the CUDA backend for {arch} needs {spec.compiler}", hint=f"apt-get install {spec.package}")
     version = subprocess.run([path, "--version"], capture_output=True, text=True).stdout.splitlines()[:1]
-    return spec, f"{path} {' '.join(version)}"
+    return spec, path, f"{path} {' '.join(version)}"
 
 
 def build_backend(arch: str) -> Path:
     """libedgedeploy_cuda.so for `arch` (x86_64 | aarch64), built once into the cache."""
-    spec, compiler = _compiler(arch)
+    spec, cxx, compiler = _compiler(arch)
     files = sources()
     digest = hashlib.sha256()
     for f in files:
@@ -98,7 +99,7 @@ def build_backend(arch: str) -> Path:
     script.write_text(_VERSION_SCRIPT)
     tmp = out.with_name(LIBRARY + ".building")
     command = [
-        shutil.which(spec.compiler) or spec.compiler,
+        cxx,
         "-std=c++17",
         "-O2",
         "-fPIC",
@@ -115,6 +116,6 @@ def build_backend(arch: str) -> Path:
     if p.returncode != 0:
         errors = [ln for ln in p.stderr.splitlines() if "error" in ln] or p.stderr.splitlines()[-1:] or ["no output"]
         raise BuildError(f"building the CUDA backend for {arch} failed: {errors[0]}")
-    write_atomic(out, tmp.read_bytes(), mode=0o755)
-    tmp.unlink()
+    tmp.chmod(0o755)
+    move_durably(tmp, out)
     return out
