@@ -16,7 +16,8 @@ There (GPU machine; bench/gpu_backend.sh sets up the two runtime folders):
   each twin (PTX for compute_72/75, x86_64 host code: the driver JIT-compiles it) and each H200 bundle of the
   kit through edgedeploy's backend on the reference's inputs; a twin passes with 100 % top-1 agreement and a
   max |diff| of at most 1 % (INT8) / 2 % (FP16) of the output range, or at most 1.25x the H200 bundle's own
-  distance (its closest batch size) to the same reference where that is larger (MobileNet's softmax output: twins() says why).
+  distance (its closest batch size) to the same reference where that is larger (MobileNet's softmax output:
+  twins() says why).
 """
 
 from __future__ import annotations
