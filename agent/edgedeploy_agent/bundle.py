@@ -39,7 +39,7 @@ from .gpu import CudaDevice, version_tuple
 # 4: target.driver_floor_reason, twin_of, and the cuda-ptx artifact (model.ptx): GPU bundles whose device code
 #    comes from NVRTC 11 (issue 39). Only bundles with one of them are written as 4; this agent reads 4.
 SCHEMA_VERSION = 4
-WRITTEN_SCHEMA_VERSION = 2  # what a manifest says unless it needs 3
+WRITTEN_SCHEMA_VERSION = 2  # what a manifest says unless it needs 3 or 4
 MANIFEST_NAME = "manifest.json"
 SIGNATURE_NAME = "manifest.sig"
 BUNDLE_SUFFIX = ".edb"

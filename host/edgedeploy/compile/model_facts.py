@@ -265,7 +265,7 @@ def complete_card(
         fields = ", ".join(NEEDED[k][0] for k in missing)
         options = " and ".join(NEEDED[k][1] for k in missing) + (" (or --scale)" if "normalization" in missing else "")
         card_file = f"{model.stem}.toml"
-        then = f"build with --card {card_file}" if command == "build" else f"{command} with --card {card_file}"
+        then = f"{command} with --card {card_file}"
         raise InputError(
             f"{model.name} has no model card and does not say how to preprocess its {channels}-channel input: "
             f"give {fields}",

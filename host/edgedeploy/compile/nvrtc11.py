@@ -141,10 +141,9 @@ class DeviceModule:
     @property
     def ptx_isa(self) -> str:
         """The PTX ISA version (`.version 7.8`): a driver JIT-compiles only ISAs of its CUDA version or older."""
-        for line in self.ptx.splitlines()[:40]:
-            if line.startswith(b".version "):
-                return line.split()[1].decode()
-        return "?"
+        from .devcode import ptx_version
+
+        return ptx_version(self.ptx) or "?"
 
 
 class _KeepThreadLocale:
