@@ -94,9 +94,7 @@ def _cuda_root(nvcc: str) -> Path | None:
 
 def _find_cudart13(root: Path | None) -> Path | None:
     dirs = [root / "lib64", root / "targets" / "x86_64-linux" / "lib"] if root else []
-    spec = importlib.util.find_spec("nvidia")
-    if spec and spec.submodule_search_locations:
-        dirs += [Path(p) / "cu13" / "lib" for p in spec.submodule_search_locations]
+    dirs += [r / "cu13" / "lib" for r in _nvidia_roots()]
     return next((d for d in dirs if (d / "libcudart.so.13").exists()), None)
 
 
@@ -143,8 +141,7 @@ def _nvrtc12_toolchain(profile: DeviceProfile, sm: int) -> CudaToolchain:
         raise BuildError(f"profile {profile.name} needs CUDA 12 NVRTC (cuda-bindings 12.x)", hint=hint) from None
     if not bindings.startswith("12."):
         raise BuildError(f"profile {profile.name} needs cuda-bindings 12.x, found {bindings}", hint=hint)
-    spec = importlib.util.find_spec("nvidia")
-    roots = [Path(p) for p in (spec.submodule_search_locations or [])] if spec else []
+    roots = _nvidia_roots()
     # cuda_nvcc: its headers only (crt/mma.h, which the tensor-core (WMMA) kernels include)
     parts = {
         name: next((r / name for r in roots if (r / name).is_dir()), None)
@@ -164,13 +161,7 @@ def _nvrtc12_toolchain(profile: DeviceProfile, sm: int) -> CudaToolchain:
             link = include / f.name
             if not link.exists() and not f.name.startswith("__"):
                 link.symlink_to(f)
-    # TVM's CUDA runtime library itself still needs a loadable libcudart.so.13 to register the codegen
-    cudart = _find_cudart13(None) or _find_cudart13(Path("/usr/local/cuda"))
-    if cudart is None:
-        raise BuildError(
-            "libcudart.so.13 not found (needed to load TVM's CUDA codegen)",
-            hint="install the CUDA 13 runtime: `pip install nvidia-cuda-runtime` (cu13)",
-        )
+    cudart = _require_cudart13()
     assert parts["cuda_nvrtc"] is not None
     env = {
         nvrtc11.LIB_ENV: "",  # TVM's own callback (NVRTC 12 through cuda-bindings)
@@ -179,6 +170,18 @@ def _nvrtc12_toolchain(profile: DeviceProfile, sm: int) -> CudaToolchain:
         "LD_LIBRARY_PATH": os.pathsep.join([str(stub_libcuda_dir()), str(cudart), str(parts["cuda_nvrtc"] / "lib")]),
     }
     return CudaToolchain("nvrtc-12", nvrtc_version, env)
+
+
+def _require_cudart13() -> Path:
+    """The folder of a libcudart.so.13: TVM's CUDA runtime library needs one to load and register the codegen,
+    whatever compiles the device code."""
+    cudart = _find_cudart13(None) or _find_cudart13(Path("/usr/local/cuda"))
+    if cudart is None:
+        raise BuildError(
+            "libcudart.so.13 not found (needed to load TVM's CUDA codegen)",
+            hint="install the CUDA 13 runtime: `pip install nvidia-cuda-runtime` (cu13)",
+        )
+    return cudart
 
 
 def _nvidia_roots() -> list[Path]:
@@ -231,14 +234,8 @@ def _nvrtc11_toolchain(profile: DeviceProfile, sm: int) -> CudaToolchain:
             hint=f"pip uninstall -y {' '.join(clash) or 'nvidia-cuda-runtime-cu12'} && "
             f"pip install --force-reinstall 'edgedeploy[cuda11]'",
         )
-    version = _dist_version("nvidia-cuda-nvrtc-cu11") or "11"
-    # TVM's CUDA runtime library itself still needs a loadable libcudart.so.13 to register the codegen
-    cudart = _find_cudart13(None) or _find_cudart13(Path("/usr/local/cuda"))
-    if cudart is None:
-        raise BuildError(
-            "libcudart.so.13 not found (needed to load TVM's CUDA codegen)",
-            hint="install the CUDA 13 runtime: `pip install nvidia-cuda-runtime` (cu13)",
-        )
+    version = str(_dist_version("nvidia-cuda-nvrtc-cu11"))  # there: refused above otherwise
+    cudart = _require_cudart13()
     env = {
         nvrtc11.LIB_ENV: str(lib),
         nvrtc11.INCLUDE_ENV: os.pathsep.join([str(runtime_inc), str(nvcc_inc)]),
