@@ -90,6 +90,21 @@ def build_cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("build-cache")
 
 
+@pytest.fixture(scope="session", autouse=True)
+def hermetic_session(tmp_path_factory: pytest.TempPathFactory, build_cache: Path) -> Iterator[None]:
+    """What `hermetic` does, for the whole run: session- and module-scoped fixtures are set up before a test's
+    `hermetic`, and without this they built into the user's cache and config (the CUDA stub driver, NVRTC
+    builds, TensorRT test bundles). Fixtures that want a config of their own still set one."""
+    home = tmp_path_factory.mktemp("session-host")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("EDGEDEPLOY_CONFIG_DIR", str(home / "config"))
+        mp.setenv("EDGEDEPLOY_STATE_DIR", str(home / "state"))
+        mp.setenv("EDGEDEPLOY_CACHE_DIR", str(build_cache))
+        mp.delenv("EDGEDEPLOY_INVENTORY", raising=False)
+        mp.delenv("EDGEDEPLOY_PROFILES", raising=False)
+        yield
+
+
 @pytest.fixture(autouse=True)
 def hermetic(tmp_path: Path, build_cache: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """Keep the user's config, inventory, known_hosts, reports and caches out of every test."""

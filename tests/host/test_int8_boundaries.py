@@ -77,12 +77,13 @@ def test_moved_dequantize_gives_the_same_results(block_modules: tuple[Any, np.nd
     """The same bytes on llvm with and without the move (the dequantize computes the same float either way)."""
     from tvm import relax
 
+    from tests.host.models import run_on_cpu
+
     mod, calib = block_modules
     outs = []
     for move in (False, True):
         fused = relax.transform.FuseTIR()(_fused(mod, move))
-        vm = relax.VirtualMachine(tvm.compile(fused, target="llvm"), tvm.cpu())
-        outs.append(np.concatenate([vm["main"](tvm.runtime.tensor(x[None])).numpy() for x in calib]))
+        outs.append(run_on_cpu(fused, calib))
     assert np.array_equal(outs[0], outs[1])
 
 

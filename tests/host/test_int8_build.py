@@ -20,6 +20,7 @@ from edgedeploy.compile.quantize import QuantizeOptions, quantizable_layers, qua
 from edgedeploy.datasets import load_calibration
 from edgedeploy_agent.bundle import Preprocess, TensorSpec, read_manifest
 from tests.helpers import Cli, assert_one_line_error
+from tests.host.models import run_on_cpu
 
 REPO = Path(__file__).resolve().parents[2]
 MNIST_CARD = REPO / "examples" / "cards" / "mnist-8.toml"
@@ -124,7 +125,6 @@ def _mnist_qdq(data_dir: Path, samples: int) -> tuple[onnx.ModelProto, object, n
 def test_float_exact_accumulation_is_bit_identical_to_int32(data_dir: Path) -> None:
     """The CPU pipeline accumulates int8 products in float32 where the sum provably stays below 2**24:
     compiled and run, both forms give the same bytes on real images."""
-    import tvm
 
     qdq, imported, calib = _mnist_qdq(data_dir, 32)
     outputs = []
@@ -133,8 +133,7 @@ def test_float_exact_accumulation_is_bit_identical_to_int32(data_dir: Path) -> N
         assert len(report.integer) == 3 and report.float_left == []  # 2 convs (float32-exact) and the MatMul
         text = mod.script()
         assert text.count('out_dtype="int32"') == (1 if exact else 3)  # exact: only the MatMul stays int32
-        vm = relax.VirtualMachine(tvm.compile(mod, target="llvm"), tvm.cpu())
-        outputs.append(np.concatenate([vm["main"](tvm.runtime.tensor(x[None])).numpy() for x in calib]))
+        outputs.append(run_on_cpu(mod, calib))
     assert np.array_equal(outputs[0], outputs[1])
 
 
@@ -142,7 +141,6 @@ def test_float_exact_accumulation_is_bit_identical_to_int32(data_dir: Path) -> N
 def test_max_pool_runs_on_integers(data_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """dequantize -> max_pool2d -> quantize with one scale becomes max_pool2d on the integers: mnist's two
     poolings read int8, and the compiled graph gives the same bytes as the float pooling between Q/DQ."""
-    import tvm
 
     from edgedeploy.compile import int8_rewrite
 
@@ -154,8 +152,7 @@ def test_max_pool_runs_on_integers(data_dir: Path, monkeypatch: pytest.MonkeyPat
         mod, _ = rewrite_int8(imported, quantizable_layers(qdq))
         pools = [line for line in mod.script().splitlines() if "R.nn.max_pool2d(" in line]
         assert len(pools) == 2 and all(('dtype="float32"' not in p) == integer_pool for p in pools), pools
-        vm = relax.VirtualMachine(tvm.compile(mod, target="llvm"), tvm.cpu())
-        outputs.append(np.concatenate([vm["main"](tvm.runtime.tensor(x[None])).numpy() for x in calib]))
+        outputs.append(run_on_cpu(mod, calib))
     assert np.array_equal(outputs[0], outputs[1])
 
 
@@ -255,7 +252,6 @@ def test_a_classifier_with_transposed_weights_becomes_integer() -> None:
 def test_signed_activations_give_the_same_bytes_without_shift_kernels(data_dir: Path) -> None:
     """CUDA builds quantize activations to int8 (q - 128, zero point - 128) instead of uint8: int8_rewrite
     then has no uint8 input to shift before a convolution, and the compiled graph gives the same bytes."""
-    import tvm
 
     from edgedeploy.compile.int8_rewrite import signed_activations
 
@@ -265,8 +261,7 @@ def test_signed_activations_give_the_same_bytes_without_shift_kernels(data_dir: 
         mod, report = rewrite_int8(signed_activations(imported) if signed else imported, quantizable_layers(qdq))
         assert len(report.integer) == 3 and report.float_left == []
         scripts.append(mod.script())
-        vm = relax.VirtualMachine(tvm.compile(mod, target="llvm"), tvm.cpu())
-        outputs.append(np.concatenate([vm["main"](tvm.runtime.tensor(x[None])).numpy() for x in calib]))
+        outputs.append(run_on_cpu(mod, calib))
     assert '"int16"' in scripts[0] and '"uint8"' in scripts[0]  # the shifts, before
     assert '"int16"' not in scripts[1] and '"uint8"' not in scripts[1]
     assert np.array_equal(outputs[0], outputs[1])

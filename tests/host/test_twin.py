@@ -15,7 +15,6 @@ import pytest
 from edgedeploy.api import build
 from edgedeploy.compile.cards import ModelCard
 from edgedeploy.compile.devcode import cubin_functions, device_blobs, inspect_library, ptx_entries, ptx_version
-from edgedeploy.compile.twin import build_twin
 from edgedeploy_agent.bundle import Manifest, Preprocess, check_compatible, extract_bundle
 from edgedeploy_agent.errors import IncompatibleBundle
 from edgedeploy_agent.gpu import probe_cuda
@@ -39,7 +38,7 @@ def _builds(profile: str, precision: str, data_dir: Path, tmp: Path) -> tuple[Ma
     if precision == "int8":
         int8 = Int8Config(calibration=data_dir / "imagenet-sample", options=QuantizeOptions(samples=16))
     real = build(model, profile, tmp / "real.edb", card, precision=precision, int8=int8)
-    twin = build_twin(model, profile, tmp / "twin.edb", precision=precision, int8=int8, card=card)
+    twin = build(model, profile, tmp / "twin.edb", card, precision=precision, int8=int8, twin=True)
     extract_bundle(real.bundle, tmp / "real")
     extract_bundle(twin.bundle, tmp / "twin")
     return real.manifest, tmp / "real", twin.manifest, tmp / "twin"

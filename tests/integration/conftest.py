@@ -69,11 +69,10 @@ MNIST_CARD = ModelCard(
 
 
 @pytest.fixture(scope="session")
-def mnist_bundle(data_dir: Path, tmp_path_factory: pytest.TempPathFactory, build_cache: Path) -> Path:
+def mnist_bundle(data_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("bundles") / "mnist.cpu-x86_64.edb"
-    with pytest.MonkeyPatch.context() as mp:  # runs before the autouse `hermetic`: the user's cache stays out
-        mp.setenv("EDGEDEPLOY_CACHE_DIR", str(build_cache))
-        build(data_dir / "models" / "mnist-8_opset13.onnx", "cpu-x86_64", out, MNIST_CARD, use_cache=False)
+    # (the session's cache: tests/conftest.py's hermetic_session)
+    build(data_dir / "models" / "mnist-8_opset13.onnx", "cpu-x86_64", out, MNIST_CARD, use_cache=False)
     return out
 
 

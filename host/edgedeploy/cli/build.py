@@ -161,7 +161,9 @@ def register(app: typer.Typer) -> None:
             merged, note = complete_card(model, merged, {k for k, v in pre.items() if v is not None})
             if note:
                 render.info(f"no model card; preprocessing from the model: {note}")
-        target = bundle_path(out or model.with_suffix(f".{profile}{'-twin' if twin else ''}.edb"))
+        from ..compile.twin import TWIN_SUFFIX
+
+        target = bundle_path(out or model.with_suffix(f".{profile}{TWIN_SUFFIX if twin else ''}.edb"))
         t = time.perf_counter()
         with render.steps(f"build {model.name} for {profile}") as step:
             result = api.build(

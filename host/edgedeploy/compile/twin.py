@@ -15,26 +15,14 @@ On a newer GPU the driver JIT-compiles the PTX (PTX ISA 7.8 from NVRTC 11.8: a C
 agent accepts PTX for compute_XY on any GPU of SM >= XY (bundle.check_compatible). The manifest says
 `twin_of = "<profile>"`, `profile = "<profile>-twin"`, and its device code "compute_72 ptx (module, N B)".
 
-From a bench script (no GPU needed here; the bundle then runs through the agent runtime on the GPU machine):
-
-    from edgedeploy.compile.twin import build_twin
-    res = build_twin(Path("mobilenet_v1_0.25_224.onnx"), "xavier-agx", Path("mnv1.xavier-twin.int8.b8.edb"),
-                     int8=Int8Config(calibration=Path("imagenet-sample")), batch=8)
+Built like any bundle, with `twin=True` (`edgedeploy build --twin`, `api.build(..., twin=True)`; bench/twin_kit.sh);
+no GPU is needed here, and the bundle then runs through the agent runtime on the GPU machine.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from pathlib import Path
-from typing import TYPE_CHECKING
-
 from ..errors import BuildError
-from ..profiles import DeviceProfile, get_profile
-from .cards import ModelCard, card_for
-from .manifest import BuildResult
-
-if TYPE_CHECKING:
-    from .int8_build import Int8Config
+from ..profiles import DeviceProfile
 
 TWIN_SUFFIX = "-twin"
 TWIN_HOST_TRIPLE = "x86_64-linux-gnu"
@@ -80,37 +68,4 @@ def twin_profile(profile: DeviceProfile) -> DeviceProfile:
         compiler=compiler,
         platform=platform,
         twin_of=profile.name,
-    )
-
-
-def build_twin(
-    model: Path,
-    profile_name: str,
-    out: Path,
-    *,
-    precision: str = "fp32",
-    int8: Int8Config | None = None,
-    batch: int = 1,
-    card: ModelCard | None = None,
-    cuda_graph: bool = True,
-    use_cache: bool = True,
-    progress: Callable[[str], None] = lambda step: None,
-) -> BuildResult:
-    """A twin bundle of `profile_name`'s build of `model` at `out`: precision "fp32" | "fp16", or INT8 when
-    `int8` is given (precision is then ignored), for the static `batch`. `card` defaults to the model's card
-    (the one naming its sha256 or file, as `edgedeploy build` finds it; else a plain card)."""
-    from .package import build_bundle
-
-    twin = twin_profile(get_profile(profile_name))
-    return build_bundle(
-        model,
-        twin,
-        out,
-        card if card is not None else card_for(model, None)[0],
-        progress=progress,
-        use_cache=use_cache,
-        precision="fp32" if int8 is not None else precision,
-        cuda_graph=cuda_graph,
-        batch=batch,
-        int8=int8,
     )
