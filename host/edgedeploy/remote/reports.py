@@ -9,6 +9,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from edgedeploy_agent.bundle import canonical_json
 from edgedeploy_agent.durable import write_atomic
 from edgedeploy_agent.report import Report
 
@@ -60,7 +61,7 @@ def pull_reports(transport: Transport, device: Device, d: Path) -> list[dict[str
         report = checked_report(item["report"], device.name)
         path = d / f"{int(report['seq']):08d}-{report['bundle_id']}.jsonl"
         if _holds_other(path, report):
-            digest = hashlib.sha256(json.dumps(report, sort_keys=True).encode()).hexdigest()[:12]
+            digest = hashlib.sha256(canonical_json(report)).hexdigest()[:12]
             path = path.with_name(f"{path.stem}-{digest}.jsonl")
         if not path.exists():
             write_atomic(path, json.dumps(report) + "\n")
