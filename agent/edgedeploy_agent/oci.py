@@ -13,7 +13,6 @@ import hashlib
 import http.client
 import json
 import re
-import shutil
 import socket
 import threading
 import urllib.error
@@ -23,7 +22,7 @@ from typing import Any, Callable, NamedTuple, Optional
 from .blobs import BlobStore
 from .durable import move_durably
 from .errors import AgentError, BundleError, InsufficientSpace
-from .store import SPACE_MARGIN_BYTES
+from .store import check_free
 
 OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
 CONFIG_MEDIA_TYPE = "application/vnd.edgedeploy.manifest.v1+json"
@@ -159,16 +158,12 @@ class OciPuller:
         hold) and a margin must fit in the free space of the device root, or the pull is refused (`no-space`)
         and this bundle's `.part` files go (they could not complete; kept, they would only fill the disk)."""
         needed = sum(size - min(self.blobs.partial_bytes(sha), size) for sha, size in missing)
-        free = shutil.disk_usage(self.blobs.incoming).free
-        if free >= needed + SPACE_MARGIN_BYTES:
-            return
-        for sha, _ in missing:
-            (self.blobs.incoming / f"{sha}.part").unlink(missing_ok=True)
-        raise InsufficientSpace(
-            f"bundle needs {_mib(needed)} more (+ {_mib(SPACE_MARGIN_BYTES)} margin), "
-            f"device has {_mib(free)} free under {self.blobs.incoming.parent.parent}",
-            hint="free space on the device or remove old releases",
-        )
+        try:
+            check_free(self.blobs.incoming, needed)
+        except InsufficientSpace:
+            for sha, _ in missing:
+                (self.blobs.incoming / f"{sha}.part").unlink(missing_ok=True)
+            raise
 
     def _blob(self, ref: Ref, sha: str, size: int, progress: Callable[[int], None]) -> tuple[int, int]:
         """Download one blob into incoming/<sha>.part (resuming), then verify it. Returns (bytes fetched, restarts)."""
@@ -226,10 +221,6 @@ class OciPuller:
         if not self.blobs.has(sha):  # hashed; a mismatch is deleted, so the next try starts clean
             raise DigestMismatch(f"blob {sha[:16]} from {url} does not match its sha256; discarded")
         return fetched, restarted
-
-
-def _mib(n: int) -> str:
-    return f"{n / (1 << 20):.1f} MiB"
 
 
 def _offset(progress: Progress, base: int, total: int) -> Callable[[int], None]:

@@ -30,6 +30,17 @@ SPACE_MARGIN_BYTES = 16 << 20
 HISTORY_LENGTH = 50
 
 
+def check_free(folder: Path, needed: int) -> None:
+    """`needed` bytes and SPACE_MARGIN_BYTES must fit in the free space under `folder` (InsufficientSpace)."""
+    free = shutil.disk_usage(folder).free
+    if free < needed + SPACE_MARGIN_BYTES:
+        raise InsufficientSpace(
+            f"device has {free // (1 << 20)} MiB free under {folder}, "
+            f"needs {(needed + SPACE_MARGIN_BYTES) // (1 << 20)} MiB",
+            hint="free space on the device or remove old releases",
+        )
+
+
 def utcnow() -> str:
     return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="milliseconds")
 
@@ -141,13 +152,7 @@ class DeviceStore:
         return self.releases / name
 
     def check_space(self, needed: int) -> None:
-        free = shutil.disk_usage(self.root).free
-        if free < needed + SPACE_MARGIN_BYTES:
-            raise InsufficientSpace(
-                f"device has {free // (1 << 20)} MiB free under {self.root}, "
-                f"needs {(needed + SPACE_MARGIN_BYTES) // (1 << 20)} MiB",
-                hint="free space on the device or remove old releases",
-            )
+        check_free(self.root, needed)
 
     def stage(self, bundle_file: Path) -> Manifest:
         """Verify and unpack a bundle into releases/<name>; reuse an identical earlier unpack.
