@@ -3,7 +3,6 @@ runtime (TFLite's reference-kernel interpreter, PyTorch) on real images and inpu
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
@@ -11,34 +10,10 @@ import numpy as np
 import pytest
 
 from edgedeploy.compile.tflite_integer import multiply_by_quantized_multiplier, quantize_multiplier
-from tests.helpers import Cli, assert_one_line_error, require
+from tests.helpers import Cli, assert_one_line_error
+from tests.host.frontends import TFLITE, needs_litert, needs_tflite, needs_torch, require_frontend
 
 QAT = "mobilenet_v1_0.25_224_quant.tflite"
-
-
-def _frontend(module: str, what: str) -> None:
-    """A frontend or reference runtime; CI (.ci/run) sets EDGEDEPLOY_REQUIRE_FRONTENDS=1 (make's .[dev] has them)."""
-    require("FRONTENDS", None if importlib.util.find_spec(module) else f"{what} is not installed")
-
-
-@pytest.fixture
-def tflite_installed() -> None:
-    _frontend("tflite", "tflite (TVM's TFLite frontend reads its schema)")
-
-
-@pytest.fixture
-def litert_installed() -> None:
-    _frontend("ai_edge_litert", "ai-edge-litert (the TFLite interpreter): pip install 'edgedeploy[litert]'")
-
-
-@pytest.fixture
-def torch_installed() -> None:
-    _frontend("torch", "torch: pip install 'edgedeploy[torch]'")
-
-
-needs_tflite = pytest.mark.usefixtures("tflite_installed")
-needs_litert = pytest.mark.usefixtures("litert_installed")
-needs_torch = pytest.mark.usefixtures("torch_installed")
 
 
 def test_quantize_multiplier_matches_tflite() -> None:
@@ -94,7 +69,7 @@ def test_relax_requantize_equals_the_int64_reference(m: float) -> None:
 def qat_bundle(data_dir: Path, tmp_path_factory: pytest.TempPathFactory, build_cache: Path) -> Path:
     """`edgedeploy build` of the QAT model, once for the module's tests (the source model goes to the session's
     build store, where `eval` finds it)."""
-    _frontend("tflite", "tflite (TVM's TFLite frontend reads its schema)")
+    require_frontend(*TFLITE)
     out = tmp_path_factory.mktemp("qat") / "q.edb"
     home = tmp_path_factory.mktemp("qat-host")
     with pytest.MonkeyPatch.context() as mp:  # what `hermetic` does, for a module-scoped fixture

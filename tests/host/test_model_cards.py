@@ -4,7 +4,6 @@ refuses a labeled set whose classes are not the model's. None of these tests com
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
 
@@ -18,8 +17,7 @@ from edgedeploy.errors import InputError
 from edgedeploy_agent.bundle import Preprocess
 from tests.agent.bundles import make_bundle
 from tests.helpers import Cli, assert_one_line_error
-
-needs_tflite = pytest.mark.skipif(importlib.util.find_spec("tflite") is None, reason="needs the tflite package")
+from tests.host.frontends import needs_tflite
 
 
 def _copy(src: Path, dst: Path, **props: str) -> Path:
