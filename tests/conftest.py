@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import COMPILE_GUARD, Cli, require, sshd_missing
+from tests.helpers import COMPILE_GUARD, Cli, keep_user_files_out, require, sshd_missing
 from tests.leftovers import Leftovers
 
 LEFTOVERS = Leftovers()
@@ -95,13 +95,8 @@ def hermetic_session(tmp_path_factory: pytest.TempPathFactory, build_cache: Path
     """What `hermetic` does, for the whole run: session- and module-scoped fixtures are set up before a test's
     `hermetic`, and without this they built into the user's cache and config (the CUDA stub driver, NVRTC
     builds, TensorRT test bundles). Fixtures that want a config of their own still set one."""
-    home = tmp_path_factory.mktemp("session-host")
     with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("EDGEDEPLOY_CONFIG_DIR", str(home / "config"))
-        mp.setenv("EDGEDEPLOY_STATE_DIR", str(home / "state"))
-        mp.setenv("EDGEDEPLOY_CACHE_DIR", str(build_cache))
-        mp.delenv("EDGEDEPLOY_INVENTORY", raising=False)
-        mp.delenv("EDGEDEPLOY_PROFILES", raising=False)
+        keep_user_files_out(mp, tmp_path_factory.mktemp("session-host"), build_cache)
         yield
 
 
@@ -109,11 +104,7 @@ def hermetic_session(tmp_path_factory: pytest.TempPathFactory, build_cache: Path
 def hermetic(tmp_path: Path, build_cache: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """Keep the user's config, inventory, known_hosts, reports and caches out of every test."""
     home = tmp_path / "host"
-    monkeypatch.setenv("EDGEDEPLOY_CONFIG_DIR", str(home / "config"))
-    monkeypatch.setenv("EDGEDEPLOY_STATE_DIR", str(home / "state"))
-    monkeypatch.setenv("EDGEDEPLOY_CACHE_DIR", str(build_cache))
-    monkeypatch.delenv("EDGEDEPLOY_INVENTORY", raising=False)
-    monkeypatch.delenv("EDGEDEPLOY_PROFILES", raising=False)
+    keep_user_files_out(monkeypatch, home, build_cache)
     return home
 
 

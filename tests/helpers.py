@@ -154,3 +154,13 @@ def schema1_bundle(bundle: Path, out: Path, host_files: dict[str, Path]) -> Path
     arts = [*m.artifacts, *(describe_artifact(p, r, names[r]) for r, p in host_files.items())]
     old = m.model_copy(update={"schema_version": 1, "artifacts": sorted(arts, key=lambda a: a.path), "host_files": []})
     return write_bundle(out, old, files)
+
+
+def keep_user_files_out(mp: pytest.MonkeyPatch, home: Path, cache: Path) -> None:
+    """Point edgedeploy's config and state under `home` and its cache at `cache`, and drop the user's inventory
+    and profile overrides: what every test, session fixture and module fixture runs with (tests/conftest.py)."""
+    mp.setenv("EDGEDEPLOY_CONFIG_DIR", str(home / "config"))
+    mp.setenv("EDGEDEPLOY_STATE_DIR", str(home / "state"))
+    mp.setenv("EDGEDEPLOY_CACHE_DIR", str(cache))
+    mp.delenv("EDGEDEPLOY_INVENTORY", raising=False)
+    mp.delenv("EDGEDEPLOY_PROFILES", raising=False)

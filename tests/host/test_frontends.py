@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from edgedeploy.compile.tflite_integer import multiply_by_quantized_multiplier, quantize_multiplier
-from tests.helpers import Cli, assert_one_line_error
+from tests.helpers import Cli, assert_one_line_error, keep_user_files_out
 from tests.host.frontends import TFLITE, needs_litert, needs_tflite, needs_torch, require_frontend
 
 QAT = "mobilenet_v1_0.25_224_quant.tflite"
@@ -71,13 +71,8 @@ def qat_bundle(data_dir: Path, tmp_path_factory: pytest.TempPathFactory, build_c
     build store, where `eval` finds it)."""
     require_frontend(*TFLITE)
     out = tmp_path_factory.mktemp("qat") / "q.edb"
-    home = tmp_path_factory.mktemp("qat-host")
-    with pytest.MonkeyPatch.context() as mp:  # what `hermetic` does, for a module-scoped fixture
-        mp.setenv("EDGEDEPLOY_CONFIG_DIR", str(home / "config"))
-        mp.setenv("EDGEDEPLOY_STATE_DIR", str(home / "state"))
-        mp.setenv("EDGEDEPLOY_CACHE_DIR", str(build_cache))
-        mp.delenv("EDGEDEPLOY_INVENTORY", raising=False)
-        mp.delenv("EDGEDEPLOY_PROFILES", raising=False)
+    with pytest.MonkeyPatch.context() as mp:  # a config and state of the module's own
+        keep_user_files_out(mp, tmp_path_factory.mktemp("qat-host"), build_cache)
         r = Cli()("build", str(data_dir / "models" / QAT), "-p", "cpu-x86_64", "-o", str(out), "--json", timeout=900)
     assert r.code == 0, r.err
     return out

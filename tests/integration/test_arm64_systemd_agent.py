@@ -36,7 +36,7 @@ from edgedeploy_agent.loop import top_k
 from edgedeploy_agent.preprocess import preprocess
 from edgedeploy_agent.runtime import load_runtime
 from edgedeploy_agent.unit import RESTART_UNIT, WATCH_UNIT
-from tests.helpers import Cli, require
+from tests.helpers import Cli, keep_user_files_out, require
 from tests.integration.arm64root import (
     FRAMES,
     LOGIN,
@@ -124,13 +124,8 @@ MODELS = {"mnist": ("mnist-8_opset13.onnx", "mnist"), "mobilenet": ("mobilenet_v
 @pytest.fixture(scope="module")
 def module_env(tmp_path_factory: pytest.TempPathFactory, build_cache: Path) -> Iterator[None]:
     """The module's fixtures run before each test's `hermetic`: keep the user's config, state and cache out."""
-    home = tmp_path_factory.mktemp("arm64-host")
     with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("EDGEDEPLOY_CONFIG_DIR", str(home / "config"))
-        mp.setenv("EDGEDEPLOY_STATE_DIR", str(home / "state"))
-        mp.setenv("EDGEDEPLOY_CACHE_DIR", str(build_cache))
-        mp.delenv("EDGEDEPLOY_INVENTORY", raising=False)
-        mp.delenv("EDGEDEPLOY_PROFILES", raising=False)
+        keep_user_files_out(mp, tmp_path_factory.mktemp("arm64-host"), build_cache)
         yield
 
 
