@@ -5,6 +5,10 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-dev
 
+# what runs under JetPack's Python 3.8 (agent/edgedeploy_agent/sidecar/__init__.py says why)
+SIDECAR_38 := agent/edgedeploy_agent/__init__.py agent/edgedeploy_agent/sidecar/ agent/edgedeploy_agent/errors.py \
+	agent/edgedeploy_agent/durable.py agent/edgedeploy_agent/gpu.py tests/agent/trt_double.py
+
 .PHONY: demo test test-all lint schema clean
 
 $(STAMP): pyproject.toml
@@ -27,8 +31,9 @@ lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
-	# the agent runs on Python 3.9 (JetPack 5 devices)
+	# the agent runs on Python 3.9 (JetPack 5 devices); its sidecar worker, and all it imports, on JetPack's 3.8
 	$(BIN)/vermin -t=3.9- --no-tips --eval-annotations --violations agent/
+	$(BIN)/vermin -t=3.8- --no-tips --violations $(SIDECAR_38)
 	$(BIN)/hadolint containers/*.Dockerfile
 
 # pytest exits 5 when it collects nothing: that is a failure here, never a pass.

@@ -227,24 +227,63 @@ def netns() -> None:
     require("NETNS", _netns_missing())
 
 
-@pytest.fixture(scope="session")
-def python39() -> Path:
-    """A CPython 3.9 interpreter, the agent's floor (JetPack 5): $EDGEDEPLOY_TEST_PYTHON39, python3.9 on PATH or
-    pyenv's; EDGEDEPLOY_REQUIRE_PYTHON39=1 fails instead of skipping."""
-    found = [os.environ.get("EDGEDEPLOY_TEST_PYTHON39"), shutil.which("python3.9")]
-    found += sorted(str(p) for p in Path.home().glob(".pyenv/versions/3.9.*/bin/python3.9"))
+def find_python(minor: int) -> Path | None:
+    """A real CPython 3.<minor> interpreter: $EDGEDEPLOY_TEST_PYTHON3<minor>, python3.<minor> on PATH or pyenv's
+    (this project's machines, CI's included, come with pyenv's 3.8 and 3.9)."""
+    found = [os.environ.get(f"EDGEDEPLOY_TEST_PYTHON3{minor}"), shutil.which(f"python3.{minor}")]
+    found += sorted(str(p) for p in Path.home().glob(f".pyenv/versions/3.{minor}.*/bin/python3.{minor}"))
     for candidate in filter(None, found):
-        # the real interpreter, not a shim (pyenv's python3.9 shim fails where 3.9 is not the selected version)
+        # the real interpreter, not a shim (pyenv's shim fails where that version is not the selected one)
         p = subprocess.run(
-            [candidate, "-c", "import sys; print(sys.version_info[:2] == (3, 9), sys.executable)"],
+            [candidate, "-c", f"import sys; print(sys.version_info[:2] == (3, {minor}), sys.executable)"],
             capture_output=True,
             text=True,
         )
         ok, _, exe = p.stdout.strip().partition(" ")
         if p.returncode == 0 and ok == "True":
             return Path(exe)
-    require("PYTHON39", "no Python 3.9 interpreter (set EDGEDEPLOY_TEST_PYTHON39)")
-    raise AssertionError("unreachable: require() skipped or failed")
+    return None
+
+
+@pytest.fixture(scope="session")
+def python39() -> Path:
+    """A CPython 3.9 interpreter, the agent's floor (JetPack 5's python3.9 venv); EDGEDEPLOY_REQUIRE_PYTHON39=1
+    fails instead of skipping."""
+    found = find_python(9)
+    require("PYTHON39", None if found else "no Python 3.9 interpreter (set EDGEDEPLOY_TEST_PYTHON39)")
+    assert found is not None
+    return found
+
+
+# what the stand-in for JetPack's system Python gets: numpy (JetPack has python3-numpy) and onnxruntime, which
+# computes for the TensorRT double (tests/agent/trt_double.py)
+JETPACK_PYTHON_PACKAGES = ("numpy==1.24.4", "onnxruntime==1.19.2")
+
+
+@pytest.fixture(scope="session")
+def jetpack_python(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """JetPack 5's system Python as far as it can exist here: a CPython 3.8 venv with numpy and onnxruntime,
+    made once per machine under /var/cache/edgedeploy-tests (pip needs PyPI the first time).
+    EDGEDEPLOY_REQUIRE_PYTHON38=1 fails instead of skipping."""
+    base = find_python(8)
+    require("PYTHON38", None if base else "no Python 3.8 interpreter (set EDGEDEPLOY_TEST_PYTHON38)")
+    assert base is not None
+    cache = Path(os.environ.get("EDGEDEPLOY_TEST_CACHE", "/var/cache/edgedeploy-tests"))
+    if not os.access(cache if cache.exists() else cache.parent, os.W_OK):
+        cache = tmp_path_factory.mktemp("cache")
+    venv = cache / ("python38-" + "-".join(p.replace("==", "") for p in JETPACK_PYTHON_PACKAGES))
+    python = venv / "bin" / "python"
+    if not (venv / ".complete").exists():
+        shutil.rmtree(venv, ignore_errors=True)
+        subprocess.run([str(base), "-m", "venv", str(venv)], check=True, capture_output=True)
+        r = subprocess.run(
+            [str(python), "-m", "pip", "install", "-q", *JETPACK_PYTHON_PACKAGES], capture_output=True, text=True
+        )
+        require(
+            "PYTHON38", None if r.returncode == 0 else f"cannot install {JETPACK_PYTHON_PACKAGES}: {r.stderr[-300:]}"
+        )
+        (venv / ".complete").touch()
+    return python
 
 
 @pytest.fixture

@@ -101,6 +101,7 @@ def _init(store: DeviceStore, args: argparse.Namespace) -> dict[str, Any]:
             "tvm_runtime_lib": args.tvm_runtime_lib,
             "cuda_backend": args.cuda_backend,
             "cuda_backend_lib": args.cuda_backend_lib,
+            "system_python": args.system_python,
             "report_interval_s": args.report_interval,
             "metrics_port": args.metrics_port,
             "profile": args.profile,
@@ -272,6 +273,11 @@ def _parser() -> argparse.ArgumentParser:
         "--cuda-backend",
         choices=("auto", "edgedeploy", "tvm"),
         help="GPU bundles: edgedeploy's CUDA backend (CUDA 11.4+), the TVM wheel's (CUDA 13+), or auto",
+    )
+    s.add_argument(
+        "--system-python",
+        help="JetPack's Python 3.8 (or a venv made from it): TensorRT and GStreamer capture run there when this "
+        "Python lacks them ('' clears it)",
     )
     s.add_argument("--report-interval", type=float)
     s.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on 127.0.0.1:PORT")

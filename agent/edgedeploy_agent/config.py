@@ -25,6 +25,14 @@ class AgentConfig(BaseModel):
     cuda_backend_lib: Optional[str] = Field(
         default=None, description="path of libedgedeploy_cuda.so (default: beside libtvm_runtime.so)"
     )
+    system_python: Optional[str] = Field(
+        default=None,
+        description="JetPack's Python 3.8 (e.g. /usr/bin/python3.8): TensorRT and gst:/csi: capture run in a sidecar "
+        "worker under it when the agent's own Python cannot import tensorrt, or its OpenCV has no GStreamer",
+    )
+    sidecar_timeout_s: float = Field(
+        default=10.0, gt=0, description="a sidecar worker that takes longer over one frame is killed and reported"
+    )
     report_interval_s: float = Field(default=10.0, gt=0)
     record_predictions: bool = True
     keep_releases: int = Field(default=3, ge=2)

@@ -14,6 +14,8 @@ new, never an empty or half-written file or folder.
 Standard library only: the host imports it too, and so does `tune_offline` on a machine with only TVM.
 """
 
+from __future__ import annotations
+
 import json
 import os
 import secrets
@@ -21,7 +23,7 @@ import shutil
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
-from typing import IO, Any, BinaryIO, Optional, TextIO, Union, overload
+from typing import IO, Any, BinaryIO, TextIO, overload
 
 
 def fsync_dir(d: Path) -> None:
@@ -64,7 +66,7 @@ def atomic_file(
 
 
 def atomic_file(
-    path: Path, mode: int = 0o644, *, encoding: Optional[str] = None, sync: bool = True
+    path: Path, mode: int = 0o644, *, encoding: str | None = None, sync: bool = True
 ) -> AbstractContextManager[IO[Any]]:
     """Write `path` through the yielded file (binary; text with `encoding`): all of it appears, or nothing.
 
@@ -75,7 +77,7 @@ def atomic_file(
 
 
 @contextmanager
-def _atomic_file(path: Path, mode: int, encoding: Optional[str], sync: bool) -> Iterator[IO[Any]]:
+def _atomic_file(path: Path, mode: int, encoding: str | None, sync: bool) -> Iterator[IO[Any]]:
     tmp, fd = _create_temp(path, mode)
     try:
         with os.fdopen(fd, "w" if encoding else "wb", encoding=encoding) as f:
@@ -91,7 +93,7 @@ def _atomic_file(path: Path, mode: int, encoding: Optional[str], sync: bool) -> 
         fsync_dir(path.parent)
 
 
-def write_atomic(path: Path, data: Union[bytes, str], mode: int = 0o644, sync: bool = True) -> None:
+def write_atomic(path: Path, data: bytes | str, mode: int = 0o644, sync: bool = True) -> None:
     """Replace `path` with `data` (str is written as UTF-8); see `atomic_file`."""
     with atomic_file(path, mode, sync=sync) as f:
         f.write(data.encode("utf-8") if isinstance(data, str) else data)

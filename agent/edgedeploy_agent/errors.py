@@ -1,6 +1,6 @@
 """One error root for the agent; each subclass carries a stable code that reaches the host."""
 
-from typing import Optional
+from __future__ import annotations
 
 
 class AgentError(Exception):
@@ -9,12 +9,12 @@ class AgentError(Exception):
     code = "agent-error"
     exit_code = 1
 
-    def __init__(self, message: str, hint: Optional[str] = None) -> None:
+    def __init__(self, message: str, hint: str | None = None) -> None:
         super().__init__(message)
         self.message = message
         self.hint = hint
 
-    def to_dict(self) -> dict[str, Optional[str]]:
+    def to_dict(self) -> dict[str, str | None]:
         return {"code": self.code, "message": self.message, "hint": self.hint}
 
 

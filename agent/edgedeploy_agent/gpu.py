@@ -1,14 +1,19 @@
-"""What CUDA the device offers, read from the driver (libcuda) with ctypes: no CUDA toolkit needed."""
+"""What CUDA the device offers, read from the driver (libcuda) with ctypes: no CUDA toolkit needed.
+
+Standard library only, and Python 3.8: the TensorRT side probes with it under JetPack's Python (sidecar/).
+"""
+
+from __future__ import annotations
 
 import ctypes
-from typing import Any, Optional
-
-from pydantic import BaseModel
+from dataclasses import dataclass
+from typing import Any
 
 _CC_MAJOR, _CC_MINOR = 75, 76  # CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_{MAJOR,MINOR}
 
 
-class CudaDevice(BaseModel):
+@dataclass(frozen=True)
+class CudaDevice:
     driver_api: str  # e.g. "13.0" (what cuDriverGetVersion says)
     name: str
     sm: int  # e.g. 75
@@ -18,7 +23,7 @@ def _version(v: int) -> str:
     return f"{v // 1000}.{(v % 1000) // 10}"
 
 
-def probe_cuda(libcuda: str = "libcuda.so.1") -> tuple[Optional[CudaDevice], str]:
+def probe_cuda(libcuda: str = "libcuda.so.1") -> tuple[CudaDevice | None, str]:
     """The first CUDA device, or None with the reason (no driver, no device, ...)."""
     try:
         cuda: Any = ctypes.CDLL(libcuda)

@@ -265,6 +265,7 @@ def run_agent(
     notifier.status(f"loading {release}")
     power: PowerSensor = NoPowerSensor()
     source: Optional[CapturedSource] = None
+    runtime: Optional[Runtime] = None
     try:
         manifest = store.load_release(release)
         rdir = store.release_dir(release)
@@ -277,6 +278,8 @@ def run_agent(
             tensorrt_options=tensorrt_options,
             cuda_backend=cfg.cuda_backend,
             cuda_backend_lib=cfg.cuda_backend_lib,
+            system_python=cfg.system_python,
+            sidecar_timeout_s=cfg.sidecar_timeout_s,
         )
         warm_ms = warm_up(runtime, manifest)
         labels = load_labels(rdir, manifest)
@@ -288,14 +291,22 @@ def run_agent(
         power = discover_power_sensor(sys_root, interval_s=cfg.power_interval_s)
         if cfg.idle_baseline_s > 0:
             power.measure_idle(cfg.idle_baseline_s, time.sleep)  # before capture starts: nothing else runs
-        source = open_source(cfg.source) if cfg.source else None
+        source = (
+            open_source(cfg.source, system_python=cfg.system_python, sidecar_timeout_s=cfg.sidecar_timeout_s)
+            if cfg.source
+            else None
+        )
     except AgentError as e:
         power.close()
+        if runtime is not None:
+            runtime.close()
         print(f"edgedeploy-agent: cannot serve {release} [{e.code}]: {e.message}", file=sys.stderr, flush=True)
         write_health(store, release, "failed", error=e.to_dict())
         return e.exit_code
     except Exception as e:  # a broken library can fail in the FFI with any error type
         power.close()
+        if runtime is not None:
+            runtime.close()
         print(f"edgedeploy-agent: cannot serve {release}: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
         write_health(store, release, "failed", error={"code": "load-failed", "message": f"{type(e).__name__}: {e}"})
         return 1
@@ -320,7 +331,12 @@ def run_agent(
 
     signal.signal(signal.SIGTERM, _stop)
     signal.signal(signal.SIGINT, _stop)
-    ready = {"warmup_ms": round(warm_ms, 3), "runtime": runtime.describe(), "source": cfg.source}
+    ready = {
+        "warmup_ms": round(warm_ms, 3),
+        "runtime": runtime.describe(),
+        "source": cfg.source,
+        "capture": source.where if source is not None else None,
+    }
     needed = cfg.health_frames if source is not None else 0
 
     def progress(stats: dict[str, Any]) -> None:
@@ -357,6 +373,7 @@ def run_agent(
         if source is not None:
             source.close()
         power.close()
+        runtime.close()
         if metrics is not None:
             metrics.close()
     end_state = "finished" if not loop.stop_requested else "stopped"

@@ -3,6 +3,7 @@ camera, power and thermal sensors. Each takes what it touches as arguments (root
 tests run it on fixture trees and small real classes; the defaults are the device's real ones.
 """
 
+import dataclasses
 import json
 import statistics
 import time
@@ -72,7 +73,7 @@ def check_bundle_fit(
 ) -> Check:
     """The current bundle's architecture, CPU flags, SM and minimum driver against this device."""
     gpu, reason = probe()
-    data = {"gpu": gpu.model_dump() if gpu else None}
+    data = {"gpu": dataclasses.asdict(gpu) if gpu else None}
     if manifest is None:
         return Check(
             "bundle vs hardware", OK, f"no bundle to compare; this device: {_gpu_text(gpu, reason)}", None, data

@@ -59,6 +59,10 @@ SOURCE_ERROR_CODES = ("source-error", "source-unavailable")
 class ProcessService:
     """A detached `python -m edgedeploy_agent run` with a pid file."""
 
+    # agents this process started, kept to be reaped when stopped (a process that deploys twice would otherwise
+    # keep a zombie, and Python warns about a Popen dropped while its child runs)
+    _started: dict[int, "subprocess.Popen[bytes]"] = {}
+
     def __init__(self, store: DeviceStore) -> None:
         self.store = store
         self.pidfile = store.run_dir / "agent.pid"
@@ -76,6 +80,7 @@ class ProcessService:
     def stop(self, timeout: float = 10.0) -> None:
         pid = self._pid()
         if pid is None or not pid_alive(pid):
+            self._reap(pid)
             self.pidfile.unlink(missing_ok=True)
             return
         os.kill(pid, signal.SIGTERM)
@@ -84,7 +89,13 @@ class ProcessService:
             time.sleep(0.05)
         if pid_alive(pid):
             os.kill(pid, signal.SIGKILL)
+        self._reap(pid)
         self.pidfile.unlink(missing_ok=True)
+
+    def _reap(self, pid: Optional[int]) -> None:
+        started = self._started.pop(pid, None) if pid is not None else None
+        if started is not None:
+            started.wait()
 
     def restart(self) -> None:
         self.stop()
@@ -105,6 +116,7 @@ class ProcessService:
             )
         finally:
             log.close()
+        self._started[proc.pid] = proc
         self.pidfile.write_text(f"{proc.pid}\n")
 
 

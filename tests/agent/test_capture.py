@@ -51,7 +51,7 @@ def test_gstreamer_detection_from_build_information() -> None:
     assert has_gstreamer("    GStreamer:                   YES (1.22.0)\n")
     with pytest.raises(SourceError, match="built without it") as e:
         check_openable(parse_source("csi:0"), gstreamer=False)
-    assert "system-site-packages" in (e.value.hint or "")
+    assert "--system-python" in (e.value.hint or "")
 
 
 def test_a_file_plays_every_frame_once_in_order(tmp_path: Path) -> None:

@@ -31,10 +31,10 @@ from edgedeploy_agent.bundle import (
 )
 from edgedeploy_agent.errors import RuntimeLoadError
 from edgedeploy_agent.runtime import FallbackRuntime, load_runtime
-from edgedeploy_agent.runtime.cuda_probe import CudaDevice, l4t_release, probe_cuda
 from edgedeploy_agent.runtime.engine_cache import engine_key, engine_key_fields
 from edgedeploy_agent.runtime.tensorrt import EngineRejected, TensorRTRuntime
-from edgedeploy_agent.runtime.trt_backend import PolygraphyBackend, build_options
+from edgedeploy_agent.sidecar.cuda_probe import CudaDevice, l4t_release, probe_cuda
+from edgedeploy_agent.sidecar.trt_backend import PolygraphyBackend, build_options
 from tests.agent.trt_double import T4, XAVIER, FakeTensorRT
 from tests.helpers import require, require_host, require_module
 
@@ -316,7 +316,7 @@ def test_settings_defaults_are_in_the_manifest(trt_release) -> None:
 
 def test_tensorrt_and_polygraphy_are_imported_lazily() -> None:
     script = (
-        "import sys, edgedeploy_agent.runtime.tensorrt, edgedeploy_agent.runtime.trt_backend\n"
+        "import sys, edgedeploy_agent.runtime.tensorrt, edgedeploy_agent.sidecar.trt_backend\n"
         "print(','.join(sorted(n for n in sys.modules if n.split('.')[0] in ('tensorrt', 'polygraphy'))))"
     )
     p = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)

@@ -9,20 +9,30 @@ It behaves like the real thing where the runtime's logic depends on it:
     ops: like an engine, it rounds differently from the exact reference the bundle ships, and unlike
     onnxruntime's optimized INT8 kernels it computes the same on every CPU), optionally perturbed to act
     like a broken engine.
+
+The same double serves TensorRT's sidecar worker under Python 3.8 (tests/agent/test_sidecar.py): the worker
+imports `sidecar_double` when EDGEDEPLOY_TENSORRT_DOUBLE names it, so this module is Python 3.8 and imports no
+pydantic model at run time.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import platform
+import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import onnxruntime as ort
 
-from edgedeploy_agent.bundle import TensorRTSettings
-from edgedeploy_agent.runtime.cuda_probe import CudaDevice
-from edgedeploy_agent.runtime.trt_backend import build_options
+from edgedeploy_agent.sidecar.cuda_probe import CudaDevice
+from edgedeploy_agent.sidecar.trt_backend import Allocate, build_options, new_arrays
+
+if TYPE_CHECKING:
+    from edgedeploy_agent.bundle import TensorRTSettings
 
 T4 = CudaDevice(name="Tesla T4", compute_capability="7.5", driver_version="13.0", runtime_version="13.0")
 XAVIER = CudaDevice(name="Xavier", compute_capability="7.2", driver_version="11.4", runtime_version="11.4")
@@ -30,28 +40,40 @@ _MAGIC = b"FAKE-TRT-PLAN\n"
 
 
 class FakeEngine:
-    def __init__(self, onnx: bytes, perturb: float) -> None:
+    def __init__(self, onnx: bytes, perturb: float, hang_after_runs: int | None = None) -> None:
         so = ort.SessionOptions()
         so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
         self.session = ort.InferenceSession(onnx, so, providers=["CPUExecutionProvider"])
-        self.perturb = perturb
+        self.perturb, self.hang_after_runs = perturb, hang_after_runs
         self.batches: list[int] = []
 
-    def run(self, inputs: list[np.ndarray]) -> list[np.ndarray]:
+    def run(self, inputs: list[np.ndarray], allocate: Allocate = new_arrays) -> list[np.ndarray]:
+        if self.hang_after_runs is not None and len(self.batches) >= self.hang_after_runs:
+            time.sleep(3600)  # a hung engine (a GPU fault, a deadlock in the driver)
         self.batches.append(int(inputs[0].shape[0]))
-        feed = {i.name: x for i, x in zip(self.session.get_inputs(), inputs, strict=True)}
+        feed = {i.name: x for i, x in zip(self.session.get_inputs(), inputs)}
         outs = [np.asarray(o) for o in self.session.run(None, feed)]
         if self.perturb:
             # a broken engine: scores shuffled across classes
             outs[0] = np.roll(outs[0], 7, axis=-1) + self.perturb
-        return outs
+        hosts = allocate([(o.shape, o.dtype) for o in outs])  # like TensorRT's copies to the host
+        for host, o in zip(hosts, outs):
+            np.copyto(host, o)
+        return hosts
 
 
 class FakeTensorRT:
     """Stands in for PolygraphyBackend; counts builds and loads."""
 
-    def __init__(self, version: str = "10.16.1.11", gpu: CudaDevice = T4, perturb: float = 0.0) -> None:
-        self.version, self.gpu, self.perturb = version, gpu, perturb
+    def __init__(
+        self,
+        version: str = "10.16.1.11",
+        gpu: CudaDevice = T4,
+        perturb: float = 0.0,
+        hang_after_runs: int | None = None,
+    ) -> None:
+        self.version, self.gpu, self.perturb, self.hang_after_runs = version, gpu, perturb, hang_after_runs
+        self.python = f"{platform.python_version()} (the TensorRT double, pid {os.getpid()})"
         self.builds: list[dict[str, object]] = []
         self.loads = 0
         self.engines: list[FakeEngine] = []
@@ -73,6 +95,8 @@ class FakeTensorRT:
         header = {"version": self.version, "gpu": self.gpu.name}
         return _MAGIC + json.dumps(header).encode() + b"\n" + onnx.read_bytes()  # self-contained, like a plan
 
+    def close(self) -> None: ...
+
     def load(self, plan: bytes) -> FakeEngine | None:
         self.loads += 1
         if not plan.startswith(_MAGIC):
@@ -81,6 +105,28 @@ class FakeTensorRT:
         header = json.loads(head)
         if header["version"] != self.version or header["gpu"] != self.gpu.name:
             return None  # "Serialization assertion stdVersionRead == serializationVersion failed"
-        engine = FakeEngine(onnx, self.perturb)
+        engine = FakeEngine(onnx, self.perturb, self.hang_after_runs)
         self.engines.append(engine)
         return engine
+
+
+OPTIONS_ENV = "EDGEDEPLOY_TRT_DOUBLE_OPTIONS"
+
+
+class SidecarDouble:
+    """What the sidecar worker asks of its TensorRT: the device probe and the backend (EDGEDEPLOY_TENSORRT_DOUBLE)."""
+
+    def __init__(self) -> None:
+        options = json.loads(os.environ.get(OPTIONS_ENV, "{}"))
+        gpu = {"T4": T4, "Xavier": XAVIER}[options.pop("gpu", "Xavier")]
+        self.trt = FakeTensorRT(gpu=gpu, **{"version": "8.5.2.2", **options})
+
+    def probe(self) -> CudaDevice:
+        return self.trt.gpu
+
+    def backend(self) -> FakeTensorRT:
+        return self.trt
+
+
+def sidecar_double() -> SidecarDouble:
+    return SidecarDouble()

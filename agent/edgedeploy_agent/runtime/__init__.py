@@ -1,5 +1,6 @@
 """Inference runtimes behind one small interface. Heavy backends are imported lazily."""
 
+import importlib.util
 from pathlib import Path
 from typing import Any, Callable, Optional, Protocol
 
@@ -18,6 +19,9 @@ class Runtime(Protocol):
 
     def describe(self) -> dict[str, Any]: ...
 
+    def close(self) -> None:
+        """Free what outlives a call (TensorRT's sidecar worker); the runtime is not used after."""
+
 
 class FallbackRuntime:
     """The TVM runtime serving a bundle whose TensorRT engine could not be used, with the reason."""
@@ -32,6 +36,9 @@ class FallbackRuntime:
     def describe(self) -> dict[str, Any]:
         return {**self._inner.describe(), "fallback_from": "tensorrt", "fallback_reason": self.reason}
 
+    def close(self) -> None:
+        self._inner.close()
+
 
 def load_runtime(
     release_dir: Path,
@@ -42,8 +49,13 @@ def load_runtime(
     tensorrt_options: Optional[dict[str, Any]] = None,
     cuda_backend: str = "auto",
     cuda_backend_lib: Optional[str] = None,
+    system_python: Optional[str] = None,
+    sidecar_timeout_s: float = 10.0,
 ) -> Runtime:
-    """Open the runtime the bundle asks for; a TensorRT bundle that also carries TVM falls back to it."""
+    """Open the runtime the bundle asks for; a TensorRT bundle that also carries TVM falls back to it.
+
+    TensorRT runs in this process when its Python can import `tensorrt`, else in a sidecar worker under
+    `system_python` (JetPack's Python 3.8, whose TensorRT bindings this Python cannot import)."""
     if manifest.target.runtime == "tvm":
         from .tvm import TvmRuntime
 
@@ -52,9 +64,18 @@ def load_runtime(
         from .tensorrt import TensorRTRuntime
 
         root = engine_root or release_dir.parent.parent / "engines"
+        options = dict(tensorrt_options or {})
+        sidecar = None
+        if system_python and "backend" not in options and importlib.util.find_spec("tensorrt") is None:
+            from ..sidecar.tensorrt_client import SidecarTrtBackend
+
+            sidecar = SidecarTrtBackend(system_python, sidecar_timeout_s)
+            options.update(backend=sidecar.open, probe=sidecar.probe)
         try:
-            return TensorRTRuntime(release_dir, manifest, root, progress=progress, **(tensorrt_options or {}))
+            return TensorRTRuntime(release_dir, manifest, root, progress=progress, **options)
         except RuntimeLoadError as e:
+            if sidecar is not None:
+                sidecar.close()
             if not any(a.role == "tvm-library" for a in manifest.artifacts):
                 raise
             progress({"state": "fallback", "to": "tvm", "reason": e.message})

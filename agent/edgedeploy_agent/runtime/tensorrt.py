@@ -16,10 +16,10 @@ import numpy as np
 
 from ..bundle import Manifest, check_compatible
 from ..errors import IncompatibleBundle, RuntimeLoadError
+from ..sidecar.cuda_probe import CudaDevice, l4t_release, probe_cuda
+from ..sidecar.trt_backend import Engine, TrtBackend
 from .acceptance import compare, load_references, run_references
-from .cuda_probe import CudaDevice, l4t_release, probe_cuda
 from .engine_cache import EngineCache, engine_key, engine_key_fields
-from .trt_backend import Engine, TrtBackend
 
 Progress = Callable[[dict[str, Any]], None]
 
@@ -31,7 +31,7 @@ class EngineRejected(RuntimeLoadError):
 
 
 def _default_backend() -> TrtBackend:
-    from .trt_backend import PolygraphyBackend
+    from ..sidecar.trt_backend import PolygraphyBackend
 
     return PolygraphyBackend()
 
@@ -76,7 +76,12 @@ class TensorRTRuntime:
         self._fields = engine_key_fields(manifest, settings, onnx_art.sha256, self._backend.version, info)
         self.key = engine_key(self._fields)
         self._cache = EngineCache(engine_root)
-        self.record: dict[str, Any] = {"engine_key": self.key, "tensorrt": self._backend.version, **info}
+        self.record: dict[str, Any] = {
+            "engine_key": self.key,
+            "tensorrt": self._backend.version,
+            "tensorrt_python": self._backend.python,
+            **info,
+        }
         self._engine = self._find_or_build()
         refs = load_references(release_dir / settings.reference, manifest)
         batch = max(1, settings.profiles[0][0].min[0]) if settings.profiles else 1
@@ -155,3 +160,6 @@ class TensorRTRuntime:
 
     def describe(self) -> dict[str, Any]:
         return {"runtime": "tensorrt", **self.record}
+
+    def close(self) -> None:
+        self._backend.close()

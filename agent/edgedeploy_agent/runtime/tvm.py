@@ -12,6 +12,7 @@ GPU bundles need a CUDA backend beside it, one of two (config `cuda_backend`):
 """
 
 import ctypes
+import dataclasses
 import importlib.util
 from pathlib import Path
 from typing import Any, Optional
@@ -200,9 +201,12 @@ class TvmRuntime:
             "runtime_lib": str(self._lib_path),
             "device": self._manifest.target.device,
             "cuda_backend": self._cuda_backend,
-            "gpu": self._gpu.model_dump() if self._gpu else None,
+            "gpu": dataclasses.asdict(self._gpu) if self._gpu else None,
             "loaded_tvm_libraries": loaded_tvm_libraries(),
         }
+
+    def close(self) -> None:
+        """Nothing to free: the loaded libraries stay for the process (one CUDA backend per process)."""
 
 
 def _check_wheel_driver(driver_api: str) -> None:

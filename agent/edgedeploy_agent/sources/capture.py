@@ -5,15 +5,18 @@ consumer), so a recorded clip gives the same predictions every run. A live sourc
 frame the consumer did not take in time is replaced by the next one and counted as dropped.
 """
 
+import platform
+import sys
 import threading
 import time
 from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
 import numpy as np
 
 from ..errors import SourceError
-from .frames import CvCapture, SourceSpec, check_openable, parse_source
+from ..sidecar.opencv_facts import opencv_facts
+from .frames import Capture, CvCapture, SourceSpec, check_openable, opencv_has_gstreamer, parse_source
 
 BACKOFF_START_S = 1.0
 BACKOFF_MAX_S = 30.0
@@ -49,9 +52,10 @@ class CapturedSource:
         backoff_start_s: float = BACKOFF_START_S,
         backoff_max_s: float = BACKOFF_MAX_S,
         stale_after_s: float = STALE_AFTER_S,
-        capture_factory: Callable[[SourceSpec], CvCapture] = CvCapture,
+        capture_factory: Callable[[SourceSpec], Capture] = CvCapture,
     ) -> None:
         self.spec, self.uri = spec, spec.uri
+        self.where: dict[str, Any] = capture_facts()  # the Python and OpenCV that capture (a sidecar's: open_source)
         self._backoff = (backoff_start_s, backoff_max_s)
         self._stale_after_s = stale_after_s
         self._capture = capture_factory(spec)
@@ -177,8 +181,25 @@ class CapturedSource:
                 self._cond.notify_all()
 
 
-def open_source(uri: str, **kwargs: float) -> CapturedSource:
-    """Parse, check and start capturing a source URI."""
+def capture_facts() -> dict[str, Any]:
+    """Where this process captures: its Python, OpenCV and whether that OpenCV has GStreamer."""
+    return {"python": platform.python_version(), "executable": sys.executable, "sidecar": False, **opencv_facts()}
+
+
+def open_source(
+    uri: str, system_python: Optional[str] = None, sidecar_timeout_s: float = 10.0, **kwargs: float
+) -> CapturedSource:
+    """Parse, check and start capturing a source URI.
+
+    A gst: or csi: source that this OpenCV cannot open (no GStreamer) is captured by a sidecar worker under
+    `system_python` (JetPack's Python and OpenCV) when one is configured."""
     spec = parse_source(uri)
+    if spec.needs_gstreamer and system_python and not opencv_has_gstreamer():
+        from ..sidecar.capture_client import open_sidecar_capture
+
+        capture = open_sidecar_capture(spec, system_python, max(sidecar_timeout_s, 1.0))
+        source = CapturedSource(spec, capture_factory=lambda s: capture, **kwargs)
+        source.where = {**capture.facts(), "sidecar": True}
+        return source
     check_openable(spec)
     return CapturedSource(spec, **kwargs)  # type: ignore[arg-type]

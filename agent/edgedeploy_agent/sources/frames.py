@@ -10,25 +10,19 @@ Live sources (cameras, streams, live=1) lose and regain frames; see capture.py f
 keeps only the latest frame and reconnects with backoff.
 """
 
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional
+from typing import Optional, Protocol
 from urllib.parse import parse_qs
 
 import cv2
 import numpy as np
 
 from ..errors import SourceError
+from ..sidecar.opencv_facts import has_gstreamer
 
 SUPPORTED_SCHEMES = ("file", "v4l2", "csi", "rtsp", "gst")
 APPSINK = "appsink drop=true max-buffers=1 sync=false"
-
-
-def has_gstreamer(build_information: str) -> bool:
-    """Whether an OpenCV build-information text says GStreamer: YES (the pip wheels say NO)."""
-    m = re.search(r"^\s*GStreamer:\s*(\S+)", build_information, re.MULTILINE)
-    return bool(m and m.group(1).upper().startswith("YES"))
 
 
 def opencv_has_gstreamer() -> bool:
@@ -126,11 +120,21 @@ def check_openable(spec: SourceSpec, gstreamer: Optional[bool] = None) -> None:
     if spec.needs_gstreamer and not (opencv_has_gstreamer() if gstreamer is None else gstreamer):
         raise SourceError(
             f"{spec.uri!r} needs OpenCV with GStreamer, but this OpenCV ({cv2.__version__}) was built without it",
-            hint="the pip opencv wheels have no GStreamer: use the system OpenCV (JetPack's, or Debian's "
-            "python3-opencv) in a venv made with --system-site-packages, or a v4l2: source",
+            hint="the pip opencv wheels have no GStreamer: set system_python (edgedeploy-agent init --system-python "
+            "/usr/bin/python3.8 on JetPack) to capture under the system's OpenCV, or use a v4l2: source",
         )
     if spec.scheme == "file" and not spec.live and not Path(spec.target).is_file():
         raise SourceError(f"video file {spec.target} does not exist")
+
+
+class Capture(Protocol):
+    """What the capture thread drives: CvCapture here, or SidecarCapture under another Python's OpenCV."""
+
+    def open(self) -> bool: ...
+
+    def read(self) -> Optional[np.ndarray]: ...
+
+    def release(self) -> None: ...
 
 
 class CvCapture:

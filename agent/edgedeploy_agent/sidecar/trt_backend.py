@@ -1,5 +1,8 @@
 """The only module that touches TensorRT: Polygraphy's loaders build, one named-tensor path runs.
 
+It runs in the agent when the agent's Python has TensorRT, else in the sidecar worker under JetPack's
+Python 3.8 (worker.py): so Python 3.8, and no import of the manifest's pydantic models.
+
 `tensorrt` and `polygraphy` are imported when a `PolygraphyBackend` is made, never at agent import.
 Version branches are the three places where TensorRT 8.5 (Xavier, JetPack 5.1), 10.x and 11.x differ
 (reference notes §4):
@@ -10,32 +13,54 @@ Version branches are the three places where TensorRT 8.5 (Xavier, JetPack 5.1), 
 Execution is `set_input_shape` + `set_tensor_address` + `execute_async_v3` on every version (8.5+).
 """
 
+from __future__ import annotations
+
+import os
+import platform
+import sys
 from pathlib import Path
-from typing import Any, Callable, Optional, Protocol
+from typing import TYPE_CHECKING, Any, Callable, List, Protocol, Tuple
 
 import numpy as np
 
-from ..bundle import TensorRTSettings
 from ..durable import move_durably
 from ..errors import RuntimeLoadError
 
+if TYPE_CHECKING:  # the manifest's pydantic model; the sidecar gets the same fields as a plain object
+    from ..bundle import TensorRTSettings
+
+
+# typing's generics: this alias is evaluated at run time, under Python 3.8 too
+Allocate = Callable[[List[Tuple[Tuple[int, ...], np.dtype]]], List[np.ndarray]]
+
+
+def new_arrays(outputs: list[tuple[tuple[int, ...], np.dtype]]) -> list[np.ndarray]:
+    return [np.empty(shape, dtype) for shape, dtype in outputs]
+
 
 class Engine(Protocol):
-    """A deserialized engine with its execution context, run on host arrays."""
+    """A deserialized engine with its execution context, run on host arrays.
 
-    def run(self, inputs: list[np.ndarray]) -> list[np.ndarray]: ...
+    `allocate` gets the outputs' (shape, dtype) and returns the host arrays the engine copies them into:
+    new arrays by default, shared memory in the sidecar worker (so an output is copied once on its way)."""
+
+    def run(self, inputs: list[np.ndarray], allocate: Allocate = new_arrays) -> list[np.ndarray]: ...
 
 
 class TrtBackend(Protocol):
     """Build, deserialize and run engines; the real one is PolygraphyBackend."""
 
     version: str
+    python: str  # the Python TensorRT runs under, and where (in the agent, or its sidecar worker)
 
     def build(
-        self, onnx: Path, settings: TensorRTSettings, timing_cache: Optional[Path], progress: Callable[[str], None]
+        self, onnx: Path, settings: TensorRTSettings, timing_cache: Path | None, progress: Callable[[str], None]
     ) -> bytes: ...
 
-    def load(self, plan: bytes) -> Optional[Engine]: ...
+    def load(self, plan: bytes) -> Engine | None: ...
+
+    def close(self) -> None:
+        """Free the backend's process or handles; engines it loaded are not used after."""
 
 
 def trt_major(version: str) -> int:
@@ -69,7 +94,7 @@ def _build_monitor(trt: Any, progress: Callable[[str], None]) -> Any:
         def __init__(self) -> None:
             trt.IProgressMonitor.__init__(self)
 
-        def phase_start(self, phase_name: str, parent_phase: Optional[str], num_steps: int) -> None:
+        def phase_start(self, phase_name: str, parent_phase: str | None, num_steps: int) -> None:
             progress(f"phase {phase_name} ({num_steps} steps)")
 
         def step_complete(self, phase_name: str, step: int) -> bool:
@@ -95,9 +120,10 @@ class PolygraphyBackend:
             ) from None
         self._trt, self._poly = trt, poly_trt
         self.version = str(trt.__version__)
+        self.python = f"{platform.python_version()} ({sys.executable}, in process {os.getpid()})"
 
     def build(
-        self, onnx: Path, settings: TensorRTSettings, timing_cache: Optional[Path], progress: Callable[[str], None]
+        self, onnx: Path, settings: TensorRTSettings, timing_cache: Path | None, progress: Callable[[str], None]
     ) -> bytes:
         trt, poly = self._trt, self._poly
         net_opts, cfg_opts = build_options(self.version, settings)
@@ -126,7 +152,7 @@ class PolygraphyBackend:
             ) from None
         return bytes(plan)
 
-    def _build_saving_cache(self, network: Any, config: Any, timing_cache: Optional[Path]) -> Any:
+    def _build_saving_cache(self, network: Any, config: Any, timing_cache: Path | None) -> Any:
         """Build; the config's timing cache (the one loaded and this build's timings) replaces the old one
         whole: Polygraphy writes it in place, so it writes a new file that is then moved over the old one."""
         if timing_cache is None:
@@ -140,7 +166,10 @@ class PolygraphyBackend:
             for left in (new, Path(f"{new}.lock")):
                 left.unlink(missing_ok=True)
 
-    def load(self, plan: bytes) -> Optional[Engine]:
+    def close(self) -> None:
+        """Nothing beyond what Python frees: engines and contexts go with their last reference."""
+
+    def load(self, plan: bytes) -> Engine | None:
         runtime = self._trt.Runtime(self._trt.Logger(self._trt.Logger.WARNING))
         engine = runtime.deserialize_cuda_engine(plan)
         if engine is None:  # wrong TensorRT build or GPU: TensorRT logs why and returns None
@@ -172,18 +201,17 @@ class NamedTensorEngine:
         self._context.set_tensor_address(name, buf.ptr)
         return buf
 
-    def run(self, inputs: list[np.ndarray]) -> list[np.ndarray]:
+    def run(self, inputs: list[np.ndarray], allocate: Allocate = new_arrays) -> list[np.ndarray]:
         for name, x in zip(self.inputs, inputs):
             host = np.ascontiguousarray(x, dtype=self._dtypes[name])
             self._context.set_input_shape(name, host.shape)
             self._buffer(name, host.shape).copy_from(host, self._stream)
-        results = []
-        for name in self.outputs:
-            shape = tuple(self._context.get_tensor_shape(name))
-            results.append((self._buffer(name, shape), np.empty(shape, dtype=self._dtypes[name])))
+        shapes = [(tuple(self._context.get_tensor_shape(name)), self._dtypes[name]) for name in self.outputs]
+        hosts = allocate(shapes)
+        buffers = [self._buffer(name, shape) for name, (shape, _) in zip(self.outputs, shapes)]
         if not self._context.execute_async_v3(self._stream.ptr):
             raise RuntimeLoadError("TensorRT execute_async_v3 failed (see the agent log for TensorRT's message)")
-        for buf, host in results:
+        for buf, host in zip(buffers, hosts):
             buf.copy_to(host, self._stream)
         self._stream.synchronize()
-        return [host for _, host in results]
+        return hosts

@@ -5,10 +5,12 @@ the TensorRT runtime calls `probe_cuda()` first. The driver query is gpu.py's (t
 compatibility check uses); this adds the CUDA runtime version and TensorRT's engine-key form.
 """
 
+from __future__ import annotations
+
 import ctypes
 import ctypes.util
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 from ..errors import RuntimeLoadError
 from ..gpu import CudaDevice as GpuFacts
@@ -18,7 +20,7 @@ from ..gpu import probe_cuda as query_driver
 class CudaDevice:
     """Facts about CUDA device 0 that decide whether a TensorRT engine can be reused."""
 
-    def __init__(self, name: str, compute_capability: str, driver_version: str, runtime_version: Optional[str]):
+    def __init__(self, name: str, compute_capability: str, driver_version: str, runtime_version: str | None):
         self.name = name
         self.compute_capability = compute_capability
         self.driver_version = driver_version
@@ -29,7 +31,7 @@ class CudaDevice:
         major, _, minor = self.compute_capability.partition(".")
         return GpuFacts(driver_api=self.driver_version, name=self.name, sm=int(major) * 10 + int(minor or 0))
 
-    def as_dict(self) -> dict[str, Optional[str]]:
+    def as_dict(self) -> dict[str, str | None]:
         return {
             "gpu_name": self.name,
             "compute_capability": self.compute_capability,
@@ -55,7 +57,7 @@ def probe_cuda(libcuda: str = "libcuda.so.1") -> CudaDevice:
     )
 
 
-def _cudart_version() -> Optional[str]:
+def _cudart_version() -> str | None:
     """The CUDA runtime TensorRT will use, when a libcudart can be found (None otherwise)."""
     found = ctypes.util.find_library("cudart")
     for name in ([found] if found else []) + ["libcudart.so"]:
@@ -69,7 +71,7 @@ def _cudart_version() -> Optional[str]:
     return None
 
 
-def l4t_release(root: Path = Path("/")) -> Optional[str]:
+def l4t_release(root: Path = Path("/")) -> str | None:
     """The Jetson L4T release from etc/nv_tegra_release, e.g. 'R35 (release), REVISION: 4.1'; None off Jetson."""
     try:
         first = (root / "etc" / "nv_tegra_release").read_text(encoding="utf-8", errors="replace").splitlines()[0]

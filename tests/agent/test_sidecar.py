@@ -1,0 +1,332 @@
+"""TensorRT and GStreamer capture under another Python than the agent's (JetPack 5: the system Python 3.8 has
+TensorRT's bindings and NVIDIA's OpenCV; the agent runs in a 3.9 venv).
+
+Here the stand-in for JetPack's Python is a real CPython 3.8 (pyenv's, with numpy and onnxruntime: the
+`jetpack_python` fixture) running the TensorRT double, and Debian's /usr/bin/python3 with its GStreamer-enabled
+python3-opencv running a videotestsrc pipeline, while the agent runs in this venv (pip OpenCV, no GStreamer).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import signal
+import tarfile
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from edgedeploy_agent.bundle import read_manifest
+from edgedeploy_agent.config import AgentConfig
+from edgedeploy_agent.errors import HealthCheckFailed
+from edgedeploy_agent.lifecycle import Deployment
+from edgedeploy_agent.loop import run_agent
+from edgedeploy_agent.service import ProcessService, read_health
+from edgedeploy_agent.sidecar.channel import MAX_MESSAGE, Channel, ChannelClosed, SharedMemory, place
+from edgedeploy_agent.sidecar.process import Sidecar, SidecarFailed
+from edgedeploy_agent.sidecar.tensorrt_client import SidecarTrtBackend
+from edgedeploy_agent.sidecar.worker import DOUBLE_ENV
+from edgedeploy_agent.sources.capture import open_source
+from edgedeploy_agent.sources.frames import opencv_has_gstreamer
+from edgedeploy_agent.spool import pending_reports
+from edgedeploy_agent.store import DeviceStore
+from tests.agent.bundles import copy, rewrite_bundle
+from tests.agent.test_capture import _system_python_with_gstreamer_opencv
+from tests.agent.trt_double import OPTIONS_ENV
+from tests.helpers import require
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def double(monkeypatch: pytest.MonkeyPatch) -> dict[str, object]:
+    """The TensorRT double in the worker (TensorRT 8.5.2 on a T4, the bundle's profile); edit before starting."""
+    monkeypatch.setenv(DOUBLE_ENV, "tests.agent.trt_double:sidecar_double")
+    monkeypatch.setenv("PYTHONPATH", str(REPO))  # the worker imports tests.agent.trt_double
+    options: dict[str, object] = {"gpu": "T4"}
+    monkeypatch.setenv(OPTIONS_ENV, json.dumps(options))
+    return options
+
+
+def _set_options(monkeypatch: pytest.MonkeyPatch, **options: object) -> None:
+    monkeypatch.setenv(OPTIONS_ENV, json.dumps({"gpu": "T4", **options}))
+
+
+# --- the wire -------------------------------------------------------------------------------------------
+
+
+def test_channel_refuses_oversized_and_non_object_messages() -> None:
+    r, w = os.pipe()
+    ch = Channel(r, w)
+    with pytest.raises(ValueError, match="exceeds"):
+        ch.send({"x": "a" * MAX_MESSAGE})
+    os.write(w, (MAX_MESSAGE + 1).to_bytes(4, "big"))
+    with pytest.raises(ChannelClosed, match="limit"):
+        ch.recv(timeout=1)
+    r2, w2 = os.pipe()
+    ch2 = Channel(r2, w2)
+    os.write(w2, (2).to_bytes(4, "big") + b"[]")
+    with pytest.raises(ChannelClosed, match="JSON object"):
+        ch2.recv(timeout=1)
+    ch.close()
+    ch2.close()
+
+
+def test_shared_memory_grown_by_one_side_is_seen_by_the_other() -> None:
+    a = SharedMemory.create("test")
+    b = SharedMemory(os.dup(a.fd))
+    (spec,) = place([((1000, 1000), np.float32)], start=100)
+    assert spec["offset"] % 64 == 0
+    a.array(spec)[:] = 7.0  # grows the memfd to 4 MB
+    assert b.array(spec).sum() == 7.0 * 1e6  # mapped again on the other side
+    a.close()
+    b.close()
+
+
+# --- TensorRT under Python 3.8 --------------------------------------------------------------------------
+
+
+def _store(tmp_path: Path, python: Path, source: str | None, **cfg: object) -> DeviceStore:
+    store = DeviceStore(tmp_path / "root")
+    store.init(AgentConfig(device_name="xavier-01", source=source, system_python=str(python), **cfg))  # type: ignore[arg-type]
+    return store
+
+
+def test_tensorrt_bundle_builds_accepts_and_serves_frames_in_the_python38_worker(
+    mnist_trt_bundle: Path, jetpack_python: Path, double: dict[str, object], data_dir: Path, tmp_path: Path
+) -> None:
+    store = _store(tmp_path, jetpack_python, f"file:{data_dir / 'video' / 'bikes.mp4'}")
+    m = store.stage(mnist_trt_bundle)
+    store.activate(m.release_name)
+    assert run_agent(store, max_frames=5) == 0, read_health(store)
+    health = read_health(store)
+    assert health is not None and health["state"] == "finished"
+    runtime = health["runtime"]
+    # built and accepted over there: TensorRT 8.5 (the double) under 3.8, the cache and the check here
+    assert runtime["runtime"] == "tensorrt" and runtime["tensorrt"] == "8.5.2.2" and runtime["engine"] == "built"
+    assert runtime["tensorrt_python"].startswith("3.8.") and "worker pid" in runtime["tensorrt_python"]
+    assert runtime["acceptance"]["passed"] and runtime["acceptance"]["top1_agreement"] >= 0.99
+    assert list((store.root / "engines").glob("*/plan"))
+    reports = [r for _, r in pending_reports(store)]
+    assert sum(r["frames"] for r in reports) == 5 and reports[-1]["runtime"] == "tensorrt"
+    assert all(p["top"] for r in reports for p in r["predictions"])
+
+    # a restart finds the engine in the cache (the worker deserializes it)
+    assert run_agent(store, max_frames=1) == 0
+    assert read_health(store)["runtime"]["engine"] == "cached"  # type: ignore[index]
+
+
+def test_outputs_through_the_worker_equal_the_engine_in_process(
+    mnist_trt_bundle: Path, jetpack_python: Path, double: dict[str, object], tmp_path: Path
+) -> None:
+    """Shared memory carries inputs and outputs unchanged: the 3.8 worker's engine and the same double in this
+    process give the same scores for the same inputs."""
+    from edgedeploy_agent.sidecar.trt_backend import TrtBackend
+    from edgedeploy_agent.store import DeviceStore as Store
+    from tests.agent.trt_double import FakeTensorRT
+
+    store = Store(tmp_path / "root")
+    store.init(AgentConfig())
+    m = store.stage(mnist_trt_bundle)
+    onnx = store.release_dir(m.release_name) / m.tensorrt.onnx  # type: ignore[union-attr]
+    side = SidecarTrtBackend(str(jetpack_python))
+    backends: list[TrtBackend] = [side.open(), FakeTensorRT(version="8.5.2.2")]
+    x = np.random.default_rng(0).uniform(0, 255, (3, 1, 28, 28)).astype(np.float32)
+    outs = []
+    for b in backends:
+        plan = b.build(onnx, m.tensorrt, None, lambda msg: None)  # type: ignore[arg-type]
+        engine = b.load(plan)
+        assert engine is not None
+        outs.append(engine.run([x])[0])
+    side.close()
+    assert outs[0].shape == (3, 10) and np.allclose(outs[0], outs[1], rtol=1e-5, atol=1e-5)
+
+
+def _runs_before_frames(bundle: Path) -> int:
+    """The engine runs before the first camera frame: one per reference sample (batch 1), and the warm-up."""
+    m = read_manifest(bundle)
+    with tarfile.open(bundle, "r:gz") as tar:
+        member = tar.extractfile(m.tensorrt.reference)  # type: ignore[union-attr]
+        assert member is not None
+        with np.load(io.BytesIO(member.read())) as z:
+            return int(z[f"input:{m.inputs[0].name}"].shape[0]) + 1
+
+
+def test_a_hung_worker_is_killed_and_reported(
+    mnist_trt_bundle: Path,
+    jetpack_python: Path,
+    double: dict[str, object],
+    monkeypatch: pytest.MonkeyPatch,
+    data_dir: Path,
+    tmp_path: Path,
+) -> None:
+    # the first camera frame hangs the engine
+    _set_options(monkeypatch, hang_after_runs=_runs_before_frames(mnist_trt_bundle))
+    store = _store(tmp_path, jetpack_python, f"file:{data_dir / 'video' / 'bikes.mp4'}")
+    store.init(store.config().model_copy(update={"sidecar_timeout_s": 1.0}))
+    m = store.stage(mnist_trt_bundle)
+    store.activate(m.release_name)
+    t = time.monotonic()
+    assert run_agent(store, max_frames=3) != 0
+    health = read_health(store)
+    assert health is not None and health["state"] == "failed", health
+    assert health["error"]["code"] == "sidecar-failed" and "within 1 s: killed" in health["error"]["message"]
+    assert time.monotonic() - t < 60
+
+
+def test_a_dead_worker_before_loading_is_a_clear_runtime_error(jetpack_python: Path, double: dict[str, object]) -> None:
+    side = SidecarTrtBackend(str(jetpack_python))
+    os.kill(side.sidecar.pid, signal.SIGKILL)
+    with pytest.raises(SidecarFailed, match=r"Python 3\.8\.\d+, pid \d+\) killed by SIGKILL during 'probe'"):
+        side.probe()
+    side.close()
+
+
+def test_a_missing_system_python_is_a_one_line_error(tmp_path: Path) -> None:
+    with pytest.raises(SidecarFailed, match="cannot start the tensorrt worker with /nonexistent/python3.8"):
+        Sidecar("/nonexistent/python3.8", "tensorrt")
+
+
+def _wait_for(predicate, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+def test_deploy_serves_through_python38_and_rolls_back_when_the_worker_is_killed(
+    mnist_trt_bundle: Path,
+    jetpack_python: Path,
+    double: dict[str, object],
+    monkeypatch: pytest.MonkeyPatch,
+    data_dir: Path,
+    tmp_path: Path,
+) -> None:
+    """A real agent process (process service) runs the 3.8 worker: deploy v1 (healthy on real frames), then
+    deploy v2 and kill its worker while v2 is checking frames: the deploy fails and v1 serves again.
+    (This machine has no GPU: the deploy's own driver check, in this process, sees the double's T4; the agent
+    process asks the worker, as on a device.)"""
+    from edgedeploy_agent import lifecycle
+    from tests.agent.trt_double import T4
+
+    monkeypatch.setattr(lifecycle, "probe_cuda", lambda: (T4.as_gpu(), ""))
+    clip = data_dir / "video" / "bikes.mp4"
+    store = _store(tmp_path, jetpack_python, f"file:{clip}?loop=1", health_frames=5, idle_baseline_s=0)
+    service = ProcessService(store)
+    v1 = copy(mnist_trt_bundle, tmp_path / "v1")
+    v2 = rewrite_bundle(
+        mnist_trt_bundle,
+        tmp_path / "v2.edb",
+        lambda n, d: (n, d.replace(b'"version":"1"', b'"version":"2"')) if n == "manifest.json" else (n, d),
+    )
+    v1_name, v2_name = read_manifest(v1).release_name, read_manifest(v2).release_name
+    assert v1_name != v2_name
+    try:
+        Deployment(store, service).deploy(copy(v1, store.incoming), timeout=120, build_timeout=120)
+        health = read_health(store)
+        assert health is not None and health["release"] == v1_name and health["state"] == "ready"
+        assert health["runtime"]["tensorrt_python"].startswith("3.8.")
+
+        # v2's engine hangs on its third camera frame; it is killed from outside while the deploy waits for five
+        _set_options(monkeypatch, hang_after_runs=_runs_before_frames(v2) + 2)
+        failure: list[BaseException] = []
+
+        def deploy_v2() -> None:
+            try:
+                Deployment(store, service).deploy(copy(v2, store.incoming), timeout=60, build_timeout=120)
+            except BaseException as e:  # noqa: BLE001 - handed to the test thread
+                failure.append(e)
+
+        t = threading.Thread(target=deploy_v2)
+        t.start()
+
+        def worker_of_v2() -> int | None:
+            h = read_health(store) or {}
+            if h.get("release") != v2_name or h.get("state") != "checking-frames":
+                return None
+            return int(str(h["runtime"]["tensorrt_python"]).rsplit("pid ", 1)[1].rstrip(")"))
+
+        _wait_for(lambda: worker_of_v2() is not None, 120, "v2 checking frames")
+        os.kill(worker_of_v2(), signal.SIGKILL)  # type: ignore[arg-type]
+        _set_options(monkeypatch)  # v1's engine, restarted by the rollback, does not hang
+        t.join(timeout=180)
+        assert not t.is_alive()
+        assert failure and isinstance(failure[0], HealthCheckFailed), failure
+        assert "sidecar-failed" in str(failure[0]) or "killed by SIGKILL" in str(failure[0])
+        st = store.state()
+        assert st["current"] == v1_name and st["history"][-1]["event"] == "rolled-back"
+        _wait_for(lambda: (read_health(store) or {}).get("state") == "ready", 60, "v1 ready again")
+        assert read_health(store)["release"] == v1_name  # type: ignore[index]
+    finally:
+        service.stop()
+
+
+# --- capture under the system Python --------------------------------------------------------------------
+
+
+@pytest.fixture
+def gst_python() -> str:
+    py = _system_python_with_gstreamer_opencv()
+    require("GSTREAMER", None if py else "no /usr/bin/python3 with a GStreamer-enabled OpenCV (python3-opencv)")
+    assert py is not None
+    return py
+
+
+def test_gst_source_is_captured_by_the_system_pythons_opencv(gst_python: str) -> None:
+    assert not opencv_has_gstreamer()  # the agent's own (pip) OpenCV could not open it
+    src = open_source(
+        "gst:videotestsrc is-live=true ! video/x-raw,width=64,height=48,framerate=30/1", system_python=gst_python
+    )
+    try:
+        assert src.where["sidecar"] and src.where["gstreamer"] and src.where["executable"] == gst_python
+        frames = [src.read(timeout=10) for _ in range(10)]
+        assert all(f is not None and f.image.shape == (48, 64, 3) for f in frames)
+        # each frame is the agent's own copy: a later frame does not change an earlier one
+        first = frames[0].image.copy()  # type: ignore[union-attr]
+        src.read(timeout=10)
+        assert np.array_equal(first, frames[0].image)  # type: ignore[union-attr]
+        assert src.state().camera_up
+    finally:
+        src.close()
+
+
+def test_a_killed_capture_worker_is_a_lost_camera_that_comes_back(gst_python: str) -> None:
+    src = open_source(
+        "gst:videotestsrc is-live=true ! video/x-raw,width=64,height=48,framerate=30/1",
+        system_python=gst_python,
+        backoff_start_s=0.1,
+    )
+    try:
+        assert src.read(timeout=10) is not None
+        capture = src._capture  # the SidecarCapture
+        os.kill(capture._sidecar.pid, signal.SIGKILL)  # type: ignore[attr-defined]
+        _wait_for(lambda: src.state().reconnects >= 1, 30, "a reconnect")
+        assert src.read(timeout=10) is not None and src.state().camera_up
+        assert capture.restarts + src.state().reconnects >= 1  # type: ignore[attr-defined]
+    finally:
+        src.close()
+
+
+def test_agent_serves_a_videotestsrc_pipeline_through_the_system_python(
+    gst_python: str, tmp_path: Path, mnist_trt_bundle: Path
+) -> None:
+    """The agent in this venv, capture under /usr/bin/python3 (the TensorRT double in this process here: one
+    system_python serves both on a Jetson, and no single Python here has both OpenCV+GStreamer and 3.8)."""
+    from tests.agent.trt_double import T4, FakeTensorRT
+
+    store = DeviceStore(tmp_path / "root")
+    source = "gst:videotestsrc is-live=true ! video/x-raw,width=320,height=240,framerate=30/1"
+    store.init(AgentConfig(device_name="xavier-01", source=source, system_python=gst_python, idle_baseline_s=0))
+    m = store.stage(mnist_trt_bundle)
+    store.activate(m.release_name)
+    rc = run_agent(store, max_frames=10, tensorrt_options={"backend": FakeTensorRT(), "probe": lambda: T4})
+    assert rc == 0, read_health(store)
+    health = read_health(store)
+    assert health is not None and health["capture"]["sidecar"] and health["capture"]["gstreamer"]
+    assert health["capture"]["executable"] == gst_python
+    reports = [r for _, r in pending_reports(store)]
+    assert sum(r["frames"] for r in reports) == 10 and reports[-1]["camera_up"]
