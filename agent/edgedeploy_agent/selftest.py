@@ -333,7 +333,13 @@ def run_selftest(store: DeviceStore, sys_root: Path = Path("/"), camera_seconds:
         ),
         ("bundle vs hardware", lambda: hw.check_bundle_fit(manifest, cpuinfo=sys_root / "proc" / "cpuinfo")),
         ("tensorrt", lambda: hw.check_tensorrt(manifest, health, store.root / "engines")),
-        ("camera", lambda: hw.check_camera(cfg.source, serving, latest_report(store), seconds=camera_seconds)),
+        ("pythons", lambda: hw.check_pythons(cfg.system_python, manifest, cfg.source)),
+        (
+            "camera",
+            lambda: hw.check_camera(
+                cfg.source, serving, latest_report(store), seconds=camera_seconds, system_python=cfg.system_python
+            ),
+        ),
         ("power", lambda: hw.check_power(sys_root)),
         ("thermal", lambda: hw.check_thermal(sys_root)),
         ("disk", lambda: check_disk(store.root, release_bytes, cfg.spool_max_bytes)),

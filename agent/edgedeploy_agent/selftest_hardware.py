@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 from .bundle import Manifest, check_compatible
-from .errors import IncompatibleBundle, RuntimeLoadError, SourceError
+from .errors import AgentError, IncompatibleBundle, RuntimeLoadError, SourceError
 from .gpu import CudaDevice, probe_cuda
 from .selftest import FAILED, OK, WARNING, Check
 
@@ -24,6 +24,11 @@ SOURCE_FIX = (
     "edgedeploy devices add NAME ... --source URI --replace, then edgedeploy push"
 )
 
+
+PYTHONS_FIX = (
+    "on JetPack 5, TensorRT and GStreamer capture run under the system Python 3.8: edgedeploy agent install DEVICE "
+    "sets system_python (or on the device: edgedeploy-agent init --system-python /usr/bin/python3.8)"
+)
 
 CudaBackendChoice = tuple[str, Optional[str]]  # config cuda_backend, cuda_backend_lib
 
@@ -168,10 +173,70 @@ def check_tensorrt(
     return Check("tensorrt", OK, f"{detail}; engine {str(key)[:12]} cached for this TensorRT", None, data)
 
 
-def _open_source(uri: str) -> Any:
+def _open_source(uri: str, system_python: Optional[str] = None) -> Any:
     from .sources.capture import open_source
 
-    return open_source(uri)
+    return open_source(uri, system_python=system_python)
+
+
+def _describe_python(facts: dict[str, Any]) -> str:
+    gst = "with GStreamer" if facts.get("gstreamer") else "without GStreamer"
+    opencv = f"OpenCV {facts['opencv']} {gst}" if facts.get("opencv") else "no OpenCV"
+    return (
+        f"Python {facts.get('python')} ({facts.get('executable')}): {opencv}, TensorRT {facts.get('tensorrt') or 'no'}"
+    )
+
+
+def _system_python_facts(python: str) -> dict[str, Any]:
+    from .sidecar.process import Sidecar
+
+    worker = Sidecar(python, "tensorrt", timeout_s=30.0)
+    try:
+        return worker.request("info")
+    finally:
+        worker.close()
+
+
+def check_pythons(
+    system_python: Optional[str],
+    manifest: Optional[Manifest],
+    source: Optional[str],
+    system_facts: Callable[[str], dict[str, Any]] = _system_python_facts,
+) -> Check:
+    """Which Python and OpenCV each part uses: the agent's own, and JetPack's system Python (the sidecar) for
+    TensorRT and GStreamer capture where the agent's lacks them; failed when what the device needs has neither."""
+    from .sidecar.python_facts import python_facts
+    from .sources.frames import parse_source
+
+    own = python_facts()
+    data: dict[str, Any] = {"agent": own, "system_python": None}
+    lines = [f"agent: {_describe_python(own)}"]
+    system: Optional[dict[str, Any]] = None
+    if system_python:
+        try:
+            system = data["system_python"] = system_facts(system_python)
+        except AgentError as e:
+            return Check("pythons", FAILED, f"system_python {system_python}: {e.message}", PYTHONS_FIX, data)
+        lines.append(f"system: {_describe_python(system)}")
+
+    def where(key: str) -> Optional[str]:
+        return "the agent" if own.get(key) else "the sidecar" if system and system.get(key) else None
+
+    trt, gst = where("tensorrt"), where("gstreamer")
+    data.update(tensorrt_in=trt, gstreamer_in=gst)
+    lines.append(f"TensorRT runs in {trt or 'neither'}, GStreamer capture in {gst or 'neither'}")
+    missing = []
+    if manifest is not None and manifest.target.runtime == "tensorrt" and trt is None:
+        missing.append("the current bundle needs TensorRT")
+    try:
+        needs_gst = bool(source) and parse_source(str(source)).needs_gstreamer
+    except SourceError:
+        needs_gst = False  # the camera check says what is wrong with it
+    if needs_gst and gst is None:
+        missing.append(f"{source} needs OpenCV with GStreamer")
+    if missing:
+        return Check("pythons", FAILED, "; ".join(lines + missing), PYTHONS_FIX, data)
+    return Check("pythons", OK, "; ".join(lines), None, data)
 
 
 def _from_report(source: str, report: Optional[dict[str, Any]]) -> Check:
@@ -195,7 +260,8 @@ def check_camera(
     report: Optional[dict[str, Any]],
     seconds: float = 5.0,
     frames: int = 5,
-    open_source: Callable[[str], Any] = _open_source,
+    open_source: Callable[[str, Optional[str]], Any] = _open_source,
+    system_python: Optional[str] = None,
 ) -> Check:
     """The configured source opens and delivers frames: resolution, rate, frame age; the service keeps running."""
     if not source:
@@ -210,9 +276,10 @@ def check_camera(
     if exclusive and serving:
         return _from_report(source, report)
     try:
-        src = open_source(source)
+        src = open_source(source, system_python)
     except SourceError as e:
         return Check("camera", FAILED, e.message, e.hint or SOURCE_FIX)
+    where = src.where
     got: list[tuple[tuple[int, ...], float, float]] = []
     deadline = time.monotonic() + seconds
     try:
@@ -236,8 +303,16 @@ def check_camera(
     rate = f"{fps:.1f} FPS" if fps else "rate unknown (one frame)"
     how = "decoded at" if not spec.live else "at"
     beside = " (read beside the running agent)" if serving else ""
-    detail = f"{source}: {w}x{h} {how} {rate}, frame age {age:.0f} ms over {len(got)} frames{beside}"
-    data = {"width": w, "height": h, "fps": None if fps is None else round(fps, 2), "frame_age_ms": round(age, 1)}
+    who = "the sidecar" if where.get("sidecar") else "the agent"
+    by = f"{who}'s Python {where.get('python')}, OpenCV {where.get('opencv')}"
+    detail = f"{source}: {w}x{h} {how} {rate}, frame age {age:.0f} ms over {len(got)} frames{beside}, through {by}"
+    data = {
+        "width": w,
+        "height": h,
+        "fps": None if fps is None else round(fps, 2),
+        "frame_age_ms": round(age, 1),
+        "capture": where,
+    }
     return Check("camera", OK, detail, data=data)
 
 

@@ -182,7 +182,7 @@ def test_camera_opens_reads_frames_or_names_the_fix(tmp_path: Path) -> None:
 
 
 def test_a_camera_the_service_holds_is_judged_from_its_reports() -> None:
-    def never(uri: str) -> object:
+    def never(uri: str, system_python: str | None) -> object:
         raise AssertionError("opened a camera the running agent holds")
 
     up = {"seq": 7, "camera_up": True, "fps": 29.8, "frame_age_ms": {"p50": 12.0}, "window_end": "t"}

@@ -330,3 +330,25 @@ def test_agent_serves_a_videotestsrc_pipeline_through_the_system_python(
     assert health["capture"]["executable"] == gst_python
     reports = [r for _, r in pending_reports(store)]
     assert sum(r["frames"] for r in reports) == 10 and reports[-1]["camera_up"]
+
+
+# --- the self-test says which Python does what -----------------------------------------------------------
+
+
+def test_selftest_names_each_python_and_where_capture_runs(gst_python: str) -> None:
+    from edgedeploy_agent.selftest import FAILED, OK
+    from edgedeploy_agent.selftest_hardware import check_camera, check_pythons
+
+    gst = "gst:videotestsrc is-live=true ! video/x-raw,width=64,height=48,framerate=30/1"
+    alone = check_pythons(None, None, gst)
+    assert alone.status == FAILED and "GStreamer capture in neither" in alone.detail
+    assert "--system-python" in (alone.fix or "")
+    both = check_pythons(gst_python, None, gst)
+    assert both.status == OK, both
+    assert "system: Python 3." in both.detail and f"({gst_python}): OpenCV" in both.detail
+    assert "GStreamer capture in the sidecar" in both.detail and both.data["gstreamer_in"] == "the sidecar"
+    gone = check_pythons("/nonexistent/python3.8", None, gst)
+    assert gone.status == FAILED and "cannot start" in gone.detail
+
+    camera = check_camera(gst, serving=False, report=None, seconds=10, system_python=gst_python)
+    assert camera.status == OK and "through the sidecar's Python" in camera.detail, camera

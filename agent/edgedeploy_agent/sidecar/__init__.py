@@ -13,6 +13,6 @@ with arrays and engine plans in shared memory:
     process.py: start, requests with deadlines, death and hang detection
 
 Runs under Python 3.8 (`make lint`: vermin -t=3.8): channel.py, worker.py, trt_backend.py, cuda_probe.py,
-opencv_facts.py, and what they import (errors.py, durable.py, gpu.py); standard library and numpy only, no
+python_facts.py, and what they import (errors.py, durable.py, gpu.py); standard library and numpy only, no
 pydantic. process.py and the two clients run in the agent.
 """

@@ -28,7 +28,7 @@ class SidecarCapture:
 
     def facts(self) -> dict[str, Any]:
         """The worker's Python, OpenCV and GStreamer (starting the worker if need be)."""
-        return {**self._worker().request("info"), "executable": self._worker().hello.get("executable")}
+        return self._worker().request("info")
 
     def _worker(self) -> Sidecar:
         if self._sidecar is not None and not self._sidecar.alive():

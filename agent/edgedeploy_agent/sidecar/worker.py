@@ -34,7 +34,7 @@ import numpy as np
 
 from ..errors import AgentError
 from .channel import Channel, ChannelClosed, SharedMemory, end_of, place
-from .opencv_facts import opencv_facts
+from .python_facts import python_facts
 
 DOUBLE_ENV = "EDGEDEPLOY_TENSORRT_DOUBLE"
 Handler = Callable[[Dict[str, Any]], Dict[str, Any]]  # evaluated at run time, under 3.8 too
@@ -156,7 +156,7 @@ class CaptureRole:
 def serve(role: str, channel: Channel, shm: SharedMemory) -> int:
     worker = (TensorRTRole if role == "tensorrt" else CaptureRole)(shm, channel.send)
     handlers = worker.handlers()
-    handlers["info"] = lambda request: {"python": platform.python_version(), **opencv_facts()}
+    handlers["info"] = lambda request: python_facts()
     channel.send(
         {"event": "hello", "pid": os.getpid(), "python": platform.python_version(), "executable": sys.executable}
     )

@@ -5,8 +5,6 @@ consumer), so a recorded clip gives the same predictions every run. A live sourc
 frame the consumer did not take in time is replaced by the next one and counted as dropped.
 """
 
-import platform
-import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -15,7 +13,7 @@ from typing import Any, Callable, Optional
 import numpy as np
 
 from ..errors import SourceError
-from ..sidecar.opencv_facts import opencv_facts
+from ..sidecar.python_facts import python_facts
 from .frames import Capture, CvCapture, SourceSpec, check_openable, opencv_has_gstreamer, parse_source
 
 BACKOFF_START_S = 1.0
@@ -183,7 +181,7 @@ class CapturedSource:
 
 def capture_facts() -> dict[str, Any]:
     """Where this process captures: its Python, OpenCV and whether that OpenCV has GStreamer."""
-    return {"python": platform.python_version(), "executable": sys.executable, "sidecar": False, **opencv_facts()}
+    return {**python_facts(), "sidecar": False}
 
 
 def open_source(

@@ -19,7 +19,7 @@ import cv2
 import numpy as np
 
 from ..errors import SourceError
-from ..sidecar.opencv_facts import has_gstreamer
+from ..sidecar.python_facts import has_gstreamer
 
 SUPPORTED_SCHEMES = ("file", "v4l2", "csi", "rtsp", "gst")
 APPSINK = "appsink drop=true max-buffers=1 sync=false"
