@@ -43,6 +43,10 @@ class FakeEngine:
     def __init__(self, onnx: bytes, perturb: float, hang_after_runs: int | None = None) -> None:
         so = ort.SessionOptions()
         so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+        # one thread that sleeps when idle: onnxruntime's pool spins between runs, which a GPU engine does not,
+        # and on a 2-core machine that spinning would be charged to whatever runs next (the sidecar's pipe)
+        so.intra_op_num_threads = 1
+        so.add_session_config_entry("session.intra_op.allow_spinning", "0")
         self.session = ort.InferenceSession(onnx, so, providers=["CPUExecutionProvider"])
         self.perturb, self.hang_after_runs = perturb, hang_after_runs
         self.batches: list[int] = []

@@ -56,11 +56,13 @@ class SidecarCapture:
         if self._sidecar is None:
             return None
         try:
-            spec = self._sidecar.request("read").get("frame")
+            reply = self._sidecar.request("read")
         except AgentError as e:  # died or hung: a lost camera; the reconnect starts a new worker
             self.last_error = e.message
             self._stop()
             return None
+        spec = reply.get("frame")
+        self.read_ms = float(reply.get("read_ms") or 0.0)
         return None if spec is None else self._sidecar.shm.array(spec).copy()
 
     def release(self) -> None:

@@ -23,6 +23,7 @@ START_TIMEOUT_S = 120.0  # importing TensorRT, or deserializing a large engine, 
 class SidecarEngine:
     def __init__(self, sidecar: Sidecar, engine: int) -> None:
         self._sidecar, self._engine = sidecar, engine
+        self.engine_ms = 0.0  # the last run's time inside the worker: the rest of run() is the sidecar's cost
 
     def run(self, inputs: list[np.ndarray], allocate: Allocate = new_arrays) -> list[np.ndarray]:
         shm = self._sidecar.shm
@@ -31,6 +32,7 @@ class SidecarEngine:
         for spec, x in zip(specs, inputs):
             np.copyto(shm.array(spec), x, casting="no")
         reply = self._sidecar.request("run", engine=self._engine, inputs=specs)
+        self.engine_ms = float(reply.get("engine_ms") or 0.0)
         views = [shm.array(s) for s in reply["outputs"]]
         outs = allocate([(v.shape, v.dtype) for v in views])
         for out, view in zip(outs, views):

@@ -25,6 +25,7 @@ import importlib
 import os
 import platform
 import sys
+import time
 import traceback
 from pathlib import Path
 from types import SimpleNamespace
@@ -104,8 +105,9 @@ class TensorRTRole:
             placed.extend(place(outputs, end_of(request["inputs"])))
             return [self.shm.array(s) for s in placed]
 
+        started = time.perf_counter()
         engine.run(inputs, allocate)
-        return {"outputs": placed}
+        return {"outputs": placed, "engine_ms": (time.perf_counter() - started) * 1e3}
 
 
 class CaptureRole:
@@ -134,7 +136,9 @@ class CaptureRole:
     def read(self, request: dict[str, Any]) -> dict[str, Any]:
         if self.cap is None:
             return {"frame": None}
+        started = time.perf_counter()
         ok, image = self.cap.read(self.frame) if self.frame is not None else self.cap.read()
+        read_ms = (time.perf_counter() - started) * 1e3
         if not ok or image is None:
             return {"frame": None}
         if self.frame is None or image.ctypes.data != self.frame.ctypes.data:
@@ -143,7 +147,8 @@ class CaptureRole:
             self.frame = self.shm.array(spec)
             np.copyto(self.frame, image)
             self.copies += 1
-        return {"frame": {"offset": 0, "shape": list(self.frame.shape), "dtype": self.frame.dtype.str}}
+        frame = {"offset": 0, "shape": list(self.frame.shape), "dtype": self.frame.dtype.str}
+        return {"frame": frame, "read_ms": read_ms}
 
     def release(self, request: dict[str, Any]) -> dict[str, Any]:
         if self.cap is not None:
