@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from edgedeploy.errors import DeviceError
+from edgedeploy.errors import DeviceError, InputError
 from edgedeploy.remote.install import InstallFiles, InstallSpec, parse_install_probe, plan_install
 
 
@@ -140,3 +140,72 @@ def test_the_runtime_and_the_cuda_backend_share_one_lib_dir_and_each_goes_only_w
     both = have_runtime + f"cuda_backend_sha256={hashlib.sha256(b'backend').hexdigest()}\n"
     names = [s.name for s in plan_install(parse_install_probe(both), spec)]
     assert not {"make lib dir", "upload TVM runtime", "upload CUDA backend", "initialise agent root"} & set(names)
+
+
+JETPACK_SYSTEM = "system_python=3.8.10\nsystem_tensorrt=8.5.2.2\nsystem_opencv=4.5.4\nsystem_gstreamer=1\n"
+
+
+def test_a_jetson_gets_a_sidecar_venv_of_its_system_python_with_polygraphy(tmp_path: Path) -> None:
+    from edgedeploy.remote.install import InstallOptions
+    from edgedeploy.remote.install_run import choose_sidecar
+
+    spec = dataclasses.replace(_spec(tmp_path), system_python="/usr/bin/python3.8")
+    facts = parse_install_probe(FRESH_JETSON + JETPACK_SYSTEM)
+    assert facts.system_tensorrt == "8.5.2.2" and facts.system_gstreamer and not facts.sidecar_venv
+    spec, note = choose_sidecar(facts, spec, InstallOptions())
+    assert spec.sidecar and "TensorRT 8.5.2.2, OpenCV 4.5.4 with GStreamer" in note and "venv-system" in note
+    steps = {s.name: s for s in plan_install(facts, spec)}
+    venv = steps["create system-Python venv"].argv
+    assert venv == ("/usr/bin/python3.8", "-m", "venv", "--system-site-packages", "/opt/edgedeploy/venv-system")
+    assert steps["install polygraphy"].argv[0] == "/opt/edgedeploy/venv-system/bin/python"
+    assert steps["install polygraphy"].argv[-3:] == ("--find-links", "/opt/edgedeploy/venv/wheels", "polygraphy")
+    init = steps["initialise agent root"].argv
+    assert init[init.index("--system-python") + 1] == "/opt/edgedeploy/venv-system/bin/python"
+    names = list(steps)
+    assert names.index("install agent") < names.index("install polygraphy") < names.index("initialise agent root")
+
+    # a second run: the venv and polygraphy are there, the root initialised: nothing for the sidecar
+    done = FRESH_JETSON + JETPACK_SYSTEM + "sidecar_venv=1\nsidecar_polygraphy=1\ninitialised=1\n"
+    done += f"runtime_sha256={hashlib.sha256(b'lib').hexdigest()}\n"
+    again = [s.name for s in plan_install(parse_install_probe(done), spec)]
+    assert not {"create system-Python venv", "install polygraphy", "initialise agent root"} & set(again)
+
+
+def test_the_system_python_is_used_only_where_it_helps_and_a_given_one_must_run(tmp_path: Path) -> None:
+    from edgedeploy.remote.install import InstallOptions
+    from edgedeploy.remote.install_run import choose_sidecar
+
+    spec = dataclasses.replace(_spec(tmp_path), system_python="/usr/bin/python3.8")
+    x86 = parse_install_probe("uid=0\narch=x86_64\npython=3.11\nsystemctl=1\nsystem_python=3.8.10\n")
+    unused, note = choose_sidecar(x86, spec, InstallOptions())
+    assert not unused.sidecar and unused.system_python is None and "not used" in note
+    assert "create system-Python venv" not in [s.name for s in plan_install(x86, unused)]
+    absent = parse_install_probe(FRESH_JETSON)
+    assert not choose_sidecar(absent, spec, InstallOptions())[0].sidecar
+    with pytest.raises(DeviceError, match="--system-python /usr/bin/python3.8 does not run on the device"):
+        choose_sidecar(absent, spec, InstallOptions(system_python="/usr/bin/python3.8"))
+    # offline, TensorRT on the device, no polygraphy wheel in the wheelhouse: refused before anything changes
+    jetson = parse_install_probe(FRESH_JETSON + JETPACK_SYSTEM)
+    with pytest.raises(InputError, match="no polygraphy wheel"):
+        choose_sidecar(jetson, dataclasses.replace(spec, offline=True), InstallOptions(offline=True))
+
+
+def test_the_probe_reads_a_real_system_pythons_opencv_and_tensorrt(tmp_path: Path) -> None:
+    """The probe's system-Python lines, run by sh against this machine's /usr/bin/python3 (Debian's OpenCV with
+    GStreamer, no TensorRT) and an absent one."""
+    import shutil
+    import subprocess
+
+    from edgedeploy.remote.install import PROBE
+
+    py = shutil.which("python3", path="/usr/bin")
+    if py is None:
+        pytest.skip("no /usr/bin/python3")
+    args = ["python3", str(tmp_path / "venv"), str(tmp_path), "nobody", "/nonexistent.service", "stamp", "root", "x"]
+    out = subprocess.run(["sh", "-c", PROBE, "sh", *args, py, str(tmp_path / "venv-system")], capture_output=True)
+    facts = parse_install_probe(out.stdout.decode())
+    assert facts.system_python is not None and facts.system_python.startswith("3.")
+    has_cv2 = subprocess.run([py, "-c", "import cv2"], capture_output=True).returncode == 0
+    assert (facts.system_opencv is not None) == has_cv2 and facts.system_tensorrt is None
+    none = subprocess.run(["sh", "-c", PROBE, "sh", *args, "/nonexistent/python3.8", ""], capture_output=True)
+    assert parse_install_probe(none.stdout.decode()).system_python is None

@@ -31,6 +31,13 @@ def install(
     system_site_packages: Annotated[
         bool, typer.Option(help="let the venv see the system's packages (a GStreamer OpenCV)")
     ] = False,
+    system_python: Annotated[
+        str,
+        typer.Option(
+            help="the system Python with TensorRT / GStreamer OpenCV for the agent's sidecar: auto (JetPack's "
+            "/usr/bin/python3.8 on a Jetson), a path, or none"
+        ),
+    ] = "auto",
     mqtt: Annotated[
         str | None, typer.Option(help="pull rollouts: the MQTT broker HOST:PORT as the device reaches it")
     ] = None,
@@ -62,6 +69,7 @@ def install(
             runtime_lib=runtime_lib,
             offline=offline is not None,
             system_site_packages=system_site_packages,
+            system_python=None if system_python.lower() == "none" else system_python,
             pull=pull,
         )
         res = api.install_agent(Inventory.load(inventory), device, options, dry_run=dry_run, step=step)
@@ -74,6 +82,7 @@ def install(
     if not dry_run:
         render.out.print(f"  agent {res['agent_command']}; OpenCV {res['opencv']}; healthy: {res['healthy']}")
         render.out.print(f"  CUDA backend (edgedeploy's, CUDA 11.4+ drivers): {res['cuda_backend']}")
+        render.out.print(f"  system Python: {res['system_python']}", markup=False)
         if res.get("broker_user"):
             u = res["broker_user"]
             where = f"added to {u['added_to']}: reload the broker" if u["added_to"] else "add it to the broker"

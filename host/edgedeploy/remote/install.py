@@ -29,7 +29,7 @@ SUDOERS_PATH = "/etc/sudoers.d/edgedeploy"
 _PORTABLE_USER = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,31}")
 # Arguments arrive as $1..$8 (never spliced into the script text).
 PROBE = r"""
-py=$1; venv=$2; root=$3; user=$4; unit=$5; stamp=$6; login=$7; sudoers=$8
+py=$1; venv=$2; root=$3; user=$4; unit=$5; stamp=$6; login=$7; sudoers=$8; syspy=$9; sidecar=${10}
 echo "uid=$(id -u)"
 echo "arch=$(uname -m)"
 command -v "$py" >/dev/null 2>&1 && echo "python=$("$py" -c 'import sys;print("%d.%d" % sys.version_info[:2])')"
@@ -50,6 +50,28 @@ id -nG "$login" 2>/dev/null | tr ' ' '\n' | grep -qx "$user" && echo "login_in_g
   cut -d' ' -f1)"
 # an NVIDIA driver (a Jetson's comes with L4T, the jetson line above): only then does the device need a CUDA backend
 /sbin/ldconfig -p 2>/dev/null | grep -q 'libcuda\.so\.1 ' && echo "cuda_driver=1"
+# JetPack's system Python (TensorRT's bindings and NVIDIA's GStreamer OpenCV live there) and the sidecar venv made
+# from it; TensorRT is looked up, not imported (seconds, and a crash without a driver)
+if [ -n "$syspy" ] && [ -x "$syspy" ]; then "$syspy" - 2>/dev/null <<'PY'
+import importlib.util, platform, re
+print("system_python=" + platform.python_version())
+if importlib.util.find_spec("tensorrt") is not None:
+    try:
+        from importlib import metadata
+        print("system_tensorrt=" + metadata.version("tensorrt"))
+    except Exception:
+        print("system_tensorrt=unknown")
+try:
+    import cv2
+    m = re.search(r"^\s*GStreamer:\s*(\S+)", cv2.getBuildInformation(), re.M)
+    print("system_opencv=" + cv2.__version__)
+    print("system_gstreamer=" + ("1" if m and m.group(1).upper().startswith("YES") else "0"))
+except Exception:
+    pass
+PY
+fi
+[ -n "$sidecar" ] && [ -x "$sidecar/bin/python" ] && echo "sidecar_venv=1" &&
+  "$sidecar/bin/python" -c 'import polygraphy' 2>/dev/null && echo "sidecar_polygraphy=1"
 true
 """
 
@@ -72,6 +94,12 @@ class InstallFacts:
     sudoers_sha256: str | None = None
     cuda_backend_sha256: str | None = None
     cuda_driver: bool = False  # libcuda.so.1 is known to the dynamic linker
+    system_python: str | None = None  # the version of the system Python probed (spec.system_python), if it runs
+    system_tensorrt: str | None = None  # its TensorRT bindings' version ("unknown" without metadata)
+    system_opencv: str | None = None
+    system_gstreamer: bool = False
+    sidecar_venv: bool = False  # the venv made from the system Python exists
+    sidecar_polygraphy: bool = False  # ... with Polygraphy in it
 
     @property
     def nvidia(self) -> bool:
@@ -99,6 +127,12 @@ def parse_install_probe(stdout: str) -> InstallFacts:
         sudoers_sha256=kv.get("sudoers_sha256") or None,
         cuda_backend_sha256=kv.get("cuda_backend_sha256") or None,
         cuda_driver=kv.get("cuda_driver") == "1",
+        system_python=kv.get("system_python") or None,
+        system_tensorrt=kv.get("system_tensorrt") or None,
+        system_opencv=kv.get("system_opencv") or None,
+        system_gstreamer=kv.get("system_gstreamer") == "1",
+        sidecar_venv=kv.get("sidecar_venv") == "1",
+        sidecar_polygraphy=kv.get("sidecar_polygraphy") == "1",
     )
 
 
@@ -112,6 +146,9 @@ class InstallOptions:
     runtime_lib: Path | None = None
     offline: bool = False  # dependencies only from the wheelhouse
     system_site_packages: bool = False
+    # JetPack's Python for TensorRT and GStreamer capture (the agent's sidecar): "auto" = /usr/bin/python3.8 on a
+    # Jetson, a path, or None for none
+    system_python: str | None = "auto"
     pull: PullOptions | None = None  # --mqtt: set the device up for pull rollouts (remote/install_pull.py)
 
 
@@ -131,6 +168,13 @@ class InstallSpec:
     source: str | None = None
     login_user: str | None = None  # the SSH user that will deploy; None or root: nothing to grant
     cuda_backend_lib: Path | None = None  # libedgedeploy_cuda.so for the device's architecture
+    system_python: str | None = None  # the system Python to probe (and, when it has what the agent lacks, to use)
+    sidecar: bool = False  # decided from the probe: make the sidecar venv from system_python and point the agent at it
+
+    @property
+    def sidecar_venv(self) -> str:
+        """A venv of the system Python that sees its packages (TensorRT, OpenCV, numpy), plus Polygraphy."""
+        return f"{self.venv}-system"
 
     @property
     def as_root(self) -> bool:
@@ -266,15 +310,33 @@ def _libraries(facts: InstallFacts, spec: InstallSpec, files: InstallFiles) -> l
     return [mkdir, *(Step(step, put=(lib, f"{spec.root}/lib/{name}"), root=spec.as_root) for lib, name, step in new)]
 
 
+def _sidecar_venv(facts: InstallFacts, spec: InstallSpec, files: InstallFiles) -> list[Step]:
+    """JetPack's route: a venv of the system Python with its packages visible, and Polygraphy (pure Python, from
+    the agent's wheels: the tensorrt extra) where TensorRT is there; the agent's sidecar worker runs in it."""
+    if not spec.sidecar or spec.system_python is None:
+        return []
+    steps = []
+    if not facts.sidecar_venv:
+        venv = (spec.system_python, "-m", "venv", "--system-site-packages", spec.sidecar_venv)
+        steps.append(Step("create system-Python venv", venv, root=spec.as_root))
+    if facts.system_tensorrt and not facts.sidecar_polygraphy:
+        index = ("--no-index",) if spec.offline else ()
+        pip = (f"{spec.sidecar_venv}/bin/python", "-m", "pip", "install", "-q", *index, "--find-links")
+        steps.append(Step("install polygraphy", (*pip, f"{spec.venv}/wheels", "polygraphy"), root=spec.as_root))
+    return steps
+
+
 def _agent_root(facts: InstallFacts, spec: InstallSpec, files: InstallFiles) -> list[Step]:
     # init keeps the rest of an existing config
-    if facts.initialised and not _new_libraries(facts, spec):
+    if facts.initialised and not _new_libraries(facts, spec) and (facts.sidecar_venv or not spec.sidecar):
         return []
     init = [f"{spec.venv}/bin/edgedeploy-agent", "--root", spec.root, "--json", "init", "--service", spec.mode]
     if spec.runtime_lib is not None:
         init += ["--tvm-runtime-lib", f"{spec.root}/lib/libtvm_runtime.so"]
     if spec.cuda_backend_lib is not None:
         init += ["--cuda-backend-lib", f"{spec.root}/lib/{CUDA_BACKEND}"]
+    if spec.sidecar:
+        init += ["--system-python", f"{spec.sidecar_venv}/bin/python"]
     if spec.source:
         init += ["--source", spec.source]
     steps = [Step("initialise agent root", tuple(init), root=spec.as_root)]
@@ -332,6 +394,7 @@ PLAN_PARTS: tuple[Planner, ...] = (
     _venv,
     _agent_wheels,
     _libraries,
+    _sidecar_venv,
     _agent_root,
     _login_group,
     _sudoers,
@@ -367,6 +430,7 @@ def run_probe(transport: Transport, spec: InstallSpec, extra: str = "") -> str:
     with every option still asks the device once."""
     login = spec.login_user or "root"
     args = [spec.python, spec.venv, spec.root, spec.user, UNIT_PATH, STAMP, login, SUDOERS_PATH]
+    args += [spec.system_python or "", spec.sidecar_venv if spec.system_python else ""]
     r = transport.run(["sh", "-c", PROBE + extra, "sh", *args], timeout=60)
     if r.exit_code != 0:
         raise DeviceError(f"install probe failed (exit {r.exit_code}): {r.stderr.strip()[-300:]}")

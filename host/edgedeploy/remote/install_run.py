@@ -13,7 +13,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from ..errors import DeviceError
+from ..errors import DeviceError, InputError
 from ..inventory import Device, Inventory
 from .connect import connected
 from .install import (
@@ -47,6 +47,7 @@ class InstallPlan:
     steps: list[Step]
     pull_files: PullFiles | None = None  # --mqtt: the broker password the plan may upload
     cuda_backend: str = ""  # where libedgedeploy_cuda.so came from, or why it is not installed
+    system_python: str = ""  # what the system Python has and whether the agent's sidecar uses it
 
 
 @dataclass
@@ -73,7 +74,40 @@ def install_spec(dev: Device, options: InstallOptions, wheels: list[Path]) -> In
         offline=options.offline,
         source=dev.source,
         login_user=dev.user,
+        system_python=AUTO_SYSTEM_PYTHON if options.system_python == "auto" else options.system_python,
     )
+
+
+AUTO_SYSTEM_PYTHON = "/usr/bin/python3.8"  # JetPack 5's, with TensorRT's bindings and NVIDIA's OpenCV
+
+
+def choose_sidecar(facts: InstallFacts, spec: InstallSpec, options: InstallOptions) -> tuple[InstallSpec, str]:
+    """Whether the agent gets a sidecar under the system Python (and what was found, in words). Automatic on a
+    Jetson whose system Python has TensorRT or a GStreamer OpenCV; a --system-python given must run."""
+    if spec.system_python is None:
+        return spec, "not used (--system-python none)"
+    if facts.system_python is None:
+        if options.system_python != "auto":
+            raise DeviceError(
+                f"--system-python {spec.system_python} does not run on the device",
+                hint="on JetPack 5 it is /usr/bin/python3.8 (python3-libnvinfer brings TensorRT's bindings)",
+            )
+        return replace(spec, system_python=None), f"not used: no {spec.system_python} on the device"
+    gst = "with GStreamer" if facts.system_gstreamer else "without GStreamer"
+    found = f"{spec.system_python} is Python {facts.system_python}: TensorRT {facts.system_tensorrt or 'no'}, " + (
+        f"OpenCV {facts.system_opencv} {gst}" if facts.system_opencv else "no OpenCV"
+    )
+    useful = facts.system_tensorrt is not None or facts.system_gstreamer
+    if options.system_python == "auto" and not (facts.jetson and useful):
+        return replace(spec, system_python=None), f"not used ({found}; not a Jetson, or nothing the agent lacks)"
+    if facts.system_tensorrt and spec.offline and not any(w.name.startswith("polygraphy-") for w in spec.wheels):
+        raise InputError(
+            f"the device's system Python has TensorRT {facts.system_tensorrt}, but the wheelhouse has no polygraphy "
+            "wheel for the agent's TensorRT sidecar",
+            hint="make the wheelhouse with `edgedeploy agent wheelhouse --extras tensorrt` (polygraphy is pure "
+            "Python: the same wheel serves the agent's Python and the system's 3.8)",
+        )
+    return replace(spec, sidecar=True), f"{found}; TensorRT and GStreamer capture run there ({spec.sidecar_venv})"
 
 
 def plan_on(transport: Transport, spec: InstallSpec, options: InstallOptions, work_dir: Path) -> InstallPlan:
@@ -89,12 +123,13 @@ def plan_on(transport: Transport, spec: InstallSpec, options: InstallOptions, wo
     if facts.nvidia:
         backend, backend_note = cuda_backend_for(facts.arch, options.wheelhouse)
     spec = replace(spec, cuda_backend_lib=backend)
+    spec, system_note = choose_sidecar(facts, spec, options)
     steps = plan_install(facts, spec, write_install_files(spec, work_dir))
     if options.pull is None:
-        return InstallPlan(facts, spec, steps, cuda_backend=backend_note)
+        return InstallPlan(facts, spec, steps, cuda_backend=backend_note, system_python=system_note)
     files = write_pull_files(spec, options.pull, work_dir)
     pull = plan_pull(parse_pull_probe(stdout), spec, options.pull, files)
-    return InstallPlan(facts, spec, steps + pull, files, cuda_backend=backend_note)
+    return InstallPlan(facts, spec, steps + pull, files, cuda_backend=backend_note, system_python=system_note)
 
 
 def execute_plan(
@@ -147,6 +182,7 @@ def install_agent(
                     "steps": [s.name for s in plan.steps],
                     "facts": plan.facts.__dict__,
                     "cuda_backend": plan.cuda_backend,
+                    "system_python": plan.system_python,
                 }
             broker_user = None
             if options.pull and plan.pull_files and "install broker password" in [s.name for s in plan.steps]:
@@ -163,6 +199,7 @@ def install_agent(
         "agent_command": result.agent_command,
         "opencv": result.opencv,
         "cuda_backend": plan.cuda_backend,
+        "system_python": plan.system_python,
         "healthy": bool(result.health.get("ok") and result.health.get("initialised")),
         "facts": result.facts.__dict__,
         "broker_user": broker_user,
