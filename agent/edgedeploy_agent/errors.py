@@ -46,6 +46,12 @@ class RuntimeLoadError(AgentError):
     exit_code = 6
 
 
+class SidecarFailed(RuntimeLoadError):
+    """The sidecar worker (TensorRT or capture under JetPack's Python) died, hung or could not start."""
+
+    code = "sidecar-failed"
+
+
 class SourceError(AgentError):
     """A frame source URI is invalid or cannot be opened."""
 

@@ -22,12 +22,12 @@ import pytest
 
 from edgedeploy_agent.bundle import read_manifest
 from edgedeploy_agent.config import AgentConfig
-from edgedeploy_agent.errors import HealthCheckFailed
+from edgedeploy_agent.errors import HealthCheckFailed, SidecarFailed
 from edgedeploy_agent.lifecycle import Deployment
 from edgedeploy_agent.loop import run_agent
 from edgedeploy_agent.service import ProcessService, read_health
 from edgedeploy_agent.sidecar.channel import MAX_MESSAGE, Channel, ChannelClosed, SharedMemory, place
-from edgedeploy_agent.sidecar.process import Sidecar, SidecarFailed
+from edgedeploy_agent.sidecar.process import Sidecar
 from edgedeploy_agent.sidecar.tensorrt_client import SidecarTrtBackend
 from edgedeploy_agent.sidecar.worker import DOUBLE_ENV
 from edgedeploy_agent.sources.capture import open_source

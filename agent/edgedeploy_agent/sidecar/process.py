@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
-from ..errors import RuntimeLoadError
+from ..errors import RuntimeLoadError, SidecarFailed
 from .channel import Channel, ChannelClosed, ChannelTimeout, SharedMemory
 
 START_TIMEOUT_S = 60.0  # Python and numpy starting on a loaded Jetson
@@ -28,12 +28,6 @@ POLL_S = 0.25
 
 _package_dir: Path | None = None
 _package_lock = threading.Lock()
-
-
-class SidecarFailed(RuntimeLoadError):
-    """The sidecar worker (TensorRT or capture under JetPack's Python) died, hung or could not start."""
-
-    code = "sidecar-failed"
 
 
 def _worker_path() -> Path:
