@@ -114,6 +114,18 @@ def read_status(device: str, payload: bytes) -> dict[str, Any]:
         return {"device": device, "state": UNREADABLE, "code": UNREADABLE, "message": str(e)[:300]}
 
 
+def last_status(st: dict[str, Any], serial: int) -> str:
+    """Pure: a device's last status for a wait on document `serial` that ended without an outcome: its state,
+    and the device's own reason (code: message) when it gave one for that document; e.g. a registry it cannot
+    reach, which the watch retries with its status saying why until the controller gives up."""
+    if not st:
+        return "no status"
+    said = f"last status {st.get('state')}"
+    if st.get("serial") == serial and st.get("code"):
+        said += "; it reports " + ": ".join(str(x) for x in (st["code"], st.get("message")) if x)
+    return said
+
+
 def desired_serial(payload: bytes) -> int | None:
     """Pure: the serial of a retained desired document (written by a controller), None if unreadable."""
     try:
