@@ -72,6 +72,13 @@ def fleet_config_path() -> Path:
     return config_dir() / "fleet.toml"
 
 
+def fleet_toml(config: FleetConfig) -> str:
+    """Pure: `config` as CONFIG/fleet.toml holds it (what `fleet-servers init` and the tests' pull fleet write)."""
+    import tomli_w
+
+    return tomli_w.dumps(config.model_dump(exclude_none=True))
+
+
 def load_fleet_config(path: Path | None = None) -> FleetConfig:
     path = path or fleet_config_path()
     try:
