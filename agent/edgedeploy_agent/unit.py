@@ -39,6 +39,14 @@ def unit_word(value: str, what: str, in_exec: bool = False) -> str:
     return f'"{value}"'
 
 
+def exec_command(argv: Sequence[str]) -> str:
+    """An argv list as the value of ExecStart= (each word checked and quoted by unit_word)."""
+    exe, *args = argv
+    if "$" in exe:  # systemd runs the path as written but expands $ in argv[0]: no spelling serves both
+        raise ValueError(f"ExecStart executable {exe!r} holds a '$'")
+    return " ".join([unit_word(exe, "ExecStart executable")] + [unit_word(a, "ExecStart argument", True) for a in args])
+
+
 def restart_request_path(root: str) -> str:
     """The file the restart path unit watches; path settings take no quotes: a root that needs them is refused."""
     path = root.rstrip("/") + "/" + RESTART_REQUEST
@@ -63,13 +71,7 @@ def render_unit(
     agent services."""
     if not _USER.fullmatch(user):
         raise ValueError(f"service user {user!r} is not a portable user name (letters, digits, '_', '.', '-')")
-    command = ""
-    if exec_start:
-        exe, *args = exec_start
-        if "$" in exe:  # systemd runs the path as written but expands $ in argv[0]: no spelling serves both
-            raise ValueError(f"ExecStart executable {exe!r} holds a '$'")
-        words = [unit_word(exe, "ExecStart executable")] + [unit_word(a, "ExecStart argument", True) for a in args]
-        command = " ".join(words)
+    command = exec_command(exec_start) if exec_start else ""
     if exec_start and name == RESTART_UNIT:
         raise ValueError(f"{RESTART_UNIT} runs fixed command lines only")
     out = []

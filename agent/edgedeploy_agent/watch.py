@@ -102,6 +102,7 @@ class Watcher:
         self._floor: Optional[int] = self._load().get("serial")  # every status says it (the controller's serials)
         self._last_status = status_doc(self.device, "idle", release=self._release(), floor=self._floor)
         self.client: Any = None
+        self._ever_connected = False  # a connection's log line says "reconnected" after the first
 
     # --- persisted state ------------------------------------------------------------------------
     def _load(self) -> dict[str, Any]:
@@ -165,17 +166,26 @@ class Watcher:
             client.tls_set(ca_certs=self.cfg.ca_file)
         client.on_connect = self._on_connect
         client.on_message = self._on_message
-        client.on_disconnect = lambda c, u, flags, rc, props: self.connected.clear()
+        client.on_disconnect = self._on_disconnect
         return client
 
     def _on_connect(self, client: Any, userdata: Any, flags: Any, reason: Any, props: Any) -> None:
         if reason.is_failure:
-            log.warning("broker refused the connection: %s", reason)
+            log.warning("broker %s refused the connection: %s", self.cfg.broker, reason)
             return
+        again = "reconnected" if self._ever_connected else "connected"
+        log.info("%s to the broker %s as %s", again, self.cfg.broker, self.device)
+        self._ever_connected = True
         self.connected.set()
         self._connects += 1
         client.subscribe(desired_topic(self.device), qos=1)
         client.publish(status_topic(self.device), self._last_status, qos=1, retain=True)
+
+    def _on_disconnect(self, client: Any, userdata: Any, flags: Any, reason: Any, props: Any) -> None:
+        was_connected = self.connected.is_set()
+        self.connected.clear()
+        if was_connected and reason.is_failure and not self.stop.is_set():
+            log.warning("lost the broker %s (%s): reconnecting", self.cfg.broker, reason)
 
     def _on_message(self, client: Any, userdata: Any, msg: Any) -> None:
         with self._lock:
@@ -200,11 +210,12 @@ class Watcher:
                     if self.client.loop(timeout=0.5) != 0:
                         break
                     if self.connected.is_set() and self._release() != will_release:
+                        log.info("reconnecting: the broker's last will must name release %s", self._release())
                         self.client.disconnect()
                         self.client.loop(timeout=0.5)  # sends DISCONNECT: the broker drops the old will
                         break
             except (OSError, ValueError) as e:
-                log.warning("broker %s: %s", self.cfg.broker, e)
+                log.warning("cannot reach the broker %s: %s", self.cfg.broker, e)
             self.connected.clear()
             if self.stop.is_set():
                 break
@@ -347,8 +358,8 @@ class Watcher:
                 self._publish("downloading", **base, progress={"bytes": done, "total": total})
 
         attempt = mismatches = 0
+        self._publish("downloading", **base, progress={"bytes": 0, "total": None})
         while not self.stop.is_set():
-            self._publish("downloading", **base, progress={"bytes": 0, "total": None})
             try:
                 pulled = self._pull_unless_preempted(puller, ref, progress)
                 if pulled is None:
@@ -370,6 +381,7 @@ class Watcher:
                     raise
                 self._finish(doc, "refused", base, code="no-space", message=f"the device root is full: {e}")
                 return None
+            # the status says why until a retry makes progress: what the controller quotes when it stops waiting
             self._publish("downloading", **base, code=err.code, message=err.message)
             attempt += 1
             if self.wake.wait(backoff_delay(attempt, self.cfg.backoff_min_s, self.cfg.backoff_max_s, self.rng)):

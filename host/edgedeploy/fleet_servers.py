@@ -1,16 +1,19 @@
-"""The two pull-fleet servers on this machine: an OCI registry (CNCF distribution) and a mosquitto broker.
+"""The two pull-fleet servers: an OCI registry (CNCF distribution) and a mosquitto broker.
 
-Tests, the benchmark and a pilot fleet start the same Debian packages the same way: `docker-registry
-serve CONFIG` (an origin that takes pushes with htpasswd auth, and a pull-through cache in front of it
-that refuses pushes: the devices' read-only endpoint) and `mosquitto -c CONFIG` (a devices' listener with
-one user per device, the client id bound to the user, an ACL that lets a device read only its own desired
-topic and write only its own status topic; a controller's listener where the controller writes desired state;
-optionally TLS listeners with a fleet CA). Each is stopped by its PID.
+Their configuration is rendered here, once, for everybody who runs them: tests and the benchmark (LocalRegistry,
+LocalBroker start them on loopback) and a pilot fleet (`edgedeploy fleet-servers init`, fleet_init.py, writes the
+same files plus systemd units). Both run the Debian packages: `docker-registry serve CONFIG` (an origin that
+takes pushes with htpasswd auth; a read-only endpoint on the origin's storage; a pull-through cache in front of
+that, which refuses pushes: the devices' endpoint) and `mosquitto -c CONFIG` (a devices' listener with one user
+per device, the client id bound to the user, an ACL that lets a device read only its own desired topic and write
+only its own status topic; a controller's listener where the controller writes desired state; optionally TLS
+listeners with a fleet CA). Each process is stopped by its PID.
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import json
 import os
 import pwd
 import re
@@ -20,9 +23,14 @@ import socket
 import subprocess
 import tempfile
 import time
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import EdgeDeployError
+from edgedeploy_agent.desired import TOPIC_ROOT
+from edgedeploy_agent.durable import write_atomic
+
+from .errors import EdgeDeployError, InputError
 from .localdevice import free_port
 
 REGISTRY = "docker-registry"
@@ -34,6 +42,127 @@ def servers_available() -> str | None:
     """None when both servers are installed, else what is missing."""
     missing = [b for b in (REGISTRY, MOSQUITTO, "mosquitto_passwd") if shutil.which(b) is None]
     return f"not installed: {', '.join(missing)} (apt-get install docker-registry mosquitto)" if missing else None
+
+
+# --- the configuration files, rendered in one place ---------------------------------------------------------
+
+
+def write_secret(path: Path, text: str) -> None:
+    """A password file (plain or hashed): mode 0600 from its first byte."""
+    write_atomic(path, text, mode=0o600)
+
+
+def htpasswd_text(users: dict[str, str]) -> str:
+    """The registry's htpasswd file: bcrypt, the only scheme distribution's htpasswd auth accepts (Debian's
+    packages bring no `htpasswd` tool). Cost 5, `htpasswd -B`'s default: the registry checks the hash on every
+    request of a push, and edgedeploy's own passwords are random (`secrets`), so a higher cost guards nothing."""
+    import bcrypt
+
+    return "".join(f"{u}:{bcrypt.hashpw(p.encode(), bcrypt.gensalt(5)).decode()}\n" for u, p in users.items())
+
+
+def registry_config(
+    address: str, storage: Path, *, htpasswd: Path | None = None, upstream: str | None = None, read_only: bool = False
+) -> str:
+    """One `docker-registry serve` configuration (distribution 2.8): listening on HOST:PORT `address`, blobs under
+    `storage`; accounts from `htpasswd` (an origin), a pull-through cache of `upstream`, or `read_only` (the
+    origin's storage served again without accounts: distribution's proxy cannot log in to an upstream). Values
+    are written as JSON strings, which YAML reads as they are (a path with `:` or `#` included)."""
+    q = json.dumps
+    lines = [
+        "version: 0.1",
+        "log: {level: warn, accesslog: {disabled: false}}",
+        "storage:",
+        "  cache: {blobdescriptor: inmemory}",
+        f"  filesystem: {{rootdirectory: {q(str(storage))}}}",
+        "  delete: {enabled: true}",
+    ]
+    if read_only:
+        lines.append("  maintenance: {readonly: {enabled: true}}")
+    lines.append(f"http: {{addr: {q(address)}}}")
+    if htpasswd is not None:
+        lines.append(f"auth: {{htpasswd: {{realm: edgedeploy, path: {q(str(htpasswd))}}}}}")
+    if upstream:
+        lines.append(f"proxy: {{remoteurl: {q(upstream)}}}")
+    return "\n".join(lines) + "\n"
+
+
+def mosquitto_passwd_text(users: dict[str, str]) -> str:
+    """`user:hash` lines as mosquitto reads them, hashed by `mosquitto_passwd -U` in a private temp folder: the
+    plain passwords are never on a command line and never in the broker's folder."""
+    if not users:
+        return ""
+    with tempfile.TemporaryDirectory(prefix="edgedeploy-mq-") as tmp:
+        plain = Path(tmp) / "passwd"
+        write_secret(plain, "".join(f"{u}:{p}\n" for u, p in users.items()))
+        try:
+            subprocess.run(["mosquitto_passwd", "-U", str(plain)], check=True, capture_output=True, timeout=60)
+        except (OSError, subprocess.SubprocessError) as e:
+            raise InputError(
+                f"mosquitto_passwd could not hash the broker passwords: {e}",
+                hint="apt-get install mosquitto (it ships mosquitto_passwd)",
+            ) from None
+        return plain.read_text()
+
+
+@dataclass(frozen=True)
+class MqttListener:
+    """One mosquitto listener: the devices' (one user per device) or the controller's; `tls` takes the fleet CA
+    and server certificate in the broker's folder (ca.crt, server.crt, server.key)."""
+
+    host: str
+    port: int
+    controller: bool = False
+    tls: bool = False
+
+
+def write_broker_files(
+    base: Path, devices: dict[str, str], controller_password: str, listeners: Sequence[MqttListener],
+    user: str | None = None,
+) -> Path:  # fmt: skip
+    """mosquitto.conf in `base` and the files it names there (password files hashed and 0600, ACLs); persistence
+    and the log go there too. `user`: whom mosquitto started as root runs as (`user` setting; its default is
+    `mosquitto`), who must be able to read `base`. Returns the configuration's path.
+
+    Each listener has accounts of its own (`per_listener_settings true`): on the devices' listeners
+    `use_username_as_clientid true` makes every session's client id its user name, so one device's password
+    cannot connect as another device's client id and take over (disconnect) its session; on the controller's,
+    client ids are free (several controllers at once: `status` while a `rollout` runs) and no device account
+    exists. One broker behind both: retained messages and sessions are shared."""
+    devices_pw, controller_pw = base / "passwd", base / "passwd-controller"
+    write_secret(devices_pw, mosquitto_passwd_text(devices))
+    write_secret(controller_pw, mosquitto_passwd_text({CONTROLLER: controller_password}))
+    devices_acl, controller_acl = base / "acl", base / "acl-controller"
+    devices_acl.write_text(f"pattern read {TOPIC_ROOT}/desired/%u\npattern readwrite {TOPIC_ROOT}/status/%u\n")
+    controller_acl.write_text(f"user {CONTROLLER}\ntopic readwrite edgedeploy/#\n")
+    lines = [
+        "per_listener_settings true",
+        *([f"user {user}"] if user else []),
+        "persistence true",
+        f"persistence_location {base}/",
+        "max_connections -1",
+        "max_queued_messages 10000",
+        f"log_dest file {base / 'mosquitto.log'}",
+    ]
+    for listener in listeners:
+        lines += [f"listener {listener.port} {listener.host}", "allow_anonymous false"]
+        if listener.controller:
+            lines += [f"password_file {controller_pw}", f"acl_file {controller_acl}"]
+        else:
+            lines += ["use_username_as_clientid true", f"password_file {devices_pw}", f"acl_file {devices_acl}"]
+        if listener.tls:
+            lines += [
+                f"cafile {base / 'ca.crt'}",
+                f"certfile {base / 'server.crt'}",
+                f"keyfile {base / 'server.key'}",
+                "tls_version tlsv1.2",
+            ]
+    config = base / "mosquitto.conf"
+    config.write_text("\n".join(lines) + "\n")
+    return config
+
+
+# --- the processes ------------------------------------------------------------------------------------------
 
 
 def _wait_port(host: str, port: int, proc: subprocess.Popen[bytes], log: Path, timeout: float = 15.0) -> None:
@@ -53,6 +182,14 @@ class _Server:
     proc: subprocess.Popen[bytes] | None = None
     host = "127.0.0.1"
     port = 0
+    log: Path
+
+    def _spawn(self, argv: list[str], listens: Sequence[tuple[str, int]]) -> None:
+        """Start `argv` (its output appended to the log) and wait until it listens on every (host, port)."""
+        with open(self.log, "ab") as log:
+            self.proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        for host, port in listens:
+            _wait_port(host, port, self.proc, self.log)
 
     def stop(self) -> None:
         """SIGTERM by PID, then SIGKILL if it lingers."""
@@ -75,6 +212,19 @@ class _Server:
     @property
     def running(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
+
+
+class ServerProcess(_Server):
+    """A server from configuration written beforehand (`fleet-servers init`): `argv` as init prints it, started
+    in the foreground way (no systemd), waited for on each HOST:PORT of `listens`."""
+
+    def __init__(self, argv: list[str], listens: list[str], log: Path) -> None:
+        self.argv, self.log = argv, log
+        self.listens = [(host, int(port)) for host, _, port in (a.rpartition(":") for a in listens)]
+
+    def start(self) -> ServerProcess:
+        self._spawn(self.argv, self.listens)
+        return self
 
 
 class LocalRegistry(_Server):
@@ -104,33 +254,14 @@ class LocalRegistry(_Server):
 
     def start(self) -> LocalRegistry:
         self.base.mkdir(parents=True, exist_ok=True)
-        lines = [
-            "version: 0.1",
-            "log: {level: warn, accesslog: {disabled: false}}",
-            "storage:",
-            "  cache: {blobdescriptor: inmemory}",
-            f"  filesystem: {{rootdirectory: {(self.read_only_of or self).base / 'data'}}}",
-            "  delete: {enabled: true}",
-            f"http: {{addr: '{self.address}'}}",
-        ]
-        if self.users:
-            import bcrypt
-
-            htpasswd = self.base / "htpasswd"
-            htpasswd.write_text(
-                "".join(f"{u}:{bcrypt.hashpw(p.encode(), bcrypt.gensalt(5)).decode()}\n" for u, p in self.users.items())
-            )
-            lines.append(f"auth: {{htpasswd: {{realm: edgedeploy, path: {htpasswd}}}}}")
-        if self.upstream:
-            lines.append(f"proxy: {{remoteurl: '{self.upstream}'}}")
-        if self.read_only_of:  # the same storage as the origin, served read-only and without accounts
-            lines.insert(lines.index("  delete: {enabled: true}") + 1, "  maintenance: {readonly: {enabled: true}}")
-        self.config.write_text("\n".join(lines) + "\n")
-        with open(self.log, "ab") as log:
-            self.proc = subprocess.Popen(
-                [REGISTRY, "serve", str(self.config)], stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
-            )
-        _wait_port(self.host, self.port, self.proc, self.log)
+        htpasswd = self.base / "htpasswd" if self.users else None
+        if htpasswd is not None:
+            write_secret(htpasswd, htpasswd_text(self.users))
+        storage = (self.read_only_of or self).base / "data"
+        read_only = self.read_only_of is not None
+        config = registry_config(self.address, storage, htpasswd=htpasswd, upstream=self.upstream, read_only=read_only)
+        self.config.write_text(config)
+        self._spawn([REGISTRY, "serve", str(self.config)], [(self.host, self.port)])
         return self
 
     def requests(self) -> dict[str, int]:
@@ -186,50 +317,15 @@ class LocalBroker(_Server):
         return f"{self.host}:{self.controller_port}"
 
     def _write(self) -> None:
-        """Two listeners, each with its own accounts (`per_listener_settings true`): devices on `port` (and
-        `tls_port`), where `use_username_as_clientid true` makes every session's client id its user name, so one
-        device's password cannot connect as another device's client id and take over (disconnect) its session;
-        the controller on `controller_port` (and `controller_tls_port`), where client ids are free (several
-        controllers at once: `status` while a `rollout` runs) and no device account exists. One broker behind
-        both: retained messages and sessions are shared."""
-        devices_pw, controller_pw = self.base / "passwd", self.base / "passwd-controller"
-        devices_pw.write_text("".join(f"{u}:{p}\n" for u, p in self.devices.items()))
-        controller_pw.write_text(f"{CONTROLLER}:{self.controller_password}\n")
-        for passwd in (devices_pw, controller_pw):
-            subprocess.run(["mosquitto_passwd", "-U", str(passwd)], check=True, capture_output=True)
-        devices_acl, controller_acl = self.base / "acl", self.base / "acl-controller"
-        devices_acl.write_text("pattern read edgedeploy/v1/desired/%u\npattern readwrite edgedeploy/v1/status/%u\n")
-        controller_acl.write_text(f"user {CONTROLLER}\ntopic readwrite edgedeploy/#\n")
-        device_settings = [
-            "allow_anonymous false",
-            "use_username_as_clientid true",
-            f"password_file {devices_pw}",
-            f"acl_file {devices_acl}",
-        ]
-        controller_settings = ["allow_anonymous false", f"password_file {controller_pw}", f"acl_file {controller_acl}"]
-        lines = [
-            "per_listener_settings true",
-            "persistence true",
-            f"persistence_location {self.base}/",
-            "max_connections -1",
-            "max_queued_messages 10000",
-            f"log_dest file {self.log}",
-            f"listener {self.port} {self.host}",
-            *device_settings,
-            f"listener {self.controller_port} {self.host}",
-            *controller_settings,
-        ]
+        """Two listeners (write_broker_files), two more with TLS and a throw-away fleet CA when `tls`."""
+        listeners = [MqttListener(self.host, self.port), MqttListener(self.host, self.controller_port, controller=True)]
         if self.tls_port and self.controller_tls_port:
             self.ca_file = _fleet_ca(self.base, self.host)
-            tls = [
-                f"cafile {self.ca_file}",
-                f"certfile {self.base / 'server.crt'}",
-                f"keyfile {self.base / 'server.key'}",
-                "tls_version tlsv1.2",
+            listeners += [
+                MqttListener(self.host, self.tls_port, tls=True),
+                MqttListener(self.host, self.controller_tls_port, controller=True, tls=True),
             ]
-            lines += [f"listener {self.tls_port} {self.host}", *device_settings, *tls]
-            lines += [f"listener {self.controller_tls_port} {self.host}", *controller_settings, *tls]
-        self.config.write_text("\n".join(lines) + "\n")
+        write_broker_files(self.base, self.devices, self.controller_password, listeners)
         if os.geteuid() == 0:
             pw = pwd.getpwnam("mosquitto")
             for p in [self.base, *self.base.iterdir()]:
@@ -239,14 +335,7 @@ class LocalBroker(_Server):
         if not self.config.exists():
             self._write()
         self.log.touch()
-        self.proc = subprocess.Popen(
-            [MOSQUITTO, "-c", str(self.config)],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            stdin=subprocess.DEVNULL,
-        )
-        _wait_port(self.host, self.port, self.proc, self.log)
-        _wait_port(self.host, self.controller_port, self.proc, self.log)
+        self._spawn([MOSQUITTO, "-c", str(self.config)], [(self.host, self.port), (self.host, self.controller_port)])
         return self
 
     def rss_kib(self) -> int | None:

@@ -21,7 +21,7 @@ from .publish import published_ref
 from .remote.blobs import bundle_blobs
 from .remote.fleet import FleetResult, run_fleet
 from .remote.install_pull import PullOptions
-from .remote.mqtt import Controller, FleetConfig, desired_payload, load_fleet_config
+from .remote.mqtt import Controller, FleetConfig, desired_payload, last_status, load_fleet_config
 from .remote.mqtt_rollout import MqttRolloutRunner, PullPolicy, status_facts
 from .remote.plan import HealthPolicy
 from .remote.rollout import DEFAULT_WAVES, RolloutState, Waves, new_rollout_id, plan_rollout
@@ -167,7 +167,7 @@ def rollback_via_mqtt(
 
             st = controller.wait_status(n, done, deadline - time.monotonic(), cancelled=cancelled.is_set)
             if not done(st):
-                seen = f"last status {st.get('state')}" if st else "no status"
+                seen = last_status(st, serials[n])
                 raise DeviceError(f"no outcome from {n} within {timeout:.0f} s ({seen})", code="timeout")
             if st["state"] != "committed":
                 raise DeviceError(

@@ -12,7 +12,7 @@ import pytest
 from edgedeploy.errors import InputError
 from edgedeploy.publish import oci_manifest, parse_registry
 from edgedeploy.remote.blobs import bundle_blobs
-from edgedeploy.remote.mqtt import desired_payload, load_fleet_config
+from edgedeploy.remote.mqtt import desired_payload, last_status, load_fleet_config
 from edgedeploy.remote.mqtt_rollout import RateLimit, status_facts
 from edgedeploy.remote.rollout import plan_rollout
 from edgedeploy.signing import generate_key, sign_bundle
@@ -74,6 +74,15 @@ def test_fleet_config_errors_are_one_line(tmp_path: Path) -> None:
     (tmp_path / "fleet.toml").write_text('[mqtt]\nbrokr = "x"\n')
     with pytest.raises(InputError, match="fleet.toml"):
         load_fleet_config(tmp_path / "fleet.toml")
+
+
+def test_a_wait_without_outcome_quotes_the_devices_reason_for_that_document() -> None:
+    pulling = {"state": "downloading", "serial": 7, "code": "pull-failed", "message": "cannot reach the registry"}
+    assert last_status(pulling, 7) == "last status downloading; it reports pull-failed: cannot reach the registry"
+    # a reason about an older document is not this one's: only the state is said
+    assert last_status({**pulling, "serial": 6}, 7) == "last status downloading"
+    assert last_status({"state": "offline", "serial": 7}, 7) == "last status offline"
+    assert last_status({}, 7) == "no status"
 
 
 def test_rate_limit_spaces_publishes() -> None:

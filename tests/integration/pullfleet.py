@@ -19,6 +19,7 @@ from pathlib import Path
 
 from edgedeploy.fleet_servers import CONTROLLER, LocalBroker, LocalRegistry
 from edgedeploy.localdevice import free_port
+from edgedeploy.remote.mqtt import FleetConfig, MqttSettings, RolloutSettings, fleet_toml
 from edgedeploy.signing import generate_key, list_keys
 from tests.helpers import BIN, Cli, agent
 
@@ -39,6 +40,60 @@ class WatchDevice:
     def log(self) -> str:
         p = self.root / "watch.log"
         return p.read_text(errors="replace") if p.exists() else ""
+
+    def start(self, agent_command: Path = BIN / "edgedeploy-agent") -> WatchDevice:
+        """`edgedeploy-agent watch` for this device (this venv's, or another interpreter's install)."""
+        with open(self.root / "watch.log", "ab") as log:
+            self.proc = subprocess.Popen(
+                [str(agent_command), "--root", str(self.root), "watch"],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+            )
+        return self
+
+    def stop(self, kill: bool = False) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL if kill else signal.SIGTERM)
+            self.proc.wait(15)
+        self.proc = None
+
+    def close(self) -> None:
+        """The watch and the inference agent stopped: no process left behind."""
+        self.stop()
+        agent("--root", str(self.root), "--json", "stop")
+
+
+def watch_device(
+    root: Path, inventory: Path, source: str, password: str, broker: str, registry: str, tag: str = "lab"
+) -> WatchDevice:
+    """A device root named after its folder, set up as a pilot device is by hand: initialised, the bundle key
+    (fleet-1) pinned, its broker password in a 0600 file, `watch-config` with the rollout key (rollout-1); and
+    added to the inventory. Backoff and poll shortened: a test waits seconds, not minutes."""
+    dev = WatchDevice(root.name, root, password)
+    init = ("init", "--device-name", dev.name, "--service", "process", "--source", source, "--profile", "cpu-x86_64")
+    keys = {k.name: k.public for k in list_keys()}
+    for args in (init, ("trust", "--set", keys["fleet-1"])):
+        r = agent("--root", str(root), *args)
+        assert r.code == 0, f"edgedeploy-agent {args[0]}: exit {r.code}\n{r.out}\n{r.err}"
+    pw = root / "mqtt-password"
+    pw.write_text(password)
+    pw.chmod(0o600)
+    r = agent(
+        "--root", str(root), "watch-config", "--broker", broker, "--registry", registry,
+        "--password-file", str(pw), "--rollout-key", keys["rollout-1"],
+    )  # fmt: skip
+    assert r.code == 0, r.err
+    cfg_path = root / "watch.json"
+    cfg = json.loads(cfg_path.read_text())
+    cfg.update(backoff_min_s=0.2, backoff_max_s=2.0, poll_s=2.0)
+    cfg_path.write_text(json.dumps(cfg))
+    with open(inventory, "a") as f:
+        f.write(
+            f'[devices.{dev.name}]\nhost = "127.0.0.1"\nprofile = "cpu-x86_64"\ntags = ["{tag}"]\n'
+            f'root = "{root}"\nservice = "process"\ntransport = "local"\n'
+        )
+    return dev
 
 
 @dataclass
@@ -65,61 +120,28 @@ class PullFleet:
         pw = home / "config" / "mqtt-controller"
         pw.write_text(self.broker.controller_password)
         pw.chmod(0o600)
-        (home / "config" / "fleet.toml").write_text(
-            f'[mqtt]\nbroker = "{self.broker.controller_address}"\nusername = "{CONTROLLER}"\npassword_file = "{pw}"\n'
-            '[rollout]\nkey = "rollout-1"\nexpires_hours = 1\n'
-        )
+        mqtt = MqttSettings(broker=self.broker.controller_address, username=CONTROLLER, password_file=str(pw))
+        config = FleetConfig(mqtt=mqtt, rollout=RolloutSettings(key="rollout-1", expires_hours=1))
+        (home / "config" / "fleet.toml").write_text(fleet_toml(config))
 
     def add(self, name: str, source: str, tag: str = "lab", endpoint: str | None = None) -> WatchDevice:
-        """Initialise a device root, pin the bundle and rollout keys, configure watch; add it to the inventory."""
-        dev = WatchDevice(name, self.base / name, self.broker.devices[name])
-        init = ("init", "--device-name", name, "--service", "process", "--source", source, "--profile", "cpu-x86_64")
-        assert agent("--root", str(dev.root), *init).code == 0
-        keys = {k.name: k.public for k in list_keys()}
-        assert agent("--root", str(dev.root), "trust", "--set", keys["fleet-1"]).code == 0
-        pw = dev.root / "mqtt-password"
-        pw.write_text(dev.password)
-        pw.chmod(0o600)
-        r = agent(
-            "--root", str(dev.root), "watch-config", "--broker", self.broker.address,
-            "--registry", endpoint or self.cache.url, "--password-file", str(pw), "--rollout-key", keys["rollout-1"],
+        """A device root (watch_device) on this fleet's broker and, unless `endpoint`, its cache."""
+        dev = watch_device(
+            self.base / name, self.inventory, source, self.broker.devices[name], self.broker.address,
+            endpoint or self.cache.url, tag,
         )  # fmt: skip
-        assert r.code == 0, r.err
-        cfg_path = dev.root / "watch.json"
-        cfg = json.loads(cfg_path.read_text())
-        cfg.update(backoff_min_s=0.2, backoff_max_s=2.0, poll_s=2.0)  # a test waits seconds, not minutes
-        cfg_path.write_text(json.dumps(cfg))
-        with open(self.inventory, "a") as f:
-            f.write(
-                f'[devices.{name}]\nhost = "127.0.0.1"\nprofile = "cpu-x86_64"\ntags = ["{tag}"]\n'
-                f'root = "{dev.root}"\nservice = "process"\ntransport = "local"\n'
-            )
         self.devices[name] = dev
         return dev
 
     def start(self, name: str, agent_command: Path = BIN / "edgedeploy-agent") -> WatchDevice:
-        """`edgedeploy-agent watch` for this device (this venv's, or another interpreter's install)."""
-        dev = self.devices[name]
-        with open(dev.root / "watch.log", "ab") as log:
-            dev.proc = subprocess.Popen(
-                [str(agent_command), "--root", str(dev.root), "watch"],
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-            )
-        return dev
+        return self.devices[name].start(agent_command)
 
     def stop(self, name: str, kill: bool = False) -> None:
-        dev = self.devices[name]
-        if dev.proc and dev.proc.poll() is None:
-            dev.proc.send_signal(signal.SIGKILL if kill else signal.SIGTERM)
-            dev.proc.wait(15)
-        dev.proc = None
+        self.devices[name].stop(kill)
 
     def close(self) -> None:
-        for name, dev in self.devices.items():
-            self.stop(name)
-            agent("--root", str(dev.root), "--json", "stop")
+        for dev in self.devices.values():
+            dev.close()
         for server in (self.cache, self.readonly, self.origin):
             server.stop()
         self.broker.close()

@@ -198,7 +198,7 @@ def test_a_deep_desired_document_is_refused_without_a_crash_loop_and_serials_fol
     # desired state that expired on its way (or a controller clock far behind): refused with the serial it
     # names, so the rollout ends at once with the device's reason instead of waiting out --timeout
     fleet_toml = hermetic / "config" / "fleet.toml"
-    fleet_toml.write_text(fleet_toml.read_text().replace("expires_hours = 1", "expires_hours = 0.0000001"))
+    fleet_toml.write_text(fleet_toml.read_text().replace("expires_hours = 1.0", "expires_hours = 0.0000001"))
     t0 = time.monotonic()
     r = cli(
         "rollout", str(a), "--devices", "dev1", "--via", "mqtt", "--canary", "0", "--timeout", "300",

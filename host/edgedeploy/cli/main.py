@@ -17,6 +17,7 @@ from ..errors import EXIT_INTERNAL, EXIT_INTERRUPTED, EdgeDeployError, InputErro
 from ..paths import state_dir
 from . import agent, build, demo, devices, int8, keys, profiles, publish, push, render, report, rollout, status, tune
 from .card import app as card_app
+from .fleet_servers import app as fleet_servers_app
 from .logs import register as register_logs
 from .verify import register as register_verify
 
@@ -49,6 +50,7 @@ app.add_typer(devices.app, name="devices")
 app.add_typer(agent.app, name="agent")
 app.add_typer(keys.app, name="keys")
 app.add_typer(card_app, name="card")
+app.add_typer(fleet_servers_app, name="fleet-servers")
 build.register(app)
 tune.register(app)
 int8.register(app)

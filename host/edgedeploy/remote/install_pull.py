@@ -14,8 +14,6 @@ from __future__ import annotations
 import hashlib
 import os
 import secrets
-import subprocess
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
@@ -28,6 +26,7 @@ from edgedeploy_agent.unit import RESTART_PATH_UNIT, RESTART_UNIT, WATCH_UNIT, r
 from edgedeploy_agent.watch import WatchConfig
 
 from ..errors import InputError, validation_text
+from ..fleet_servers import mosquitto_passwd_text
 from ..paths import state_dir
 from .install import InstallSpec, Step, unit_steps
 
@@ -186,15 +185,7 @@ def record_broker_user(device: str, password_file: Path, broker_passwd: Path | N
     password = password_file.read_text(encoding="utf-8").strip()
     write_atomic(kept, password + "\n", mode=0o600)  # the only copy on this host
     if broker_passwd is not None:
-        with tempfile.TemporaryDirectory(prefix="edgedeploy-mq-") as tmp:
-            one = Path(tmp) / "passwd"
-            one.write_text(f"{device}:{password}\n")
-            try:
-                subprocess.run(["mosquitto_passwd", "-U", str(one)], check=True, capture_output=True, timeout=60)
-            except (OSError, subprocess.CalledProcessError) as e:
-                raise InputError(f"mosquitto_passwd could not hash the device's password: {e}",
-                                 hint="apt-get install mosquitto (it ships mosquitto_passwd)") from None  # fmt: skip
-            hashed = one.read_text().strip()
+        hashed = mosquitto_passwd_text({device: password}).strip()
         lines = broker_passwd.read_text().splitlines() if broker_passwd.exists() else []
         others = [ln for ln in lines if ln and ln.split(":", 1)[0] != device]
         broker_passwd.write_text("\n".join([*others, hashed]) + "\n")

@@ -72,6 +72,13 @@ def fleet_config_path() -> Path:
     return config_dir() / "fleet.toml"
 
 
+def fleet_toml(config: FleetConfig) -> str:
+    """Pure: `config` as CONFIG/fleet.toml holds it (what `fleet-servers init` and the tests' pull fleet write)."""
+    import tomli_w
+
+    return tomli_w.dumps(config.model_dump(exclude_none=True))
+
+
 def load_fleet_config(path: Path | None = None) -> FleetConfig:
     path = path or fleet_config_path()
     try:
@@ -112,6 +119,18 @@ def read_status(device: str, payload: bytes) -> dict[str, Any]:
         return parse_status(payload, device).model_dump(exclude_none=True)
     except MessageError as e:
         return {"device": device, "state": UNREADABLE, "code": UNREADABLE, "message": str(e)[:300]}
+
+
+def last_status(st: dict[str, Any], serial: int) -> str:
+    """Pure: a device's last status for a wait on document `serial` that ended without an outcome: its state,
+    and the device's own reason (code: message) when it gave one for that document; e.g. a registry it cannot
+    reach, which the watch retries with its status saying why until the controller gives up."""
+    if not st:
+        return "no status"
+    said = f"last status {st.get('state')}"
+    if st.get("serial") == serial and st.get("code"):
+        said += "; it reports " + ": ".join(str(x) for x in (st["code"], st.get("message")) if x)
+    return said
 
 
 def desired_serial(payload: bytes) -> int | None:

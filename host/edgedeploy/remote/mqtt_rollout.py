@@ -21,7 +21,7 @@ from ..errors import DeviceError
 from ..inventory import Inventory
 from .blobs import BundleBlobs
 from .facts import DeviceFacts
-from .mqtt import UNREADABLE, Controller, desired_payload
+from .mqtt import UNREADABLE, Controller, desired_payload, last_status
 from .plan import HealthPolicy
 from .rollout import RolloutState
 from .rollout_runner import Listener, RolloutRunner
@@ -113,7 +113,7 @@ class MqttRolloutRunner(RolloutRunner):
 
         st = self.controller.wait_status(name, done, timeout, cancelled=lambda: self._halt == "interrupted")
         if not done(st):
-            seen = f"last status {st.get('state')}" if st else "no status"
+            seen = last_status(st, serial)
             if self._halt == "interrupted":
                 raise DeviceError(f"interrupted before {name} reported ({seen})", code="interrupted")
             raise DeviceError(f"no outcome from {name} within {timeout:.0f} s ({seen})", code="timeout")
