@@ -43,13 +43,12 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
-def double(monkeypatch: pytest.MonkeyPatch) -> dict[str, object]:
-    """The TensorRT double in the worker (TensorRT 8.5.2 on a T4, the bundle's profile); edit before starting."""
+def double(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The TensorRT double in every worker started from now on (TensorRT 8.5.2 on a T4, the bundle's profile);
+    `_set_options` changes it for the workers started after."""
     monkeypatch.setenv(DOUBLE_ENV, "tests.agent.trt_double:sidecar_double")
     monkeypatch.setenv("PYTHONPATH", str(REPO))  # the worker imports tests.agent.trt_double
-    options: dict[str, object] = {"gpu": "T4"}
-    monkeypatch.setenv(OPTIONS_ENV, json.dumps(options))
-    return options
+    _set_options(monkeypatch)
 
 
 def _set_options(monkeypatch: pytest.MonkeyPatch, **options: object) -> None:
@@ -97,7 +96,7 @@ def _store(tmp_path: Path, python: Path, source: str | None, **cfg: object) -> D
 
 
 def test_tensorrt_bundle_builds_accepts_and_serves_frames_in_the_python38_worker(
-    mnist_trt_bundle: Path, jetpack_python: Path, double: dict[str, object], data_dir: Path, tmp_path: Path
+    mnist_trt_bundle: Path, jetpack_python: Path, double: None, data_dir: Path, tmp_path: Path
 ) -> None:
     store = _store(tmp_path, jetpack_python, f"file:{data_dir / 'video' / 'bikes.mp4'}")
     m = store.stage(mnist_trt_bundle)
@@ -121,7 +120,7 @@ def test_tensorrt_bundle_builds_accepts_and_serves_frames_in_the_python38_worker
 
 
 def test_outputs_through_the_worker_equal_the_engine_in_process(
-    mnist_trt_bundle: Path, jetpack_python: Path, double: dict[str, object], tmp_path: Path
+    mnist_trt_bundle: Path, jetpack_python: Path, double: None, tmp_path: Path
 ) -> None:
     """Shared memory carries inputs and outputs unchanged: the 3.8 worker's engine and the same double in this
     process give the same scores for the same inputs."""
@@ -159,7 +158,7 @@ def _runs_before_frames(bundle: Path) -> int:
 def test_a_hung_worker_is_killed_and_reported(
     mnist_trt_bundle: Path,
     jetpack_python: Path,
-    double: dict[str, object],
+    double: None,
     monkeypatch: pytest.MonkeyPatch,
     data_dir: Path,
     tmp_path: Path,
@@ -178,7 +177,7 @@ def test_a_hung_worker_is_killed_and_reported(
     assert time.monotonic() - t < 60
 
 
-def test_a_dead_worker_before_loading_is_a_clear_runtime_error(jetpack_python: Path, double: dict[str, object]) -> None:
+def test_a_dead_worker_before_loading_is_a_clear_runtime_error(jetpack_python: Path, double: None) -> None:
     side = SidecarTrtBackend(str(jetpack_python))
     os.kill(side.sidecar.pid, signal.SIGKILL)
     with pytest.raises(SidecarFailed, match=r"Python 3\.8\.\d+, pid \d+\) killed by SIGKILL during 'probe'"):
@@ -201,7 +200,7 @@ def _wait_for(predicate, timeout: float, what: str) -> None:
 def test_deploy_serves_through_python38_and_rolls_back_when_the_worker_is_killed(
     mnist_trt_bundle: Path,
     jetpack_python: Path,
-    double: dict[str, object],
+    double: None,
     monkeypatch: pytest.MonkeyPatch,
     data_dir: Path,
     tmp_path: Path,
