@@ -116,7 +116,8 @@ class PolygraphyBackend:
         except ImportError as e:
             raise RuntimeLoadError(
                 f"TensorRT is not usable here: {e}",
-                hint="install TensorRT >= 8.5 and polygraphy (JetPack ships TensorRT; pip install polygraphy)",
+                hint="install TensorRT >= 8.5 and polygraphy; on JetPack 5 TensorRT is the system Python 3.8's: "
+                "set system_python (edgedeploy agent install does, or edgedeploy-agent init --system-python)",
             ) from None
         self._trt, self._poly = trt, poly_trt
         self.version = str(trt.__version__)
