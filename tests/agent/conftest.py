@@ -30,33 +30,3 @@ def trt_bundle(data_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path
         TensorRTOptions(batch=(1, 8, 32)),
     )
     return res.bundle
-
-
-@pytest.fixture(scope="session")
-def mnist_trt_bundle(data_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A small TensorRT bundle (MNIST, profile t4, batch 1:1:8, 16 calibration digits): seconds to build, no
-    TVM compile, so fast-tier tests can deploy a TensorRT bundle."""
-    require_host()
-    from edgedeploy.api import build_tensorrt
-    from edgedeploy.compile.cards import ModelCard, Postprocess, Preprocess
-    from edgedeploy.compile.int8_build import Int8Config
-    from edgedeploy.compile.quantize import QuantizeOptions
-    from edgedeploy.compile.tensorrt_artifacts import TensorRTOptions
-
-    card = ModelCard(
-        name="mnist",
-        version="1",
-        labels=[str(i) for i in range(10)],
-        preprocess=Preprocess(color="gray", interpolation="area"),
-        postprocess=Postprocess(top_k=3, softmax=True),
-    )
-    int8 = Int8Config(calibration=data_dir / "mnist", options=QuantizeOptions(samples=16))
-    res = build_tensorrt(
-        data_dir / "models" / "mnist-8_opset13.onnx",
-        "t4",
-        tmp_path_factory.mktemp("mnist-trt") / "mnist.t4-trt.edb",
-        card,
-        int8,
-        TensorRTOptions(batch=(1, 1, 8)),
-    )
-    return res.bundle

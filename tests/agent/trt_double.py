@@ -40,7 +40,9 @@ _MAGIC = b"FAKE-TRT-PLAN\n"
 
 
 class FakeEngine:
-    def __init__(self, onnx: bytes, perturb: float, hang_after_runs: int | None = None) -> None:
+    def __init__(
+        self, onnx: bytes, perturb: float, hang_after_runs: int | None = None, hang_file: str | None = None
+    ) -> None:
         so = ort.SessionOptions()
         so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
         # one thread that sleeps when idle: onnxruntime's pool spins between runs, which a GPU engine does not,
@@ -48,11 +50,12 @@ class FakeEngine:
         so.intra_op_num_threads = 1
         so.add_session_config_entry("session.intra_op.allow_spinning", "0")
         self.session = ort.InferenceSession(onnx, so, providers=["CPUExecutionProvider"])
-        self.perturb, self.hang_after_runs = perturb, hang_after_runs
+        self.perturb, self.hang_after_runs, self.hang_file = perturb, hang_after_runs, hang_file
         self.batches: list[int] = []
 
     def run(self, inputs: list[np.ndarray], allocate: Allocate = new_arrays) -> list[np.ndarray]:
-        if self.hang_after_runs is not None and len(self.batches) >= self.hang_after_runs:
+        hang = self.hang_after_runs is not None and len(self.batches) >= self.hang_after_runs
+        if hang and (self.hang_file is None or os.path.exists(self.hang_file)):
             time.sleep(3600)  # a hung engine (a GPU fault, a deadlock in the driver)
         self.batches.append(int(inputs[0].shape[0]))
         feed = {i.name: x for i, x in zip(self.session.get_inputs(), inputs)}
@@ -75,8 +78,11 @@ class FakeTensorRT:
         gpu: CudaDevice = T4,
         perturb: float = 0.0,
         hang_after_runs: int | None = None,
+        hang_file: str | None = None,
     ) -> None:
-        self.version, self.gpu, self.perturb, self.hang_after_runs = version, gpu, perturb, hang_after_runs
+        """`hang_after_runs`: an engine that hangs on that run and later ones (while `hang_file` exists, if given)."""
+        self.version, self.gpu, self.perturb = version, gpu, perturb
+        self.hang_after_runs, self.hang_file = hang_after_runs, hang_file
         self.python = f"{platform.python_version()} (the TensorRT double, pid {os.getpid()})"
         self.builds: list[dict[str, object]] = []
         self.loads = 0
@@ -109,7 +115,7 @@ class FakeTensorRT:
         header = json.loads(head)
         if header["version"] != self.version or header["gpu"] != self.gpu.name:
             return None  # "Serialization assertion stdVersionRead == serializationVersion failed"
-        engine = FakeEngine(onnx, self.perturb, self.hang_after_runs)
+        engine = FakeEngine(onnx, self.perturb, self.hang_after_runs, self.hang_file)
         self.engines.append(engine)
         return engine
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import gzip
+import platform
+import subprocess
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -66,6 +68,22 @@ MNIST_CARD = ModelCard(
     preprocess=Preprocess(color="gray", interpolation="area"),  # raw pixels 0..255
     postprocess=Postprocess(top_k=3, softmax=True),
 )
+
+
+@pytest.fixture(scope="session")
+def agent39(python39: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """`edgedeploy-agent` in a Python 3.9 venv, from `edgedeploy agent wheelhouse` (pip --no-index)."""
+    work = tmp_path_factory.mktemp("py39")
+    house = work / "wheelhouse"
+    r = Cli()("agent", "wheelhouse", str(house), "--python", "3.9",
+              "--platform", f"manylinux_2_28_{platform.machine()}", "--json", timeout=900)  # fmt: skip
+    assert r.code == 0, r.err
+    venv = work / "venv"
+    subprocess.run([str(python39), "-m", "venv", str(venv)], check=True)
+    wheel = next(house.glob("edgedeploy-*.whl"))
+    pip = [str(venv / "bin" / "pip"), "install", "-q", "--no-index", "--find-links", str(house)]
+    subprocess.run([*pip, f"{wheel}[agent]"], check=True, timeout=900)
+    return venv / "bin" / "edgedeploy-agent"
 
 
 @pytest.fixture(scope="session")

@@ -27,22 +27,6 @@ from tests.integration.pullfleet import PUBLISHER, FaultProxy, PullFleet, start_
 pytestmark = [pytest.mark.integration, pytest.mark.fleet_servers]
 
 
-@pytest.fixture(scope="module")
-def agent39(python39: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """`edgedeploy-agent` in a Python 3.9 venv, from `edgedeploy agent wheelhouse` (pip --no-index)."""
-    work = tmp_path_factory.mktemp("py39")
-    house = work / "wheelhouse"
-    r = Cli()("agent", "wheelhouse", str(house), "--python", "3.9",
-              "--platform", f"manylinux_2_28_{platform.machine()}", "--json", timeout=900)  # fmt: skip
-    assert r.code == 0, r.err
-    venv = work / "venv"
-    subprocess.run([str(python39), "-m", "venv", str(venv)], check=True)
-    wheel = next(house.glob("edgedeploy-*.whl"))
-    pip = [str(venv / "bin" / "pip"), "install", "-q", "--no-index", "--find-links", str(house)]
-    subprocess.run([*pip, f"{wheel}[agent]"], check=True, timeout=900)
-    return venv / "bin" / "edgedeploy-agent"
-
-
 @pytest.fixture
 def fleet(cli: Cli, tmp_path: Path, hermetic: Path) -> Iterator[PullFleet]:
     require("FLEET_SERVERS", servers_available())
