@@ -3,8 +3,9 @@ that is not listed works in this editable checkout and is missing on every devic
 
 from __future__ import annotations
 
-import tomllib
 from pathlib import Path
+
+import tomllib
 
 REPO = Path(__file__).resolve().parents[1]
 
