@@ -2,8 +2,9 @@
 a 3.9 venv from the agent's real wheels follows a real mosquitto, downloads from a real registry through a
 link that is cut mid-blob (resumed with Range), deploys, and its inference process runs on 3.9 too.
 
-Skips where no 3.9 interpreter exists (tests/conftest.py `python39`; EDGEDEPLOY_REQUIRE_PYTHON39=1 fails
-instead). CI has none; there the arm64 container test runs `watch` on Debian bullseye's 3.9.
+Skips where no 3.9 interpreter exists (tests/conftest.py `python39`: pyenv's on this project's machines, CI's
+included, where EDGEDEPLOY_REQUIRE_PYTHON39=1 makes a missing one fail). The arm64 container test also runs
+`watch` on Debian bullseye's 3.9.
 """
 
 from __future__ import annotations
