@@ -1,9 +1,12 @@
 # The README commands: `make demo`, `make test` (lint + the fast tier) and `make test-all` (lint + every test: what CI
-# runs, .ci/run). All set up .venv on first use. The tiers: pyproject.toml's markers, tests/conftest.py.
+# runs, .ci/run). The tests set up .venv (the dev extra) on first use; the demo sets up .venv-demo, with only what
+# it needs (the demo extra: no torch, no CUDA wheels). The tiers: pyproject.toml's markers, tests/conftest.py.
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-dev
+DEMO_VENV := .venv-demo
+DEMO_STAMP := $(DEMO_VENV)/.installed-demo
 
 # what runs under JetPack's Python 3.8 (agent/edgedeploy_agent/sidecar/__init__.py says why)
 SIDECAR_38 := agent/edgedeploy_agent/__init__.py agent/edgedeploy_agent/sidecar/ agent/edgedeploy_agent/errors.py \
@@ -24,8 +27,14 @@ $(STAMP): pyproject.toml
 	    nvidia-cuda-runtime-cu11==11.8.89 nvidia-cuda-nvcc-cu11==11.8.89; fi
 	touch $(STAMP)
 
-demo: $(STAMP)
-	$(BIN)/edgedeploy demo
+$(DEMO_STAMP): pyproject.toml
+	$(PY) -m venv $(DEMO_VENV)
+	$(DEMO_VENV)/bin/python -m pip install -q --upgrade pip
+	$(DEMO_VENV)/bin/python -m pip install -q -e '.[demo]'
+	touch $(DEMO_STAMP)
+
+demo: $(DEMO_STAMP)
+	$(DEMO_VENV)/bin/edgedeploy demo
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
@@ -53,4 +62,4 @@ schema: $(STAMP)
 	$(BIN)/python -m edgedeploy.schema
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(DEMO_VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -1,9 +1,10 @@
-"""THE report format: what a device spools and the host pulls (one JSON object per line)."""
+"""THE report format: what a device spools and the host pulls (one JSON object per line).
+
+The host reads reports without NumPy: only the functions that compute them from samples import it."""
 
 import datetime as _dt
 from typing import Any, Literal, Optional
 
-import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 REPORT_SCHEMA_VERSION = 1
@@ -83,6 +84,8 @@ class Report(BaseModel):
 
 
 def stage_latency(samples_ms: list[float]) -> StageLatency:
+    import numpy as np
+
     a = np.asarray(samples_ms, dtype=np.float64)
     p50, p95, p99 = np.percentile(a, [50, 95, 99])
     return StageLatency(
@@ -96,5 +99,7 @@ def stage_latency(samples_ms: list[float]) -> StageLatency:
 
 def latency_histogram(samples_ms: list[float]) -> list[int]:
     """Counts per HIST_EDGES_MS bucket: [< first edge, each bucket ..., >= last edge]."""
+    import numpy as np
+
     idx = np.searchsorted(np.asarray(HIST_EDGES_MS), np.asarray(samples_ms, dtype=np.float64), side="right")
     return [int(c) for c in np.bincount(idx, minlength=len(HIST_EDGES_MS) + 1)]

@@ -9,16 +9,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from edgedeploy_agent.bundle import Manifest, read_manifest
 
-from .compile.cards import ModelCard
-from .compile.int8_build import Int8Config
-from .compile.manifest import BuildResult
-from .compile.tensorrt_artifacts import TensorRTOptions
-from .compile.tune_bundle import TuneResult
-from .compile.tuning import TuneRequest
 from .errors import InputError, agent_input
 from .inventory import select_devices as select_devices
 from .profiles import get_profile
@@ -40,6 +34,14 @@ from .remote.status import DeviceStatus as DeviceStatus
 from .remote.status import fleet_status as fleet_status
 from .remote.status import status as status
 from .remote.status import stored_reports as stored_reports
+
+if TYPE_CHECKING:  # the compile side (ONNX, TVM) is imported by the calls that use it
+    from .compile.cards import ModelCard
+    from .compile.int8_build import Int8Config
+    from .compile.manifest import BuildResult
+    from .compile.tensorrt_artifacts import TensorRTOptions
+    from .compile.tune_bundle import TuneResult
+    from .compile.tuning import TuneRequest
 
 
 def build(

@@ -3,6 +3,9 @@
 CONFIG/keys/<name>.key   private key (PKCS#8 PEM, mode 0600): keep it on the signing machine
 CONFIG/keys/<name>.pub   public key, `ed25519:<base64>`: what devices pin
 CONFIG/keys/serial       the last serial this host signed (serials only grow)
+
+Reading public keys needs no crypto library: cryptography is imported by the functions that make or use a
+private key.
 """
 
 from __future__ import annotations
@@ -14,10 +17,9 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import tomllib
-from cryptography.hazmat.primitives import serialization
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from edgedeploy_agent.bundle import Manifest, canonical_json, extract_bundle, write_bundle
 from edgedeploy_agent.durable import write_atomic
@@ -25,6 +27,9 @@ from edgedeploy_agent.trust import KEY_PREFIX, key_id, parse_public_key
 
 from .errors import InputError, agent_input
 from .paths import config_dir
+
+if TYPE_CHECKING:
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
 
@@ -42,6 +47,9 @@ class SigningKey:
 
 
 def generate_key(name: str, force: bool = False) -> SigningKey:
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
     if not _NAME.match(name):
         raise InputError(f"invalid key name {name!r}", hint="letters, digits, '.', '_', '-'")
     d = keys_dir()
@@ -52,7 +60,7 @@ def generate_key(name: str, force: bool = False) -> SigningKey:
     key = Ed25519PrivateKey.generate()
     pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
     write_atomic(priv_path, pem, mode=0o600)
-    raw = key.public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+    raw = _public_raw(key)
     write_atomic(pub_path, KEY_PREFIX + base64.b64encode(raw).decode() + "\n")
     return SigningKey(name, key_id(raw), pub_path.read_text().strip(), True)
 
@@ -82,6 +90,9 @@ def fleet_public_keys() -> list[str]:
 
 
 def _load_private(name: str) -> Ed25519PrivateKey:
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
     path = keys_dir() / f"{name}.key"
     try:
         key = serialization.load_pem_private_key(path.read_bytes(), password=None)
@@ -92,6 +103,12 @@ def _load_private(name: str) -> Ed25519PrivateKey:
     if not isinstance(key, Ed25519PrivateKey):
         raise InputError(f"{path} is not an ed25519 key")
     return key
+
+
+def _public_raw(key: Ed25519PrivateKey) -> bytes:
+    from cryptography.hazmat.primitives import serialization
+
+    return key.public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
 
 
 def next_serial(explicit: int | None = None) -> int:
@@ -113,9 +130,8 @@ def next_serial(explicit: int | None = None) -> int:
 def sign_manifest(manifest: Manifest, key_name: str) -> bytes:
     """The `manifest.sig` member for `manifest` (which already carries its serial and expiry)."""
     key = _load_private(key_name)
-    raw = key.public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
     sig = key.sign(manifest.canonical_bytes())
-    return canonical_json({"key": key_id(raw), "ed25519": base64.b64encode(sig).decode()})
+    return canonical_json({"key": key_id(_public_raw(key)), "ed25519": base64.b64encode(sig).decode()})
 
 
 def sign_bundle(
@@ -137,5 +153,4 @@ def sign_bundle(
 def sign_document(body: bytes, key_name: str) -> dict[str, str]:
     """{"key", "ed25519"} over `body` (canonical JSON): how desired-state documents are signed."""
     key = _load_private(key_name)
-    raw = key.public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
-    return {"key": key_id(raw), "ed25519": base64.b64encode(key.sign(body)).decode()}
+    return {"key": key_id(_public_raw(key)), "ed25519": base64.b64encode(key.sign(body)).decode()}

@@ -7,10 +7,8 @@ from typing import Annotated
 
 import typer
 
-from .. import api, field_api, pull_api
 from ..errors import InputError
 from ..inventory import Inventory
-from ..remote.install import InstallOptions
 from . import render
 from .options import InventoryOpt, JsonOpt
 
@@ -58,6 +56,9 @@ def install(
     """Create the user and folders, install the agent and its TVM runtime in a venv, install the systemd
     unit, start it and check health. With --mqtt, also the watch service for pull rollouts (docs/fleet.md).
     Running it again changes nothing."""
+    from .. import api, pull_api
+    from ..remote.install import InstallOptions
+
     if offline is not None and wheelhouse is not None:
         raise InputError("give --offline DIR or --wheelhouse DIR, not both")
     pull = pull_api.pull_install_options(mqtt, registry, rollout_key, mqtt_ca, broker_passwd)
@@ -103,6 +104,8 @@ def wheelhouse(
 ) -> None:
     """Download the agent and every wheel it needs for one device Python and platform into a folder (this
     host needs PyPI), for `edgedeploy agent install DEVICE --offline FOLDER` on a device without a network."""
+    from .. import field_api
+
     house = field_api.wheelhouse(out, python, platform, tuple(extra or ()))
     if json_:
         render.print_json(house.__dict__)

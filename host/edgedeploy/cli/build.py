@@ -4,21 +4,19 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from edgedeploy_agent.bundle import Manifest, Target
-
-from .. import api
-from ..build_store import missing
-from ..compile.cards import card_for, card_with
 from ..errors import InputError
 from ..paths import build_store_dir
 from ..profiles import get_profile
 from . import render
 from .int8 import int8_config, int8_summary
 from .options import JsonOpt, bundle_path, in_range
+
+if TYPE_CHECKING:
+    from edgedeploy_agent.bundle import Manifest, Target
 
 
 def _floats(text: str | None, what: str) -> list[float] | None:
@@ -123,7 +121,9 @@ def register(app: typer.Typer) -> None:
         json_: JsonOpt = False,
     ) -> None:
         """Compile a model for a device profile and write a bundle (INT8 with --int8 --calibration)."""
+        from .. import api
         from ..compile.build_options import check_options
+        from ..compile.cards import card_for, card_with
 
         int8_cfg = int8_config(
             int8 or precision.strip().lower() == "int8",
@@ -207,6 +207,9 @@ def register(app: typer.Typer) -> None:
     def inspect(bundle: Annotated[Path, typer.Argument(help="bundle file")], json_: JsonOpt = False) -> None:
         """Print a bundle's manifest (reads only the manifest): `artifacts` is what the device gets, `host_files`
         what stays in this host's build store (`host_store.missing`: what the store lacks)."""
+        from .. import api
+        from ..build_store import missing
+
         m = api.inspect_bundle(bundle)
         lost = missing(m)
         if json_:

@@ -11,10 +11,7 @@ from typing import Annotated
 
 import typer
 
-from .. import api
-from ..demo import MODEL_DESCRIPTION, accuracy, train_digits_model
 from ..inventory import Device, Inventory
-from ..localdevice import LoopbackSshd, sshd_available
 from . import render
 from .status import show_report
 
@@ -31,6 +28,10 @@ def register(app: typer.Typer) -> None:
         transport: Annotated[str, typer.Option(help="auto | ssh | local")] = "auto",
     ) -> None:
         """Train a small model, build it, push it to a local device, run it on video and report."""
+        from .. import api
+        from ..demo import MODEL_DESCRIPTION, accuracy, train_digits_model
+        from ..localdevice import LoopbackSshd, sshd_available
+
         work = workdir or Path(tempfile.mkdtemp(prefix="edgedeploy-demo-"))
         use_ssh = transport == "ssh" or (transport == "auto" and sshd_available())
         timings: dict[str, float] = {}

@@ -7,7 +7,6 @@ from typing import Annotated
 import typer
 from pydantic import ValidationError
 
-from .. import api
 from ..errors import InputError, validation_text
 from ..inventory import Device, Inventory
 from ..profiles import get_profile
@@ -106,6 +105,8 @@ def enroll(
     json_: JsonOpt = False,
 ) -> None:
     """Show the device's host key fingerprint, pin it, and initialise the agent folder."""
+    from .. import api
+
     inv = Inventory.load(inventory)
 
     def confirm(fp: str) -> bool:
@@ -127,6 +128,8 @@ def enroll(
 @app.command()
 def facts(name: str, inventory: InventoryOpt = None, json_: JsonOpt = False) -> None:
     """What the device's agent reports about itself (and recovers an interrupted deploy)."""
+    from .. import api
+
     f = api.facts(Inventory.load(inventory), name)
     if json_:
         render.print_json(f.__dict__)

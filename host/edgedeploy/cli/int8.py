@@ -3,19 +3,18 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, cast, get_args
+from typing import TYPE_CHECKING, Annotated, cast, get_args
 
 import typer
 
-from edgedeploy_agent.bundle import Quantization
-
-from .. import api
-from ..compile.cards import card_for
-from ..compile.int8_build import Int8Config
-from ..compile.quantize import Method, QuantizeOptions
 from ..errors import InputError
 from . import render
 from .options import JsonOpt, SourceOpt, in_range
+
+if TYPE_CHECKING:
+    from edgedeploy_agent.bundle import Quantization
+
+    from ..compile.int8_build import Int8Config
 
 
 def int8_config(
@@ -37,6 +36,9 @@ def int8_config(
     max_top1_drop: float | None,
     auto_fallback: bool,
 ) -> Int8Config | None:
+    from ..compile.int8_build import Int8Config
+    from ..compile.quantize import Method, QuantizeOptions
+
     if not int8:
         if calibration or eval_data or max_top1_drop is not None or auto_fallback:
             raise InputError("--calibration, --eval, --max-top1-drop and --auto-fallback need --int8")
@@ -109,6 +111,9 @@ def register(app: typer.Typer) -> None:
         json_: JsonOpt = False,
     ) -> None:
         """Top-1/top-5 on a labeled set; INT8 bundles also: agreement with FP32 and with the exact INT8 reference."""
+        from .. import api
+        from ..compile.cards import card_for
+
         if split not in ("auto", "all", "calibration", "evaluation"):
             raise InputError(f"unknown split {split!r}", hint="choose auto, all, calibration or evaluation")
         model_card, card_path = card_for(target, card)

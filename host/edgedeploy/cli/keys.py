@@ -8,7 +8,6 @@ from typing import Annotated
 
 import typer
 
-from .. import api, signing
 from ..inventory import Inventory
 from . import render
 from .options import POSITIVE, InventoryOpt, JsonOpt, bundle_path, in_range
@@ -23,6 +22,8 @@ def generate(
     json_: JsonOpt = False,
 ) -> None:
     """Make a new signing key pair in the host's keys folder."""
+    from .. import signing
+
     key = signing.generate_key(name, force=force)
     if json_:
         render.print_json(dataclasses.asdict(key))
@@ -34,6 +35,8 @@ def generate(
 @app.command("list")
 def list_(json_: JsonOpt = False) -> None:
     """The keys on this host (every public key here is pinned on devices at enrolment)."""
+    from .. import signing
+
     keys = signing.list_keys()
     if json_:
         render.print_json([dataclasses.asdict(k) for k in keys])
@@ -56,6 +59,8 @@ def install(
 
     Exit 0 when every device took them, 5 when some did (partial), 1 when none did.
     """
+    from .. import api
+
     inv = Inventory.load(inventory)
     fleet = api.install_fleet_keys(inv, api.select_devices(inv, [device] if device else None, group))
     render.fleet_result(fleet, json_, lambda keys: f"pinned {', '.join(keys)}")
@@ -78,6 +83,8 @@ def register(root: typer.Typer) -> None:
         json_: JsonOpt = False,
     ) -> None:
         """Give a bundle a new serial and expiry and sign its manifest (a new bundle id)."""
+        from .. import api, signing
+
         api.inspect_bundle(bundle)
         m = signing.sign_bundle(bundle, key, bundle_path(out or bundle), expires_days=expires_days, serial=serial)
         info = {"bundle": str(out or bundle), "release": m.release_name, "serial": m.serial, "expires": m.expires}

@@ -9,7 +9,6 @@ import typer
 
 from edgedeploy_agent.agentlog import DEFAULT_LINES, MAX_LINES
 
-from .. import field_api
 from ..inventory import Inventory
 from .options import POSITIVE, InventoryOpt, in_range
 
@@ -37,6 +36,8 @@ def register(app: typer.Typer) -> None:
         """Print the agent's log from the device: its last lines (--lines, --since), then with --follow the
         new ones as they come. A link that drops is one line and exit 3, noticed within about twice
         --io-timeout; Ctrl-C ends --follow (exit 130) and the device's side with it."""
+        from .. import field_api
+
         out, err = sys.stdout.buffer, sys.stderr.buffer
 
         def emit(chunk: bytes) -> None:

@@ -10,7 +10,6 @@ from typing import Annotated, NoReturn
 import typer
 
 from edgedeploy_agent import __version__ as agent_version
-from edgedeploy_agent.bundle import SCHEMA_VERSION
 
 from .. import __version__
 from ..errors import EXIT_INTERNAL, EXIT_INTERRUPTED, EdgeDeployError, InputError, hint_with_link, os_error_text
@@ -32,6 +31,8 @@ app = typer.Typer(
 
 def _version(value: bool) -> None:
     if value:
+        from edgedeploy_agent.bundle import SCHEMA_VERSION
+
         render.out.print(f"edgedeploy {__version__} (agent {agent_version}, bundle schema {SCHEMA_VERSION})")
         raise typer.Exit()
 

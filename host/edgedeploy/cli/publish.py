@@ -9,7 +9,6 @@ from typing import Annotated
 
 import typer
 
-from ..publish import publish as publish_bundle
 from . import render
 from .options import JsonOpt
 
@@ -28,6 +27,8 @@ def register(app: typer.Typer) -> None:
         json_: JsonOpt = False,
     ) -> None:
         """Publish once: blobs the registry has are skipped; prints the digest reference rollouts use."""
+        from ..publish import publish as publish_bundle
+
         password = os.environ.get("EDGEDEPLOY_REGISTRY_PASSWORD") if user else None
         result = publish_bundle(bundle, registry, tag=tag, user=user, password=password, tls=tls)
         if json_:

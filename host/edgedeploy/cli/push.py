@@ -10,11 +10,8 @@ from typing import Annotated, Any
 
 import typer
 
-from .. import api, pull_api
 from ..errors import InputError
 from ..inventory import Inventory
-from ..remote.plan import HealthPolicy
-from ..remote.rollout_runner import Network
 from . import render
 from .options import (
     POSITIVE,
@@ -52,6 +49,10 @@ def register(app: typer.Typer) -> None:
         json_: JsonOpt = False,
     ) -> None:
         """Upload the blobs the device lacks, activate atomically, health-check; the device rolls back on failure."""
+        from .. import api
+        from ..remote.plan import HealthPolicy
+        from ..remote.rollout_runner import Network
+
         inv = Inventory.load(inventory)
         t = time.perf_counter()
         health = HealthPolicy(timeout, min_inferences, max_p95_ms, min_fps, build_timeout if prebuild else None)
@@ -102,6 +103,8 @@ def register(app: typer.Typer) -> None:
         One device over ssh: an error exits with its code (3 unreachable, 4 refused). A group, or --via mqtt:
         exit 0 when every device rolled back, 5 when some did (partial), 1 when none did.
         """
+        from .. import api, pull_api
+
         inv = Inventory.load(inventory)
         if via == "mqtt":  # one deadline for all: the health check, plus a margin for the broker round trip
             names = api.select_devices(inv, [device] if device else None, group)

@@ -7,7 +7,6 @@ from typing import Annotated
 
 import typer
 
-from .. import api
 from ..inventory import Inventory
 from . import render
 from .options import InventoryOpt, JsonOpt
@@ -25,6 +24,8 @@ def register(app: typer.Typer) -> None:
         json_: JsonOpt = False,
     ) -> None:
         """Pull new reports (unless --offline) and draw them."""
+        from .. import api
+
         inv = Inventory.load(inventory)
         reports = api.stored_reports(inv, device) if offline else api.status(inv, device).reports
         drawn = api.plot_device_reports(device, reports, plot)

@@ -4,16 +4,12 @@ from __future__ import annotations
 
 from contextlib import nullcontext
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from .. import api, pull_api
 from ..errors import InputError
 from ..inventory import Inventory
-from ..remote.plan import HealthPolicy
-from ..remote.rollout import RolloutState, parse_fraction
-from ..remote.rollout_runner import Network
 from . import render
 from .options import (
     ConnectTimeoutOpt,
@@ -26,6 +22,9 @@ from .options import (
     TimeoutOpt,
     in_range,
 )
+
+if TYPE_CHECKING:
+    from ..remote.rollout import RolloutState
 
 
 def _quiet(device: str, status: str, detail: str) -> None:
@@ -96,6 +95,11 @@ def register(app: typer.Typer) -> None:
 
         Exit 0 when every device is ok, 5 when some are (partial), 1 when none is; a dry run exits 0.
         """
+        from .. import api, pull_api
+        from ..remote.plan import HealthPolicy
+        from ..remote.rollout import parse_fraction
+        from ..remote.rollout_runner import Network
+
         if via not in ("ssh", "mqtt"):
             raise InputError(f"--via must be ssh or mqtt, got {via!r}")
         inv = Inventory.load(inventory)

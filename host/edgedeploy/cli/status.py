@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from .. import api, pull_api
 from ..errors import InputError, fleet_exit_code
 from ..inventory import Inventory
 from . import render
 from .options import InventoryOpt, JsonOpt
+
+if TYPE_CHECKING:
+    from ..remote.status import DeviceStatus
 
 STAGES = ("capture", "preprocess", "infer", "postprocess")
 
@@ -52,7 +54,7 @@ def show_report(device: str, r: dict[str, Any]) -> None:
     )
 
 
-def fleet_row(name: str, st: api.DeviceStatus) -> list[Any]:
+def fleet_row(name: str, st: DeviceStatus) -> list[Any]:
     f = st.facts
     r = st.reports[-1] if st.reports else None
     infer = (r or {}).get("latency_ms", {}).get("infer") if r else None
@@ -72,7 +74,7 @@ def fleet_row(name: str, st: api.DeviceStatus) -> list[Any]:
     ]
 
 
-def _summary(st: api.DeviceStatus) -> dict[str, Any]:
+def _summary(st: DeviceStatus) -> dict[str, Any]:
     return {
         "facts": st.facts.__dict__,
         "new_reports": len(st.new_reports),
@@ -96,6 +98,8 @@ def register(app: typer.Typer) -> None:
         (partial), 1 when none did. With --via mqtt a device counts as answered when its retained status is
         there and not offline, refused, rolled-back or unreadable.
         """
+        from .. import api
+
         inv = Inventory.load(inventory)
         if via == "mqtt":
             _via_mqtt(api.select_devices(inv, [device] if device else None, group), group, json_)
@@ -125,6 +129,9 @@ def register(app: typer.Typer) -> None:
 
 
 def _via_mqtt(names: list[str], group: str | None, json_: bool) -> None:
+    from .. import pull_api
+    from ..remote.mqtt import UNREADABLE
+
     statuses = pull_api.fleet_status_via_mqtt(names)
     if json_:
         render.print_json({"devices": statuses})
@@ -141,8 +148,6 @@ def _via_mqtt(names: list[str], group: str | None, json_: bool) -> None:
             ["device", "state", "release", "rollout", "code", "progress", "updated"],
             rows,
         )
-    from ..remote.mqtt import UNREADABLE  # paho only when --via mqtt asks for it
-
     bad = ("offline", "refused", "rolled-back", UNREADABLE)
     ok = sum(1 for st in statuses.values() if st and st.get("state") not in bad)
     raise typer.Exit(fleet_exit_code(ok, len(names)))
@@ -154,6 +159,8 @@ def _progress(st: dict[str, Any]) -> str:
 
 
 def _one(inv: Inventory, device: str, json_: bool) -> None:
+    from .. import api
+
     st = api.status(inv, device)
     f = st.facts
     if json_:

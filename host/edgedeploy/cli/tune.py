@@ -8,7 +8,6 @@ from typing import Annotated
 
 import typer
 
-from .. import api
 from ..errors import InputError
 from . import render
 from .options import JsonOpt, SourceOpt, in_range
@@ -52,6 +51,8 @@ def register(app: typer.Typer) -> None:
         (--tracker, --key), or elsewhere: --export DIR, then `python -m edgedeploy.compile.tune_offline DIR`
         where TVM and the GPU are, then --import DIR.
         """
+        from .. import api
+
         if import_ is not None:
             if bundle is not None or tracker or export:
                 raise InputError("--import takes only the folder (and --database)")

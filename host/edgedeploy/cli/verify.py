@@ -2,22 +2,23 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from edgedeploy_agent.selftest import FAILED, checklist_lines
-
-from .. import field_api
 from ..errors import InputError, error_code, fleet_exit_code
 from ..inventory import Inventory
-from ..remote.fleet import FleetResult
-from ..remote.verify import Checkup
 from . import render
 from .options import POSITIVE, InventoryOpt, JsonOpt
 
+if TYPE_CHECKING:
+    from ..remote.fleet import FleetResult
+    from ..remote.verify import Checkup
+
 
 def _show(c: Checkup) -> None:
+    from edgedeploy_agent.selftest import checklist_lines
+
     render.out.print(f"{c.device}: {c.overall}", markup=False)
     for line in checklist_lines(c.as_dict()):
         render.out.print(line, markup=False)
@@ -26,6 +27,8 @@ def _show(c: Checkup) -> None:
 def group_exit_code(fleet: FleetResult[Checkup]) -> int:
     """The fleet commands' exit code (errors.fleet_exit_code: 0 all, 5 some, 1 none), counting a device
     that passed with warnings as passed and an unreachable one as failed."""
+    from edgedeploy_agent.selftest import FAILED
+
     passed = sum(1 for c in fleet.succeeded.values() if c.overall != FAILED)
     return fleet_exit_code(passed, len(fleet.succeeded) + len(fleet.failed))
 
@@ -49,6 +52,10 @@ def register(app: typer.Typer) -> None:
         Exit 0 when nothing failed (warnings allowed), 1 when a check failed. With --group: exit 0 when every
         device passed, 5 when some did (partial: others failed or were unreachable), 1 when none did.
         """
+        from edgedeploy_agent.selftest import FAILED
+
+        from .. import field_api
+
         if (device is None) == (group is None):
             raise InputError("say which device: verify DEVICE, or verify --group TAG")
         inv = Inventory.load(inventory)

@@ -16,19 +16,21 @@ import os
 import secrets
 from dataclasses import dataclass
 from pathlib import Path
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 from pydantic import ValidationError
 
 from edgedeploy_agent.durable import write_atomic
 from edgedeploy_agent.trust import key_id, parse_public_key
 from edgedeploy_agent.unit import RESTART_PATH_UNIT, RESTART_UNIT, WATCH_UNIT, render_unit
-from edgedeploy_agent.watch import WatchConfig
 
 from ..errors import InputError, validation_text
 from ..fleet_servers import mosquitto_passwd_text
 from ..paths import state_dir
 from .install import InstallSpec, Step, unit_steps
+
+if TYPE_CHECKING:
+    from edgedeploy_agent.watch import WatchConfig
 
 PULL_UNITS = (WATCH_UNIT, RESTART_PATH_UNIT, RESTART_UNIT)
 PASSWORD = "mqtt-password"
@@ -93,6 +95,8 @@ def _sha256(p: Path) -> str:
 
 
 def _watch_config(spec: InstallSpec, pull: PullOptions) -> WatchConfig:
+    from edgedeploy_agent.watch import WatchConfig
+
     fields = {
         "broker": pull.broker,
         "registry_url": pull.registry,

@@ -10,7 +10,6 @@ import sys
 from pathlib import Path
 
 from edgedeploy_agent.errors import RuntimeLoadError
-from edgedeploy_agent.runtime.tvm import find_runtime_lib
 
 from ..errors import InputError
 
@@ -80,6 +79,8 @@ def default_runtime_lib(device_arch: str) -> Path | None:
     """This machine's libtvm_runtime.so when the device has the same architecture, else None."""
     if device_arch != platform.machine():
         return None  # aarch64 (Jetson) needs its own build: containers/tvm-runtime-kit.sh, docs/agent-service.md
+    from edgedeploy_agent.runtime.tvm import find_runtime_lib  # the agent's runtime (NumPy): only for an install
+
     try:
         return find_runtime_lib()
     except RuntimeLoadError:
