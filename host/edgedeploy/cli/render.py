@@ -36,7 +36,8 @@ def info(message: str) -> None:
 
 
 def table(title: str | None, columns: list[str], rows: list[list[Any]]) -> None:
-    t = Table(title=title, show_lines=False, title_justify="left")
+    # the title is data too (a bundle's path, a sensor's reason such as "extra edgedeploy[agent-nvidia]")
+    t = Table(title=None if title is None else escape(title), show_lines=False, title_justify="left")
     for c in columns:
         t.add_column(c)
     for r in rows:  # cells are data (a device's status may say "[/]"), never markup
