@@ -14,4 +14,5 @@ def test_a_table_title_with_brackets_is_printed_whole(monkeypatch) -> None:
     monkeypatch.setattr(render, "out", console)
     render.table("power: nvml not installed (extra edgedeploy[agent-nvidia])", ["state"], [["[/] down"]])
     text = console.file.getvalue()  # type: ignore[attr-defined]
-    assert "edgedeploy[agent-nvidia])" in text and "[/] down" in text
+    assert "edgedeploy[agent-nvidia])" in "".join(text.split()), text  # the title wraps to the table's width
+    assert "[/] down" in text
