@@ -351,3 +351,19 @@ def test_selftest_names_each_python_and_where_capture_runs(gst_python: str) -> N
 
     camera = check_camera(gst, serving=False, report=None, seconds=10, system_python=gst_python)
     assert camera.status == OK and "through the sidecar's Python" in camera.detail, camera
+
+
+def test_the_capture_worker_decodes_frames_into_shared_memory(gst_python: str) -> None:
+    """OpenCV writes each frame into the shared-memory array it is given: after the first frame (placed once),
+    no frame is copied in the worker; the agent's copy out is the only one."""
+    import cv2
+
+    worker = Sidecar(gst_python, "capture")
+    try:
+        pipeline = "videotestsrc ! video/x-raw,width=64,height=48 ! videoconvert ! video/x-raw,format=BGR ! appsink"
+        assert worker.request("open", target=pipeline, backend=cv2.CAP_GSTREAMER, props={})["opened"]
+        for _ in range(20):
+            assert worker.request("read")["frame"]["shape"] == [48, 64, 3]
+        assert worker.request("release")["copies"] == 1
+    finally:
+        worker.close()
