@@ -6,9 +6,12 @@ import importlib
 import os
 import subprocess
 import sys
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import pytest
 
@@ -164,3 +167,15 @@ def keep_user_files_out(mp: pytest.MonkeyPatch, home: Path, cache: Path) -> None
     mp.setenv("EDGEDEPLOY_CACHE_DIR", str(cache))
     mp.delenv("EDGEDEPLOY_INVENTORY", raising=False)
     mp.delenv("EDGEDEPLOY_PROFILES", raising=False)
+
+
+def wait_for(what: str, check: Callable[[], Any], timeout: float, every: float = 1.0) -> Any:
+    """Poll `check` until it returns something true (returned), or fail naming `what` and the last value."""
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        last = check()
+        if last:
+            return last
+        time.sleep(every)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what} (last: {last!r})")

@@ -9,6 +9,7 @@ import io
 import tarfile
 from pathlib import Path
 
+import numpy as np
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
@@ -21,6 +22,7 @@ from edgedeploy_agent.bundle import (
     Target,
     TensorSpec,
     describe_artifact,
+    read_manifest,
     write_bundle,
 )
 from edgedeploy_agent.report import Report, stage_latency
@@ -117,3 +119,22 @@ def public(key: Ed25519PrivateKey) -> str:
     """The key's public half as trust stores pin it (KEY_PREFIX + base64)."""
     raw = key.public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
     return KEY_PREFIX + base64.b64encode(raw).decode()
+
+
+def with_version(bundle: Path, dst: Path, version: str) -> Path:
+    """The same bundle under another model version: another release of identical artifacts (unsigned)."""
+    old = f'"version":"{read_manifest(bundle).model.version}"'.encode()
+    new = f'"version":"{version}"'.encode()
+    return rewrite_bundle(bundle, dst, lambda n, d: (n, d.replace(old, new)) if n == "manifest.json" else (n, d))
+
+
+def reference_runs(bundle: Path) -> int:
+    """A TensorRT bundle's engine runs before its first camera frame: one per reference sample (acceptance at
+    batch 1), and the warm-up."""
+    m = read_manifest(bundle)
+    assert m.tensorrt is not None
+    with tarfile.open(bundle, "r:gz") as tar:
+        member = tar.extractfile(m.tensorrt.reference)
+        assert member is not None
+        with np.load(io.BytesIO(member.read())) as z:
+            return int(z[f"input:{m.inputs[0].name}"].shape[0]) + 1

@@ -8,11 +8,9 @@ python3-opencv running a videotestsrc pipeline, while the agent runs in this ven
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import signal
-import tarfile
 import threading
 import time
 from pathlib import Path
@@ -34,10 +32,10 @@ from edgedeploy_agent.sources.capture import open_source
 from edgedeploy_agent.sources.frames import opencv_has_gstreamer
 from edgedeploy_agent.spool import pending_reports
 from edgedeploy_agent.store import DeviceStore
-from tests.agent.bundles import copy, rewrite_bundle
+from tests.agent.bundles import copy, reference_runs, with_version
 from tests.agent.test_capture import _system_python_with_gstreamer_opencv
 from tests.agent.trt_double import OPTIONS_ENV
-from tests.helpers import require
+from tests.helpers import require, wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -145,16 +143,6 @@ def test_outputs_through_the_worker_equal_the_engine_in_process(
     assert outs[0].shape == (3, 10) and np.allclose(outs[0], outs[1], rtol=1e-5, atol=1e-5)
 
 
-def _runs_before_frames(bundle: Path) -> int:
-    """The engine runs before the first camera frame: one per reference sample (batch 1), and the warm-up."""
-    m = read_manifest(bundle)
-    with tarfile.open(bundle, "r:gz") as tar:
-        member = tar.extractfile(m.tensorrt.reference)  # type: ignore[union-attr]
-        assert member is not None
-        with np.load(io.BytesIO(member.read())) as z:
-            return int(z[f"input:{m.inputs[0].name}"].shape[0]) + 1
-
-
 def test_a_hung_worker_is_killed_and_reported(
     mnist_trt_bundle: Path,
     jetpack_python: Path,
@@ -164,7 +152,7 @@ def test_a_hung_worker_is_killed_and_reported(
     tmp_path: Path,
 ) -> None:
     # the first camera frame hangs the engine
-    _set_options(monkeypatch, hang_after_runs=_runs_before_frames(mnist_trt_bundle))
+    _set_options(monkeypatch, hang_after_runs=reference_runs(mnist_trt_bundle))
     store = _store(tmp_path, jetpack_python, f"file:{data_dir / 'video' / 'bikes.mp4'}")
     store.init(store.config().model_copy(update={"sidecar_timeout_s": 1.0}))
     m = store.stage(mnist_trt_bundle)
@@ -190,13 +178,6 @@ def test_a_missing_system_python_is_a_one_line_error(tmp_path: Path) -> None:
         Sidecar("/nonexistent/python3.8", "tensorrt")
 
 
-def _wait_for(predicate, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
-
-
 def test_deploy_serves_through_python38_and_rolls_back_when_the_worker_is_killed(
     mnist_trt_bundle: Path,
     jetpack_python: Path,
@@ -217,11 +198,7 @@ def test_deploy_serves_through_python38_and_rolls_back_when_the_worker_is_killed
     store = _store(tmp_path, jetpack_python, f"file:{clip}?loop=1", health_frames=5, idle_baseline_s=0)
     service = ProcessService(store)
     v1 = copy(mnist_trt_bundle, tmp_path / "v1")
-    v2 = rewrite_bundle(
-        mnist_trt_bundle,
-        tmp_path / "v2.edb",
-        lambda n, d: (n, d.replace(b'"version":"1"', b'"version":"2"')) if n == "manifest.json" else (n, d),
-    )
+    v2 = with_version(mnist_trt_bundle, tmp_path / "v2.edb", "2")
     v1_name, v2_name = read_manifest(v1).release_name, read_manifest(v2).release_name
     assert v1_name != v2_name
     try:
@@ -231,7 +208,7 @@ def test_deploy_serves_through_python38_and_rolls_back_when_the_worker_is_killed
         assert health["runtime"]["tensorrt_python"].startswith("3.8.")
 
         # v2's engine hangs on its third camera frame; it is killed from outside while the deploy waits for five
-        _set_options(monkeypatch, hang_after_runs=_runs_before_frames(v2) + 2)
+        _set_options(monkeypatch, hang_after_runs=reference_runs(v2) + 2)
         failure: list[BaseException] = []
 
         def deploy_v2() -> None:
@@ -249,7 +226,7 @@ def test_deploy_serves_through_python38_and_rolls_back_when_the_worker_is_killed
                 return None
             return int(str(h["runtime"]["tensorrt_python"]).rsplit("pid ", 1)[1].rstrip(")"))
 
-        _wait_for(lambda: worker_of_v2() is not None, 120, "v2 checking frames")
+        wait_for("v2 checking frames", lambda: worker_of_v2() is not None, 120, every=0.05)
         os.kill(worker_of_v2(), signal.SIGKILL)  # type: ignore[arg-type]
         _set_options(monkeypatch)  # v1's engine, restarted by the rollback, does not hang
         t.join(timeout=180)
@@ -258,7 +235,7 @@ def test_deploy_serves_through_python38_and_rolls_back_when_the_worker_is_killed
         assert "sidecar-failed" in str(failure[0]) or "killed by SIGKILL" in str(failure[0])
         st = store.state()
         assert st["current"] == v1_name and st["history"][-1]["event"] == "rolled-back"
-        _wait_for(lambda: (read_health(store) or {}).get("state") == "ready", 60, "v1 ready again")
+        wait_for("v1 ready again", lambda: (read_health(store) or {}).get("state") == "ready", 60, every=0.05)
         assert read_health(store)["release"] == v1_name  # type: ignore[index]
     finally:
         service.stop()
@@ -303,7 +280,7 @@ def test_a_killed_capture_worker_is_a_lost_camera_that_comes_back(gst_python: st
         assert src.read(timeout=10) is not None
         capture = src._capture  # the SidecarCapture
         os.kill(capture._sidecar.pid, signal.SIGKILL)  # type: ignore[attr-defined]
-        _wait_for(lambda: src.state().reconnects >= 1, 30, "a reconnect")
+        wait_for("a reconnect", lambda: src.state().reconnects >= 1, 30, every=0.05)
         assert src.read(timeout=10) is not None and src.state().camera_up
         assert capture.restarts + src.state().reconnects >= 1  # type: ignore[attr-defined]
     finally:

@@ -36,7 +36,7 @@ from edgedeploy_agent.loop import top_k
 from edgedeploy_agent.preprocess import preprocess
 from edgedeploy_agent.runtime import load_runtime
 from edgedeploy_agent.unit import RESTART_UNIT, WATCH_UNIT
-from tests.helpers import Cli, keep_user_files_out, require
+from tests.helpers import Cli, keep_user_files_out, require, wait_for
 from tests.integration.arm64root import (
     FRAMES,
     LOGIN,
@@ -63,17 +63,6 @@ def timed(name: str, fn: Callable[[], Any]) -> Any:
         return fn()
     finally:
         TIMINGS[name] = round(time.monotonic() - t, 1)
-
-
-def wait_for(what: str, check: Callable[[], Any], timeout: float, every: float = 1.0) -> Any:
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        last = check()
-        if last:
-            return last
-        time.sleep(every)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what} (last: {last!r})")
 
 
 # --- what the device plays: lossless frames, so both decoders see the same pixels ------------------

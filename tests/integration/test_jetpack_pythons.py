@@ -9,23 +9,19 @@ double. (tests/agent/test_sidecar.py runs the same with the agent in this venv, 
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import signal
 import subprocess
-import tarfile
-import time
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from edgedeploy_agent.bundle import read_manifest
 from edgedeploy_agent.sidecar.worker import DOUBLE_ENV
-from tests.agent.bundles import rewrite_bundle
+from tests.agent.bundles import reference_runs, with_version
 from tests.agent.trt_double import OPTIONS_ENV
-from tests.helpers import require
+from tests.helpers import require, wait_for
 
 pytestmark = [pytest.mark.integration]
 
@@ -51,23 +47,6 @@ def _health(root: Path) -> dict[str, object]:
         return {}
 
 
-def _wait_for(predicate, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.1)
-
-
-def _reference_runs(bundle: Path) -> int:
-    """The engine runs before the first camera frame: one per reference sample (batch 1), and the warm-up."""
-    m = read_manifest(bundle)
-    with tarfile.open(bundle, "r:gz") as tar:
-        member = tar.extractfile(m.tensorrt.reference)  # type: ignore[union-attr]
-        assert member is not None
-        with np.load(io.BytesIO(member.read())) as z:
-            return int(z[f"input:{m.inputs[0].name}"].shape[0]) + 1
-
-
 def test_agent_on_python39_serves_tensorrt_from_python38_and_rolls_back_when_it_dies(
     agent39: Path,
     jetpack_python: Path,
@@ -77,14 +56,10 @@ def test_agent_on_python39_serves_tensorrt_from_python38_and_rolls_back_when_it_
     tmp_path: Path,
 ) -> None:
     root, hang = tmp_path / "root", tmp_path / "hang-now"
-    v2 = rewrite_bundle(
-        mnist_trt_bundle,
-        tmp_path / "v2.edb",
-        lambda n, d: (n, d.replace(b'"version":"1"', b'"version":"2"')) if n == "manifest.json" else (n, d),
-    )
+    v2 = with_version(mnist_trt_bundle, tmp_path / "v2.edb", "2")
     v1_name, v2_name = read_manifest(mnist_trt_bundle).release_name, read_manifest(v2).release_name
     # v2's engine (and only while `hang` exists) hangs on its third camera frame
-    options = {"gpu": "T4", "hang_after_runs": _reference_runs(v2) + 2, "hang_file": str(hang)}
+    options = {"gpu": "T4", "hang_after_runs": reference_runs(v2) + 2, "hang_file": str(hang)}
     env = {
         **os.environ,
         DOUBLE_ENV: "tests.agent.trt_double:sidecar_double",
@@ -111,7 +86,9 @@ def test_agent_on_python39_serves_tensorrt_from_python38_and_rolls_back_when_it_
         assert str(runtime["tensorrt_python"]).startswith("3.8.")
         agent_pid = int((root / "run" / "agent.pid").read_text())
         assert os.path.basename(os.readlink(f"/proc/{agent_pid}/exe")).startswith("python3.9")
-        _wait_for(lambda: any((root / "spool").glob("*.jsonl")), 60, "a report")  # every report_interval_s (10)
+        wait_for(
+            "a report", lambda: any((root / "spool").glob("*.jsonl")), 60, every=0.1
+        )  # every report_interval_s (10)
         report = json.loads(sorted((root / "spool").glob("*.jsonl"))[0].read_text().splitlines()[0])
         assert report["runtime"] == "tensorrt" and report["frames"] > 0 and report["predictions"]
 
@@ -141,7 +118,7 @@ def test_agent_on_python39_serves_tensorrt_from_python38_and_rolls_back_when_it_
                 return None
             return int(str(h["runtime"]["tensorrt_python"]).rsplit("pid ", 1)[1].rstrip(")"))  # type: ignore[index]
 
-        _wait_for(lambda: worker_of_v2() is not None, 120, "v2 checking frames")
+        wait_for("v2 checking frames", lambda: worker_of_v2() is not None, 120, every=0.1)
         os.kill(worker_of_v2(), signal.SIGKILL)  # type: ignore[arg-type]
         hang.unlink()  # v1, restarted by the rollback, serves
         out, err = deploying.communicate(timeout=300)
@@ -151,7 +128,7 @@ def test_agent_on_python39_serves_tensorrt_from_python38_and_rolls_back_when_it_
         assert "killed by SIGKILL" in answer["error"]["message"], answer
         state = json.loads((root / "state.json").read_text())
         assert state["current"] == v1_name and state["history"][-1]["event"] == "rolled-back"
-        _wait_for(lambda: _health(root).get("state") == "ready", 120, "v1 ready again")
+        wait_for("v1 ready again", lambda: _health(root).get("state") == "ready", 120, every=0.1)
         assert _health(root)["release"] == v1_name
     finally:
         pid_file = root / "run" / "agent.pid"
@@ -160,7 +137,7 @@ def test_agent_on_python39_serves_tensorrt_from_python38_and_rolls_back_when_it_
                 os.kill(int(pid_file.read_text()), signal.SIGTERM)
             except ProcessLookupError:
                 pass
-            _wait_for(lambda: not _agent_alive(pid_file), 30, "the agent to stop")
+            wait_for("the agent to stop", lambda: not _agent_alive(pid_file), 30, every=0.1)
 
 
 def _agent_alive(pid_file: Path) -> bool:
