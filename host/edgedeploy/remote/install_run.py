@@ -104,7 +104,7 @@ def choose_sidecar(facts: InstallFacts, spec: InstallSpec, options: InstallOptio
         raise InputError(
             f"the device's system Python has TensorRT {facts.system_tensorrt}, but the wheelhouse has no polygraphy "
             "wheel for the agent's TensorRT sidecar",
-            hint="make the wheelhouse with `edgedeploy agent wheelhouse --extras tensorrt` (polygraphy is pure "
+            hint="make the wheelhouse with `edgedeploy agent wheelhouse --extra tensorrt` (polygraphy is pure "
             "Python: the same wheel serves the agent's Python and the system's 3.8)",
         )
     return replace(spec, sidecar=True), f"{found}; TensorRT and GStreamer capture run there ({spec.sidecar_venv})"
