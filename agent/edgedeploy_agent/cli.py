@@ -30,6 +30,7 @@ from .lifecycle import (
     Deployment,
     describe_release,
     finish_interrupted,
+    interrupted,
     recover,
     rollback,
     watch_for_interruptions,
@@ -144,6 +145,8 @@ def _recover(store: DeviceStore, args: argparse.Namespace) -> dict[str, Any]:
     """Finish a transition a crash interrupted (every deploy and rollback does this first)."""
     store.require_initialised()
     pending = store.state()["pending"]
+    if args.finish and interrupted(store) is None:  # the finisher's timer, every minute: nothing cut off, nothing to do
+        return {"recovered": None, "finished": None, "current": store.state()["current"]}
     # only a transition nobody is running is recovered: never undo a deploy in flight
     with store.exclusive("recovery"):
         if args.finish:  # the device on its own (the service at start, the watch): health check, commit or back

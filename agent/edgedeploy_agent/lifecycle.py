@@ -301,10 +301,9 @@ def watch_for_interruptions(store: DeviceStore, every: float = FINISH_CHECK_EVER
     """For a long-running process (the service, the watch): now and every `every` s, a transition nobody runs
     is finished by a spawned finisher (at most one per FINISH_HEALTH_TIMEOUT_S).
 
-    Process mode only, for now: in systemd mode the finisher would be in the unit's cgroup, and the restart it
-    asks for would kill it mid-transition (then the next start would spawn it again); it needs a unit of its own
-    (a oneshot started like the restart path unit). Until then a systemd device finishes with `recover --finish`
-    or the next deploy's recovery."""
+    Process mode only: in systemd mode the finisher would be in the unit's cgroup, and the restart it asks for
+    would kill it mid-transition. There edgedeploy-agent-finish.timer starts the same finisher in a unit of its own
+    (edgedeploy-agent-finish.service), which also runs when the inference unit is stopped."""
     try:
         if store.config().service != "process":
             return None

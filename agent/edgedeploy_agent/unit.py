@@ -1,5 +1,6 @@
 """The systemd units shipped with the agent (systemd/), rendered for one device: the inference service, the
-watch service (pull rollouts) and the restart path unit with its oneshot (restarts without sudo).
+watch service (pull rollouts), the restart path unit with its oneshot (restarts without sudo), and the finisher
+with its timer (a deploy cut off with its host is finished on the device).
 
 Values from the inventory end up in unit lines, so each is checked and quoted as systemd reads it back
 (systemd.syntax(7), systemd.service(5) "Command lines"): a path with spaces is one double-quoted word,
@@ -18,6 +19,10 @@ WATCH_UNIT = "edgedeploy-agent-watch.service"
 RESTART_PATH_UNIT = "edgedeploy-agent-restart.path"
 RESTART_UNIT = "edgedeploy-agent-restart.service"
 RESTART_REQUEST = "run/restart-request"  # under the agent root; the path unit watches it
+FINISH_UNIT = "edgedeploy-agent-finish.service"  # finishes a transition cut off with its host (recover --finish)
+FINISH_TIMER = "edgedeploy-agent-finish.timer"
+# what every systemd install has beside the inference unit: restarts without sudo, and the finisher that uses them
+HELPER_UNITS = (RESTART_UNIT, RESTART_PATH_UNIT, FINISH_UNIT, FINISH_TIMER)
 DEFAULT_ROOT = "/var/lib/edgedeploy"
 DEFAULT_USER = "edgedeploy"
 

@@ -235,3 +235,16 @@ def test_agent_killed_mid_rollback_is_recovered_like_a_deploy(store: DeviceStore
     assert store.current() == state["current"] == names[1] and state["previous"] == [names[0]]
     assert state["pending"] is None and state["history"][-1]["event"] == "recovered" and svc.running
     assert rollback(store, svc, timeout=2)["release"] == names[0]  # and a rollback still works after it
+
+
+def test_the_finishers_timer_finds_nothing_to_do_while_a_deploy_runs(store: DeviceStore) -> None:
+    """`recover --finish` runs every minute under systemd (edgedeploy-agent-finish.timer): with no transition cut
+    off it answers at once and exits 0, also while a deploy holds the device lock (it must not fail every minute
+    of a long engine build)."""
+    from tests.helpers import agent
+
+    idle = agent("--root", str(store.root), "--json", "recover", "--finish")
+    assert idle.code == 0 and json.loads(idle.out)["finished"] is None, idle.err
+    with store.exclusive("deploy"):
+        busy = agent("--root", str(store.root), "--json", "recover", "--finish")
+    assert busy.code == 0 and json.loads(busy.out)["finished"] is None, busy.out + busy.err

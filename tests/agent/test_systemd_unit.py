@@ -10,7 +10,15 @@ from pathlib import Path
 import pytest
 
 from edgedeploy_agent.service import write_restart_request
-from edgedeploy_agent.unit import DEFAULT_ROOT, RESTART_PATH_UNIT, RESTART_UNIT, WATCH_UNIT, render_unit
+from edgedeploy_agent.unit import (
+    DEFAULT_ROOT,
+    FINISH_TIMER,
+    FINISH_UNIT,
+    RESTART_PATH_UNIT,
+    RESTART_UNIT,
+    WATCH_UNIT,
+    render_unit,
+)
 from tests.helpers import require
 
 MAX_EXPOSURE = 4.0
@@ -152,6 +160,21 @@ def test_restart_path_unit_and_its_root_oneshot_verify_and_are_locked_down(analy
                        capture_output=True, text=True)  # fmt: skip
     assert p.returncode == 0 and p.stdout == "" and p.stderr == "", p.stdout + p.stderr
     assert _exposure(analyze, tmp_path / RESTART_UNIT) <= 2.0
+
+
+def test_the_finisher_and_its_timer_verify_and_the_finisher_is_locked_down(analyze: str, tmp_path: Path) -> None:
+    """edgedeploy-agent-finish.timer starts the finisher (recover --finish) after boot and every minute, in a unit of
+    its own: the inference unit's restart cannot kill it, and it runs while that unit is stopped."""
+    python = str(shutil.which("python3"))
+    argv = [python, "-m", "edgedeploy_agent", "--root", DEFAULT_ROOT, "--json", "recover", "--finish"]
+    (tmp_path / FINISH_UNIT).write_text(render_unit(argv, name=FINISH_UNIT))
+    (tmp_path / FINISH_TIMER).write_text(render_unit(name=FINISH_TIMER))
+    timer = (tmp_path / FINISH_TIMER).read_text()
+    assert f"Unit={FINISH_UNIT}" in timer and "OnBootSec=" in timer and "OnUnitInactiveSec=" in timer
+    p = subprocess.run([analyze, "verify", *(str(tmp_path / n) for n in (FINISH_UNIT, FINISH_TIMER))],
+                       capture_output=True, text=True)  # fmt: skip
+    assert p.returncode == 0 and p.stdout == "" and p.stderr == "", p.stdout + p.stderr
+    assert _exposure(analyze, tmp_path / FINISH_UNIT) <= MAX_EXPOSURE
 
 
 def test_the_restart_units_refuse_what_they_cannot_carry() -> None:

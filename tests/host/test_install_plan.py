@@ -79,7 +79,7 @@ def test_a_non_root_login_gets_the_group_and_a_sudoers_rule_for_this_unit_only(t
     spec = dataclasses.replace(_spec(tmp_path), login_user="deploy")
     work = tmp_path / "work"
     work.mkdir()
-    unit, sudoers = write_install_files(spec, work)
+    unit, sudoers, helpers = write_install_files(spec, work)
     assert unit is not None and sudoers is not None
     rule = sudoers.read_text()
     assert rule.count("NOPASSWD") == 1 and rule.startswith("# installed") and "deploy ALL=(root) NOPASSWD:" in rule
@@ -95,7 +95,8 @@ def test_a_non_root_login_gets_the_group_and_a_sudoers_rule_for_this_unit_only(t
         f"runtime_sha256={hashlib.sha256(b'lib').hexdigest()}\n"
         f"sudoers_sha256={hashlib.sha256(sudoers.read_bytes()).hexdigest()}\n"
     )
-    assert plan_install(parse_install_probe(done), spec, InstallFiles(unit, sudoers)) == []
+    done += "".join(f"unit_sha256:{n}={hashlib.sha256(f.read_bytes()).hexdigest()}\n" for n, f in helpers.items())
+    assert plan_install(parse_install_probe(done), spec, InstallFiles(unit, sudoers, helpers)) == []
 
 
 def test_a_root_with_spaces_is_quoted_and_unsafe_values_are_refused(tmp_path: Path) -> None:
@@ -209,3 +210,38 @@ def test_the_probe_reads_a_real_system_pythons_opencv_and_tensorrt(tmp_path: Pat
     assert (facts.system_opencv is not None) == has_cv2 and facts.system_tensorrt is None
     none = subprocess.run(["sh", "-c", PROBE, "sh", *args, "/nonexistent/python3.8", ""], capture_output=True)
     assert parse_install_probe(none.stdout.decode()).system_python is None
+
+
+def test_every_systemd_install_gets_restarts_without_sudo_and_the_finisher(tmp_path: Path) -> None:
+    """The restart path unit with its root oneshot, and the finish oneshot with its timer (a deploy cut off with
+    its host is finished on the device, docs/agent-service.md); a second run plans nothing."""
+    from edgedeploy.remote.install import write_install_files
+    from edgedeploy_agent.unit import FINISH_TIMER, FINISH_UNIT, RESTART_PATH_UNIT, RESTART_UNIT
+
+    spec = _spec(tmp_path)
+    work = tmp_path / "work"
+    work.mkdir()
+    files = write_install_files(spec, work)
+    names = [s.name for s in plan_install(parse_install_probe(FRESH_JETSON), spec, files)]
+    tail = names[names.index(f"install {RESTART_UNIT}") :]
+    assert tail == [
+        f"install {RESTART_UNIT}", f"install {FINISH_UNIT}", "reload systemd",
+        f"install {RESTART_PATH_UNIT}", "reload systemd", f"enable {RESTART_PATH_UNIT}",
+        f"install {FINISH_TIMER}", "reload systemd", f"enable {FINISH_TIMER}",
+        f"start {RESTART_PATH_UNIT} and {FINISH_TIMER}",
+    ]  # fmt: skip
+    finish = files.helpers[FINISH_UNIT].read_text()
+    assert (
+        "ExecStart=/opt/edgedeploy/venv/bin/edgedeploy-agent --root /var/lib/edgedeploy --json recover --finish"
+        in finish
+    )
+    assert "User=edgedeploy" in finish and "ReadWritePaths=/var/lib/edgedeploy" in finish
+    assert "PathChanged=/var/lib/edgedeploy/run/restart-request" in files.helpers[RESTART_PATH_UNIT].read_text()
+    have = "".join(f"unit_sha256:{n}={hashlib.sha256(f.read_bytes()).hexdigest()}\n" for n, f in files.helpers.items())
+    again = [s.name for s in plan_install(parse_install_probe(FRESH_JETSON + have), spec, files)]
+    assert not [n for n in again if "edgedeploy-agent-restart" in n or "edgedeploy-agent-finish" in n]
+
+    # a root a path unit cannot watch: no helpers (the next deploy recovers a cut-off transition, as before)
+    spaced = dataclasses.replace(spec, root="/srv/edge deploy")
+    (tmp_path / "w2").mkdir()
+    assert write_install_files(spaced, tmp_path / "w2").helpers == {}

@@ -24,7 +24,7 @@ from edgedeploy.remote.install_pull import (
 from edgedeploy.remote.transport import LocalTransport
 from edgedeploy.signing import generate_key
 from edgedeploy_agent.trust import key_id, parse_public_key
-from edgedeploy_agent.unit import RESTART_PATH_UNIT, RESTART_UNIT, WATCH_UNIT
+from edgedeploy_agent.unit import WATCH_UNIT
 from tests.helpers import Cli, assert_one_line_error, require
 
 
@@ -41,7 +41,7 @@ def _names(steps: list) -> list[str]:  # type: ignore[type-arg]
     return [s.name for s in steps]
 
 
-def test_a_fresh_device_gets_password_config_and_the_three_units(tmp_path: Path, pull: PullOptions) -> None:
+def test_a_fresh_device_gets_password_config_and_the_watch_unit(tmp_path: Path, pull: PullOptions) -> None:
     spec = _spec(tmp_path / "root")
     (tmp_path / "root").mkdir()
     stdout = run_probe(LocalTransport(), spec, PULL_PROBE)  # the install's probe with the pull lines, real sh
@@ -51,12 +51,17 @@ def test_a_fresh_device_gets_password_config_and_the_three_units(tmp_path: Path,
     files = write_pull_files(spec, pull, tmp_path)
     steps = plan_pull(facts, spec, pull, files)
     assert _names(steps) == [
-        "make a private upload folder", "upload broker password", "install broker password",
-        "remove the upload folder", "configure watch", "hand the watch config to the service user",
-        f"install {RESTART_UNIT}", "reload systemd",
-        f"install {RESTART_PATH_UNIT}", "reload systemd", f"enable {RESTART_PATH_UNIT}",
-        f"install {WATCH_UNIT}", "reload systemd", f"enable {WATCH_UNIT}", "start pull units",
-    ]  # fmt: skip
+        "make a private upload folder",
+        "upload broker password",
+        "install broker password",
+        "remove the upload folder",
+        "configure watch",
+        "hand the watch config to the service user",
+        f"install {WATCH_UNIT}",
+        "reload systemd",
+        f"enable {WATCH_UNIT}",
+        "start pull units",
+    ]  # fmt: skip  (the restart path unit comes with every systemd install: test_install_plan.py)
     by_name = {s.name: s for s in steps}
     # the password reaches the device through a private folder, as a file the service user alone can read
     assert by_name["upload broker password"].put[1].startswith(files.upload_dir + "/")  # type: ignore[index]
@@ -67,7 +72,6 @@ def test_a_fresh_device_gets_password_config_and_the_three_units(tmp_path: Path,
     assert configure[0] == "/opt/edgedeploy/venv/bin/edgedeploy-agent" and pull.rollout_key in configure
     assert by_name["hand the watch config to the service user"].argv[-2:] == ("edgedeploy", str(tmp_path / "root"))
     assert "ExecStart=/opt/edgedeploy/venv/bin/edgedeploy-agent --root " in files.units[WATCH_UNIT].read_text()
-    assert f"PathChanged={tmp_path}/root/run/restart-request" in files.units[RESTART_PATH_UNIT].read_text()
 
 
 def test_a_device_that_has_it_all_plans_nothing_and_a_new_broker_only_reconfigures(

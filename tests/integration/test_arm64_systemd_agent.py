@@ -35,8 +35,9 @@ from edgedeploy_agent.bundle import extract_bundle, read_manifest
 from edgedeploy_agent.loop import top_k
 from edgedeploy_agent.preprocess import preprocess
 from edgedeploy_agent.runtime import load_runtime
-from edgedeploy_agent.unit import RESTART_UNIT, WATCH_UNIT
-from tests.helpers import Cli, keep_user_files_out, require, wait_for
+from edgedeploy_agent.unit import FINISH_UNIT, RESTART_UNIT, WATCH_UNIT
+from tests.agent.bundles import with_version
+from tests.helpers import BIN, Cli, keep_user_files_out, require, wait_for
 from tests.integration.arm64root import (
     FRAMES,
     LOGIN,
@@ -415,6 +416,48 @@ def test_the_agent_runs_as_the_service_user_without_privileges_on_a_read_only_sy
     mounts = {f[4]: f[5] for f in (ln.split() for ln in c.exec(["cat", f"/proc/{pid}/mountinfo"]).stdout.splitlines())}
     assert mounts["/"].startswith("ro") and mounts[ROOT].startswith("rw"), mounts  # ProtectSystem=strict
     assert c.exec(["stat", "-c", "%U %a", ROOT]).stdout.split() == ["edgedeploy", "2770"]
+
+
+@in_container
+def test_a_push_cut_off_in_its_health_check_is_finished_by_the_device(
+    arm: ArmDevice, cli: Cli, bundles: dict[str, Path], tmp_path: Path
+) -> None:
+    """Issue 40 item 10 under systemd: the host and its deploy die while the device checks a new release (an
+    objective only the host wanted holds the check open); edgedeploy-agent-finish.timer starts the finisher, in a
+    unit of its own, which checks the release on real frames by itself and commits it. No host contact after."""
+    c = arm.container
+    arm.set_source(cli, f"file:{FRAMES}?loop=1")
+    new = with_version(bundles["mnist-xavier-cpu"], tmp_path / "new.edb", "77")
+    release = read_manifest(new).release_name
+    argv = [str(BIN / "edgedeploy"), "push", arm.name, str(new), "--json", "--min-inferences", "100000000",
+            "--timeout", "900", *arm.args()]  # fmt: skip
+    host = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    def state() -> dict[str, Any]:
+        return dict(json.loads(c.exec(["cat", f"{ROOT}/state.json"]).stdout))
+
+    try:
+        timed("push to its health check", lambda: wait_for(
+            "the push's health check", lambda: (state().get("pending") or {}).get("state") == "health-check", 600,
+        ))  # fmt: skip
+    finally:
+        host.kill()  # the host goes first: it must not recover the device over SSH
+        host.wait()
+    c.exec(["pkill", "-KILL", "-f", f"{ROOT} --json deploy"], check=False)  # and the deploy with its session
+    assert (state()["pending"] or {}).get("state") == "health-check"
+
+    def settled() -> dict[str, Any] | None:
+        s = state()
+        return s if s["pending"] is None else None
+
+    done = timed("finished by the device", lambda: wait_for("the device to finish by itself", settled, 600, every=5))
+    events = [h["event"] for h in done["history"]]
+    assert done["current"] == release and "committed-after-interruption" in events, (done["current"], events)
+    finisher = c.exec(["journalctl", "-u", FINISH_UNIT, "--no-pager", "-o", "cat"]).stdout
+    assert "finish" in finisher.lower(), finisher[-2000:]
+    wait_for("the new release serving", lambda: arm.unit()["ActiveState"] == "active", 300)
+    f = arm.facts(cli)
+    assert f["current_release"] == release and f["healthy_release"] == release, f
 
 
 # --- pull rollouts: the watch service deploys, the restart path unit restarts the inference unit --------

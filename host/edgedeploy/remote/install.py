@@ -9,11 +9,19 @@ import hashlib
 import re
 import zipfile
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 
-from edgedeploy_agent.unit import UNIT_NAME, render_unit
+from edgedeploy_agent.unit import (
+    FINISH_TIMER,
+    FINISH_UNIT,
+    HELPER_UNITS,
+    RESTART_PATH_UNIT,
+    RESTART_UNIT,
+    UNIT_NAME,
+    render_unit,
+)
 
 from ..cuda_backend import LIBRARY as CUDA_BACKEND
 from ..errors import DeviceError, InputError
@@ -50,6 +58,10 @@ id -nG "$login" 2>/dev/null | tr ' ' '\n' | grep -qx "$user" && echo "login_in_g
   cut -d' ' -f1)"
 # an NVIDIA driver (a Jetson's comes with L4T, the jetson line above): only then does the device need a CUDA backend
 /sbin/ldconfig -p 2>/dev/null | grep -q 'libcuda\.so\.1 ' && echo "cuda_driver=1"
+for u in edgedeploy-agent-restart.service edgedeploy-agent-restart.path edgedeploy-agent-finish.service \
+  edgedeploy-agent-finish.timer; do
+  [ -f "/etc/systemd/system/$u" ] && echo "unit_sha256:$u=$(sha256sum "/etc/systemd/system/$u" | cut -d' ' -f1)"
+done
 # JetPack's system Python (TensorRT's bindings and NVIDIA's GStreamer OpenCV live there) and the sidecar venv made
 # from it; TensorRT is looked up, not imported (seconds, and a crash without a driver)
 if [ -n "$syspy" ] && [ -x "$syspy" ]; then "$syspy" - 2>/dev/null <<'PY'
@@ -100,6 +112,7 @@ class InstallFacts:
     system_gstreamer: bool = False
     sidecar_venv: bool = False  # the venv made from the system Python exists
     sidecar_polygraphy: bool = False  # ... with Polygraphy in it
+    helper_units_sha256: dict[str, str] = field(default_factory=dict)  # HELPER_UNITS installed, by name
 
     @property
     def nvidia(self) -> bool:
@@ -133,6 +146,7 @@ def parse_install_probe(stdout: str) -> InstallFacts:
         system_gstreamer=kv.get("system_gstreamer") == "1",
         sidecar_venv=kv.get("sidecar_venv") == "1",
         sidecar_polygraphy=kv.get("sidecar_polygraphy") == "1",
+        helper_units_sha256={k.split(":", 1)[1]: v for k, v in kv.items() if k.startswith("unit_sha256:")},
     )
 
 
@@ -238,6 +252,7 @@ class InstallFiles(NamedTuple):
 
     unit: Path | None = None
     sudoers: Path | None = None
+    helpers: dict[str, Path] = {}  # HELPER_UNITS by name
 
 
 NO_FILES = InstallFiles()
@@ -366,6 +381,29 @@ def _sudoers(facts: InstallFacts, spec: InstallSpec, files: InstallFiles) -> lis
     ]
 
 
+def _helper_units(facts: InstallFacts, spec: InstallSpec, files: InstallFiles) -> list[Step]:
+    """Restarts without sudo (the restart path unit and its root oneshot) and the finisher with its timer, which
+    uses them: a deploy cut off with its host is finished on the device (docs/agent-service.md)."""
+    if spec.mode != "systemd" or not files.helpers:
+        return []
+    unit_dir, have = "/etc/systemd/system", facts.helper_units_sha256
+    steps = [
+        Step(f"install {name}", put=(files.helpers[name], f"{unit_dir}/{name}"), root=True)
+        for name in (RESTART_UNIT, FINISH_UNIT)  # oneshots without [Install]: installed, never enabled
+        if have.get(name) != _sha256(files.helpers[name])
+    ]
+    if steps:
+        steps.append(Step("reload systemd", ("systemctl", "daemon-reload"), root=True))
+    started = []
+    for name in (RESTART_PATH_UNIT, FINISH_TIMER):
+        new = unit_steps(files.helpers[name], f"{unit_dir}/{name}", have.get(name), label=name)
+        steps += new
+        started += [name] if new else []
+    if started:
+        steps.append(Step(f"start {' and '.join(started)}", ("systemctl", "restart", *started), root=True))
+    return steps
+
+
 def unit_steps(unit_file: Path, unit_path: str, installed_sha256: str | None, label: str = "unit") -> list[Step]:
     """Install a systemd unit file at `unit_path`, reload systemd, enable the unit; nothing when the device
     already has these bytes there (`installed_sha256`, from the probe)."""
@@ -399,6 +437,7 @@ PLAN_PARTS: tuple[Planner, ...] = (
     _login_group,
     _sudoers,
     _unit,
+    _helper_units,
 )
 
 
@@ -418,11 +457,25 @@ def write_install_files(spec: InstallSpec, work_dir: Path | None) -> InstallFile
         return NO_FILES
     unit_file = work_dir / UNIT_NAME
     unit_file.write_text(spec.unit_text(), encoding="utf-8")
+    helpers = {}
+    # a path unit cannot watch a path with spaces or '%' (unit.restart_request_path): such a root gets neither
+    # restarts without sudo nor the finisher, as before they existed (the next deploy recovers a cut-off one)
+    argv = [f"{spec.venv}/bin/edgedeploy-agent", "--root", spec.root, "--json", "recover", "--finish"]
+    try:
+        rendered = {
+            name: render_unit(argv if name == FINISH_UNIT else None, user=spec.user, root=spec.root, name=name)
+            for name in HELPER_UNITS
+        }
+    except ValueError:
+        rendered = {}
+    for name, text in rendered.items():
+        (work_dir / name).write_text(text, encoding="utf-8")
+        helpers[name] = work_dir / name
     sudoers_file = None
     if spec.grants_login:
         sudoers_file = work_dir / "edgedeploy.sudoers"
         sudoers_file.write_text(spec.sudoers_text(), encoding="utf-8")
-    return InstallFiles(unit_file, sudoers_file)
+    return InstallFiles(unit_file, sudoers_file, helpers)
 
 
 def run_probe(transport: Transport, spec: InstallSpec, extra: str = "") -> str:

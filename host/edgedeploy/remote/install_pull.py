@@ -22,7 +22,7 @@ from pydantic import ValidationError
 
 from edgedeploy_agent.durable import write_atomic
 from edgedeploy_agent.trust import key_id, parse_public_key
-from edgedeploy_agent.unit import RESTART_PATH_UNIT, RESTART_UNIT, WATCH_UNIT, render_unit
+from edgedeploy_agent.unit import WATCH_UNIT, render_unit
 
 from ..errors import InputError, validation_text
 from ..fleet_servers import mosquitto_passwd_text
@@ -32,7 +32,7 @@ from .install import InstallSpec, Step, unit_steps
 if TYPE_CHECKING:
     from edgedeploy_agent.watch import WatchConfig
 
-PULL_UNITS = (WATCH_UNIT, RESTART_PATH_UNIT, RESTART_UNIT)
+PULL_UNITS = (WATCH_UNIT,)  # restarts without sudo come with every systemd install (remote/install.py)
 PASSWORD = "mqtt-password"
 FLEET_CA = "fleet-ca.crt"
 # appended to the install probe (remote/install.py), where $root is the agent root; the unit names are constants
@@ -41,9 +41,8 @@ PULL_PROBE = r"""
 [ -e "$root/mqtt-password" ] && echo "mqtt_password=1"
 [ -f "$root/fleet-ca.crt" ] && echo "fleet_ca_sha256=$(sha256sum "$root/fleet-ca.crt" | cut -d' ' -f1)"
 echo "rollout_keys=$(ls "$root/trust/rollout" 2>/dev/null | sed -n 's/\.pub$//p' | tr '\n' ' ')"
-for u in edgedeploy-agent-watch.service edgedeploy-agent-restart.path edgedeploy-agent-restart.service; do
-  [ -f "/etc/systemd/system/$u" ] && echo "unit_sha256:$u=$(sha256sum "/etc/systemd/system/$u" | cut -d' ' -f1)"
-done
+u=edgedeploy-agent-watch.service
+[ -f "/etc/systemd/system/$u" ] && echo "unit_sha256:$u=$(sha256sum "/etc/systemd/system/$u" | cut -d' ' -f1)"
 true
 """
 
@@ -164,16 +163,12 @@ def plan_pull(facts: PullFacts, spec: InstallSpec, pull: PullOptions, files: Pul
             Step("configure watch", tuple(argv), root=True),
             Step("hand the watch config to the service user", ("sh", "-c", own, "sh", user, root), root=True),
         ]
-    # the oneshot first (it has no [Install]: installed, never enabled), then the two units that are enabled
     unit_dir = "/etc/systemd/system"
-    if facts.unit_sha256.get(RESTART_UNIT) != _sha256(files.units[RESTART_UNIT]):
-        steps.append(Step(f"install {RESTART_UNIT}", put=(files.units[RESTART_UNIT], f"{unit_dir}/{RESTART_UNIT}"),
-                          root=True))  # fmt: skip
-        steps.append(Step("reload systemd", ("systemctl", "daemon-reload"), root=True))
-    for name in (RESTART_PATH_UNIT, WATCH_UNIT):
-        steps += unit_steps(files.units[name], f"{unit_dir}/{name}", facts.unit_sha256.get(name), label=name)
+    steps += unit_steps(
+        files.units[WATCH_UNIT], f"{unit_dir}/{WATCH_UNIT}", facts.unit_sha256.get(WATCH_UNIT), WATCH_UNIT
+    )
     if steps:  # a new config or unit: the watch service starts (again) with it
-        steps.append(Step("start pull units", ("systemctl", "restart", RESTART_PATH_UNIT, WATCH_UNIT), root=True))
+        steps.append(Step("start pull units", ("systemctl", "restart", WATCH_UNIT), root=True))
     return steps
 
 
