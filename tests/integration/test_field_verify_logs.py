@@ -52,8 +52,8 @@ def test_verify_a_serving_device_then_break_its_camera(cli: Cli, serving: Enroll
     res = json.loads(r.out)
     checks = {c["name"]: c for c in res["checks"]}
     assert list(checks) == [
-        "agent", "tvm runtime", "bundle vs hardware", "tensorrt", "camera", "power", "thermal", "disk", "clock",
-        "signing keys", "service", "release files", "health",
+        "agent", "tvm runtime", "bundle vs hardware", "tensorrt", "pythons", "camera", "power", "thermal", "disk",
+        "clock", "signing keys", "service", "release files", "health",
     ]  # fmt: skip
     assert res["overall"] in ("ok", "warning") and all(c["status"] != "failed" for c in checks.values())
     assert checks["camera"]["status"] == "ok" and checks["camera"]["data"]["width"] == 112, checks["camera"]
