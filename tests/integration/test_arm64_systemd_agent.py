@@ -419,40 +419,48 @@ def test_the_agent_runs_as_the_service_user_without_privileges_on_a_read_only_sy
 
 
 @in_container
-def test_a_push_cut_off_in_its_health_check_is_finished_by_the_device(
-    arm: ArmDevice, cli: Cli, bundles: dict[str, Path], tmp_path: Path
+@pytest.mark.parametrize(("cut_in", "version"), [("activating", "77"), ("health-check", "78")])
+def test_a_push_cut_off_mid_activation_is_finished_by_the_device(
+    arm: ArmDevice, cli: Cli, bundles: dict[str, Path], tmp_path: Path, cut_in: str, version: str
 ) -> None:
-    """Issue 40 item 10 under systemd: the host and its deploy die while the device checks a new release (an
-    objective only the host wanted holds the check open); edgedeploy-agent-finish.timer starts the finisher, in a
-    unit of its own, which checks the release on real frames by itself and commits it. No host contact after."""
+    """Issue 40 item 10 under systemd: the host and its deploy die while the device activates a new release, or
+    checks it (an objective only the host wanted holds the check open); edgedeploy-agent-finish.timer starts the
+    finisher, in a unit of its own, which checks the release on real frames by itself and commits it. No host
+    contact after the cut."""
     c = arm.container
     arm.set_source(cli, f"file:{FRAMES}?loop=1")
-    new = with_version(bundles["mnist-xavier-cpu"], tmp_path / "new.edb", "77")
+    new = with_version(bundles["mnist-xavier-cpu"], tmp_path / "new.edb", version)
     release = read_manifest(new).release_name
     argv = [str(BIN / "edgedeploy"), "push", arm.name, str(new), "--json", "--min-inferences", "100000000",
             "--timeout", "900", *arm.args()]  # fmt: skip
     host = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    state_file = c.merged / ROOT.lstrip("/") / "state.json"  # the device's disk, read from here: no exec per poll
 
     def state() -> dict[str, Any]:
-        return dict(json.loads(c.exec(["cat", f"{ROOT}/state.json"]).stdout))
+        try:
+            return dict(json.loads(state_file.read_text()))
+        except (OSError, ValueError):
+            return {"pending": None}
 
     try:
-        timed("push to its health check", lambda: wait_for(
-            "the push's health check", lambda: (state().get("pending") or {}).get("state") == "health-check", 600,
+        timed(f"push to {cut_in}", lambda: wait_for(
+            f"the push to reach {cut_in}", lambda: (state().get("pending") or {}).get("state") == cut_in, 600,
+            every=0.01,
         ))  # fmt: skip
+        host.send_signal(signal.SIGSTOP)  # frozen first: it must not see its deploy die and recover over SSH
+        c.exec(["pkill", "-KILL", "-f", f"{ROOT} --json deploy"], check=False)  # the deploy, with its session
     finally:
-        host.kill()  # the host goes first: it must not recover the device over SSH
+        host.kill()
         host.wait()
-    c.exec(["pkill", "-KILL", "-f", f"{ROOT} --json deploy"], check=False)  # and the deploy with its session
-    assert (state()["pending"] or {}).get("state") == "health-check"
+    assert (state()["pending"] or {}).get("state") == cut_in, state()["pending"]
 
     def settled() -> dict[str, Any] | None:
         s = state()
-        return s if s["pending"] is None else None
+        return s if s.get("current") and s["pending"] is None else None
 
-    done = timed("finished by the device", lambda: wait_for("the device to finish by itself", settled, 600, every=5))
+    done = timed(f"finished by the device ({cut_in})", lambda: wait_for("the device to finish", settled, 600, every=5))
     events = [h["event"] for h in done["history"]]
-    assert done["current"] == release and "committed-after-interruption" in events, (done["current"], events)
+    assert done["current"] == release and events[-1] == "committed-after-interruption", (done["current"], events)
     finisher = c.exec(["journalctl", "-u", FINISH_UNIT, "--no-pager", "-o", "cat"]).stdout
     assert "finish" in finisher.lower(), finisher[-2000:]
     wait_for("the new release serving", lambda: arm.unit()["ActiveState"] == "active", 300)
