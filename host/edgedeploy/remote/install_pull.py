@@ -2,8 +2,9 @@
 rollouts (docs/fleet.md). Its facts come from the install's one probe (PULL_PROBE is appended to it); the
 pure planner adds, each only when the device lacks it: the device's broker password (made here, uploaded
 through a private folder, 0600 for the service user), the fleet CA, `edgedeploy-agent watch-config` run as
-the service user (broker, read-only registry endpoint, pinned rollout key), and the watch service with the
-restart path unit and its oneshot (restarts without sudo, docs/agent-service.md).
+the service user (broker, read-only registry endpoint, pinned rollout key), and the watch service. The restart
+path unit it restarts the inference unit through (restarts without sudo, docs/agent-service.md) comes with every
+systemd install (remote/install.py).
 
 The broker's side: the device's user is added to a mosquitto password file on this host when one is given
 (`--broker-passwd`), and the password is kept in STATE/mqtt-devices/<device> (0600) either way.
