@@ -113,11 +113,14 @@ class SharedMemory:
         return os.fstat(self.fd).st_size
 
     def ensure(self, size: int) -> None:
-        """At least `size` bytes, mapped here (grows the memfd, never shrinks it)."""
+        """At least `size` bytes, mapped here (grows the memfd, never shrinks it). Per frame this is one
+        comparison: the memfd is asked for its size only when the mapping here is too small (the other side may
+        have grown it)."""
+        if self._mapped >= size:
+            return
         if self.size < size:
             os.ftruncate(self.fd, _aligned(size))
-        if self._mapped < size:
-            self._remap()
+        self._remap()
 
     def _remap(self) -> None:
         size = self.size
