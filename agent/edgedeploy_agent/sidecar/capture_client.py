@@ -74,8 +74,11 @@ class SidecarCapture:
             self._sidecar = None
 
 
-def open_sidecar_capture(spec: SourceSpec, python: str, timeout_s: float = READ_TIMEOUT_S) -> SidecarCapture:
-    """A SidecarCapture whose worker is up and whose OpenCV has GStreamer; SourceError otherwise."""
+def open_sidecar_capture(
+    spec: SourceSpec, python: str, timeout_s: float = READ_TIMEOUT_S
+) -> tuple[SidecarCapture, dict[str, Any]]:
+    """A SidecarCapture whose worker is up and whose OpenCV has GStreamer, with the worker's facts (its Python,
+    OpenCV, GStreamer); SourceError otherwise."""
     capture = SidecarCapture(spec, python, timeout_s)
     try:
         facts = capture.facts()
@@ -88,4 +91,4 @@ def open_sidecar_capture(spec: SourceSpec, python: str, timeout_s: float = READ_
             f"(OpenCV {facts.get('opencv')}) has it",
             hint="on a Jetson, system_python is JetPack's /usr/bin/python3.8 (NVIDIA's OpenCV has GStreamer)",
         )
-    return capture
+    return capture, facts

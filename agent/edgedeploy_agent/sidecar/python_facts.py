@@ -43,10 +43,11 @@ def tensorrt_version() -> str | None:
     return "unknown"
 
 
+def capture_facts() -> Dict[str, Any]:
+    """What capture needs to know of this Python: which it is, and its OpenCV."""
+    return {"python": platform.python_version(), "executable": sys.executable, **opencv_facts()}
+
+
 def python_facts() -> Dict[str, Any]:
-    return {
-        "python": platform.python_version(),
-        "executable": sys.executable,
-        "tensorrt": tensorrt_version(),
-        **opencv_facts(),
-    }
+    """All of it: also TensorRT (the self-test's `pythons` check, the worker's `info`)."""
+    return {**capture_facts(), "tensorrt": tensorrt_version()}

@@ -13,7 +13,7 @@ from typing import Any, Callable, Optional
 import numpy as np
 
 from ..errors import SourceError
-from ..sidecar.python_facts import python_facts
+from ..sidecar.python_facts import capture_facts
 from .frames import Capture, CvCapture, SourceSpec, check_openable, opencv_has_gstreamer, parse_source
 
 BACKOFF_START_S = 1.0
@@ -51,9 +51,11 @@ class CapturedSource:
         backoff_max_s: float = BACKOFF_MAX_S,
         stale_after_s: float = STALE_AFTER_S,
         capture_factory: Callable[[SourceSpec], Capture] = CvCapture,
+        where: Optional[dict[str, Any]] = None,
     ) -> None:
         self.spec, self.uri = spec, spec.uri
-        self.where: dict[str, Any] = capture_facts()  # the Python and OpenCV that capture (a sidecar's: open_source)
+        # the Python and OpenCV that capture: this process's, or a sidecar's (open_source says which)
+        self.where: dict[str, Any] = where if where is not None else {**capture_facts(), "sidecar": False}
         self._backoff = (backoff_start_s, backoff_max_s)
         self._stale_after_s = stale_after_s
         self._capture = capture_factory(spec)
@@ -179,11 +181,6 @@ class CapturedSource:
                 self._cond.notify_all()
 
 
-def capture_facts() -> dict[str, Any]:
-    """Where this process captures: its Python, OpenCV and whether that OpenCV has GStreamer."""
-    return {**python_facts(), "sidecar": False}
-
-
 def open_source(
     uri: str, system_python: Optional[str] = None, sidecar_timeout_s: float = 10.0, **kwargs: float
 ) -> CapturedSource:
@@ -195,9 +192,12 @@ def open_source(
     if spec.needs_gstreamer and system_python and not opencv_has_gstreamer():
         from ..sidecar.capture_client import open_sidecar_capture
 
-        capture = open_sidecar_capture(spec, system_python, max(sidecar_timeout_s, 1.0))
-        source = CapturedSource(spec, capture_factory=lambda s: capture, **kwargs)
-        source.where = {**capture.facts(), "sidecar": True}
-        return source
+        capture, facts = open_sidecar_capture(spec, system_python, max(sidecar_timeout_s, 1.0))
+        return CapturedSource(
+            spec,
+            capture_factory=lambda s: capture,
+            where={**facts, "sidecar": True},
+            **kwargs,
+        )
     check_openable(spec)
     return CapturedSource(spec, **kwargs)  # type: ignore[arg-type]
