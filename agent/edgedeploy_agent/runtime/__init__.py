@@ -73,10 +73,10 @@ def load_runtime(
             options.update(backend=sidecar.open, probe=sidecar.probe)
         try:
             return TensorRTRuntime(release_dir, manifest, root, progress=progress, **options)
-        except RuntimeLoadError as e:
+        except BaseException as e:  # whatever stopped it (a bad reference file too): its worker goes with it
             if sidecar is not None:
                 sidecar.close()
-            if not any(a.role == "tvm-library" for a in manifest.artifacts):
+            if not isinstance(e, RuntimeLoadError) or not any(a.role == "tvm-library" for a in manifest.artifacts):
                 raise
             progress({"state": "fallback", "to": "tvm", "reason": e.message})
             from .tvm import TvmRuntime
