@@ -242,3 +242,11 @@ def _read_mnist(data: Path, split: Split) -> tuple[np.ndarray, np.ndarray, int]:
         keep = np.array([split_of(f"{pair[0].name}:{i}") == split for i in range(len(images))], dtype=bool)
         images, labels = images[keep], labels[keep]
     return images, labels, classes
+
+
+def read_mnist(data: Path) -> tuple[np.ndarray, np.ndarray]:
+    """Every image (N, rows, cols; uint8) and label of an MNIST idx folder (the demo trains on them)."""
+    if not data.is_dir() or _idx_pair(data) is None:
+        raise InputError(f"{data} holds no MNIST idx files (*-images-idx3-ubyte[.gz] and *-labels-idx1-ubyte[.gz])")
+    images, labels, _ = _read_mnist(data, "all")
+    return images, labels

@@ -12,7 +12,7 @@ import sys
 import pytest
 
 HEAVY = {
-    "onnx", "onnxruntime", "ml_dtypes", "tvm", "tvm_ffi", "torch", "tflite", "numpy", "cv2", "sklearn",
+    "onnx", "onnxruntime", "ml_dtypes", "tvm", "tvm_ffi", "torch", "tflite", "numpy", "cv2",
     "matplotlib", "paramiko", "paho", "cryptography",
 }  # fmt: skip
 
