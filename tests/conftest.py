@@ -56,13 +56,13 @@ BY_FIXTURE: dict[str, tuple[str, ...]] = {
 
 
 def _data_dir() -> Path:
-    return Path(os.environ.get("EDGEDEPLOY_TEST_DATA", REPO.parent / "shared" / "data")).resolve()
+    return Path(os.environ.get("EDGEDEPLOY_DATA", REPO.parent / "shared" / "data")).resolve()
 
 
 @pytest.fixture(scope="session")
 def data_dir() -> Path:
     d = _data_dir()
-    require("TEST_DATA", None if (d / "models").is_dir() else f"test data not found at {d} (set EDGEDEPLOY_TEST_DATA)")
+    require("TEST_DATA", None if (d / "models").is_dir() else f"test data not found at {d} (set EDGEDEPLOY_DATA)")
     return d
 
 
