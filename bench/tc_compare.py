@@ -1,6 +1,6 @@
 """Runs on the GPU machine: ResNet-18 bundles of two build variants, one process, same inputs: by
 default with tensor-core convolutions (`tc`) against the same bundles built without them (`default`,
-bench/tc_kit.sh); `--variants nchw,nhwc` compares `<stem>.nchw.edb` with `<stem>.nhwc.edb`.
+bench/oneoff/tc_kit.sh); `--variants nchw,nhwc` compares `<stem>.nchw.edb` with `<stem>.nhwc.edb`.
 Prints per pair the median time, the speed-up, and whether the outputs agree: INT8 must be
 bit-identical (both compute exact int32 sums and the same requantize), FP16 within fp16 rounding. With
 --profile, the top kernels by GPU time (CUPTI, via torch.profiler) for each bundle. A torchvision
