@@ -1,8 +1,8 @@
 """Where a benchmark's raw outputs go: a folder outside the source tree, one per run (bench/README.md).
 
-    python3 bench/results_dir.py OUT        # makes OUT, prints its absolute path; refuses a folder inside this repository
-    python3 bench/results_dir.py --new NAME # makes and prints $EDGEDEPLOY_RESULTS/<UTC date>-NAME
-                                        # ($EDGEDEPLOY_RESULTS defaults to ~/.cache/edgedeploy/bench)
+    python3 bench/results_dir.py OUT         # makes OUT, prints its absolute path; refuses OUT inside this repository
+    python3 bench/results_dir.py --new NAME  # makes and prints $EDGEDEPLOY_RESULTS/<UTC date>-NAME
+                                             # ($EDGEDEPLOY_RESULTS defaults to ~/.cache/edgedeploy/bench)
 
 The shell benchmarks take their OUT through the first form (`out=$(python3 bench/results_dir.py "$2")`), so a run
 never writes into the tree; what a run concluded goes into docs/benchmarks.md, its raw files stay where they

@@ -5,7 +5,8 @@ Prototype (build host, no GPU): do FP16/INT8 convolutions reach the tensor cores
 ResNet-18 convolutions for a CUDA arch with TVM's default pipeline and with edgedeploy's tensor-core
 pipeline (`compile/cuda_tensorcore.py`), in NCHW or NHWC, and counts HMMA / IMMA / IDP.4A in the SASS.
 
-    PYTHONPATH=bench .venv/bin/python bench/oneoff/conv_tensorcore.py --arch sm_75 --precision int8 --layout nhwc --rule tc [--out DIR]
+    PYTHONPATH=bench .venv/bin/python bench/oneoff/conv_tensorcore.py --arch sm_75 --precision int8 \
+        --layout nhwc --rule tc [--out DIR]
 
 INT8 cases have the int8 rewrite's shape: int8 pad with the zero point, conv2d(int8, int8) -> int32,
 then the requantize (+ int32 constant, * float32 multiplier, round, + zero point, clip, -> int8).

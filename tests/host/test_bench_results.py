@@ -19,7 +19,7 @@ OUT_SCRIPTS = ["gpu_backend", "gpu_bench", "gpu_e2e", "gpu_ncu", "gpu_tune", "gp
 
 
 def test_every_shell_benchmark_with_an_out_is_checked_here() -> None:
-    takes_out = {p.stem for p in (REPO / "bench").glob("*.sh") if 'OUT' in p.read_text().split("set -", 1)[0]}
+    takes_out = {p.stem for p in (REPO / "bench").glob("*.sh") if "OUT" in p.read_text().split("set -", 1)[0]}
     assert takes_out == set(OUT_SCRIPTS)
 
 
