@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from results_dir import InsideTree, new_run, out_dir
+from results_dir import output_file
 
 # name: (C, H, K, kernel, stride, pad): the distinct convolutions of ResNet-18 (stem_c4: the stem with its
 # RGB input padded to 4 channels, zero weights for the fourth)
@@ -231,11 +231,7 @@ def main() -> None:
     r.add_argument("--json")
     args = ap.parse_args()
     if args.cmd == "run":
-        try:  # the output's folder first: refused inside the source tree before anything is timed
-            where = out_dir(Path(args.json).parent) if args.json else new_run("conv_variants")
-        except InsideTree as e:
-            sys.exit(f"conv_variants: {e}")
-        args.json = where / (Path(args.json).name if args.json else "results.json")
+        args.json = output_file(args.json, "conv_variants", "results.json")
         run(args)
         return
     if not args.in_toolchain:

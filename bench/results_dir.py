@@ -43,6 +43,17 @@ def new_run(name: str) -> Path:
     return out_dir(root() / f"{time.strftime('%Y-%m-%d', time.gmtime())}-{name}")
 
 
+def output_file(path: str | Path | None, run_name: str, file_name: str) -> Path:
+    """Where a Python benchmark writes its file: `path` (its folder made) or, for None, `file_name` in a new run's
+    folder. A folder inside the tree ends the benchmark with one line, before it measures anything."""
+    try:
+        if path is None:
+            return new_run(run_name) / file_name
+        return out_dir(Path(path).parent) / Path(path).name
+    except InsideTree as e:
+        raise SystemExit(f"{run_name}: {e}") from None
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     ap.add_argument("out", nargs="?", help="a folder outside the source tree")

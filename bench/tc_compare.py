@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from results_dir import output_file
 
 from edgedeploy_agent.bundle import extract_bundle
 from edgedeploy_agent.runtime.tvm import TvmRuntime
@@ -89,6 +90,8 @@ def main() -> int:
     ap.add_argument("--no-peer", action="store_true", help="skip the torchvision torch.compile peer")
     ap.add_argument("--variants", default="default,tc", help="BEFORE,AFTER: the bundles' name suffixes")
     args = ap.parse_args()
+    if args.json:  # refused inside the tree, before anything is timed
+        args.json = output_file(args.json, "tc_compare", "tc_compare.json")
     before, after = args.variants.split(",")
     rows: list[dict[str, Any]] = []
     suffix = re.compile(rf"\.({re.escape(before)}|{re.escape(after)})\.edb$")
