@@ -94,6 +94,7 @@ def build(args: argparse.Namespace) -> None:
 
     kit = Path(args.kit)
     kit.mkdir(parents=True, exist_ok=True)
+    (kit / ".gitignore").write_text("*\n")  # the kit ignores itself: it travels with the device tool's carry
     index_path = kit / "variants.json"
     index = json.loads(index_path.read_text()) if index_path.exists() else []
     target = tvm.target.Target({"kind": "cuda", "arch": args.arch, "host": {"kind": "llvm"}})
