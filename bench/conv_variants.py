@@ -10,12 +10,13 @@ int32, requantize; or FP16 conv + bias + ReLU) builds in about a minute per sche
         --variant base: --variant v16:load_bytes=16 --variant k64v16:int8_k=64,load_bytes=16
     # on the GPU machine, from the repo root (python3 with torch for the CUPTI profile; KIT carries
     # libtvm_runtime*.so, libcudart.so.13 and the apache-tvm-ffi wheel as bench/gpu_kit.sh makes them):
-    python3 bench/conv_variants.py run KIT
+    python3 bench/conv_variants.py run KIT [--json OUT/results.json]
 
 `run` times each case of each variant (median wall clock of 50 calls with the output copied back, and
 the GPU time of its kernels by CUPTI), checks that every INT8 variant's output is bit-identical to the
 first variant's (exact int32 sums, same requantize; FP16 within 1e-2 relative), and prints a table of
-ms per case with the speed-up over the first variant.
+ms per case with the speed-up over the first variant. Every kernel's time goes to --json, by default
+`results.json` in a new folder outside the source tree (bench/results_dir.py).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from results_dir import output_file
 
 # name: (C, H, K, kernel, stride, pad): the distinct convolutions of ResNet-18 (stem_c4: the stem with its
 # RGB input padded to 4 channels, zero weights for the fourth)
@@ -92,6 +94,7 @@ def build(args: argparse.Namespace) -> None:
 
     kit = Path(args.kit)
     kit.mkdir(parents=True, exist_ok=True)
+    (kit / ".gitignore").write_text("*\n")  # the kit ignores itself: it travels with the device tool's carry
     index_path = kit / "variants.json"
     index = json.loads(index_path.read_text()) if index_path.exists() else []
     target = tvm.target.Target({"kind": "cuda", "arch": args.arch, "host": {"kind": "llvm"}})
@@ -190,7 +193,8 @@ def run(args: argparse.Namespace) -> None:
                 "kernels": kernels[:4],
             }
             print(json.dumps(results[(r["lib"], case)]), flush=True)
-    (Path(args.json) if args.json else kit / "results.json").write_text(json.dumps(list(results.values()), indent=1))
+    args.json.write_text(json.dumps(list(results.values()), indent=1))
+    print(f"kernel times: {args.json}")
     libs = [r["lib"] for r in rows]
     cases = list(dict.fromkeys(c for r in rows for c in r["cases"]))
     print("\nGPU ms per case (CUPTI kernel time; speed-up over the first variant of the same precision/batch)")
@@ -228,6 +232,7 @@ def main() -> None:
     r.add_argument("--json")
     args = ap.parse_args()
     if args.cmd == "run":
+        args.json = output_file(args.json, "conv_variants", "results.json")
         run(args)
         return
     if not args.in_toolchain:

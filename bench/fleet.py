@@ -5,6 +5,9 @@ a real agent in process mode. Needs root, iproute2, openssh-server and ../shared
 20 devices <= 3x one device; re-push of an unchanged bundle <= 1 s.
 
     .venv/bin/python bench/fleet.py [--devices 20]
+
+Prints the push time to 1 device and to N in parallel with their ratio (target <= 3x), the unchanged
+re-push's time (target <= 1 s) and its ratio to a fresh push.
 """
 
 from __future__ import annotations

@@ -12,6 +12,9 @@ rollout in which 2 % of the simulated devices fail their health check shows the 
 same first rollout over SSH to `--ssh-devices` loopback sshd devices with real agents, for comparison.
 
     .venv/bin/python bench/fleet_pull.py [--devices 1000] [--real 2] [--ssh-devices 20]
+
+Prints the publish, the pull rollout (devices ok, time, broker memory, cache requests), the halt rule's
+rollout, and the same rollout over SSH to real agents: the peer the pull rollout is compared with.
 """
 
 from __future__ import annotations

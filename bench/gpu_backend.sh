@@ -11,7 +11,7 @@
 # Writes OUT/gpu.txt, OUT/compare.txt, OUT/twins.txt.
 set -euo pipefail
 kit=$(realpath "$1")
-out=$(realpath "$2")
+out=$(python3 bench/results_dir.py "$2") || exit 2 # made; refused inside the source tree
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site "$kit"/wheels/*.whl
 export PYTHONPATH=/tmp/site:$PWD/agent:$PWD/bench PYTHONUNBUFFERED=1
 # two runtime folders, one CUDA backend beside libtvm_runtime.so in each (the agent's layout)

@@ -19,10 +19,11 @@
 # energy take ~1 min after the last compile), so a call ends before
 # the tool's 600 s. Writes to OUT: gpu.txt (nvidia-smi), gpu_vs_torch.<models>.bs<batches>.{txt,json}
 # (and, after a CUDA fault, the reruns below).
-# Then here: copy OUT into bench/results/h200/<run>/ and say in its README which commands made it.
+# Then here: copy OUT's files to `python3 bench/results_dir.py --new NAME` (outside the tree) and add the run's
+# conclusions, with these commands, to docs/benchmarks.md (bench/README.md).
 set -euo pipefail
 kit=$(realpath "$1")
-out=$(realpath "$2")
+out=$(python3 bench/results_dir.py "$2") || exit 2 # made; refused inside the source tree
 models=${3:-resnet18,mobilenet_v1_0.25_224}
 batches=${4:-1,64}
 shift $(($# < 4 ? $# : 4))

@@ -1,7 +1,10 @@
 """Checks what the agent reported from the GPU machine against onnxruntime on this machine, frame by
 frame, through the agent's own preprocessing:
 
-    python bench/gpu_check.py bench/results/h200/reports.json BUNDLE VIDEO
+    python bench/gpu_check.py OUT/reports.json BUNDLE VIDEO      (OUT: bench/gpu_e2e.sh's, brought back here)
+
+Prints how many frames' top-1 equals onnxruntime's (exit 1 unless all), the largest score difference, and the
+agent's latency, fps and power from its last report.
 """
 
 from __future__ import annotations

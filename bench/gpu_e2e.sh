@@ -5,7 +5,7 @@
 # wheels/, lib/, bundles/, images/video.mp4. Writes gpu.txt, deploy.json, reports.json to OUT.
 # The speed comparison with PyTorch is bench/gpu_bench.sh.
 set -euo pipefail
-kit=$(realpath "$1"); out=$(realpath "$2")
+kit=$(realpath "$1"); out=$(python3 bench/results_dir.py "$2") || exit 2
 python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site "$kit"/wheels/*.whl
 export PYTHONPATH=/tmp/site:$PWD/agent:$PWD/bench
 mkdir -p /tmp/kit && cp "$kit"/lib/* /tmp/kit/        # libcudart.so.13 beside the CUDA backend: RUNPATH $ORIGIN

@@ -11,7 +11,7 @@
 # see what bounds a kernel (shared-memory bank conflicts, issue stalls, occupancy) before changing a schedule.
 set -euo pipefail
 kit=$(realpath "$1")
-out=$(realpath "$2")
+out=$(python3 bench/results_dir.py "$2") || exit 2 # made; refused inside the source tree
 shift 2
 # shellcheck source=bench/gpu_kit_env.sh
 source bench/gpu_kit_env.sh

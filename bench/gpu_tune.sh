@@ -12,7 +12,7 @@
 # OUT gets tuned.tar.xz (one folder per module: tuning.json + database) and the logs. Then, here:
 #   tar -C DIR -xJf tuned.tar.xz; edgedeploy tune --import DIR/<module> [--database profiles/tuning/...]
 set -uo pipefail
-kit=$(realpath "$1"); out=$(realpath "$2"); trials=${3:?trials}; tasks=${4:-0}; gemm=${5:-0}; gemm_trials=${6:-0}
+kit=$(realpath "$1"); out=$(python3 bench/results_dir.py "$2") || exit 2; trials=${3:?trials}; tasks=${4:-0}; gemm=${5:-0}; gemm_trials=${6:-0}
 site=/tmp/tvm-site; work=/tmp/tune
 mkdir -p "$site" "$work"
 tar -C "$site" -xJf "$kit/tvm-py.tar.xz"

@@ -4,6 +4,8 @@ process, with TVM's default (dlight) schedules and with the tuned database, time
     python3 bench/gpu_tuned_vs_default.py DIR     (DIR: a module folder tune_offline filled)
 
 The module's weights are zeros (the export leaves them out): timing does not depend on their values.
+
+Prints both times (and compile times) and the speed-up default / tuned.
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@
 # Writes OUT/gpu.txt, OUT/<before>_<after>.{txt,json}, OUT/reference.txt, OUT/memcheck.txt.
 set -euo pipefail
 kit=$(realpath "$1")
-out=$(realpath "$2")
+out=$(python3 bench/results_dir.py "$2") || exit 2 # made; refused inside the source tree
 shift 2
 # shellcheck source=bench/gpu_kit_env.sh
 source bench/gpu_kit_env.sh

@@ -71,6 +71,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from onnx_torch import OnnxModule  # noqa: E402
 from resnet18_onnx import torchvision_from_onnx  # noqa: E402
+from results_dir import output_file  # noqa: E402
 
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune")
 PRECISIONS = ("fp32", "fp16", "int8")
@@ -589,6 +590,7 @@ def main() -> int:
         help="check this script without a GPU: torch on the CPU, cpu-x86_64 bundles; the numbers mean nothing",
     )
     args = ap.parse_args()
+    args.json = output_file(args.json, "gpu_vs_torch", "gpu_vs_torch.json")  # refused inside the tree
     global DEV
     DEV = "cpu" if args.smoke_cpu else "cuda"
     args.models = args.models.split(",")
@@ -621,7 +623,6 @@ def main() -> int:
         "groups": [],
     }
     log(f"{result['environment']['gpu']}, torch {torch.__version__}, idle {fmt(idle_w, '.1f')} W")
-    args.json.parent.mkdir(parents=True, exist_ok=True)
     for stem in args.models:
         for batch in args.batches:
             try:

@@ -8,6 +8,8 @@ half (seen in calibration) and on the `evaluation` half (held out), split by sha
 onnxruntime; every INT8 number is the exact INT8 reference of the Q/DQ model (compile/qdq_reference.py),
 so the table is the same on every CPU (onnxruntime's own INT8 kernels are not: they saturate on AVX2-only
 CPUs). Columns: top-1 in percent, drop against FP32 on the same half, top-1 agreement with FP32.
+
+Prints per variant top-1, its drop against FP32 (onnxruntime) and top-1 agreement with FP32, on each half.
 """
 
 from __future__ import annotations

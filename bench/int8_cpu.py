@@ -8,6 +8,9 @@ agent's runtime, as on a device. onnxruntime runs the bundle's own FP32 source a
 build store, where the build put them): it is the peer a user would pick, measured for speed only. Its INT8
 outputs are not a reference (its integer kernels depend on the CPU; compile/qdq_reference.py is the exact
 INT8 reference).
+
+Prints each case's median ms and the ratios: TVM INT8 over TVM FP32, onnxruntime INT8 over its FP32, and
+TVM / onnxruntime latency at each precision.
 """
 
 from __future__ import annotations

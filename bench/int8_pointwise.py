@@ -7,6 +7,8 @@ The peer is numpy's float32 matmul (the BLAS numpy ships, OpenBLAS for the PyPI 
 same multiply-adds as the 1x1 convolution. The kernels include their requantize epilogue; the peer does not.
 The VNNI kernel is measured only on CPUs with avx512_vnni. TVM's thread count: TVM_NUM_THREADS (default: all
 cores); on the 2-vCPU development machine one thread was faster than two (docs/int8.md).
+
+Prints a row per layer shape: the float32 matmul's time and each INT8 kernel's as a ratio to it (x fp32).
 """
 
 from __future__ import annotations

@@ -15,6 +15,8 @@ imagenet-sample; every image of both halves is then run through:
     depend on this CPU (int16 saturation on AVX2-only CPUs).
 For each pair: top-1 agreement over all images, the worst agreement over consecutive chunks of `--chunk`
 images (what a reference set of that size can see), and the largest |difference| of the softmax outputs.
+
+Prints per recipe, half and pair of runs the top-1 agreement, the worst chunk's and the max |difference|.
 """
 
 from __future__ import annotations

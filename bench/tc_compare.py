@@ -1,6 +1,6 @@
 """Runs on the GPU machine: ResNet-18 bundles of two build variants, one process, same inputs: by
 default with tensor-core convolutions (`tc`) against the same bundles built without them (`default`,
-bench/tc_kit.sh); `--variants nchw,nhwc` compares `<stem>.nchw.edb` with `<stem>.nhwc.edb`.
+bench/oneoff/tc_kit.sh); `--variants nchw,nhwc` compares `<stem>.nchw.edb` with `<stem>.nhwc.edb`.
 Prints per pair the median time, the speed-up, and whether the outputs agree: INT8 must be
 bit-identical (both compute exact int32 sums and the same requantize), FP16 within fp16 rounding. With
 --profile, the top kernels by GPU time (CUPTI, via torch.profiler) for each bundle. A torchvision
@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from results_dir import output_file
 
 from edgedeploy_agent.bundle import extract_bundle
 from edgedeploy_agent.runtime.tvm import TvmRuntime
@@ -89,6 +90,8 @@ def main() -> int:
     ap.add_argument("--no-peer", action="store_true", help="skip the torchvision torch.compile peer")
     ap.add_argument("--variants", default="default,tc", help="BEFORE,AFTER: the bundles' name suffixes")
     args = ap.parse_args()
+    if args.json:  # refused inside the tree, before anything is timed
+        args.json = output_file(args.json, "tc_compare", "tc_compare.json")
     before, after = args.variants.split(",")
     rows: list[dict[str, Any]] = []
     suffix = re.compile(rf"\.({re.escape(before)}|{re.escape(after)})\.edb$")

@@ -7,7 +7,7 @@ HMMA: FP16 tensor cores; IMMA: INT8 tensor cores; IDP.4A: dp4a; FFMA: float32 FM
     .venv/bin/python bench/tc_sass.py --diff A.edb B.edb   ->  the kernels whose SASS differs, one per line
 
 compares two bundles function by function (instructions only: addresses and encodings dropped), e.g. to
-show that a change touched only the kernels it meant to (bench/results/h200/run18-l2-timing).
+show that a change touched only the kernels it meant to (docs/benchmarks.md, run18).
 """
 
 from __future__ import annotations

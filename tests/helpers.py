@@ -70,6 +70,24 @@ def require_host() -> None:
         require("HOST", f"the host package is not installed here ({e})")
 
 
+def system_python() -> str | None:
+    """/usr/bin/python3 (Debian's: the one with python3-opencv), or None."""
+    import shutil
+
+    return shutil.which("python3", path="/usr/bin")
+
+
+def require_gstreamer_python() -> str:
+    """/usr/bin/python3 with an OpenCV built with GStreamer (Debian's python3-opencv) and numpy; CI has it
+    (EDGEDEPLOY_REQUIRE_GSTREAMER=1)."""
+    py = system_python()
+    probe = "import cv2, numpy, re; print(re.search(r'GStreamer:\\s*YES', cv2.getBuildInformation()) is not None)"
+    found = py is not None and subprocess.run([py, "-c", probe], capture_output=True, text=True).stdout == "True\n"
+    require("GSTREAMER", None if found else "no /usr/bin/python3 with a GStreamer-enabled OpenCV (python3-opencv)")
+    assert py is not None
+    return py
+
+
 def sshd_missing() -> str | None:
     from edgedeploy.localdevice import sshd_available
 

@@ -3,7 +3,6 @@ reconnect with backoff after a loss, and a clear refusal of GStreamer URIs on an
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 import sys
 import time
@@ -16,7 +15,7 @@ from edgedeploy_agent.errors import SourceError
 from edgedeploy_agent.sources.capture import CapturedSource, open_source
 from edgedeploy_agent.sources.frames import check_openable, has_gstreamer, parse_source
 from tests.agent.clips import write_clip
-from tests.helpers import require
+from tests.helpers import require, require_gstreamer_python
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -149,31 +148,9 @@ print(seen, s.reconnects, s.camera_up)
 """
 
 
-def _system_python_with_gstreamer_opencv() -> str | None:
-    py = shutil.which("python3", path="/usr/bin")
-    if py is None:
-        return None
-    probe = subprocess.run(
-        [py, "-c", "import cv2, numpy; print('GStreamer:' in cv2.getBuildInformation())"],
-        capture_output=True,
-        text=True,
-    )
-    if probe.returncode != 0:
-        return None
-    check = subprocess.run(
-        [py, "-c", "import cv2, re; print(re.search(r'GStreamer:\\s*YES', cv2.getBuildInformation()) is not None)"],
-        capture_output=True,
-        text=True,
-    )
-    return py if check.stdout.strip() == "True" else None
-
-
 def test_gst_videotestsrc_pipeline_with_debian_opencv(tmp_path: Path) -> None:
     """Debian's python3-opencv has GStreamer: a pipeline that ends after 20 buffers is reopened."""
-    py = _system_python_with_gstreamer_opencv()
-    missing = "no /usr/bin/python3 with a GStreamer-enabled OpenCV (apt-get install python3-opencv)"
-    require("GSTREAMER", missing if py is None else None)
-    assert py is not None
+    py = require_gstreamer_python()
     script = tmp_path / "gst_probe.py"
     script.write_text(GST_SCRIPT)
     p = subprocess.run([py, str(script), str(REPO / "agent")], capture_output=True, text=True, timeout=60)

@@ -33,9 +33,8 @@ from edgedeploy_agent.sources.frames import opencv_has_gstreamer
 from edgedeploy_agent.spool import pending_reports
 from edgedeploy_agent.store import DeviceStore
 from tests.agent.bundles import copy, reference_runs, with_version
-from tests.agent.test_capture import _system_python_with_gstreamer_opencv
 from tests.agent.trt_double import OPTIONS_ENV
-from tests.helpers import require, wait_for
+from tests.helpers import require_gstreamer_python, wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -246,10 +245,7 @@ def test_deploy_serves_through_python38_and_rolls_back_when_the_worker_is_killed
 
 @pytest.fixture
 def gst_python() -> str:
-    py = _system_python_with_gstreamer_opencv()
-    require("GSTREAMER", None if py else "no /usr/bin/python3 with a GStreamer-enabled OpenCV (python3-opencv)")
-    assert py is not None
-    return py
+    return require_gstreamer_python()
 
 
 def test_gst_source_is_captured_by_the_system_pythons_opencv(gst_python: str) -> None:

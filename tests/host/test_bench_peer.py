@@ -116,8 +116,8 @@ def test_a_fault_while_timing_names_its_case_and_the_groups_to_run_again() -> No
 
 
 def test_ncu_summary_reads_the_committed_report() -> None:
-    """bench/ncu_summary.py on run17's Nsight Compute report (real ncu 2025.3 output): one entry per profiled
-    kernel, with its metrics and ncu's memory-access findings."""
+    """bench/ncu_summary.py on run17's Nsight Compute report (real ncu 2025.3 output, tests/fixtures): one entry per
+    profiled kernel, with its metrics and ncu's memory-access findings."""
     from ncu_summary import parse, read
 
     report = Path(__file__).resolve().parents[2] / "tests/fixtures/ncu.resnet18.int8.bs64.epi.txt.xz"

@@ -32,8 +32,11 @@ def entry_points() -> list[str]:
 
 
 def _compiler_or_skip(arch: str) -> None:
-    if shutil.which(ARCHS[arch].compiler) is None:
-        require("HOST", f"{ARCHS[arch].compiler} not installed (containers/install-build-deps.sh installs it)")
+    missing = f"{ARCHS[arch].compiler} not installed (containers/install-build-deps.sh installs it)"
+    require(
+        "GCC" if arch == "x86_64" else "CROSS_TOOLCHAIN",
+        missing if shutil.which(ARCHS[arch].compiler) is None else None,
+    )
 
 
 CUDA11_ENTRY_POINTS = Path(__file__).resolve().parents[1] / "fixtures" / "cuda11.7_driver_entry_points.txt"

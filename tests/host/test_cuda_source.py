@@ -5,7 +5,7 @@ The rounding rewrite is checked where it can be exact or not: its output is comp
 uses defined as their IEEE single-precision meaning) beside the expression TVM writes, and both run over
 every float of a wide sweep: all floats whose magnitude is in [2^-3, 2^10) (every tie, every clamp edge) and
 every 97th bit pattern of the whole range (huge values, infinities, NaNs, denormals). On the GPU, the bundles
-built with and without either rewrite give the same bytes (bench/results/h200/run24-fp32-rounding).
+built with and without either rewrite give the same bytes (run24 in docs/benchmarks.md).
 """
 
 from __future__ import annotations

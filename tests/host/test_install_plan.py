@@ -11,6 +11,7 @@ import pytest
 
 from edgedeploy.errors import DeviceError, InputError
 from edgedeploy.remote.install import InstallFiles, InstallSpec, parse_install_probe, plan_install
+from tests.helpers import require, system_python
 
 
 def _wheel(tmp_path: Path) -> Path:
@@ -194,14 +195,13 @@ def test_the_system_python_is_used_only_where_it_helps_and_a_given_one_must_run(
 def test_the_probe_reads_a_real_system_pythons_opencv_and_tensorrt(tmp_path: Path) -> None:
     """The probe's system-Python lines, run by sh against this machine's /usr/bin/python3 (Debian's OpenCV with
     GStreamer, no TensorRT) and an absent one."""
-    import shutil
     import subprocess
 
     from edgedeploy.remote.install import PROBE
 
-    py = shutil.which("python3", path="/usr/bin")
-    if py is None:
-        pytest.skip("no /usr/bin/python3")
+    py = system_python()
+    require("GSTREAMER", None if py else "no /usr/bin/python3 (Debian's python3, which python3-opencv brings)")
+    assert py is not None
     args = ["python3", str(tmp_path / "venv"), str(tmp_path), "nobody", "/nonexistent.service", "stamp", "root", "x"]
     out = subprocess.run(["sh", "-c", PROBE, "sh", *args, py, str(tmp_path / "venv-system")], capture_output=True)
     facts = parse_install_probe(out.stdout.decode())

@@ -184,7 +184,7 @@ class TvmRuntime:
         """`t` in host memory, the inference finished. On a GPU: a page-locked tensor per output shape,
         reused by the next call (callers copy it out). A new pageable tensor per call, as before, cost a
         batch-64 ResNet-18 call 0.045 ms more on the H200 (0.908 against 0.864 ms, outputs equal;
-        bench/results/h200/run25-int8-boundaries, call 7)."""
+        docs/benchmarks.md, "Build changes", run25 calls 6-7)."""
         if self._manifest_device == "cpu":
             return t
         key = (tuple(t.shape), str(t.dtype))
