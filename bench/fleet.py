@@ -27,7 +27,7 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--devices", type=int, default=20)
     p.add_argument(
-        "--data", type=Path, default=Path(os.environ.get("EDGEDEPLOY_TEST_DATA", REPO.parent / "shared/data"))
+        "--data", type=Path, default=Path(os.environ.get("EDGEDEPLOY_DATA", REPO.parent / "shared/data"))
     )
     args = p.parse_args()
     with tempfile.TemporaryDirectory(prefix="edgedeploy-bench-") as tmp:

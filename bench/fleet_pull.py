@@ -42,7 +42,7 @@ def main() -> int:
     p.add_argument("--procs", type=int, default=4, help="processes the simulated devices share")
     p.add_argument("--rate", type=float, default=200.0, help="desired-state publishes per second")
     p.add_argument(
-        "--data", type=Path, default=Path(os.environ.get("EDGEDEPLOY_TEST_DATA", REPO.parent / "shared/data"))
+        "--data", type=Path, default=Path(os.environ.get("EDGEDEPLOY_DATA", REPO.parent / "shared/data"))
     )
     args = p.parse_args()
     sys.stdout.reconfigure(line_buffering=True)  # type: ignore[union-attr]

@@ -26,7 +26,7 @@ set -euo pipefail
 kit=${1:?usage: $0 KIT [STEM.PRECISION.bsN ...]}
 shift
 only=" $* "
-data=${EDGEDEPLOY_TEST_DATA:-$(cd .. && pwd)/shared/data}
+data=${EDGEDEPLOY_DATA:-$(cd .. && pwd)/shared/data}
 [ -d "$data" ] || data=$(cd ../.. && pwd)/shared/data # a worktree under /work/wt/
 py=.venv/bin/python
 ed=.venv/bin/edgedeploy

@@ -133,7 +133,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--frames", type=int, default=300)
     ap.add_argument(
-        "--data", type=Path, default=Path(os.environ.get("EDGEDEPLOY_TEST_DATA", REPO.parent / "shared" / "data"))
+        "--data", type=Path, default=Path(os.environ.get("EDGEDEPLOY_DATA", REPO.parent / "shared" / "data"))
     )
     found = sorted(glob.glob("/var/cache/edgedeploy-tests/python38-*/bin/python"))
     ap.add_argument("--python38", default=found[-1] if found else None)

@@ -11,7 +11,7 @@ set -euo pipefail
 kit=${1:?usage: $0 KIT [MODEL.PROFILE.PRECISION.bsN ...]}
 shift
 only=" $* "
-data=${EDGEDEPLOY_TEST_DATA:-$(cd .. && pwd)/shared/data}
+data=${EDGEDEPLOY_DATA:-$(cd .. && pwd)/shared/data}
 py=.venv/bin/python
 ed=.venv/bin/edgedeploy
 mkdir -p "$kit/twins"

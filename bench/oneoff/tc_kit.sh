@@ -12,7 +12,7 @@
 set -euo pipefail
 kit=${1:?usage: $0 KIT [PRECISIONS] [BATCHES]}
 precisions=${2:-fp16 int8}; batches=${3:-64 1}
-data=${EDGEDEPLOY_TEST_DATA:-$(cd .. && pwd)/shared/data}
+data=${EDGEDEPLOY_DATA:-$(cd .. && pwd)/shared/data}
 py=.venv/bin/python; ed=.venv/bin/edgedeploy
 mkdir -p "$kit/wheels" "$kit/lib" "$kit/bundles"
 [ -f "$kit/resnet18.onnx" ] || $py bench/resnet18_onnx.py "$kit/resnet18.onnx" --weights tiled --seed 0  # needs torch (CPU wheel)
