@@ -181,6 +181,7 @@ def main() -> int:
     if not (data / MODEL).is_file():
         print(f"error: {data / MODEL} not found: give the shared data folder with --data DIR", file=sys.stderr)
         return 2
+    from edgedeploy.errors import EdgeDeployError
     from edgedeploy.fleet_servers import servers_available
 
     missing = servers_available()
@@ -193,7 +194,7 @@ def main() -> int:
     tour = Tour(work.resolve(), data)
     try:
         tour_steps(tour, pull=not args.no_pull)
-    except StepFailed as e:
+    except (StepFailed, EdgeDeployError) as e:  # a command's exit, or a fleet server that would not start
         print(f"tour failed: {e}", file=sys.stderr)
         return 1
     finally:
