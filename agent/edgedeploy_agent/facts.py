@@ -46,6 +46,7 @@ class Facts(BaseModel):
     busy: Optional[bool] = None  # a deploy, rollback or recovery holds the device's lock now
     service: Optional[str] = None
     source: Optional[str] = None
+    sources: list[str] = []  # several sources in one agent (only said when there are: a host before them reads on)
     running: Optional[bool] = None
     health: Optional[dict[str, Any]] = None  # run/health.json as readers see it (`dead` when its writer is gone)
     current: Optional[ReleaseFacts] = None

@@ -8,6 +8,7 @@ two real videos: tests/integration/test_multi_source.py.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,7 @@ from edgedeploy_agent.spool import Spool, pending_reports
 from edgedeploy_agent.store import DeviceStore
 from tests.agent.bundles import make_bundle
 from tests.agent.clips import write_clip
+from tests.helpers import agent, assert_one_line_error
 
 
 class RowMeans:
@@ -117,3 +119,25 @@ def test_a_batch_1_bundle_serves_the_sources_in_turn(tmp_path: Path) -> None:
     # no source waits for another's whole clip: each source's first frame is among the first calls
     first_calls = {int(c[0] // 60) for c in runtime.calls[:6]}  # 30+i -> 0, 90+i -> 1, 150+i -> 2 (i < 4)
     assert first_calls == {0, 1, 2}
+
+
+def test_sources_in_the_config_and_on_the_command_line(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    # an agent.json as an agent before `sources` wrote it: one `source`, still valid
+    DeviceStore(root).init(AgentConfig(device_name="cam-01", source="file:/data/a.mp4"))
+    written = json.loads((root / "agent.json").read_text())
+    del written["sources"], written["max_batch_wait_ms"]
+    (root / "agent.json").write_text(json.dumps(written))
+    old = DeviceStore(root).config()
+    assert old.source_uris == ["file:/data/a.mp4"] and old.sources == [] and old.max_batch_wait_ms == 10.0
+    r = agent("--root", str(root), "--json", "init", "--source", "v4l2:/dev/video0", "--source", "file:/data/b.mp4",
+              "--max-batch-wait-ms", "4")  # fmt: skip
+    cfg = json.loads(r.out)["config"]
+    assert (cfg["source"], cfg["sources"], cfg["max_batch_wait_ms"]) == (None, ["v4l2:/dev/video0", "file:/data/b.mp4"], 4)
+    r = agent("--root", str(root), "--json", "init", "--source", "file:/data/c.mp4")  # one again: `source`
+    assert (json.loads(r.out)["config"]["source"], json.loads(r.out)["config"]["sources"]) == ("file:/data/c.mp4", [])
+    assert_one_line_error(
+        agent("--root", str(root), "init", "--source", "file:/x.mp4", "--source", "file:/x.mp4"), 9, "names a source twice"
+    )
+    (root / "agent.json").write_text(json.dumps({**written, "sources": ["file:/b.mp4", "file:/c.mp4"]}))
+    assert_one_line_error(agent("--root", str(root), "facts"), None, "give source (one camera) or sources")
