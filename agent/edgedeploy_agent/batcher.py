@@ -22,7 +22,7 @@ from .aligned import aligned_empty
 from .errors import AgentError, FrameFailed
 from .loop import READ_TIMEOUT_S, InferenceLoop, ReportWindow, output_problem, top_k
 from .preprocess import preprocess
-from .report import BATCH_STAGES, BatchReport, Prediction, stage_latency
+from .report import BATCH_STAGES, BatchReport, Prediction
 from .sources.capture import CapturedSource, Frame
 
 
@@ -38,11 +38,10 @@ class Lane:
 
 
 class LaneWindow(ReportWindow):
-    """A source's report window, plus each frame's latency and the fill of the call it was in."""
+    """A source's report window, plus the fill of the call each frame was in."""
 
     def __init__(self) -> None:
         super().__init__(BATCH_STAGES)
-        self.latency_ms: list[float] = []
         self.fills: list[int] = []
 
 
@@ -209,10 +208,7 @@ class MultiSourceLoop(InferenceLoop):
                 aggregate_fps=round(total / seconds, 3) if seconds > 0 else 0.0,
             )
             fps = round(w.frames / seconds, 3) if seconds > 0 else 0.0
-            frame_latency = stage_latency(w.latency_ms) if w.frames else None
-            report = self._report(
-                w, lane.source.uri, state, final, dropped, power, fps=fps, frame_latency_ms=frame_latency, batch=batch
-            )
+            report = self._report(w, lane.source.uri, state, final, dropped, power, fps=fps, batch=batch)
             self._emit(report)
             written += 1
         return written

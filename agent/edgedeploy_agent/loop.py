@@ -156,6 +156,7 @@ class InferenceLoop:
                 top, (t1, t2, t3) = self._serve(frame.image, frame_index, source.uri)
                 ms = ((t0 - t_wait) * 1e3, (t1 - t0) * 1e3, (t2 - t1) * 1e3, (t3 - t2) * 1e3)
                 window.add(age_ms, *ms)
+                window.latency_ms.append(frame.age_ms)  # captured -> its prediction
                 self._progress(1, ms[2], sum(ms) / 1e3)
                 if self.cfg.record_predictions:
                     window.predictions.append(Prediction(frame=frame_index, top=top))
@@ -238,6 +239,7 @@ class InferenceLoop:
             temperatures_c=(self.thermal.read() or None) if self.thermal else None,
             spool_dropped=self.spool.dropped,
             latency_hist={s: latency_histogram(v) for s, v in w.stages.items()} if w.frames else None,
+            frame_latency_ms=stage_latency(w.latency_ms) if w.latency_ms else None,
             **extra,
         )
 
@@ -250,6 +252,7 @@ class ReportWindow:
         self._t0 = time.monotonic()
         self.stages: dict[str, list[float]] = {s: [] for s in stages}
         self.ages: list[float] = []
+        self.latency_ms: list[float] = []  # each frame's capture -> prediction
         self.predictions: list[Prediction] = []
         self.frames = 0
 

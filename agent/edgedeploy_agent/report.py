@@ -98,7 +98,7 @@ class Report(BaseModel):
         description="per stage: frame counts in the HIST_EDGES_MS buckets, plus one below and one above",
     )
     frame_latency_ms: Optional[StageLatency] = Field(
-        default=None, description="multi-source: from a frame's capture to its prediction (schema 2)"
+        default=None, description="from a frame's capture to its prediction (schema 2)"
     )
     batch: Optional[BatchReport] = Field(
         default=None, description="multi-source: the shared batches; fps is then frames per window second (schema 2)"
