@@ -95,7 +95,7 @@ def run_agents(roots: list[Path], max_frames: list[int]) -> float:
     """Start one `edgedeploy-agent run` per root together; wait for all; returns the wall seconds."""
     t = time.perf_counter()
     procs = []
-    for root, frames in zip(roots, max_frames):
+    for root, frames in zip(roots, max_frames, strict=True):
         log = open(root / "bench.log", "wb")
         argv = [sys.executable, "-m", "edgedeploy_agent", "--root", str(root), "run", "--max-frames", str(frames)]
         procs.append((subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, cwd=root), log, root))
@@ -144,7 +144,7 @@ def bench_n(args: argparse.Namespace, work: Path, n: int) -> dict[str, Any]:
         one = base / f"run{k}" / "one-agent"
         prepare(one, batched, videos, args.wait_ms)
         peers = [base / f"run{k}" / f"agent{i:02d}" for i in range(n)]
-        for root, uri in zip(peers, videos):
+        for root, uri in zip(peers, videos, strict=True):
             prepare(root, single, [uri], args.wait_ms)
         sides = [("one_agent", [one], [args.frames * n]), ("peer", peers, [args.frames] * n)]
         for side, roots, frames in sides[:: -1 if k % 2 else 1]:

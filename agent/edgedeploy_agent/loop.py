@@ -165,7 +165,9 @@ class InferenceLoop:
             if window.frames or not state.camera_up:
                 dropped = state.dropped_frames - self._dropped_before
                 self._dropped_before = state.dropped_frames
-                self._emit(self._report(window, source.uri, state, ended, dropped, self.power.end_window(window.frames)))
+                self._emit(
+                    self._report(window, source.uri, state, ended, dropped, self.power.end_window(window.frames))
+                )
                 reports += 1
             self.notifier.status(
                 f"{'camera up' if state.camera_up else 'camera DOWN'}, {frame_index} frames, "
@@ -317,9 +319,7 @@ def run_agent(
         if cfg.idle_baseline_s > 0:
             power.measure_idle(cfg.idle_baseline_s, time.sleep)  # before capture starts: nothing else runs
         for uri in cfg.source_uris:
-            sources.append(
-                open_source(uri, system_python=cfg.system_python, sidecar_timeout_s=cfg.sidecar_timeout_s)
-            )
+            sources.append(open_source(uri, system_python=cfg.system_python, sidecar_timeout_s=cfg.sidecar_timeout_s))
     except AgentError as e:
         for opened in sources:
             opened.close()

@@ -62,7 +62,9 @@ class BatchReport(BaseModel):
     size: int = Field(description="the bundle's compiled batch: frames one inference call takes")
     sources: int = Field(description="sources the agent serves, sharing its batches")
     max_wait_ms: float = Field(description="how long a batch waited for more sources' frames (the agent config)")
-    mean_fill: float = Field(description="mean real frames in the calls this source's frames were in (the rest padding)")
+    mean_fill: float = Field(
+        description="mean real frames in the calls this source's frames were in (the rest padding)"
+    )
     aggregate_fps: float = Field(description="frames of all sources per second of the window")
 
 

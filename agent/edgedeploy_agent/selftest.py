@@ -327,6 +327,7 @@ def run_selftest(store: DeviceStore, sys_root: Path = Path("/"), camera_seconds:
     health = present_health(store.run_dir, read_health(store))
     serving = bool(health and health.get("release") == current and health.get("state") in ("ready", "checking-frames"))
     release_bytes = sum(a.size for a in manifest.artifacts) if manifest else 0
+    cameras: list[Optional[str]] = [*cfg.source_uris] or [None]  # each source gets its camera check
     plan: list[tuple[str, Callable[[], Check]]] = [
         ("agent", lambda: check_agent(platform.python_version(), platform.machine())),
         (
@@ -335,8 +336,8 @@ def run_selftest(store: DeviceStore, sys_root: Path = Path("/"), camera_seconds:
         ),
         ("bundle vs hardware", lambda: hw.check_bundle_fit(manifest, cpuinfo=sys_root / "proc" / "cpuinfo")),
         ("tensorrt", lambda: hw.check_tensorrt(manifest, health, store.root / "engines")),
-        # (several sources: the first tells which Python captures; each source gets its camera check)
-        ("pythons", lambda: hw.check_pythons(cfg.system_python, manifest, next(iter(cfg.source_uris), None))),
+        # (several sources: the first tells which Python captures)
+        ("pythons", lambda: hw.check_pythons(cfg.system_python, manifest, cameras[0])),
         *[
             (
                 "camera",
@@ -344,7 +345,7 @@ def run_selftest(store: DeviceStore, sys_root: Path = Path("/"), camera_seconds:
                     uri, serving, latest_report(store, uri), seconds=camera_seconds, system_python=cfg.system_python
                 ),
             )
-            for uri in cfg.source_uris or [None]
+            for uri in cameras
         ],
         ("power", lambda: hw.check_power(sys_root)),
         ("thermal", lambda: hw.check_thermal(sys_root)),

@@ -133,11 +133,17 @@ def test_sources_in_the_config_and_on_the_command_line(tmp_path: Path) -> None:
     r = agent("--root", str(root), "--json", "init", "--source", "v4l2:/dev/video0", "--source", "file:/data/b.mp4",
               "--max-batch-wait-ms", "4")  # fmt: skip
     cfg = json.loads(r.out)["config"]
-    assert (cfg["source"], cfg["sources"], cfg["max_batch_wait_ms"]) == (None, ["v4l2:/dev/video0", "file:/data/b.mp4"], 4)
+    assert (cfg["source"], cfg["sources"], cfg["max_batch_wait_ms"]) == (
+        None,
+        ["v4l2:/dev/video0", "file:/data/b.mp4"],
+        4,
+    )
     r = agent("--root", str(root), "--json", "init", "--source", "file:/data/c.mp4")  # one again: `source`
     assert (json.loads(r.out)["config"]["source"], json.loads(r.out)["config"]["sources"]) == ("file:/data/c.mp4", [])
     assert_one_line_error(
-        agent("--root", str(root), "init", "--source", "file:/x.mp4", "--source", "file:/x.mp4"), 9, "names a source twice"
+        agent("--root", str(root), "init", "--source", "file:/x.mp4", "--source", "file:/x.mp4"),
+        9,
+        "names a source twice",
     )
     (root / "agent.json").write_text(json.dumps({**written, "sources": ["file:/b.mp4", "file:/c.mp4"]}))
     assert_one_line_error(agent("--root", str(root), "facts"), None, "give source (one camera) or sources")

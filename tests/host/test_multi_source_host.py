@@ -13,7 +13,7 @@ from edgedeploy.inventory import Device, Inventory
 from edgedeploy.remote.blobs import bundle_blobs
 from edgedeploy.remote.execute import PushOptions, init_agent, push
 from edgedeploy.remote.plan import HealthPolicy
-from edgedeploy_agent.report import BatchReport, stage_latency
+from edgedeploy_agent.report import BatchReport, Report, stage_latency
 from tests.agent.bundles import make_bundle, make_report
 from tests.host.doubles import FACTS, RecordingTransport, agent_ok
 
@@ -39,7 +39,12 @@ def test_push_and_enrolment_pass_every_source(tmp_path: Path) -> None:
     t.on("facts", agent_ok(**{k: v for k, v in FACTS.items() if k != "ok"}, blobs=None))
     t.on("deploy", agent_ok(outcome="committed", release=blobs.manifest.release_name, previous=None, timings={}))
     t.on("init", agent_ok(root="/var/lib/edgedeploy", config={}))
-    push(t, DEV, blobs, PushOptions(health=HealthPolicy(timeout=5)), )
+    push(
+        t,
+        DEV,
+        blobs,
+        PushOptions(health=HealthPolicy(timeout=5)),
+    )
     init_agent(t, DEV)
     deploy, init = [a for a in t.runs if a[4] in ("deploy", "init")]
     want = ("--source", SOURCES[0], "--source", SOURCES[1], "--max-batch-wait-ms", "5")
@@ -52,8 +57,9 @@ def test_status_shows_the_newest_report_of_each_source(capsys: pytest.CaptureFix
     reports = [
         make_report(1, source="file:/old.mp4").model_dump(mode="json"),  # a source the agent served before
         *[
-            make_report(seq, source=SOURCES[seq % 2], batch=batch, latency_ms=lat, frame_latency_ms=stage_latency([9.0]))
-            .model_dump(mode="json")
+            make_report(
+                seq, source=SOURCES[seq % 2], batch=batch, latency_ms=lat, frame_latency_ms=stage_latency([9.0])
+            ).model_dump(mode="json")
             for seq in range(2, 6)
         ],
     ]
@@ -64,3 +70,14 @@ def test_status_shows_the_newest_report_of_each_source(capsys: pytest.CaptureFix
     out = capsys.readouterr().out
     assert "of 61.5 for 2 sources, batch 4 (mean fill 1.8), frame latency p50/p99 9.0/9.0 ms" in out
     assert "batch_wait" in out and SOURCES[0] in out
+
+
+def test_a_report_from_before_several_sources_still_reads_and_shows(capsys: pytest.CaptureFixture[str]) -> None:
+    old = make_report(7).model_dump(mode="json", exclude_none=True)
+    for key in ("frame_latency_ms", "batch"):
+        old.pop(key, None)
+    old["schema_version"] = 1  # what a device's agent spooled before report schema 2
+    assert Report.model_validate(old).batch is None
+    assert latest_per_source([old]) == [old]
+    show_report("cam-01", old)
+    assert "1.0 FPS (busy time)" in capsys.readouterr().out
