@@ -124,10 +124,7 @@ class MultiSourceLoop(InferenceLoop):
                 lane.window = LaneWindow()
             ended = False
             while not self.stop_requested and time.monotonic() - t_window < self.cfg.report_interval_s:
-                self.notifier.ping()  # from the main loop: a hung loop is killed by the watchdog
-                if self.heartbeat is not None:
-                    self.heartbeat.beat()
-                if max_frames is not None and served >= max_frames:
+                if self._tick(served, max_frames):
                     ended = True
                     break
                 t0 = time.perf_counter()

@@ -138,10 +138,7 @@ class InferenceLoop:
             self.power.start_window()
             ended = False
             while not self.stop_requested and window.elapsed() < self.cfg.report_interval_s:
-                self.notifier.ping()  # from the main loop: a hung loop is killed by the watchdog
-                if self.heartbeat is not None:
-                    self.heartbeat.beat()
-                if max_frames is not None and frame_index >= max_frames:
+                if self._tick(frame_index, max_frames):
                     ended = True
                     break
                 t_wait = time.perf_counter()
@@ -176,6 +173,13 @@ class InferenceLoop:
             if ended:
                 break
         return reports
+
+    def _tick(self, served: int, max_frames: Optional[int]) -> bool:
+        """Once per turn of the main loop: watchdog ping and heartbeat; True when max_frames were served."""
+        self.notifier.ping()  # from the main loop: a hung loop is killed by the watchdog
+        if self.heartbeat is not None:
+            self.heartbeat.beat()
+        return max_frames is not None and served >= max_frames
 
     def _serve(self, image: np.ndarray, index: int, uri: str) -> tuple[list[list[Any]], tuple[float, float, float]]:
         """preprocess -> infer -> postprocess one frame; any failure is a FrameFailed naming the stage."""

@@ -39,9 +39,7 @@ class PrometheusExporter:
         self.power = gauge("edgedeploy_power_watts", "mean power over the last window")
         self.energy = gauge("edgedeploy_energy_per_inference_mj", "energy per inference over the last window")
         self.dropped = gauge("edgedeploy_dropped_frames", "live frames replaced before they were used, last window")
-        self.frame_latency = gauge(
-            "edgedeploy_frame_latency_ms", "capture to prediction, several sources (percentile)", ("quantile",)
-        )
+        self.frame_latency = gauge("edgedeploy_frame_latency_ms", "capture to prediction (percentile)", ("quantile",))
         self.batch_fill = gauge("edgedeploy_batch_fill", "mean real frames per batched call, several sources")
         self.temp = gauge("edgedeploy_temperature_celsius", "thermal zone temperature", ("zone",))
         self.server, self.thread = prom.start_http_server(port, addr=addr, registry=self.registry)

@@ -3,6 +3,7 @@ import urllib.request
 
 from edgedeploy_agent.metrics import PrometheusExporter
 from edgedeploy_agent.report import BatchReport, PowerReport, Report, stage_latency
+from tests.agent.bundles import make_report
 from tests.helpers import require_module
 
 
@@ -40,20 +41,12 @@ def test_prometheus_endpoint_on_localhost_only() -> None:
         )
         # a second source of the same agent: its own series, the first source's untouched
         exp.update(
-            Report(
-                device="d",
-                seq=2,
+            make_report(
+                2,
                 bundle_id="b1",
                 model="m",
-                model_version="1",
-                runtime="tvm",
                 source="file:/data/b.mp4",
-                window_start="2026-01-01T00:00:00Z",
-                window_end="2026-01-01T00:00:10Z",
-                frames=3,
-                fps=0.3,
                 latency_ms={"infer": stage_latency([5.0])},
-                power=PowerReport(status="unavailable", reason="none"),
                 dropped_frames=4,
                 frame_latency_ms=stage_latency([7.0, 9.0]),
                 batch=BatchReport(size=2, sources=2, max_wait_ms=10.0, mean_fill=1.5, aggregate_fps=0.6),
