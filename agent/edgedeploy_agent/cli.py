@@ -66,7 +66,7 @@ def _gather_facts(store: DeviceStore, args: argparse.Namespace) -> dict[str, Any
         facts.update(
             service=cfg.service,
             source=cfg.source,
-            **({"sources": cfg.sources} if cfg.sources else {}),
+            sources=cfg.sources,
             running=service.is_running(),
             health=present_health(store.run_dir, read_health(store)),  # `dead` when its writer is gone
             current=describe_release(store, state["current"]),
