@@ -138,8 +138,12 @@ def test_sources_in_the_config_and_on_the_command_line(tmp_path: Path) -> None:
         ["v4l2:/dev/video0", "file:/data/b.mp4"],
         4,
     )
+    facts = json.loads(agent("--root", str(root), "--json", "facts").out)
+    assert facts["source"] is None and facts["sources"] == ["v4l2:/dev/video0", "file:/data/b.mp4"]
     r = agent("--root", str(root), "--json", "init", "--source", "file:/data/c.mp4")  # one again: `source`
     assert (json.loads(r.out)["config"]["source"], json.loads(r.out)["config"]["sources"]) == ("file:/data/c.mp4", [])
+    # facts as a host from before `sources` reads them: no `sources` key for one source
+    assert "sources" not in json.loads(agent("--root", str(root), "--json", "facts").out)
     assert_one_line_error(
         agent("--root", str(root), "init", "--source", "file:/x.mp4", "--source", "file:/x.mp4"),
         9,
