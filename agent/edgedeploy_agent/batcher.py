@@ -64,8 +64,8 @@ class Batcher:
         self._next = 0
 
     def gather(self, timeout_s: float, limit: Optional[int] = None) -> list[Taken]:
-        """Frames for one call: returns when the batch is full, every source still playing gave one, the first
-        frame waited max_wait_s, or (nothing taken) after timeout_s."""
+        """Frames for one call: returns when the batch is full, every source still playing (camera up) gave one,
+        the first frame waited max_wait_s, or (nothing taken) after timeout_s."""
         want = min(self.size, limit) if limit is not None else self.size
         start = time.perf_counter()
         deadline = start + timeout_s
@@ -89,7 +89,13 @@ class Batcher:
             if taken:
                 last = self.lanes.index(taken[-1].lane)
                 self._next = (last + 1) % n
-            waiting = [lane for lane in self.lanes if not lane.source.ended and all(t.lane is not lane for t in taken)]
+            # a source is waited for while it plays and has not given its frame: not once it ended, nor while
+            # its camera is down (a lost camera costs the others no batch wait)
+            waiting = [
+                lane
+                for lane in self.lanes
+                if all(t.lane is not lane for t in taken) and not lane.source.ended and lane.source.state().camera_up
+            ]
             remaining = deadline - time.perf_counter()
             if len(taken) >= want or not waiting or remaining <= 0:
                 return taken
