@@ -22,7 +22,7 @@ The agents run as real processes with their real main (loop.run_agent): bundle l
 reports. N processes each start their own runtime and its thread pool: on a small CPU they compete for the same
 cores, which is what N agents on one device would do.
 
-    .venv/bin/python bench/multi_source.py [--profile cpu-x86_64] [--sources 1,4,16] [--frames 250]
+    .venv/bin/python bench/multi_source.py [--profile cpu-x86_64] [--sources 1,4,16] [--frames 250] [--data DIR]
         [--max-batch 16] [--wait-ms 10] [--repeat 3] [--int8] [--model M.onnx --card CARD.toml]
         [--json results.json] [--work DIR]
 
@@ -52,6 +52,7 @@ from edgedeploy.compile.quantize import QuantizeOptions
 from edgedeploy_agent.config import AgentConfig
 from edgedeploy_agent.spool import pending_reports
 from edgedeploy_agent.store import DeviceStore
+from results_dir import out_dir, output_file
 
 REPO = Path(__file__).resolve().parents[1]
 MODEL = "mobilenet_v1_0.25_224.onnx"
@@ -192,14 +193,16 @@ def main() -> None:
     ap.add_argument(
         "--data",
         type=Path,
-        default=Path(os.environ.get("EDGEDEPLOY_TEST_DATA", REPO.parent / "shared" / "data")),
-        help="the shared data folder (default $EDGEDEPLOY_TEST_DATA, else ../shared/data)",
+        default=Path(os.environ.get("EDGEDEPLOY_DATA", REPO.parent / "shared" / "data")),
+        help="the shared data folder (default $EDGEDEPLOY_DATA, else ../shared/data)",
     )
     ap.add_argument("--video", type=Path, default=None, help="default: DATA/video/bikes.mp4")
     ap.add_argument("--model", type=Path, default=None, help=f"ONNX model (default: DATA/models/{MODEL})")
     ap.add_argument("--card", type=Path, default=CARD, help="its model card (default: MobileNet's)")
-    ap.add_argument("--work", type=Path, default=None, help="bundles and agent roots (default: a temp folder)")
-    ap.add_argument("--json", type=Path, default=None, help="also write the results here")
+    ap.add_argument(
+        "--work", type=Path, default=None, help="bundles and agent roots, outside the tree (default: a temp folder)"
+    )
+    ap.add_argument("--json", type=Path, default=None, help="also write the results here, outside the tree")
     args = ap.parse_args()
     args.video = args.video or args.data / "video" / "bikes.mp4"
     args.model = args.model or args.data / "models" / MODEL
@@ -212,16 +215,19 @@ def main() -> None:
             raise SystemExit(f"error: no {what} at {path} (give --data, --video, --model or --card)")
     if min(counts) < 1 or args.frames < 1 or args.max_batch < 1 or args.repeat < 1:
         raise SystemExit("error: --sources, --frames, --max-batch and --repeat must be at least 1")
+    json_out = output_file(args.json, "multi-source", "multi_source.json") if args.json else None
     with tempfile.TemporaryDirectory() as tmp:
-        work = args.work or Path(tmp)
-        work.mkdir(parents=True, exist_ok=True)
+        try:
+            work = out_dir(args.work) if args.work else Path(tmp)
+        except ValueError as e:  # inside the tree
+            raise SystemExit(f"multi-source: {e}") from None
         results = [bench_n(args, work, n) for n in counts]
     print(f"\nprofile {args.profile}, {'INT8' if args.int8 else 'FP32'} {args.model.name}, video {args.video.name}, "
           f"{os.cpu_count()} CPUs seen, max_batch_wait_ms {args.wait_ms}")  # fmt: skip
     for r in results:
         show(r)
-    if args.json:
-        args.json.write_text(json.dumps({"profile": args.profile, "int8": args.int8, "results": results}, indent=1))
+    if json_out is not None:
+        json_out.write_text(json.dumps({"profile": args.profile, "int8": args.int8, "results": results}, indent=1))
 
 
 if __name__ == "__main__":
