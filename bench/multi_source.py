@@ -45,6 +45,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from results_dir import out_dir, output_file
+
 from edgedeploy.api import build
 from edgedeploy.compile.cards import load_card
 from edgedeploy.compile.int8_build import Int8Config
@@ -52,7 +54,6 @@ from edgedeploy.compile.quantize import QuantizeOptions
 from edgedeploy_agent.config import AgentConfig
 from edgedeploy_agent.spool import pending_reports
 from edgedeploy_agent.store import DeviceStore
-from results_dir import out_dir, output_file
 
 REPO = Path(__file__).resolve().parents[1]
 MODEL = "mobilenet_v1_0.25_224.onnx"
