@@ -97,8 +97,10 @@ class Batcher:
                 if all(t.lane is not lane for t in taken) and not lane.source.ended and lane.source.state().camera_up
             ]
             remaining = deadline - time.perf_counter()
-            if len(taken) >= want or not waiting or remaining <= 0:
+            if len(taken) >= want or remaining <= 0:
                 return taken
+            if not waiting and (taken or all(lane.source.ended for lane in self.lanes)):
+                return taken  # (nothing taken, cameras down: wait for one to come back until the timeout)
             self._changed.wait(remaining)
 
 

@@ -9,14 +9,16 @@ two real videos: tests/integration/test_multi_source.py.
 from __future__ import annotations
 
 import json
+import threading
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from edgedeploy_agent.batcher import MultiSourceLoop
-from edgedeploy_agent.bundle import TensorSpec, read_manifest
+from edgedeploy_agent.bundle import Manifest, TensorSpec, read_manifest
 from edgedeploy_agent.config import AgentConfig
+from edgedeploy_agent.notify import Notifier
 from edgedeploy_agent.report import BATCH_STAGES, REPORT_SCHEMA_VERSION
 from edgedeploy_agent.sources.capture import open_source
 from edgedeploy_agent.sources.power import NoPowerSensor
@@ -47,6 +49,12 @@ class RowMeans:
         return {"runtime": self.name}
 
 
+def batched_manifest(tmp_path: Path, batch: int) -> Manifest:
+    """A bundle's manifest with a gray 8x8 input and 10 outputs, both of this batch."""
+    inputs = [TensorSpec(name="x", shape=[batch, 1, 8, 8], layout="NCHW")]
+    return read_manifest(make_bundle(tmp_path / "b", inputs=inputs, outputs=[TensorSpec(name="y", shape=[batch, 10])]))
+
+
 def serve(
     tmp_path: Path, batch: int, uris: list[str], max_frames: int | None = None, wait_ms: float = 2000
 ) -> tuple[Any, ...]:
@@ -54,13 +62,7 @@ def serve(
     store = DeviceStore(tmp_path / "device")
     cfg = AgentConfig(device_name="t", report_interval_s=60, sources=uris, max_batch_wait_ms=wait_ms)
     store.init(cfg)
-    manifest = read_manifest(
-        make_bundle(
-            tmp_path / "b",
-            inputs=[TensorSpec(name="x", shape=[batch, 1, 8, 8], layout="NCHW")],
-            outputs=[TensorSpec(name="y", shape=[batch, 10])],
-        )
-    )
+    manifest = batched_manifest(tmp_path, batch)
     runtime = RowMeans()
     sources = [open_source(u, backoff_start_s=0.05, backoff_max_s=0.1) for u in uris]
     loop = MultiSourceLoop(runtime, manifest, [], cfg, Spool(store), NoPowerSensor(), "id", health_frames=3)
@@ -153,3 +155,25 @@ def test_sources_in_the_config_and_on_the_command_line(tmp_path: Path) -> None:
     )
     (root / "agent.json").write_text(json.dumps({**written, "sources": ["file:/b.mp4", "file:/c.mp4"]}))
     assert_one_line_error(agent("--root", str(root), "facts"), None, "give source (one camera) or sources")
+
+
+def test_with_every_camera_down_the_loop_waits_instead_of_spinning(tmp_path: Path) -> None:
+    uris = [f"file:{tmp_path / f'unplugged{i}.avi'}?live=1" for i in range(2)]
+    store = DeviceStore(tmp_path / "device")
+    cfg = AgentConfig(device_name="t", report_interval_s=60, sources=uris)
+    store.init(cfg)
+    manifest = batched_manifest(tmp_path, 2)
+    turns: list[float] = []  # the loop pings the watchdog once per turn; the notifier reads its clock each time
+    notifier = Notifier({"WATCHDOG_USEC": "1000000"}, clock=lambda: turns.append(0.0) or 0.0)
+    sources = [open_source(u, backoff_start_s=0.05, backoff_max_s=0.1) for u in uris]
+    loop = MultiSourceLoop(RowMeans(), manifest, [], cfg, Spool(store), NoPowerSensor(), "id", notifier=notifier)
+    stop = threading.Timer(1.5, lambda: setattr(loop, "stop_requested", True))
+    stop.start()
+    try:
+        assert loop.serve(sources) == 2  # each camera's report: down, no frames
+    finally:
+        stop.cancel()
+        for s in sources:
+            s.close()
+    assert 2 <= len(turns) <= 10  # a turn per 0.5 s read timeout (a spinning loop: thousands)
+    assert all(not s["camera_up"] for s in loop.stats()["sources"])
