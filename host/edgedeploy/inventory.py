@@ -142,7 +142,11 @@ class Inventory:
 
     def save(self) -> None:
         data = {
-            "devices": {n: d.model_dump(exclude={"name"}, exclude_none=True) for n, d in sorted(self.devices.items())}
+            "devices": {
+                # (no `sources = []` for a device with one source: the file reads as it did before several)
+                n: d.model_dump(exclude={"name"} | (set() if d.sources else {"sources"}), exclude_none=True)
+                for n, d in sorted(self.devices.items())
+            }
         }
         hint = "choose a writable place with --inventory (or EDGEDEPLOY_INVENTORY, EDGEDEPLOY_CONFIG_DIR)"
         write_text_atomic(self.path, tomli_w.dumps(data), "inventory", hint)

@@ -29,6 +29,8 @@ def test_the_inventory_keeps_several_sources_and_refuses_both_forms(tmp_path: Pa
     assert again.source_args() == ["--source", SOURCES[0], "--source", SOURCES[1], "--max-batch-wait-ms", "5"]
     assert Device(name="d", host="h", profile="t4", source="file:/a.mp4").source_args() == ["--source", "file:/a.mp4"]
     assert Device(name="d", host="h", profile="t4").source_args() == []
+    inv.add(Device(name="one", host="h", profile="t4", source="file:/a.mp4"))
+    assert "sources" not in (tmp_path / "devices.toml").read_text().split("[devices.one]")[1]
     with pytest.raises(ValidationError, match="not both"):
         Device(name="d", host="h", profile="t4", source="file:/a.mp4", sources=SOURCES)
 
