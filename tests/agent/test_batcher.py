@@ -20,6 +20,7 @@ from edgedeploy_agent.bundle import Manifest, TensorSpec, read_manifest
 from edgedeploy_agent.config import AgentConfig
 from edgedeploy_agent.notify import Notifier
 from edgedeploy_agent.report import BATCH_STAGES, REPORT_SCHEMA_VERSION
+from edgedeploy_agent.selftest import FAILED, OK, run_selftest
 from edgedeploy_agent.sources.capture import open_source
 from edgedeploy_agent.sources.power import NoPowerSensor
 from edgedeploy_agent.spool import Spool, pending_reports
@@ -177,3 +178,13 @@ def test_with_every_camera_down_the_loop_waits_instead_of_spinning(tmp_path: Pat
             s.close()
     assert 2 <= len(turns) <= 10  # a turn per 0.5 s read timeout (a spinning loop: thousands)
     assert all(not s["camera_up"] for s in loop.stats()["sources"])
+
+
+def test_the_selftest_checks_every_camera(tmp_path: Path) -> None:
+    clip = f"file:{write_clip(tmp_path / 'clip.avi', 8, 90)}"
+    gone = f"file:{tmp_path / 'unplugged.avi'}"
+    store = DeviceStore(tmp_path / "root")
+    store.init(AgentConfig(device_name="t", sources=[clip, gone]))
+    cameras = [c for c in run_selftest(store, camera_seconds=1)["checks"] if c["name"] == "camera"]
+    assert [c["status"] for c in cameras] == [OK, FAILED]
+    assert "unplugged.avi" in cameras[1]["detail"] and "unplugged.avi" not in cameras[0]["detail"]
