@@ -66,6 +66,7 @@ def _gather_facts(store: DeviceStore, args: argparse.Namespace) -> dict[str, Any
         facts.update(
             service=cfg.service,
             source=cfg.source,
+            sources=cfg.sources,
             running=service.is_running(),
             health=present_health(store.run_dir, read_health(store)),  # `dead` when its writer is gone
             current=describe_release(store, state["current"]),
@@ -98,7 +99,6 @@ def _init(store: DeviceStore, args: argparse.Namespace) -> dict[str, Any]:
         for k, v in {
             "device_name": args.device_name,
             "service": args.service,
-            "source": args.source,
             "tvm_runtime_lib": args.tvm_runtime_lib,
             "cuda_backend": args.cuda_backend,
             "cuda_backend_lib": args.cuda_backend_lib,
@@ -111,6 +111,7 @@ def _init(store: DeviceStore, args: argparse.Namespace) -> dict[str, Any]:
         }.items()
         if v is not None
     }
+    changes.update(_source_changes(args))
     try:
         cfg = AgentConfig.model_validate({**base, **changes})
     except ValidationError as e:
@@ -120,10 +121,26 @@ def _init(store: DeviceStore, args: argparse.Namespace) -> dict[str, Any]:
     return {"root": str(store.root), "config": cfg.model_dump(mode="json")}
 
 
+def _source_changes(args: argparse.Namespace) -> dict[str, Any]:
+    """The config changes of `--source` (one: `source`; several: `sources`; either replaces the other; '' clears)
+    and `--max-batch-wait-ms`."""
+    changes: dict[str, Any] = {}
+    if args.source is not None:
+        uris = [u for u in args.source if u]
+        changes.update(source=uris[0] if len(uris) == 1 else None, sources=uris if len(uris) > 1 else [])
+    if args.max_batch_wait_ms is not None:
+        changes["max_batch_wait_ms"] = args.max_batch_wait_ms
+    return changes
+
+
 def _deploy(store: DeviceStore, args: argparse.Namespace) -> dict[str, Any]:
     store.require_initialised()
-    if args.source is not None:
-        store.update_config(source=args.source or None)
+    sources = _source_changes(args)
+    if sources:
+        try:
+            store.update_config(**sources)
+        except ValidationError as e:
+            raise StateError(f"deploy: {config_error(e)}") from None
     cfg = store.config()
     timeout = args.timeout or cfg.health_timeout_s
     source: Union[Path, BundleSource]
@@ -269,7 +286,16 @@ def _parser() -> argparse.ArgumentParser:
     s = sub.add_parser("init", help="create the agent folders and config (idempotent)")
     s.add_argument("--device-name")
     s.add_argument("--service", choices=["process", "systemd"])
-    s.add_argument("--source", help="frame source URI, e.g. file:/data/clip.mp4")
+    s.add_argument(
+        "--source",
+        action="append",
+        help="frame source URI, e.g. file:/data/clip.mp4; repeat it for several sources in one agent ('' clears)",
+    )
+    s.add_argument(
+        "--max-batch-wait-ms",
+        type=float,
+        help="several sources: how long a batch waits for the other sources' frames (default 10)",
+    )
     s.add_argument("--tvm-runtime-lib", help="path of libtvm_runtime.so")
     s.add_argument("--cuda-backend-lib", help="path of libedgedeploy_cuda.so, edgedeploy's CUDA backend")
     s.add_argument(
@@ -301,7 +327,10 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--max-p95-ms", type=float, help="health objective: inference p95 latency")
     s.add_argument("--min-fps", type=float, help="health objective: frames per second")
     s.add_argument("--timeout", type=float, help="health-check timeout in seconds")
-    s.add_argument("--source", help="set the frame source URI before restarting ('' clears it)")
+    s.add_argument(
+        "--source", action="append", help="set the frame source URI before restarting (repeat it for several)"
+    )
+    s.add_argument("--max-batch-wait-ms", type=float, help="several sources: set the batch wait before restarting")
     s.add_argument("--force", action="store_true", help="redeploy even if this bundle is already running")
     s.add_argument(
         "--build-timeout", type=float, help="while a TensorRT engine is built at activation, wait up to this many s"
@@ -318,7 +347,7 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--min-fps", type=float, help="health objective: frames per second")
     s.add_argument("--force", action="store_true", help="redeploy even if this bundle is already running")
     s.add_argument("--build-timeout", type=float, help="wait this long for a TensorRT engine build")
-    s.set_defaults(fn=_install_bundle, source=None, manifest_blob=None, signature_blob=None)
+    s.set_defaults(fn=_install_bundle, source=None, max_batch_wait_ms=None, manifest_blob=None, signature_blob=None)
 
     s = sub.add_parser("selftest", help="check this device: runtime, GPU, camera, sensors, disk, keys, service")
     s.add_argument("--camera-seconds", type=float, default=5.0, help="how long to wait for camera frames")

@@ -3,7 +3,7 @@
 import socket
 from typing import Literal, Optional
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from .names import DEVICE_NAME_PATTERN, DEVICE_NAME_RULE
 
@@ -16,6 +16,16 @@ class AgentConfig(BaseModel):
     service: Literal["process", "systemd"] = "process"
     unit: str = "edgedeploy-agent.service"
     source: Optional[str] = Field(default=None, description="frame source URI, e.g. file:/data/clip.mp4")
+    sources: list[str] = Field(
+        default_factory=list,
+        description="several frame sources served by one agent (instead of `source`): each keeps its own capture, "
+        "reconnects, reports and health; their frames share the bundle's batch",
+    )
+    max_batch_wait_ms: float = Field(
+        default=10.0,
+        ge=0,
+        description="several sources: how long a batch waits for frames from the other sources once it holds one",
+    )
     tvm_runtime_lib: Optional[str] = Field(default=None, description="path of libtvm_runtime.so")
     cuda_backend: Literal["auto", "edgedeploy", "tvm"] = Field(
         default="auto",
@@ -46,6 +56,19 @@ class AgentConfig(BaseModel):
     metrics_port: Optional[int] = Field(default=None, ge=1, le=65535, description="Prometheus on 127.0.0.1")
     profile: Optional[str] = Field(default=None, description="device profile; bundles for another are refused")
 
+    @model_validator(mode="after")
+    def _one_way_to_name_sources(self) -> "AgentConfig":
+        if self.source is not None and self.sources:
+            raise ValueError("give source (one camera) or sources (several), not both")
+        if len(set(self.sources)) != len(self.sources):
+            raise ValueError("sources names a source twice")
+        return self
+
+    @property
+    def source_uris(self) -> list[str]:
+        """The sources this agent serves: `sources`, or the one `source`, or none."""
+        return list(self.sources) or ([self.source] if self.source else [])
+
 
 CONFIG_HINT = "edgedeploy-agent init --device-name NAME (" + DEVICE_NAME_RULE + ")"
 
@@ -56,4 +79,4 @@ def config_error(e: ValidationError) -> str:
     where = ".".join(str(x) for x in err["loc"])
     if where == "device_name":
         return f"device_name {str(err.get('input'))[:80]!r} is not a device name ({DEVICE_NAME_RULE})"
-    return f"{where}: {err['msg']}"
+    return f"{where}: {err['msg']}" if where else str(err["msg"]).removeprefix("Value error, ")

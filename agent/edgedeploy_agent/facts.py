@@ -5,7 +5,7 @@ by tests/agent/test_facts_format.py)."""
 
 from typing import Any, Optional
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, SerializerFunctionWrapHandler, model_serializer
 
 
 class ReleaseFacts(BaseModel):
@@ -46,6 +46,7 @@ class Facts(BaseModel):
     busy: Optional[bool] = None  # a deploy, rollback or recovery holds the device's lock now
     service: Optional[str] = None
     source: Optional[str] = None
+    sources: list[str] = []  # several sources in one agent
     running: Optional[bool] = None
     health: Optional[dict[str, Any]] = None  # run/health.json as readers see it (`dead` when its writer is gone)
     current: Optional[ReleaseFacts] = None
@@ -56,3 +57,11 @@ class Facts(BaseModel):
     serial: Optional[int] = None
     pending: Optional[dict[str, Any]] = None  # a transition in flight, or one a crash left for `recover`
     blobs: Optional[BlobFacts] = None
+
+    @model_serializer(mode="wrap")
+    def _omit_no_sources(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        # `sources` only where there are several: a host from before them reads a one-source device's facts on
+        data: dict[str, Any] = handler(self)
+        if not data.get("sources"):
+            data.pop("sources", None)
+        return data

@@ -18,7 +18,7 @@ from .errors import AgentError, FrameFailed, RuntimeLoadError, SourceUnavailable
 from .heartbeat import Heartbeat
 from .notify import Notifier
 from .preprocess import preprocess
-from .report import STAGES, Prediction, Report, latency_histogram, stage_latency
+from .report import STAGES, PowerReport, Prediction, Report, latency_histogram, stage_latency
 from .runtime import Runtime, load_runtime
 from .service import write_health
 from .sources.capture import CapturedSource, SourceState, open_source
@@ -116,28 +116,29 @@ class InferenceLoop:
             "fps": round(self._count / self._busy_s, 3) if self._busy_s > 0 else None,
         }
 
-    def _progress(self, ms: tuple[float, ...]) -> None:
-        self._count += 1
-        self._infer_ms.append(ms[2])
-        self._busy_s += sum(ms) / 1e3
+    def _progress(self, frames: int, infer_ms: float, busy_s: float) -> None:
+        self._count += frames
+        self._infer_ms.append(infer_ms)
+        self._busy_s += busy_s
         now = time.monotonic()
         if self._count <= max(self.health_frames, 1) or now - self._last_progress >= 0.5:
             self._last_progress = now
             self.on_progress(self.stats())
+
+    def serve(self, sources: Sequence[CapturedSource], max_frames: Optional[int] = None) -> int:
+        """Serve the agent's sources (this loop: one) until they end or a stop; returns reports written."""
+        return self.run(sources[0], max_frames)
 
     def run(self, source: CapturedSource, max_frames: Optional[int] = None) -> int:
         """Process frames until the source ends, a stop is requested or max_frames; returns reports written."""
         frame_index, reports = 0, 0
         self._count = 0
         while not self.stop_requested:
-            window = _Window()
+            window = ReportWindow()
             self.power.start_window()
             ended = False
             while not self.stop_requested and window.elapsed() < self.cfg.report_interval_s:
-                self.notifier.ping()  # from the main loop: a hung loop is killed by the watchdog
-                if self.heartbeat is not None:
-                    self.heartbeat.beat()
-                if max_frames is not None and frame_index >= max_frames:
+                if self._tick(frame_index, max_frames):
                     ended = True
                     break
                 t_wait = time.perf_counter()
@@ -152,16 +153,18 @@ class InferenceLoop:
                 top, (t1, t2, t3) = self._serve(frame.image, frame_index, source.uri)
                 ms = ((t0 - t_wait) * 1e3, (t1 - t0) * 1e3, (t2 - t1) * 1e3, (t3 - t2) * 1e3)
                 window.add(age_ms, *ms)
-                self._progress(ms)
+                window.latency_ms.append(frame.age_ms)  # captured -> its prediction
+                self._progress(1, ms[2], sum(ms) / 1e3)
                 if self.cfg.record_predictions:
                     window.predictions.append(Prediction(frame=frame_index, top=top))
                 frame_index += 1
             state = source.state()
             if window.frames or not state.camera_up:
-                report = self._report(window, source.uri, state, final=ended)
-                self.spool.write(report)
-                if self.metrics is not None:
-                    self.metrics.update(report)
+                dropped = state.dropped_frames - self._dropped_before
+                self._dropped_before = state.dropped_frames
+                self._emit(
+                    self._report(window, source.uri, state, ended, dropped, self.power.end_window(window.frames))
+                )
                 reports += 1
             self.notifier.status(
                 f"{'camera up' if state.camera_up else 'camera DOWN'}, {frame_index} frames, "
@@ -170,6 +173,13 @@ class InferenceLoop:
             if ended:
                 break
         return reports
+
+    def _tick(self, served: int, max_frames: Optional[int]) -> bool:
+        """Once per turn of the main loop: watchdog ping and heartbeat; True when max_frames were served."""
+        self.notifier.ping()  # from the main loop: a hung loop is killed by the watchdog
+        if self.heartbeat is not None:
+            self.heartbeat.beat()
+        return max_frames is not None and served >= max_frames
 
     def _serve(self, image: np.ndarray, index: int, uri: str) -> tuple[list[list[Any]], tuple[float, float, float]]:
         """preprocess -> infer -> postprocess one frame; any failure is a FrameFailed naming the stage."""
@@ -191,11 +201,27 @@ class InferenceLoop:
         except Exception as e:  # a runtime fails in its FFI with any error type
             raise FrameFailed(f"frame {index} from {uri}: {stage} failed: {type(e).__name__}: {e}") from e
 
-    def _report(self, w: "_Window", uri: str, state: SourceState, final: bool) -> Report:
+    def _emit(self, report: Report) -> None:
+        self.spool.write(report)
+        if self.metrics is not None:
+            self.metrics.update(report)
+
+    def _report(
+        self,
+        w: "ReportWindow",
+        uri: str,
+        state: SourceState,
+        final: bool,
+        dropped: int,
+        power: PowerReport,
+        fps: Optional[float] = None,
+        **extra: Any,
+    ) -> Report:
+        """One source's window; fps defaults to frames per second of busy time (the window's stages)."""
         end = _dt.datetime.now(_dt.timezone.utc)
-        busy_s = sum(sum(w.stages[s]) for s in STAGES) / 1e3
-        dropped = state.dropped_frames - self._dropped_before
-        self._dropped_before = state.dropped_frames
+        if fps is None:
+            busy_s = sum(sum(v) for v in w.stages.values()) / 1e3
+            fps = round(w.frames / busy_s, 3) if busy_s > 0 else 0.0
         return Report(
             device=self.cfg.device_name or socket.gethostname(),
             seq=self.spool.next_seq(),
@@ -207,10 +233,10 @@ class InferenceLoop:
             window_start=w.start,
             window_end=end,
             frames=w.frames,
-            fps=round(w.frames / busy_s, 3) if busy_s > 0 else 0.0,
-            latency_ms={s: stage_latency(w.stages[s]) for s in STAGES} if w.frames else {},
+            fps=fps,
+            latency_ms={s: stage_latency(v) for s, v in w.stages.items()} if w.frames else {},
             predictions=w.predictions,
-            power=self.power.end_window(w.frames),
+            power=power,
             final=final,
             camera_up=state.camera_up,
             reconnects=state.reconnects,
@@ -218,16 +244,21 @@ class InferenceLoop:
             frame_age_ms=stage_latency(w.ages) if w.ages else None,
             temperatures_c=(self.thermal.read() or None) if self.thermal else None,
             spool_dropped=self.spool.dropped,
-            latency_hist={s: latency_histogram(w.stages[s]) for s in STAGES} if w.frames else None,
+            latency_hist={s: latency_histogram(v) for s, v in w.stages.items()} if w.frames else None,
+            frame_latency_ms=stage_latency(w.latency_ms) if w.latency_ms else None,
+            **extra,
         )
 
 
-class _Window:
-    def __init__(self) -> None:
+class ReportWindow:
+    """One report's worth of a source's frames: per-stage samples, frame ages, predictions."""
+
+    def __init__(self, stages: Sequence[str] = STAGES) -> None:
         self.start = _dt.datetime.now(_dt.timezone.utc)
         self._t0 = time.monotonic()
-        self.stages: dict[str, list[float]] = {s: [] for s in STAGES}
+        self.stages: dict[str, list[float]] = {s: [] for s in stages}
         self.ages: list[float] = []
+        self.latency_ms: list[float] = []  # each frame's capture -> prediction
         self.predictions: list[Prediction] = []
         self.frames = 0
 
@@ -236,7 +267,7 @@ class _Window:
 
     def add(self, age_ms: float, *ms: float) -> None:
         self.ages.append(age_ms)
-        for s, v in zip(STAGES, ms):
+        for s, v in zip(self.stages, ms):
             self.stages[s].append(v)
         self.frames += 1
 
@@ -264,7 +295,7 @@ def run_agent(
     write_health(store, release, "loading")
     notifier.status(f"loading {release}")
     power: PowerSensor = NoPowerSensor()
-    source: Optional[CapturedSource] = None
+    sources: list[CapturedSource] = []
     runtime: Optional[Runtime] = None
     try:
         manifest = store.load_release(release)
@@ -291,12 +322,11 @@ def run_agent(
         power = discover_power_sensor(sys_root, interval_s=cfg.power_interval_s)
         if cfg.idle_baseline_s > 0:
             power.measure_idle(cfg.idle_baseline_s, time.sleep)  # before capture starts: nothing else runs
-        source = (
-            open_source(cfg.source, system_python=cfg.system_python, sidecar_timeout_s=cfg.sidecar_timeout_s)
-            if cfg.source
-            else None
-        )
+        for uri in cfg.source_uris:
+            sources.append(open_source(uri, system_python=cfg.system_python, sidecar_timeout_s=cfg.sidecar_timeout_s))
     except AgentError as e:
+        for opened in sources:
+            opened.close()
         power.close()
         if runtime is not None:
             runtime.close()
@@ -304,6 +334,8 @@ def run_agent(
         write_health(store, release, "failed", error=e.to_dict())
         return e.exit_code
     except Exception as e:  # a broken library can fail in the FFI with any error type
+        for opened in sources:
+            opened.close()
         power.close()
         if runtime is not None:
             runtime.close()
@@ -311,7 +343,11 @@ def run_agent(
         write_health(store, release, "failed", error={"code": "load-failed", "message": f"{type(e).__name__}: {e}"})
         return 1
     heartbeat = Heartbeat(store.run_dir)
-    loop = InferenceLoop(
+    # several sources, or a bundle compiled for a batch: frames of the sources share its calls (batcher.py)
+    from .batcher import MultiSourceLoop  # (it imports this module)
+
+    batched = len(sources) > 1 or manifest.inputs[0].shape[0] > 1
+    loop = (MultiSourceLoop if batched else InferenceLoop)(
         runtime,
         manifest,
         labels,
@@ -331,13 +367,14 @@ def run_agent(
 
     signal.signal(signal.SIGTERM, _stop)
     signal.signal(signal.SIGINT, _stop)
-    ready = {
+    named = ", ".join(cfg.source_uris) or None
+    ready: dict[str, Any] = {
         "warmup_ms": round(warm_ms, 3),
         "runtime": runtime.describe(),
-        "source": cfg.source,
-        "capture": source.where if source is not None else None,
+        "source": named,
+        "capture": sources[0].where if sources else None,
     }
-    needed = cfg.health_frames if source is not None else 0
+    needed = cfg.health_frames if sources else 0
 
     def progress(stats: dict[str, Any]) -> None:
         state = "ready" if stats["inferences"] >= needed else "checking-frames"
@@ -347,31 +384,31 @@ def run_agent(
     heartbeat.beat()  # before the first state a reader checks it against
     progress(loop.stats())
     # READY=1 means loaded and warmed up: systemd must not give up on a device whose camera is unplugged
-    notifier.ready(f"serving {release} on {cfg.source or 'no source'}")
+    notifier.ready(f"serving {release} on {named or 'no source'}")
     # one line per start and end for the service's log (journald under systemd, logs/agent.log otherwise)
     print(
-        f"edgedeploy-agent: serving {release} on {cfg.source or 'no source'} (warm-up {warm_ms:.0f} ms)",
+        f"edgedeploy-agent: serving {release} on {named or 'no source'} (warm-up {warm_ms:.0f} ms)",
         file=sys.stderr,
         flush=True,
     )
     try:
-        if source is None:
+        if not sources:
             while not loop.stop_requested:  # nothing to watch: stay loaded, healthy and pinging until stopped
                 notifier.ping()
                 heartbeat.beat()
                 time.sleep(0.2)
             return 0
-        reports = loop.run(source, max_frames=max_frames)
+        reports = loop.serve(sources, max_frames=max_frames)
         if loop.stats()["inferences"] == 0 and not loop.stop_requested and max_frames != 0:
-            raise SourceUnavailable(f"source {cfg.source} ended without delivering a frame")
+            raise SourceUnavailable(f"source {named} ended without delivering a frame")
     except AgentError as e:
         print(f"edgedeploy-agent: {e.message}", file=sys.stderr, flush=True)  # into logs/agent.log
         write_health(store, release, "failed", error=e.to_dict(), **ready, **loop.stats())
         return e.exit_code
     finally:
         notifier.stopping()
-        if source is not None:
-            source.close()
+        for opened in sources:
+            opened.close()
         power.close()
         runtime.close()
         if metrics is not None:

@@ -14,7 +14,8 @@ class MetricsError(AgentError):
 
 
 class PrometheusExporter:
-    """Gauges updated once per report window (the hot path is never touched)."""
+    """Gauges updated once per report window (the hot path is never touched), labelled with the bundle, the
+    model and the source: an agent with several sources writes one report per source per window."""
 
     def __init__(self, port: int, addr: str = "127.0.0.1") -> None:
         try:
@@ -25,7 +26,7 @@ class PrometheusExporter:
                 hint="install the agent with the agent-metrics extra, or unset metrics_port",
             ) from None
         self.registry = prom.CollectorRegistry()
-        labels = ["bundle", "model"]
+        labels = ["bundle", "model", "source"]
 
         def gauge(name: str, doc: str, extra: tuple[str, ...] = ()) -> Any:
             return prom.Gauge(name, doc, [*labels, *extra], registry=self.registry)
@@ -37,11 +38,14 @@ class PrometheusExporter:
         self.reconnects = gauge("edgedeploy_source_reconnects", "times the source was lost and reopened")
         self.power = gauge("edgedeploy_power_watts", "mean power over the last window")
         self.energy = gauge("edgedeploy_energy_per_inference_mj", "energy per inference over the last window")
+        self.dropped = gauge("edgedeploy_dropped_frames", "live frames replaced before they were used, last window")
+        self.frame_latency = gauge("edgedeploy_frame_latency_ms", "capture to prediction (percentile)", ("quantile",))
+        self.batch_fill = gauge("edgedeploy_batch_fill", "mean real frames per batched call, several sources")
         self.temp = gauge("edgedeploy_temperature_celsius", "thermal zone temperature", ("zone",))
         self.server, self.thread = prom.start_http_server(port, addr=addr, registry=self.registry)
 
     def update(self, r: Report) -> None:
-        lab = {"bundle": r.bundle_id, "model": r.model}
+        lab = {"bundle": r.bundle_id, "model": r.model, "source": r.source}
         for stage, lat in r.latency_ms.items():
             for q in ("p50", "p95", "p99"):
                 self.latency.labels(stage=stage, quantile=q, **lab).set(getattr(lat, q))
@@ -51,6 +55,13 @@ class PrometheusExporter:
             self.camera_up.labels(**lab).set(1 if r.camera_up else 0)
         if r.reconnects is not None:
             self.reconnects.labels(**lab).set(r.reconnects)
+        if r.dropped_frames is not None:
+            self.dropped.labels(**lab).set(r.dropped_frames)
+        if r.frame_latency_ms is not None:
+            for q in ("p50", "p95", "p99"):
+                self.frame_latency.labels(quantile=q, **lab).set(getattr(r.frame_latency_ms, q))
+        if r.batch is not None:
+            self.batch_fill.labels(**lab).set(r.batch.mean_fill)
         if r.power.mean_watts is not None:
             self.power.labels(**lab).set(r.power.mean_watts)
         if r.power.energy_per_inference_mj is not None:

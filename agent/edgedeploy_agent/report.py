@@ -7,8 +7,12 @@ from typing import Any, Literal, Optional
 
 from pydantic import BaseModel, ConfigDict, Field
 
-REPORT_SCHEMA_VERSION = 1
+# 2: a source of a multi-source agent reports the `batch_wait` stage, `batch` and `frame_latency_ms` (all optional:
+# a version 1 report still reads)
+REPORT_SCHEMA_VERSION = 2
 STAGES = ("capture", "preprocess", "infer", "postprocess")
+# a source of a multi-source agent (batcher.py): its frame waits in a batch for the other sources' frames
+BATCH_STAGES = ("capture", "batch_wait", "preprocess", "infer", "postprocess")
 # Fixed log-spaced latency buckets (1 us .. 10 s, 8 per decade) so the host can add windows together.
 HIST_EDGES_MS = [round(10 ** (e / 8), 6) for e in range(-24, 33)]
 
@@ -50,6 +54,20 @@ class PowerReport(BaseModel):
     rails_watts: Optional[dict[str, float]] = Field(default=None, description="last reading per rail")
 
 
+class BatchReport(BaseModel):
+    """How a multi-source agent's batches served this source in the window (batcher.py)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    size: int = Field(description="the bundle's compiled batch: frames one inference call takes")
+    sources: int = Field(description="sources the agent serves, sharing its batches")
+    max_wait_ms: float = Field(description="how long a batch waited for more sources' frames (the agent config)")
+    mean_fill: float = Field(
+        description="mean real frames in the calls this source's frames were in (the rest padding)"
+    )
+    aggregate_fps: float = Field(description="frames of all sources per second of the window")
+
+
 class Report(BaseModel):
     """One measurement window of the inference loop."""
 
@@ -80,6 +98,12 @@ class Report(BaseModel):
     latency_hist: Optional[dict[str, list[int]]] = Field(
         default=None,
         description="per stage: frame counts in the HIST_EDGES_MS buckets, plus one below and one above",
+    )
+    frame_latency_ms: Optional[StageLatency] = Field(
+        default=None, description="from a frame's capture to its prediction (schema 2)"
+    )
+    batch: Optional[BatchReport] = Field(
+        default=None, description="multi-source: the shared batches; fps is then frames per window second (schema 2)"
     )
 
 

@@ -276,16 +276,18 @@ def release_manifest(store: DeviceStore, current: Optional[str]) -> Optional[Man
         return None
 
 
-def latest_report(store: DeviceStore) -> Optional[dict[str, Any]]:
-    """The newest report the running agent spooled (pending or already pulled)."""
+def latest_report(store: DeviceStore, source: Optional[str] = None) -> Optional[dict[str, Any]]:
+    """The newest report the running agent spooled (pending or already pulled); of `source` when given (an agent
+    with several sources spools one report per source)."""
     files = sorted([*store.spool.glob("*.jsonl"), *(store.spool / "sent").glob("*.jsonl")], key=lambda p: p.name)
     for p in reversed(files):
         try:
             lines = [ln for ln in p.read_text(encoding="utf-8").splitlines() if ln.strip()]
             data: dict[str, Any] = json.loads(lines[-1])
-            return data
         except (OSError, ValueError, IndexError):
             continue
+        if source is None or data.get("source") == source:
+            return data
     return None
 
 
@@ -325,6 +327,7 @@ def run_selftest(store: DeviceStore, sys_root: Path = Path("/"), camera_seconds:
     health = present_health(store.run_dir, read_health(store))
     serving = bool(health and health.get("release") == current and health.get("state") in ("ready", "checking-frames"))
     release_bytes = sum(a.size for a in manifest.artifacts) if manifest else 0
+    cameras: list[Optional[str]] = [*cfg.source_uris] or [None]  # each source gets its camera check
     plan: list[tuple[str, Callable[[], Check]]] = [
         ("agent", lambda: check_agent(platform.python_version(), platform.machine())),
         (
@@ -333,13 +336,17 @@ def run_selftest(store: DeviceStore, sys_root: Path = Path("/"), camera_seconds:
         ),
         ("bundle vs hardware", lambda: hw.check_bundle_fit(manifest, cpuinfo=sys_root / "proc" / "cpuinfo")),
         ("tensorrt", lambda: hw.check_tensorrt(manifest, health, store.root / "engines")),
-        ("pythons", lambda: hw.check_pythons(cfg.system_python, manifest, cfg.source)),
-        (
-            "camera",
-            lambda: hw.check_camera(
-                cfg.source, serving, latest_report(store), seconds=camera_seconds, system_python=cfg.system_python
-            ),
-        ),
+        # (several sources: the first tells which Python captures)
+        ("pythons", lambda: hw.check_pythons(cfg.system_python, manifest, cameras[0])),
+        *[
+            (
+                "camera",
+                lambda uri=uri: hw.check_camera(
+                    uri, serving, latest_report(store, uri), seconds=camera_seconds, system_python=cfg.system_python
+                ),
+            )
+            for uri in cameras
+        ],
         ("power", lambda: hw.check_power(sys_root)),
         ("thermal", lambda: hw.check_thermal(sys_root)),
         ("disk", lambda: check_disk(store.root, release_bytes, cfg.spool_max_bytes)),

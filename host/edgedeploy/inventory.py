@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Literal
 
 import tomli_w
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from edgedeploy_agent.names import DEVICE_NAME_PATTERN
 
@@ -42,9 +42,15 @@ class Device(BaseModel):
     transport: Literal["ssh", "local"] = "ssh"
     agent_command: str = Field(default="edgedeploy-agent", description="path of edgedeploy-agent on the device")
     source: str | None = Field(default=None, description="frame source URI on the device")
+    sources: list[str] = Field(
+        default_factory=list, description="several frame sources served by one agent (instead of source)"
+    )
+    max_batch_wait_ms: float | None = Field(
+        default=None, ge=0, description="several sources: how long a batch waits for the other sources' frames"
+    )
     keep_releases: int = Field(default=3, ge=2, description="releases the device keeps (current + previous)")
 
-    @field_validator("host", "user", "key_file", "profile", "tags", "root", "agent_command", "source")
+    @field_validator("host", "user", "key_file", "profile", "tags", "root", "agent_command", "source", "sources")
     @classmethod
     def _no_control_characters(cls, value: str | list[str] | None) -> str | list[str] | None:
         # these end up in unit files, sudoers rules and command lines, where a newline starts a new entry
@@ -52,6 +58,21 @@ class Device(BaseModel):
             if _CONTROL.search(text):
                 raise ValueError(f"{text!r} holds a control character (newline, tab, ...)")
         return value
+
+    @model_validator(mode="after")
+    def _one_way_to_name_sources(self) -> Device:
+        if self.source is not None and self.sources:
+            raise ValueError("give source (one camera) or sources (several), not both")
+        return self
+
+    def source_args(self) -> list[str]:
+        """The agent's options for this device's sources: `--source` once per source (none when the inventory
+        names none) and the batch wait when set."""
+        uris = [self.source] if self.source is not None else self.sources
+        args = [a for uri in uris for a in ("--source", uri)]
+        if self.max_batch_wait_ms is not None:
+            args += ["--max-batch-wait-ms", f"{self.max_batch_wait_ms:g}"]
+        return args
 
     @property
     def address(self) -> str:
@@ -121,7 +142,11 @@ class Inventory:
 
     def save(self) -> None:
         data = {
-            "devices": {n: d.model_dump(exclude={"name"}, exclude_none=True) for n, d in sorted(self.devices.items())}
+            "devices": {
+                # (no `sources = []` for a device with one source: the file reads as it did before several)
+                n: d.model_dump(exclude={"name"} | (set() if d.sources else {"sources"}), exclude_none=True)
+                for n, d in sorted(self.devices.items())
+            }
         }
         hint = "choose a writable place with --inventory (or EDGEDEPLOY_INVENTORY, EDGEDEPLOY_CONFIG_DIR)"
         write_text_atomic(self.path, tomli_w.dumps(data), "inventory", hint)

@@ -19,7 +19,7 @@ from edgedeploy_agent.errors import FrameFailed
 from edgedeploy_agent.loop import InferenceLoop, warm_up
 from edgedeploy_agent.sources.capture import open_source
 from edgedeploy_agent.sources.power import NoPowerSensor
-from edgedeploy_agent.spool import Spool
+from edgedeploy_agent.spool import Spool, pending_reports
 from edgedeploy_agent.store import DeviceStore
 from tests.agent.bundles import make_bundle
 from tests.agent.clips import write_clip
@@ -61,3 +61,6 @@ def test_non_finite_outputs_on_the_first_real_frame_fail_the_health_check(tmp_pa
 def test_after_the_health_frames_outputs_are_not_checked_again(tmp_path: Path) -> None:
     loop, _ = serve(tmp_path, health_frames=0)  # without the check the same bundle "serves" NaN
     assert loop.stats()["inferences"] == 5
+    # the one-source loop's report says each frame's capture-to-prediction latency too (report schema 2)
+    ((_, report),) = pending_reports(DeviceStore(tmp_path / "device"))
+    assert report["frames"] == 5 and report["frame_latency_ms"]["p50"] >= report["latency_ms"]["infer"]["p50"]

@@ -2,7 +2,8 @@ import socket
 import urllib.request
 
 from edgedeploy_agent.metrics import PrometheusExporter
-from edgedeploy_agent.report import PowerReport, Report, stage_latency
+from edgedeploy_agent.report import BatchReport, PowerReport, Report, stage_latency
+from tests.agent.bundles import make_report
 from tests.helpers import require_module
 
 
@@ -38,10 +39,30 @@ def test_prometheus_endpoint_on_localhost_only() -> None:
                 temperatures_c={"CPU-therm": 41.5},
             )
         )
+        # a second source of the same agent: its own series, the first source's untouched
+        exp.update(
+            make_report(
+                2,
+                bundle_id="b1",
+                model="m",
+                source="file:/data/b.mp4",
+                latency_ms={"infer": stage_latency([5.0])},
+                dropped_frames=4,
+                frame_latency_ms=stage_latency([7.0, 9.0]),
+                batch=BatchReport(size=2, sources=2, max_wait_ms=10.0, mean_fill=1.5, aggregate_fps=0.6),
+            )
+        )
         text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
     finally:
         exp.close()
-    assert 'edgedeploy_stage_latency_ms{bundle="b1",model="m",quantile="p50",stage="infer"} 2.0' in text
-    assert 'edgedeploy_camera_up{bundle="b1",model="m"} 0.0' in text
-    assert 'edgedeploy_power_watts{bundle="b1",model="m"} 12.5' in text
-    assert 'edgedeploy_temperature_celsius{bundle="b1",model="m",zone="CPU-therm"} 41.5' in text
+    # (labels print sorted: quantile and the rest between model and source, zone after it)
+    cam, b = 'source="v4l2:/dev/video0"', 'source="file:/data/b.mp4"'
+    assert f'edgedeploy_stage_latency_ms{{bundle="b1",model="m",quantile="p50",{cam},stage="infer"}} 2.0' in text
+    assert f'edgedeploy_stage_latency_ms{{bundle="b1",model="m",quantile="p50",{b},stage="infer"}} 5.0' in text
+    assert f'edgedeploy_frame_latency_ms{{bundle="b1",model="m",quantile="p50",{b}}} 8.0' in text
+    cam, b = f'bundle="b1",model="m",{cam}', f'bundle="b1",model="m",{b}'
+    assert f"edgedeploy_camera_up{{{cam}}} 0.0" in text
+    assert f"edgedeploy_power_watts{{{cam}}} 12.5" in text
+    assert f'edgedeploy_temperature_celsius{{{cam},zone="CPU-therm"}} 41.5' in text
+    assert f"edgedeploy_dropped_frames{{{b}}} 4.0" in text
+    assert f"edgedeploy_batch_fill{{{b}}} 1.5" in text

@@ -47,17 +47,21 @@ def read_mnist(data_dir: Path, n: int) -> tuple[np.ndarray, np.ndarray]:
     return images, labels
 
 
-@pytest.fixture(scope="session")
-def mnist_video(data_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> LabeledVideo:
-    """The first 300 MNIST test digits, one per frame, 28x28 -> 112x112, MJPG at top quality."""
-    images, labels = read_mnist(data_dir, 300)
-    path = tmp_path_factory.mktemp("video") / "mnist-test.avi"
+def write_digits_video(path: Path, images: np.ndarray, labels: np.ndarray) -> LabeledVideo:
+    """MNIST digits, one per frame, 28x28 -> 112x112, MJPG at top quality."""
     w = cv2.VideoWriter(str(path), cv2.VideoWriter.fourcc(*"MJPG"), 25.0, (112, 112))
     w.set(cv2.VIDEOWRITER_PROP_QUALITY, 100)
     for img in images:
         w.write(cv2.cvtColor(cv2.resize(img, (112, 112), interpolation=cv2.INTER_NEAREST), cv2.COLOR_GRAY2BGR))
     w.release()
     return LabeledVideo(path, labels)
+
+
+@pytest.fixture(scope="session")
+def mnist_video(data_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> LabeledVideo:
+    """The first 300 MNIST test digits."""
+    images, labels = read_mnist(data_dir, 300)
+    return write_digits_video(tmp_path_factory.mktemp("video") / "mnist-test.avi", images, labels)
 
 
 MNIST_CARD = ModelCard(

@@ -69,6 +69,9 @@ class CapturedSource:
         self.captured = 0
         self.consumed = 0
         self.last_error: Optional[str] = None
+        # called by the capture thread on a new frame, a state change and the end: a multi-source agent waits on
+        # all its sources at once (batcher.py)
+        self.on_change: Callable[[], None] = _nothing
         opened = False
         if not spec.live:
             # a file that OpenCV cannot decode is a bad source, not a camera that may come back
@@ -129,6 +132,7 @@ class CapturedSource:
             if error:
                 self.last_error = error
             self._cond.notify_all()
+        self.on_change()
 
     def _sleep(self, seconds: float) -> bool:
         """Wait, waking early on close; False when closing."""
@@ -163,6 +167,7 @@ class CapturedSource:
             self._ended = True
             self._up = self._up and not self.spec.live  # a file that played to its end was never "lost"
             self._cond.notify_all()
+        self.on_change()
 
     def _pump(self) -> None:
         """Read frames until the capture fails or the source closes."""
@@ -179,6 +184,11 @@ class CapturedSource:
                 self._latest = Frame(image, self.captured, time.monotonic())
                 self.captured += 1
                 self._cond.notify_all()
+            self.on_change()
+
+
+def _nothing() -> None:
+    pass
 
 
 def open_source(

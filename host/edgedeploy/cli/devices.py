@@ -36,7 +36,12 @@ def add(
     service: Annotated[str, typer.Option(help="systemd | process")] = "systemd",
     transport: Annotated[str, typer.Option(help="ssh | local (this machine)")] = "ssh",
     agent_command: Annotated[str, typer.Option(help="edgedeploy-agent path on the device")] = "edgedeploy-agent",
-    source: Annotated[str | None, typer.Option(help="frame source URI on the device")] = None,
+    source: Annotated[
+        list[str] | None, typer.Option(help="frame source URI on the device; repeat it for several sources")
+    ] = None,
+    max_batch_wait_ms: Annotated[
+        float | None, typer.Option(help="several sources: how long a batch waits for the other sources' frames")
+    ] = None,
     keep_releases: Annotated[int, typer.Option(help="releases the device keeps for rollback")] = 3,
     replace: Annotated[bool, typer.Option(help="overwrite an existing entry")] = False,
     inventory: InventoryOpt = None,
@@ -57,7 +62,9 @@ def add(
                 "service": service,
                 "transport": transport,
                 "agent_command": agent_command,
-                "source": source,
+                "source": source[0] if source and len(source) == 1 else None,
+                "sources": source if source and len(source) > 1 else [],
+                "max_batch_wait_ms": max_batch_wait_ms,
                 "keep_releases": keep_releases,
             }
         )

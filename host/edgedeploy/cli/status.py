@@ -14,7 +14,8 @@ from .options import InventoryOpt, JsonOpt
 if TYPE_CHECKING:
     from ..remote.status import DeviceStatus
 
-STAGES = ("capture", "preprocess", "infer", "postprocess")
+# batch_wait: a source of a multi-source agent (report schema 2)
+STAGES = ("capture", "batch_wait", "preprocess", "infer", "postprocess")
 
 
 def power_text(power: dict[str, Any]) -> str:
@@ -36,6 +37,20 @@ def source_text(r: dict[str, Any]) -> str:
     )
 
 
+def latest_per_source(reports: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The newest report of each source the agent serves now: the newest report's own and, for a multi-source
+    agent (its `batch` says how many sources it serves), the newest of each of the others before it."""
+    if not reports:
+        return []
+    wanted = (reports[-1].get("batch") or {}).get("sources", 1)
+    latest: dict[str, dict[str, Any]] = {}
+    for r in reversed(reports):
+        latest.setdefault(r["source"], r)
+        if len(latest) == wanted:
+            break
+    return sorted(latest.values(), key=lambda r: r["seq"])
+
+
 def show_report(device: str, r: dict[str, Any]) -> None:
     lat = r["latency_ms"]
     rows = [
@@ -45,9 +60,17 @@ def show_report(device: str, r: dict[str, Any]) -> None:
     ]
     temps = r.get("temperatures_c")
     extra = f"; temperatures {', '.join(f'{k} {v} C' for k, v in temps.items())}" if temps else ""
+    batch, fps = r.get("batch"), f"{r['fps']:.1f} FPS (busy time)"
+    if batch:
+        latency = r.get("frame_latency_ms") or {}
+        fps = (
+            f"{r['fps']:.1f} FPS of {batch['aggregate_fps']:.1f} for {batch['sources']} sources, batch "
+            f"{batch['size']} (mean fill {batch['mean_fill']}), frame latency p50/p99 {latency.get('p50', '-')}/"
+            f"{latency.get('p99', '-')} ms"
+        )
     render.table(
         f"{device} report #{r['seq']}: {r['model']} {r['model_version']} ({r['bundle_id']}), {r['frames']} frames, "
-        f"{r['fps']:.1f} FPS (busy time), runtime {r['runtime']}\n  source {source_text(r)}\n"
+        f"{fps}, runtime {r['runtime']}\n  source {source_text(r)}\n"
         f"  power {power_text(r['power'])}{extra}",
         ["stage (ms)", "p50", "p95", "p99", "mean"],
         rows,
@@ -61,11 +84,16 @@ def fleet_row(name: str, st: DeviceStatus) -> list[Any]:
     power = (r or {}).get("power") or {}
     temps = (r or {}).get("temperatures_c") or {}
     camera = "-" if not r or r.get("camera_up") is None else ("up" if r["camera_up"] else "DOWN")
+    fps = f"{r['fps']:.1f}" if r else "-"
+    if r and r.get("batch"):  # several sources: all of them
+        latest = latest_per_source(st.reports)
+        camera = f"{sum(1 for x in latest if x.get('camera_up'))}/{len(latest)} up"
+        fps = f"{r['batch']['aggregate_fps']:.1f}"
     return [
         name,
         f.health_state or "not started",
         f.current_release or "-",
-        f"{r['fps']:.1f}" if r else "-",
+        fps,
         f"{infer['p50']:.2f}/{infer['p99']:.2f}" if infer else "-",
         camera,
         power.get("mean_watts") if power.get("status") == "measured" else "n/a",
@@ -174,5 +202,5 @@ def _one(inv: Inventory, device: str, json_: bool) -> None:
         f"{' (process running)' if f.running else ''}; "
         f"{len(st.new_reports)} new report(s), {len(st.reports)} stored"
     )
-    if st.reports:
-        show_report(device, st.reports[-1])
+    for r in latest_per_source(st.reports):
+        show_report(device, r)

@@ -136,8 +136,7 @@ def rollback(transport: Transport, device: Device, timeout: float = 60.0) -> dic
 def init_agent(transport: Transport, device: Device) -> dict[str, Any]:
     args = ["init", "--device-name", device.name, "--service", device.service, "--profile", device.profile]
     args += ["--keep-releases", str(device.keep_releases)]
-    if device.source:
-        args += ["--source", device.source]
+    args += device.source_args()
     return AgentClient(transport, device).call(*args, timeout=60)
 
 

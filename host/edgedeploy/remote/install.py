@@ -179,7 +179,7 @@ class InstallSpec:
     runtime_lib: Path | None
     system_site_packages: bool = False
     offline: bool = False  # dependencies only from the uploaded wheels (--no-index)
-    source: str | None = None
+    source_args: tuple[str, ...] = ()  # the device's --source options (Device.source_args)
     login_user: str | None = None  # the SSH user that will deploy; None or root: nothing to grant
     cuda_backend_lib: Path | None = None  # libedgedeploy_cuda.so for the device's architecture
     system_python: str | None = None  # the system Python to probe (and, when it has what the agent lacks, to use)
@@ -352,8 +352,7 @@ def _agent_root(facts: InstallFacts, spec: InstallSpec, files: InstallFiles) -> 
         init += ["--cuda-backend-lib", f"{spec.root}/lib/{CUDA_BACKEND}"]
     if spec.sidecar:
         init += ["--system-python", f"{spec.sidecar_venv}/bin/python"]
-    if spec.source:
-        init += ["--source", spec.source]
+    init += spec.source_args
     steps = [Step("initialise agent root", tuple(init), root=spec.as_root)]
     if spec.mode == "systemd" and not facts.initialised:
         # owned by the service user; group-writable and setgid so a deploying login in the group can write

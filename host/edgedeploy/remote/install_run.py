@@ -72,7 +72,7 @@ def install_spec(dev: Device, options: InstallOptions, wheels: list[Path]) -> In
         runtime_lib=options.runtime_lib,
         system_site_packages=options.system_site_packages,
         offline=options.offline,
-        source=dev.source,
+        source_args=tuple(dev.source_args()),
         login_user=dev.user,
         system_python=AUTO_SYSTEM_PYTHON if options.system_python == "auto" else options.system_python,
     )

@@ -133,8 +133,7 @@ def plan_push(
     args = ["deploy", "--manifest-blob", blobs.manifest_sha, *health.agent_args()]
     if blobs.signature_sha:
         args += ["--signature-blob", blobs.signature_sha]
-    if device.source is not None:
-        args += ["--source", device.source]
+    args += device.source_args()
     if force:
         args.append("--force")
     deploy = Action(

@@ -1,0 +1,237 @@
+"""Several sources, one agent: the newest frame of each source, batched into one inference call.
+
+Each source keeps its own capture thread, reconnects and backoff (sources/capture.py), its own report window
+(one report per source per window: per-stage latencies, frame latency, fps, drops, camera state) and its own
+entry in health.json; a lost camera gives no frames and the others go on. The batcher takes at most one frame per
+source per call: the newest one (a live source replaces a frame that was not taken in time and counts it as
+dropped). Once a batch holds a frame it waits at most `max_batch_wait_ms` (agent config) for the other sources,
+then runs what it holds, the rest of the compiled batch zero-padded, and splits the outputs back per source.
+Sources are taken round-robin from the one after the last served, so with more sources than the batch (a batch 1
+bundle: one source per call) every source gets its turn.
+"""
+
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import numpy as np
+
+from .aligned import aligned_empty
+from .errors import AgentError, FrameFailed
+from .loop import READ_TIMEOUT_S, InferenceLoop, ReportWindow, output_problem, top_k
+from .preprocess import preprocess
+from .report import BATCH_STAGES, BatchReport, Prediction
+from .sources.capture import CapturedSource, Frame
+
+
+class Lane:
+    """One source of a multi-source agent: its capture, its report window and its counters."""
+
+    def __init__(self, source: CapturedSource) -> None:
+        self.source = source
+        self.window = LaneWindow()
+        self.frames = 0  # frames served since the agent started (the frame index in its predictions)
+        self.dropped_before = 0
+        self.finished = False  # its source ended and its final report is written
+
+
+class LaneWindow(ReportWindow):
+    """A source's report window, plus the fill of the call each frame was in."""
+
+    def __init__(self) -> None:
+        super().__init__(BATCH_STAGES)
+        self.fills: list[int] = []
+
+
+@dataclass
+class Taken:
+    lane: Lane
+    frame: Frame
+    capture_ms: float  # from the start of gathering this batch until the frame was taken
+    at: float  # time.perf_counter() when it was taken
+
+
+class Batcher:
+    """Gathers up to `size` frames, at most one (the newest) per source."""
+
+    def __init__(self, lanes: Sequence[Lane], size: int, max_wait_s: float) -> None:
+        self.lanes, self.size, self.max_wait_s = list(lanes), size, max_wait_s
+        self._changed = threading.Event()
+        for lane in self.lanes:
+            lane.source.on_change = self._changed.set
+        self._next = 0
+
+    def gather(self, timeout_s: float, limit: Optional[int] = None) -> list[Taken]:
+        """Frames for one call: returns when the batch is full, every source still playing (camera up) gave one,
+        the first frame waited max_wait_s, or (nothing taken) after timeout_s."""
+        want = min(self.size, limit) if limit is not None else self.size
+        start = time.perf_counter()
+        deadline = start + timeout_s
+        taken: list[Taken] = []
+        n = len(self.lanes)
+        while True:
+            self._changed.clear()  # before looking: a frame that arrives meanwhile sets it again
+            for k in range(n):
+                if len(taken) >= want:
+                    break
+                i = (self._next + k) % n
+                lane = self.lanes[i]
+                if any(t.lane is lane for t in taken):
+                    continue
+                frame = lane.source.read(timeout=0)
+                if frame is not None:
+                    now = time.perf_counter()
+                    if not taken:
+                        deadline = now + self.max_wait_s
+                    taken.append(Taken(lane, frame, (now - start) * 1e3, now))
+            if taken:
+                last = self.lanes.index(taken[-1].lane)
+                self._next = (last + 1) % n
+            # a source is waited for while it plays and has not given its frame: not once it ended, nor while
+            # its camera is down (a lost camera costs the others no batch wait)
+            waiting = [
+                lane
+                for lane in self.lanes
+                if all(t.lane is not lane for t in taken) and not lane.source.ended and lane.source.state().camera_up
+            ]
+            remaining = deadline - time.perf_counter()
+            if len(taken) >= want or remaining <= 0:
+                return taken
+            if not waiting and (taken or all(lane.source.ended for lane in self.lanes)):
+                return taken  # (nothing taken, cameras down: wait for one to come back until the timeout)
+            self._changed.wait(remaining)
+
+
+class MultiSourceLoop(InferenceLoop):
+    """The inference loop of an agent with several sources, or a bundle compiled for a batch."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.lanes: list[Lane] = []
+
+    def stats(self) -> dict[str, Any]:
+        """InferenceLoop's, plus each source's frames and camera state (health.json's `sources`)."""
+        out = super().stats()
+        out["sources"] = [lane_health(lane) for lane in self.lanes]
+        return out
+
+    def serve(self, sources: Sequence[CapturedSource], max_frames: Optional[int] = None) -> int:
+        """Serve all sources until every one ended (files), a stop is requested or max_frames; returns reports."""
+        self.lanes = [Lane(s) for s in sources]
+        spec = self.manifest.inputs[0]
+        batch = Batcher(self.lanes, spec.shape[0], self.cfg.max_batch_wait_ms / 1e3)
+        x = aligned_empty(tuple(spec.shape), spec.dtype)  # one input buffer for every call
+        served, reports = 0, 0
+        self._count = 0
+        while not self.stop_requested:
+            t_window = time.monotonic()
+            self.power.start_window()
+            for lane in self.lanes:
+                lane.window = LaneWindow()
+            ended = False
+            while not self.stop_requested and time.monotonic() - t_window < self.cfg.report_interval_s:
+                if self._tick(served, max_frames):
+                    ended = True
+                    break
+                t0 = time.perf_counter()
+                taken = batch.gather(READ_TIMEOUT_S, None if max_frames is None else max_frames - served)
+                if not taken:
+                    if all(lane.source.ended for lane in self.lanes):
+                        ended = True
+                        break
+                    continue  # no frame from any source yet (cameras lost or slow): feed the watchdog, wait again
+                infer_ms = self._serve_batch(x, taken)
+                served += len(taken)
+                self._progress(len(taken), infer_ms, time.perf_counter() - t0)
+            reports += self._report_window(time.monotonic() - t_window, ended)
+            up = sum(1 for lane in self.lanes if lane.source.state().camera_up)
+            self.notifier.status(f"{up} of {len(self.lanes)} cameras up, {served} frames, {reports} reports")
+            if ended:
+                break
+        return reports
+
+    def _serve_batch(self, x: np.ndarray, taken: list[Taken]) -> float:
+        """preprocess each frame into its row of x -> one call -> postprocess each row; returns the call's ms.
+
+        Any failure is a FrameFailed naming the stage and the frames."""
+        stage = "preprocessing"
+        spec, pp = self.manifest.inputs[0], self.manifest.preprocess
+        t_closed = time.perf_counter()
+        try:
+            pre_ms = []
+            for i, t in enumerate(taken):
+                t0 = time.perf_counter()
+                x[i] = preprocess(t.frame.image, pp, spec)[0]
+                pre_ms.append((time.perf_counter() - t0) * 1e3)
+            x[len(taken) :] = 0  # padding: rows no source filled in this call
+            stage = "inference"
+            t_infer = time.perf_counter()
+            ages = [t.frame.age_ms for t in taken]
+            outs = self.runtime.run([x])
+            infer_ms = (time.perf_counter() - t_infer) * 1e3
+            problem = output_problem(outs, self.manifest) if self._count < self.health_frames else None
+            if problem:
+                raise FrameFailed(f"{_frames(taken)}: {problem}")
+            stage = "postprocessing"
+            for i, t in enumerate(taken):
+                t0 = time.perf_counter()
+                top = top_k(outs[0][i], self.manifest, self.labels)
+                post_ms = (time.perf_counter() - t0) * 1e3
+                lane, w = t.lane, t.lane.window
+                w.add(ages[i], t.capture_ms, (t_closed - t.at) * 1e3, pre_ms[i], infer_ms, post_ms)
+                w.latency_ms.append(t.frame.age_ms)  # captured -> its prediction
+                w.fills.append(len(taken))
+                if self.cfg.record_predictions:
+                    w.predictions.append(Prediction(frame=lane.frames, top=top))
+                lane.frames += 1
+            return infer_ms
+        except AgentError:
+            raise
+        except Exception as e:  # a runtime fails in its FFI with any error type
+            raise FrameFailed(f"{_frames(taken)}: {stage} failed: {type(e).__name__}: {e}") from e
+
+    def _report_window(self, seconds: float, ended: bool) -> int:
+        """One report per source that served frames or lost its camera; returns how many were written."""
+        total = sum(lane.window.frames for lane in self.lanes)
+        power = self.power.end_window(total)  # the device's power: the same in every source's report
+        written = 0
+        for lane in self.lanes:
+            w, state = lane.window, lane.source.state()
+            final = ended or lane.source.ended
+            if lane.finished or not (w.frames or not state.camera_up or final):
+                continue
+            lane.finished = lane.source.ended
+            dropped = state.dropped_frames - lane.dropped_before
+            lane.dropped_before = state.dropped_frames
+            batch = BatchReport(
+                size=self.manifest.inputs[0].shape[0],
+                sources=len(self.lanes),
+                max_wait_ms=self.cfg.max_batch_wait_ms,
+                mean_fill=round(sum(w.fills) / len(w.fills), 3) if w.fills else 0.0,
+                aggregate_fps=round(total / seconds, 3) if seconds > 0 else 0.0,
+            )
+            fps = round(w.frames / seconds, 3) if seconds > 0 else 0.0
+            report = self._report(w, lane.source.uri, state, final, dropped, power, fps=fps, batch=batch)
+            self._emit(report)
+            written += 1
+        return written
+
+
+def lane_health(lane: Lane) -> dict[str, Any]:
+    """One source's line in health.json."""
+    state = lane.source.state()
+    return {
+        "source": lane.source.uri,
+        "frames": lane.frames,
+        "camera_up": state.camera_up,
+        "ended": lane.source.ended,
+        "reconnects": state.reconnects,
+        "dropped_frames": state.dropped_frames,
+        "last_error": state.last_error,
+    }
+
+
+def _frames(taken: list[Taken]) -> str:
+    return ", ".join(f"frame {t.lane.frames} from {t.lane.source.uri}" for t in taken)
