@@ -26,9 +26,7 @@ REPO = Path(__file__).resolve().parents[1]
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--devices", type=int, default=20)
-    p.add_argument(
-        "--data", type=Path, default=Path(os.environ.get("EDGEDEPLOY_DATA", REPO.parent / "shared/data"))
-    )
+    p.add_argument("--data", type=Path, default=Path(os.environ.get("EDGEDEPLOY_DATA", REPO.parent / "shared/data")))
     args = p.parse_args()
     with tempfile.TemporaryDirectory(prefix="edgedeploy-bench-") as tmp:
         base = Path(tmp)

@@ -41,9 +41,7 @@ def main() -> int:
     p.add_argument("--ssh-devices", type=int, default=20, help="devices in the SSH comparison (0: skip)")
     p.add_argument("--procs", type=int, default=4, help="processes the simulated devices share")
     p.add_argument("--rate", type=float, default=200.0, help="desired-state publishes per second")
-    p.add_argument(
-        "--data", type=Path, default=Path(os.environ.get("EDGEDEPLOY_DATA", REPO.parent / "shared/data"))
-    )
+    p.add_argument("--data", type=Path, default=Path(os.environ.get("EDGEDEPLOY_DATA", REPO.parent / "shared/data")))
     args = p.parse_args()
     sys.stdout.reconfigure(line_buffering=True)  # type: ignore[union-attr]
     with tempfile.TemporaryDirectory(prefix="edgedeploy-bench-pull-") as tmp:
