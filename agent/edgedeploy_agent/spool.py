@@ -31,6 +31,7 @@ DEFAULT_SPOOL_MAX_BYTES = 64 << 20
 class Spool:
     def __init__(self, store: DeviceStore, max_bytes: int = DEFAULT_SPOOL_MAX_BYTES) -> None:
         self.dir, self.max_bytes, self.slot = store.spool, max_bytes, store.slot
+        store.run_dir.mkdir(parents=True, exist_ok=True)
         self._seq_path = store.run_dir / "report_seq"
         self._dropped_path = store.run_dir / "spool_dropped"
         self.seq = self._last_seq()
