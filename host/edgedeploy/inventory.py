@@ -18,13 +18,28 @@ from typing import Literal
 import tomli_w
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from edgedeploy_agent.names import DEVICE_NAME_PATTERN
+from edgedeploy_agent.names import DEFAULT_SLOT, DEVICE_NAME_PATTERN, SLOT_NAME_RULE, is_slot_name
 
 from .errors import InputError, InventoryError, validation_text
 from .paths import config_dir
 from .userfiles import read_toml, write_text_atomic
 
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
+class ModelSlot(BaseModel):
+    """[devices.NAME.models.SLOT]: one more model on the device (`push --model SLOT`) and the source it serves."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    source: str | None = Field(default=None, description="frame source URI of this model on the device")
+
+    @field_validator("source")
+    @classmethod
+    def _no_control_characters(cls, value: str | None) -> str | None:
+        if value is not None and _CONTROL.search(value):
+            raise ValueError(f"{value!r} holds a control character (newline, tab, ...)")
+        return value
 
 
 class Device(BaseModel):
@@ -43,6 +58,24 @@ class Device(BaseModel):
     agent_command: str = Field(default="edgedeploy-agent", description="path of edgedeploy-agent on the device")
     source: str | None = Field(default=None, description="frame source URI on the device")
     keep_releases: int = Field(default=3, ge=2, description="releases the device keeps (current + previous)")
+    models: dict[str, ModelSlot] = Field(
+        default_factory=dict, description="models besides `default` (whose source is `source`), by slot name"
+    )
+
+    @field_validator("models")
+    @classmethod
+    def _slot_names(cls, value: dict[str, ModelSlot]) -> dict[str, ModelSlot]:
+        for slot in value:
+            if slot == DEFAULT_SLOT or not is_slot_name(slot):
+                raise ValueError(f"{slot[:40]!r} is not a model slot name ({SLOT_NAME_RULE}; not {DEFAULT_SLOT!r})")
+        return value
+
+    def source_for(self, model: str) -> str | None:
+        """The frame source the inventory names for one of the device's models (None: keep the device's)."""
+        if model == DEFAULT_SLOT:
+            return self.source
+        slot = self.models.get(model)
+        return slot.source if slot else None
 
     @field_validator("host", "user", "key_file", "profile", "tags", "root", "agent_command", "source")
     @classmethod

@@ -34,7 +34,7 @@ class WatchDevice:
     proc: subprocess.Popen[bytes] | None = None
 
     def current(self) -> str | None:
-        link = self.root / "current"
+        link = self.root / "models" / "default" / "current"
         return os.readlink(link).split("/")[-1] if link.is_symlink() else None
 
     def log(self) -> str:
