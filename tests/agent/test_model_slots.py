@@ -21,7 +21,7 @@ from edgedeploy_agent.report import Report
 from edgedeploy_agent.spool import Spool
 from edgedeploy_agent.store import LEGACY_RUN_FILES, DeviceStore, migrate_layout
 from tests.agent.bundles import copy, make_bundle, make_report
-from tests.agent.doubles import ScriptedService
+from tests.agent.doubles import ScriptedService, lay_out_as_before_slots
 from tests.helpers import agent
 
 
@@ -142,15 +142,8 @@ def _legacy(store: DeviceStore, tmp_path: Path) -> tuple[str, bytes]:
     (store.run_dir / "report_seq").write_text("7")
     current = store.current()
     assert current is not None
-    root = store.root
-    os.rename(store.releases, root / "releases")
-    os.symlink(f"releases/{current}", root / "current")
-    os.rename(store.state_path, root / "state.json")
-    for name in LEGACY_RUN_FILES:
-        if (store.run_dir / name).exists():
-            os.rename(store.run_dir / name, root / "run" / name)
-    shutil.rmtree(root / "models")
-    return current, (root / "state.json").read_bytes()
+    lay_out_as_before_slots(store.root)
+    return current, (store.root / "state.json").read_bytes()
 
 
 def _check_migrated(store: DeviceStore, current: str, state: bytes) -> None:
