@@ -35,8 +35,8 @@ from .lifecycle import (
     rollback,
     watch_for_interruptions,
 )
-from .service import HealthObjectives, make_service, read_health
 from .names import DEFAULT_SLOT, SLOT_NAME_RULE
+from .service import HealthObjectives, make_service, read_health
 from .store import DeviceStore, migrate_layout
 from .trust import TrustStore
 

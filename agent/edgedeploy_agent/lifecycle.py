@@ -285,7 +285,17 @@ def spawn_finisher(store: DeviceStore) -> None:
         log.write(f"{utcnow()} edgedeploy-agent: finishing an interrupted transition\n".encode())
         log.flush()
         subprocess.Popen(
-            [sys.executable, "-m", "edgedeploy_agent", "--root", str(store.root), "--json", "recover", "--finish", *slot_args(store)],
+            [
+                sys.executable,
+                "-m",
+                "edgedeploy_agent",
+                "--root",
+                str(store.root),
+                "--json",
+                "recover",
+                "--finish",
+                *slot_args(store),
+            ],
             stdin=subprocess.DEVNULL,
             stdout=log,
             stderr=subprocess.STDOUT,

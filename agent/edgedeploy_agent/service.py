@@ -110,7 +110,15 @@ class ProcessService:
             log.write(f"{stamp} edgedeploy-agent: starting {self.store.current() or 'no release'}\n".encode())
             log.flush()
             proc = subprocess.Popen(
-                [sys.executable, "-m", "edgedeploy_agent", "--root", str(self.store.root), "run", *slot_args(self.store)],
+                [
+                    sys.executable,
+                    "-m",
+                    "edgedeploy_agent",
+                    "--root",
+                    str(self.store.root),
+                    "run",
+                    *slot_args(self.store),
+                ],
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,
@@ -198,7 +206,7 @@ def make_service(store: DeviceStore) -> Service:
         if not cfg.unit:
             raise StateError(
                 f"model {store.slot!r} has no systemd unit to serve it",
-                hint=f"name its unit in agent.json: \"models\": {{\"{store.slot}\": {{\"unit\": \"UNIT\"}}}}",
+                hint=f'name its unit in agent.json: "models": {{"{store.slot}": {{"unit": "UNIT"}}}}',
             )
         return SystemdService(store, cfg.unit)
     return ProcessService(store)

@@ -140,7 +140,9 @@ class DeviceStore:
             cfg = cfg.model_copy(update={"source": source})
         else:
             slot = cfg.models.get(self.slot) or ModelSlotConfig()
-            cfg = cfg.model_copy(update={"models": {**cfg.models, self.slot: slot.model_copy(update={"source": source})}})
+            cfg = cfg.model_copy(
+                update={"models": {**cfg.models, self.slot: slot.model_copy(update={"source": source})}}
+            )
         write_json_atomic(self.config_path, AgentConfig.model_validate(cfg.model_dump()).model_dump(mode="json"))
 
     @contextmanager

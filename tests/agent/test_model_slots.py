@@ -63,9 +63,7 @@ def test_two_slots_are_deployed_health_checked_and_rolled_back_independently(
     store: DeviceStore, tmp_path: Path
 ) -> None:
     a, b = store, store.for_slot("cam2")
-    bundles = {
-        v: make_bundle(tmp_path / v, version=v, lib_bytes=v.encode()) for v in ("a1", "a2", "b1", "b2", "b3")
-    }
+    bundles = {v: make_bundle(tmp_path / v, version=v, lib_bytes=v.encode()) for v in ("a1", "a2", "b1", "b2", "b3")}
     name = {v: read_manifest(p).release_name for v, p in bundles.items()}
     svc_a, svc_b = ScriptedService(a), ScriptedService(b, bad={name["b3"]})
     for v in ("a1", "a2"):

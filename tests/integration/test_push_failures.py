@@ -137,7 +137,10 @@ def test_session_killed_while_the_device_stages_leaves_nothing_behind(
     device.sshd.kill()  # the session and the agent command in it die
     session.join(timeout=60)
     assert staging.is_dir(), "the deploy finished before its session could be killed"
-    assert errors and json.loads((device.root / "models" / "default" / "state.json").read_text())["pending"]["state"] == "staged"
+    assert (
+        errors
+        and json.loads((device.root / "models" / "default" / "state.json").read_text())["pending"]["state"] == "staged"
+    )
 
     device.sshd.start()
     r = cli("devices", "facts", device.name, *device.args())  # facts report the interruption, change nothing

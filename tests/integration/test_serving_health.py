@@ -76,7 +76,9 @@ def test_a_killed_agent_shows_as_dead_at_once(cli: Cli, looping: Enrolled, mnist
     os.kill(health["pid"], signal.SIGKILL)
     f = facts(cli, looping)
     assert f["health_state"] == "dead" and f["healthy_release"] is None and f["running"] is False, f
-    assert json.loads((looping.root / "models" / "default" / "run" / "health.json").read_text())["state"] == "ready"  # its last word
+    assert (
+        json.loads((looping.root / "models" / "default" / "run" / "health.json").read_text())["state"] == "ready"
+    )  # its last word
     r = cli("status", looping.name, *looping.args())
     assert r.code == 0 and "agent dead" in r.out, r.out + r.err
 

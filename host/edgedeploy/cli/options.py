@@ -82,7 +82,9 @@ JsonOpt = Annotated[bool, typer.Option("--json", help="print JSON for scripts")]
 
 def _model_name(ctx: typer.Context, param: typer.CallbackParam, value: str) -> str:
     if not is_slot_name(value):
-        raise InputError(f"--model {value[:40]!r} is not a model name ({SLOT_NAME_RULE})", hint=f"see {ctx.command_path} --help")
+        raise InputError(
+            f"--model {value[:40]!r} is not a model name ({SLOT_NAME_RULE})", hint=f"see {ctx.command_path} --help"
+        )
     return value
 
 

@@ -47,8 +47,10 @@ def show_report(device: str, r: dict[str, Any]) -> None:
     ]
     temps = r.get("temperatures_c")
     extra = f"; temperatures {', '.join(f'{k} {v} C' for k, v in temps.items())}" if temps else ""
+    slot = r.get("slot", DEFAULT_SLOT)
+    of = "" if slot == DEFAULT_SLOT else f" model {slot}"
     render.table(
-        f"{device}{'' if r.get('slot', DEFAULT_SLOT) == DEFAULT_SLOT else ' model ' + r['slot']} report #{r['seq']}: {r['model']} {r['model_version']} ({r['bundle_id']}), {r['frames']} frames, "
+        f"{device}{of} report #{r['seq']}: {r['model']} {r['model_version']} ({r['bundle_id']}), {r['frames']} frames, "
         f"{r['fps']:.1f} FPS (busy time), runtime {r['runtime']}\n  source {source_text(r)}\n"
         f"  power {power_text(r['power'])}{extra}",
         ["stage (ms)", "p50", "p95", "p99", "mean"],
