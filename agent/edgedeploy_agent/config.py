@@ -5,7 +5,7 @@ from typing import Literal, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from .names import DEFAULT_SLOT, DEVICE_NAME_PATTERN, DEVICE_NAME_RULE, SLOT_NAME_RULE, is_slot_name
+from .names import DEFAULT_SLOT, DEVICE_NAME_PATTERN, DEVICE_NAME_RULE, check_extra_slots
 
 
 class ModelSlotConfig(BaseModel):
@@ -63,9 +63,7 @@ class AgentConfig(BaseModel):
     @field_validator("models")
     @classmethod
     def _slot_names(cls, v: dict[str, ModelSlotConfig]) -> dict[str, ModelSlotConfig]:
-        for name in v:
-            if name == DEFAULT_SLOT or not is_slot_name(name):
-                raise ValueError(f"model slot {name[:40]!r}: not a slot name ({SLOT_NAME_RULE}; not {DEFAULT_SLOT!r})")
+        check_extra_slots(v)
         return v
 
     def for_slot(self, slot: str) -> "AgentConfig":

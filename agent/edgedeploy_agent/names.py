@@ -7,6 +7,7 @@ spaces, control characters and names long enough to be refused by a broker or a 
 """
 
 import re
+from collections.abc import Iterable
 
 DEVICE_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$"
 DEVICE_NAME_RULE = "letters, digits, '.', '_' and '-', starting with a letter or digit, at most 63 characters"
@@ -29,3 +30,11 @@ _SLOT_NAME = re.compile(SLOT_NAME_PATTERN)
 
 def is_slot_name(name: object) -> bool:
     return isinstance(name, str) and _SLOT_NAME.fullmatch(name) is not None
+
+
+def check_extra_slots(names: Iterable[str]) -> None:
+    """The slots besides `default` that agent.json and the inventory name (their `models`): ValueError for a
+    name that is not a slot name, or is `default` (whose fields are the device's own)."""
+    for name in names:
+        if name == DEFAULT_SLOT or not is_slot_name(name):
+            raise ValueError(f"{name[:40]!r} is not a model slot name ({SLOT_NAME_RULE}; not {DEFAULT_SLOT!r})")

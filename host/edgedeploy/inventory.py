@@ -18,7 +18,7 @@ from typing import Literal
 import tomli_w
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from edgedeploy_agent.names import DEFAULT_SLOT, DEVICE_NAME_PATTERN, SLOT_NAME_RULE, is_slot_name
+from edgedeploy_agent.names import DEFAULT_SLOT, DEVICE_NAME_PATTERN, check_extra_slots
 
 from .errors import InputError, InventoryError, validation_text
 from .paths import config_dir
@@ -65,9 +65,7 @@ class Device(BaseModel):
     @field_validator("models")
     @classmethod
     def _slot_names(cls, value: dict[str, ModelSlot]) -> dict[str, ModelSlot]:
-        for slot in value:
-            if slot == DEFAULT_SLOT or not is_slot_name(slot):
-                raise ValueError(f"{slot[:40]!r} is not a model slot name ({SLOT_NAME_RULE}; not {DEFAULT_SLOT!r})")
+        check_extra_slots(value)
         return value
 
     def source_for(self, model: str) -> str | None:

@@ -46,7 +46,7 @@ def test_slot_names_that_are_refused(name: str, tmp_path: Path) -> None:
     """A slot name becomes a folder name: nothing that leaves models/, hides, or differs only by case."""
     with pytest.raises(StateError, match="is not a model name"):
         DeviceStore(tmp_path, name)
-    with pytest.raises(ValidationError, match="not a slot name"):
+    with pytest.raises(ValidationError, match="is not a model slot name"):
         AgentConfig(device_name="t", models={name: {}})
 
 

@@ -64,9 +64,10 @@ def test_two_models_pushed_health_checked_and_rolled_back_independently(
     assert _serving(dev, "default") == (v1, a_pid)
     assert _serving(dev, "cam2")[0] == v1
 
-    # v2 into cam2, then a manual rollback of cam2 only
-    r = cli("push", dev.name, str(v2_bundle), "--model", "cam2", "--json", *dev.args())
-    assert r.code == 0 and json.loads(r.out)["release"] == v2, r.err
+    # v2 into cam2 by a rollout, then a manual rollback of cam2 only
+    r = cli("rollout", str(v2_bundle), "--devices", dev.name, "--model", "cam2", "--json", *dev.args())
+    assert r.code == 0 and json.loads(r.out)["devices"][dev.name]["release_after"] == v2, r.out + r.err
+    assert _serving(dev, "cam2")[0] == v2 and _serving(dev, "default") == (v1, a_pid)
     r = cli("rollback", dev.name, "--model", "cam2", *dev.args())
     assert r.code == 0 and f"{dev.name} model cam2: rolled back to {v1} (was {v2})" in r.out, r.out + r.err
     assert _serving(dev, "cam2")[0] == v1 and _serving(dev, "default") == (v1, a_pid)
