@@ -59,9 +59,10 @@ class WatchDevice:
         self.proc = None
 
     def close(self) -> None:
-        """The watch and the inference agent stopped: no process left behind."""
+        """The watch and the inference agents (one per model slot) stopped: no process left behind."""
         self.stop()
-        agent("--root", str(self.root), "--json", "stop")
+        for slot in sorted({"default", *(p.name for p in (self.root / "models").glob("*"))}):
+            agent("--root", str(self.root), "--json", "stop", "--model", slot)
 
 
 def watch_device(

@@ -16,8 +16,9 @@ from tests.agent.doubles import lay_out_as_before_slots
 from tests.helpers import Cli, agent, assert_one_line_error
 from tests.integration.conftest import Enrolled
 from tests.integration.netfleet import padded_bundle
+from tests.integration.pullfleet import PUBLISHER, PullFleet, signed
 
-pytestmark = [pytest.mark.integration, pytest.mark.sshd]
+pytestmark = pytest.mark.integration
 
 
 def _slot(dev: Enrolled, slot: str) -> Path:
@@ -25,9 +26,14 @@ def _slot(dev: Enrolled, slot: str) -> Path:
 
 
 def _serving(dev: Enrolled, slot: str) -> tuple[str, int]:
+    return _serving_root(dev.root, slot)
+
+
+def _serving_root(root: Path, slot: str) -> tuple[str, int]:
     """(release, pid) of the agent that serves `slot`, read from the device's disk; it must be alive and ready."""
-    health = json.loads((_slot(dev, slot) / "run" / "health.json").read_text())
-    pid = int((_slot(dev, slot) / "run" / "agent.pid").read_text())
+    run = root / "models" / slot / "run"
+    health = json.loads((run / "health.json").read_text())
+    pid = int((run / "agent.pid").read_text())
     assert health["state"] == "ready" and health["pid"] == pid and pid_alive(pid), health
     return health["release"], pid
 
@@ -38,6 +44,7 @@ def two_models(looping: Enrolled) -> Iterator[Enrolled]:
     agent("--root", str(looping.root), "--json", "stop", "--model", "cam2")  # (the fixture stops default)
 
 
+@pytest.mark.sshd
 def test_two_models_pushed_health_checked_and_rolled_back_independently(
     cli: Cli, two_models: Enrolled, mnist_bundle: Path, tmp_path: Path
 ) -> None:
@@ -87,6 +94,7 @@ def test_two_models_pushed_health_checked_and_rolled_back_independently(
     assert_one_line_error(r, 2, "--model '../x' is not a model name")
 
 
+@pytest.mark.sshd
 def test_a_device_from_before_model_slots_is_upgraded_in_place_by_a_push(
     cli: Cli, looping: Enrolled, mnist_bundle: Path, tmp_path: Path
 ) -> None:
@@ -110,3 +118,52 @@ def test_a_device_from_before_model_slots_is_upgraded_in_place_by_a_push(
     assert _serving(dev, "default")[0] == v1
     events = [h["event"] for h in json.loads((_slot(dev, "default") / "state.json").read_text())["history"]]
     assert events == ["committed", "committed", "manual-rollback"]  # the history from before slots is kept
+
+
+@pytest.mark.fleet_servers
+def test_a_pull_rollout_and_rollback_address_one_model(
+    cli: Cli, pull_fleet: PullFleet, mnist_bundle: Path, tmp_path: Path
+) -> None:
+    """`rollout --via mqtt --model cam2`: the desired state names the slot, the device's watch deploys into it
+    and its status says so; `rollback --via mqtt --model cam2` undoes that model's newest pull rollout. The
+    default model, deployed by its own pull rollout before, is never touched."""
+    fleet = pull_fleet
+    dev = fleet.devices["dev1"]
+    clip = json.loads(agent("--root", str(dev.root), "--json", "facts").out)["source"]
+    assert agent("--root", str(dev.root), "init", "--model", "cam2", "--source", clip).code == 0
+    first, second = (signed(cli, mnist_bundle, tmp_path / f"{n}.edb") for n in ("first", "second"))
+    registry = f"{fleet.origin.address}/models/mnist"
+    env = {"EDGEDEPLOY_REGISTRY_PASSWORD": PUBLISHER[1]}
+    for b in (first, second):
+        assert cli("publish", str(b), "--registry", registry, "--user", PUBLISHER[0], env=env).code == 0
+    r1, r2 = read_manifest(first).release_name, read_manifest(second).release_name
+    fleet.start("dev1")
+
+    def rollout(bundle: Path, *model: str) -> None:
+        r = cli("rollout", str(bundle), "--devices", "dev1", "--via", "mqtt", "--json", *model, *fleet.args(),
+                timeout=240)  # fmt: skip
+        assert r.code == 0, r.out + r.err + dev.log()
+        assert json.loads(r.out)["devices"]["dev1"]["status"] == "committed", r.out
+
+    rollout(first)
+    default_before = _health(dev.root, "default")
+    rollout(first, "--model", "cam2")
+    rollout(second, "--model", "cam2")
+    assert _health(dev.root, "cam2")[0] == r2 and _health(dev.root, "default") == default_before
+    status = json.loads(cli("status", "dev1", "--via", "mqtt", "--json", *fleet.args()).out)
+    st = status["devices"]["dev1"]
+    assert st["model"] == "cam2" and st["release"] == r2 and st["models"] == {"default": r1, "cam2": r2}, st
+
+    r = cli("rollback", "dev1", "--via", "mqtt", "--model", "cam2", "--json", *fleet.args(), timeout=240)
+    assert r.code == 0, r.out + r.err + dev.log()
+    assert json.loads(r.out)["succeeded"]["dev1"]["outcome"] == "rolled-back"
+    assert _health(dev.root, "cam2")[0] == r1 and _health(dev.root, "default") == default_before
+    events = [h["event"] for h in json.loads((dev.root / "models" / "default" / "state.json").read_text())["history"]]
+    assert events == ["committed"]
+
+
+def _health(root: Path, slot: str) -> tuple[str, int]:
+    """(release, pid) a slot's agent reports, healthy (this fleet's clip plays once: `finished` once it ended)."""
+    health = json.loads((root / "models" / slot / "run" / "health.json").read_text())
+    assert health["state"] in ("ready", "finished"), health
+    return health["release"], health["pid"]

@@ -116,11 +116,9 @@ def register(app: typer.Typer) -> None:
         from .. import api, pull_api
 
         inv = Inventory.load(inventory)
-        if via == "mqtt" and model != DEFAULT_SLOT:
-            raise InputError("--via mqtt rolls back the default model only; use --via ssh for --model")
         if via == "mqtt":  # one deadline for all: the health check, plus a margin for the broker round trip
             names = api.select_devices(inv, [device] if device else None, group)
-            fleet = pull_api.rollback_via_mqtt(names, health_timeout=timeout)
+            fleet = pull_api.rollback_via_mqtt(names, health_timeout=timeout, model=model)
             render.fleet_result(fleet, json_, _rolled_back)
             if fleet.exit_code:
                 raise typer.Exit(fleet.exit_code)

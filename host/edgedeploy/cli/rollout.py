@@ -106,8 +106,6 @@ def register(app: typer.Typer) -> None:
 
         if via not in ("ssh", "mqtt"):
             raise InputError(f"--via must be ssh or mqtt, got {via!r}")
-        if via == "mqtt" and model != DEFAULT_SLOT:
-            raise InputError("--via mqtt delivers the default model only; use --via ssh for --model")
         if model != DEFAULT_SLOT and (resume or show_):
             raise InputError("--model is for a new rollout; --resume and --show take the recorded one's")
         inv = Inventory.load(inventory)
@@ -144,6 +142,7 @@ def register(app: typer.Typer) -> None:
                         pull_timeout=pull_timeout,
                         dry_run=dry_run,
                         listener=listener,
+                        model=model,
                     )
                 else:
                     state = api.rollout(

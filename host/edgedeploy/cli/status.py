@@ -145,7 +145,7 @@ def _via_mqtt(names: list[str], group: str | None, json_: bool) -> None:
         render.print_json({"devices": statuses})
     else:
         rows = [
-            [n, st.get("state", "?"), st.get("release") or "-", st.get("rollout") or "-", st.get("code") or "",
+            [n, st.get("state", "?"), _release(st), st.get("rollout") or "-", st.get("code") or "",
              _progress(st), st.get("updated", "")]
             if st else [n, "NO STATUS", "-", "-", "", "", ""]
             for n, st in statuses.items()
@@ -159,6 +159,12 @@ def _via_mqtt(names: list[str], group: str | None, json_: bool) -> None:
     bad = ("offline", "refused", "rolled-back", UNREADABLE)
     ok = sum(1 for st in statuses.values() if st and st.get("state") not in bad)
     raise typer.Exit(fleet_exit_code(ok, len(names)))
+
+
+def _release(st: dict[str, Any]) -> str:
+    """The release a status is about, with its model slot when that is not `default`."""
+    model = st.get("model") or DEFAULT_SLOT
+    return (st.get("release") or "-") + ("" if model == DEFAULT_SLOT else f" (model {model})")
 
 
 def _progress(st: dict[str, Any]) -> str:
