@@ -480,8 +480,7 @@ def _logs(store: DeviceStore, args: argparse.Namespace) -> int:
     try:
         since = parse_since(args.since) if args.since else None
         cfg = store.config()
-        unit = cfg.unit if cfg.service == "systemd" else None
-        unit = unit or None  # a slot no unit serves: its log file
+        unit = (cfg.unit or None) if cfg.service == "systemd" else None  # a slot no unit serves: its log file
         return print_logs(store.log_path, unit, args.lines, since, args.follow, sys.stdout.buffer)
     except ValueError as e:
         err = StateError(str(e))

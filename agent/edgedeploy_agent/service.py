@@ -68,7 +68,6 @@ class ProcessService:
     def __init__(self, store: DeviceStore) -> None:
         self.store = store
         self.pidfile = store.run_dir / "agent.pid"
-        store.run_dir.mkdir(parents=True, exist_ok=True)
 
     def _pid(self) -> Optional[int]:
         try:
@@ -103,7 +102,8 @@ class ProcessService:
     def restart(self) -> None:
         self.stop()
         (self.store.run_dir / "health.json").unlink(missing_ok=True)
-        self.store.logs.mkdir(parents=True, exist_ok=True)
+        for d in (self.store.logs, self.store.run_dir):
+            d.mkdir(parents=True, exist_ok=True)
         log = open(self.store.log_path, "ab")
         try:
             stamp = utcnow()  # every line the agent writes starts with its time (agentlog.py)

@@ -98,7 +98,7 @@ class DeviceStore:
         """The device's model slots: `default` first, then every other one deployed to or configured."""
         found = {d.name for d in (self.root / "models").glob("*") if d.is_dir() and is_slot_name(d.name)}
         if self.initialised:
-            found.update(self.config().models)
+            found.update(self.device_config().models)
         return [DEFAULT_SLOT, *sorted(found - {DEFAULT_SLOT})]
 
     def require_slot(self) -> None:

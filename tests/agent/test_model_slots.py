@@ -91,6 +91,8 @@ def test_two_slots_are_deployed_health_checked_and_rolled_back_independently(
     assert (a.current(), b.current()) == (name["a1"], name["b2"]) and b.state_path.read_bytes() == before_b
 
     # the device's answer names every slot; `--model` picks the one at the top
+    facts = json.loads(agent("--root", str(a.root), "--json", "facts", "--model", "cam9").out)
+    assert facts["current"] is None and a.slots() == ["default", "cam2"]  # read only: asking creates no slot
     facts = json.loads(agent("--root", str(a.root), "--json", "facts", "--model", "cam2").out)
     assert facts["slot"] == "cam2" and facts["current"]["release"] == name["b2"]
     assert {s: f["current"]["release"] for s, f in facts["models"].items()} == {
