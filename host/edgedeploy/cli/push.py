@@ -55,7 +55,7 @@ def register(app: typer.Typer) -> None:
         """Upload the blobs the device lacks, activate atomically, health-check; the device rolls back on failure.
 
         With --model NAME the bundle goes into that model slot of the device (created by its first push), with
-        the source the inventory names for it ([devices.DEVICE.models.NAME] source); the others keep serving."""
+        the source the inventory names for it (\\[devices.DEVICE.models.NAME] source); the others keep serving."""
         from .. import api
         from ..remote.plan import HealthPolicy
         from ..remote.rollout_runner import Network
