@@ -35,8 +35,9 @@ from .lifecycle import (
     rollback,
     watch_for_interruptions,
 )
+from .names import DEFAULT_SLOT, SLOT_NAME_RULE
 from .service import HealthObjectives, make_service, read_health
-from .store import DeviceStore
+from .store import DeviceStore, migrate_layout
 from .trust import TrustStore
 
 DEFAULT_ROOT = "/var/lib/edgedeploy"
@@ -59,27 +60,41 @@ def _gather_facts(store: DeviceStore, args: argparse.Namespace) -> dict[str, Any
     probe = store.root if store.root.exists() else store.root.parent
     facts["free_bytes"] = shutil.disk_usage(probe).free if probe.exists() else None
     if store.initialised:  # read only: facts never recover a transition nor verify an upload
-        service = make_service(store)
         facts["busy"] = store.busy()
         state = store.state()
         cfg = store.config()
+        # the model slot asked about (`--model`, default `default`) at the top, as before slots; every slot under
+        # `models`
         facts.update(
             service=cfg.service,
-            source=cfg.source,
+            slot=store.slot,
+            **_slot_facts(store),
             sources=cfg.sources,
-            running=service.is_running(),
-            health=present_health(store.run_dir, read_health(store)),  # `dead` when its writer is gone
-            current=describe_release(store, state["current"]),
-            previous=state["previous"],
             history=state["history"][-5:],
             profile=cfg.profile,
             trusted_keys=sorted(TrustStore(store.root).keys()),
             serial=(state.get("serial") or {}).get("serial"),
-            pending=state["pending"],  # a transition in flight, or one a crash left for `recover`
+            models={slot: _slot_facts(store.for_slot(slot)) for slot in store.slots()},
         )
         if args.blobs:  # the host's one round trip before an upload: facts plus what is missing
             facts["blobs"] = _missing(store, args.blobs)
     return facts
+
+
+def _slot_facts(store: DeviceStore) -> dict[str, Any]:
+    state = store.state()
+    try:
+        running: Optional[bool] = make_service(store).is_running()
+    except StateError:  # systemd mode, and no unit serves this slot
+        running = None
+    return {
+        "source": store.config().source,
+        "running": running,
+        "health": present_health(store.run_dir, read_health(store)),  # `dead` when its writer is gone
+        "current": describe_release(store, state["current"]),
+        "previous": state["previous"],
+        "pending": state["pending"],  # a transition in flight, or one a crash left for `recover`
+    }
 
 
 def _stored_config(store: DeviceStore) -> dict[str, Any]:
@@ -94,6 +109,7 @@ def _stored_config(store: DeviceStore) -> dict[str, Any]:
 
 def _init(store: DeviceStore, args: argparse.Namespace) -> dict[str, Any]:
     base = _stored_config(store)  # as stored, unvalidated: `init --device-name` repairs a name now refused
+    slot_source = _slot_source(store, args)  # `init --model NAME --source URI`
     changes = {
         k: v
         for k, v in {
@@ -111,14 +127,30 @@ def _init(store: DeviceStore, args: argparse.Namespace) -> dict[str, Any]:
         }.items()
         if v is not None
     }
-    changes.update(_source_changes(args))
+    if slot_source is None:
+        changes.update(_source_changes(args))
     try:
         cfg = AgentConfig.model_validate({**base, **changes})
     except ValidationError as e:
         raise StateError(f"init: {config_error(e)}") from None
     store.init(cfg)
+    if slot_source is not None:
+        store.set_source(slot_source or None)
     BlobStore(store.root).init()
-    return {"root": str(store.root), "config": cfg.model_dump(mode="json")}
+    return {"root": str(store.root), "config": store.device_config().model_dump(mode="json")}
+
+
+def _slot_source(store: DeviceStore, args: argparse.Namespace) -> Optional[str]:
+    """`--source` of a model slot besides `default`: its one source ('' clears it). None for the default slot,
+    whose sources (one or several, batched) are `_source_changes`."""
+    if store.slot == DEFAULT_SLOT or args.source is None:
+        return None
+    uris = [u for u in args.source if u]
+    if len(uris) > 1:
+        raise StateError(
+            f"model {store.slot}: a model besides `default` serves one source (several are batched into `default`)"
+        )
+    return uris[0] if uris else ""
 
 
 def _source_changes(args: argparse.Namespace) -> dict[str, Any]:
@@ -135,7 +167,10 @@ def _source_changes(args: argparse.Namespace) -> dict[str, Any]:
 
 def _deploy(store: DeviceStore, args: argparse.Namespace) -> dict[str, Any]:
     store.require_initialised()
-    sources = _source_changes(args)
+    slot_source = _slot_source(store, args)
+    if slot_source is not None:
+        store.set_source(slot_source or None)
+    sources = _source_changes(args) if slot_source is None else {}
     if sources:
         try:
             store.update_config(**sources)
@@ -159,8 +194,17 @@ def _deploy(store: DeviceStore, args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _recover(store: DeviceStore, args: argparse.Namespace) -> dict[str, Any]:
-    """Finish a transition a crash interrupted (every deploy and rollback does this first)."""
-    store.require_initialised()
+    """Finish a transition a crash interrupted (every deploy and rollback does this first), in the slot that
+    `--model` names, else in every slot (the default slot's answer at the top, the others' under `models`)."""
+    store.require_slot()
+    if args.model:
+        return _recover_slot(store, args)
+    answers = {slot: _recover_slot(store.for_slot(slot), args) for slot in store.slots()}
+    answer = answers.pop(DEFAULT_SLOT)
+    return {**answer, "models": answers} if answers else answer
+
+
+def _recover_slot(store: DeviceStore, args: argparse.Namespace) -> dict[str, Any]:
     pending = store.state()["pending"]
     if args.finish and interrupted(store) is None:  # the finisher's timer, every minute: nothing cut off, nothing to do
         return {"recovered": None, "finished": None, "current": store.state()["current"]}
@@ -199,7 +243,7 @@ def _trust(store: DeviceStore, args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _rollback(store: DeviceStore, args: argparse.Namespace) -> dict[str, Any]:
-    store.require_initialised()
+    store.require_slot()
     with store.exclusive("rollback"):
         return rollback(store, make_service(store), args.timeout or store.config().health_timeout_s)
 
@@ -267,7 +311,7 @@ def _selftest(store: DeviceStore, args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _stop(store: DeviceStore, args: argparse.Namespace) -> dict[str, Any]:
-    store.require_initialised()
+    store.require_slot()
     make_service(store).stop()
     return {"stopped": True}
 
@@ -282,6 +326,10 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--json", action="store_true", help="print one JSON object")
     sub = p.add_subparsers(dest="command", required=True)
+    p.set_defaults(model=None)
+
+    def model_arg(s: argparse.ArgumentParser, what: str = "the model slot") -> None:
+        s.add_argument("--model", help=f"{what} (default: {DEFAULT_SLOT}; {SLOT_NAME_RULE})")
 
     s = sub.add_parser("init", help="create the agent folders and config (idempotent)")
     s.add_argument("--device-name")
@@ -313,10 +361,12 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--profile", help="device profile; bundles for another profile are refused")
     s.add_argument("--keep-releases", type=int, help="releases kept on the device (current + previous)")
     s.add_argument("--health-frames", type=int, help="real frames a deploy must serve to be healthy (default 3)")
+    model_arg(s, "with --source: set this model slot's source")
     s.set_defaults(fn=_init)
 
     s = sub.add_parser("facts", help="what the host needs to plan a deploy (changes nothing)")
     s.add_argument("--blobs", nargs="+", metavar="SHA256", help="also say which of these blobs are missing")
+    model_arg(s, "the model slot described at the top (all are under `models`)")
     s.set_defaults(fn=_facts)
 
     s = sub.add_parser("deploy", help="verify, unpack, activate, restart, health-check; roll back on failure")
@@ -335,6 +385,7 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument(
         "--build-timeout", type=float, help="while a TensorRT engine is built at activation, wait up to this many s"
     )
+    model_arg(s, "the model slot to deploy into (created by its first deploy)")
     s.set_defaults(fn=_deploy)
 
     s = sub.add_parser(
@@ -347,6 +398,7 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--min-fps", type=float, help="health objective: frames per second")
     s.add_argument("--force", action="store_true", help="redeploy even if this bundle is already running")
     s.add_argument("--build-timeout", type=float, help="wait this long for a TensorRT engine build")
+    model_arg(s, "the model slot to install into")
     s.set_defaults(fn=_install_bundle, source=None, max_batch_wait_ms=None, manifest_blob=None, signature_blob=None)
 
     s = sub.add_parser("selftest", help="check this device: runtime, GPU, camera, sensors, disk, keys, service")
@@ -357,6 +409,7 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--lines", type=int, default=DEFAULT_LINES, help=f"last N lines (at most {MAX_LINES})")
     s.add_argument("--since", help="only lines from this long ago on: 90s, 30m, 1h, 2d")
     s.add_argument("--follow", action="store_true", help="keep printing new lines until interrupted")
+    model_arg(s, "the model slot whose agent's log to print")
     s.set_defaults(fn=None)
 
     s = sub.add_parser("blobs", help="which of these sha256 blobs are missing on the device")
@@ -374,10 +427,12 @@ def _parser() -> argparse.ArgumentParser:
         help="a deploy cut off in activation or health check: run its health check, commit or roll back",
     )
     s.add_argument("--timeout", type=float, help=f"health check seconds (default {FINISH_HEALTH_TIMEOUT_S:g})")
+    s.add_argument("--model", help="only this model slot (default: every slot)")
     s.set_defaults(fn=_recover)
 
     s = sub.add_parser("rollback", help="go back to the previous release")
     s.add_argument("--timeout", type=float)
+    model_arg(s)
     s.set_defaults(fn=_rollback)
 
     s = sub.add_parser("verify", help="check a bundle file's manifest and every artifact hash")
@@ -389,7 +444,9 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--limit", type=int, default=1000)
     s.set_defaults(fn=_reports)
 
-    sub.add_parser("stop", help="stop the running agent").set_defaults(fn=_stop)
+    s = sub.add_parser("stop", help="stop the running agent")
+    model_arg(s)
+    s.set_defaults(fn=_stop)
 
     s = sub.add_parser("watch-config", help="configure pull rollouts: MQTT broker, registry, rollout keys")
     s.add_argument("--broker", required=True, help="MQTT broker HOST:PORT")
@@ -407,13 +464,19 @@ def _parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("run", help="the service itself: load the current bundle and run the source")
     s.add_argument("--max-frames", type=int)
+    model_arg(s, "the model slot this agent serves")
     s.set_defaults(fn=None)
     return p
 
 
 def main(argv: Optional[list[str]] = None) -> int:
     args = _parser().parse_args(argv)
-    store = DeviceStore(Path(args.root).expanduser().absolute())
+    try:
+        store = DeviceStore(Path(args.root).expanduser().absolute(), args.model or DEFAULT_SLOT)
+        if store.initialised:  # a root from before model slots moves into models/default first (store.py)
+            migrate_layout(store.root)
+    except AgentError as e:
+        return _fail(args.json, e)
     if args.command == "logs":
         return _logs(store, args)
     if args.command in ("run", "watch"):
@@ -437,12 +500,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     try:
         result = fn(store, args)
     except AgentError as e:
-        _emit(
-            args.json,
-            {"ok": False, "error": e.to_dict()},
-            f"error: {e.message}" + (f"\nhint: {e.hint}" if e.hint else ""),
-        )
-        return e.exit_code
+        return _fail(args.json, e)
     except OSError as e:
         _emit(args.json, {"ok": False, "error": {"code": "os-error", "message": str(e), "hint": None}}, f"error: {e}")
         return 1
@@ -468,8 +526,8 @@ def _logs(store: DeviceStore, args: argparse.Namespace) -> int:
     try:
         since = parse_since(args.since) if args.since else None
         cfg = store.config()
-        unit = cfg.unit if cfg.service == "systemd" else None
-        return print_logs(store.logs / "agent.log", unit, args.lines, since, args.follow, sys.stdout.buffer)
+        unit = (cfg.unit or None) if cfg.service == "systemd" else None  # a slot no unit serves: its log file
+        return print_logs(store.log_path, unit, args.lines, since, args.follow, sys.stdout.buffer)
     except ValueError as e:
         err = StateError(str(e))
     except AgentError as e:
@@ -479,6 +537,11 @@ def _logs(store: DeviceStore, args: argparse.Namespace) -> int:
     text = f"error: {err.message}" + (f"\nhint: {err.hint}" if err.hint else "")
     print(json.dumps({"ok": False, "error": err.to_dict()}) if args.json else text, file=sys.stderr)
     return err.exit_code
+
+
+def _fail(as_json: bool, e: AgentError) -> int:
+    _emit(as_json, {"ok": False, "error": e.to_dict()}, f"error: {e.message}" + (f"\nhint: {e.hint}" if e.hint else ""))
+    return e.exit_code
 
 
 def _emit(as_json: bool, data: dict[str, Any], text: str) -> None:

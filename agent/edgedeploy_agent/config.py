@@ -3,9 +3,20 @@
 import socket
 from typing import Literal, Optional
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from .names import DEVICE_NAME_PATTERN, DEVICE_NAME_RULE
+from .names import DEFAULT_SLOT, DEVICE_NAME_PATTERN, DEVICE_NAME_RULE, check_extra_slots
+
+
+class ModelSlotConfig(BaseModel):
+    """What differs for one more model slot (ROOT/models/NAME): its own source, unit and metrics port. The
+    `default` slot takes these from the top level, as before slots existed."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    source: Optional[str] = Field(default=None, description="frame source URI this slot's model serves")
+    unit: Optional[str] = Field(default=None, description="systemd mode: the unit that serves this slot")
+    metrics_port: Optional[int] = Field(default=None, ge=1, le=65535)
 
 
 class AgentConfig(BaseModel):
@@ -55,6 +66,25 @@ class AgentConfig(BaseModel):
     power_interval_s: float = Field(default=0.02, gt=0, description="power sampling period (sampled sensors)")
     metrics_port: Optional[int] = Field(default=None, ge=1, le=65535, description="Prometheus on 127.0.0.1")
     profile: Optional[str] = Field(default=None, description="device profile; bundles for another are refused")
+    models: dict[str, ModelSlotConfig] = Field(
+        default_factory=dict, description="model slots besides `default`, by name (edgedeploy push --model NAME)"
+    )
+
+    @field_validator("models")
+    @classmethod
+    def _slot_names(cls, v: dict[str, ModelSlotConfig]) -> dict[str, ModelSlotConfig]:
+        check_extra_slots(v)
+        return v
+
+    def for_slot(self, slot: str) -> "AgentConfig":
+        """The configuration one slot's agent runs with: the slot's own source, unit and metrics port (none set:
+        none; unit "" then) over the device's."""
+        if slot == DEFAULT_SLOT:
+            return self
+        own = self.models.get(slot) or ModelSlotConfig()
+        return self.model_copy(
+            update={"source": own.source, "sources": [], "metrics_port": own.metrics_port, "unit": own.unit or ""}
+        )
 
     @model_validator(mode="after")
     def _one_way_to_name_sources(self) -> "AgentConfig":

@@ -26,7 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from .bundle import canonical_json
 from .errors import AgentError
-from .names import DEVICE_NAME_PATTERN
+from .names import DEFAULT_SLOT, DEVICE_NAME_PATTERN, SLOT_NAME_PATTERN
 from .trust import TrustStore
 
 TOPIC_ROOT = "edgedeploy/v1"
@@ -127,9 +127,19 @@ class DesiredDoc(BaseModel):
     expires: _dt.datetime
     jitter_s: float = Field(default=0.0, ge=0, le=3600)  # spread downloads over this many seconds
     health: DesiredHealth = DesiredHealth()
+    # the model slot this document is about; a document without it (as before slots) is about `default`
+    model: str = Field(default=DEFAULT_SLOT, pattern=SLOT_NAME_PATTERN)
+
+    def wire(self) -> dict[str, Any]:
+        """The document as signed and sent: one about `default` leaves `model` out, so it reads as before
+        slots (an agent from then accepts it)."""
+        data = self.model_dump(mode="json")
+        if data["model"] == DEFAULT_SLOT:
+            del data["model"]
+        return data
 
     def body(self) -> bytes:
-        return canonical_json(self.model_dump(mode="json"))
+        return canonical_json(self.wire())
 
 
 def rollout_trust(root: Any) -> TrustStore:
@@ -220,6 +230,9 @@ class StatusDoc(BaseModel):
     message: Optional[str] = Field(default=None, max_length=4 * MAX_MESSAGE_CHARS)
     outcome: Optional[str] = Field(default=None, max_length=64)
     progress: Optional[Progress] = None
+    model: Optional[str] = Field(default=None, max_length=64)  # the model slot this status is about (None: default)
+    # every model slot's current release, on a device with more than one
+    models: Optional[dict[str, Optional[str]]] = Field(default=None, max_length=64)
 
 
 def parse_status(payload: bytes, device: str) -> StatusDoc:

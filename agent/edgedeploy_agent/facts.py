@@ -31,6 +31,19 @@ class BlobFacts(BaseModel):
     free_bytes: int
 
 
+class SlotFacts(BaseModel):
+    """One model slot: its source, whether its agent runs, its health, release and transition."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    source: Optional[str] = None
+    running: Optional[bool] = None  # None: systemd mode, and no unit serves the slot
+    health: Optional[dict[str, Any]] = None  # its run/health.json as readers see it (`dead` when its writer is gone)
+    current: Optional[ReleaseFacts] = None
+    previous: list[str] = []
+    pending: Optional[dict[str, Any]] = None  # a transition in flight, or one a crash left for `recover`
+
+
 class Facts(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -45,6 +58,7 @@ class Facts(BaseModel):
     # an initialised root also says:
     busy: Optional[bool] = None  # a deploy, rollback or recovery holds the device's lock now
     service: Optional[str] = None
+    slot: Optional[str] = None  # the model slot the fields from `source` to `pending` describe (`facts --model`)
     source: Optional[str] = None
     sources: list[str] = []  # several sources in one agent
     running: Optional[bool] = None
@@ -57,6 +71,7 @@ class Facts(BaseModel):
     serial: Optional[int] = None
     pending: Optional[dict[str, Any]] = None  # a transition in flight, or one a crash left for `recover`
     blobs: Optional[BlobFacts] = None
+    models: Optional[dict[str, SlotFacts]] = None  # every model slot, `default` first
 
     @model_serializer(mode="wrap")
     def _omit_no_sources(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:

@@ -25,7 +25,7 @@ from .blobs import BlobStore, FileSource
 from .bundle import Manifest, check_compatible
 from .errors import AgentError, HealthCheckFailed, SourceUnavailable, StateError
 from .gpu import probe_cuda
-from .service import HealthObjectives, NoFrames, Service, read_health, wait_healthy
+from .service import HealthObjectives, NoFrames, Service, read_health, slot_args, wait_healthy
 from .store import DeviceStore, utcnow
 from .trust import TrustStore, check_trust
 from .uploads import remove_stale_uploads
@@ -280,12 +280,22 @@ def _quiet_s(pending: dict[str, Any]) -> float:
 def spawn_finisher(store: DeviceStore) -> None:
     """`edgedeploy-agent recover --finish` in a session of its own: it outlives the service that starts it (it
     restarts that service) and takes the device lock itself (a second one is refused by the lock)."""
-    log = open(store.logs / "agent.log", "ab")
+    log = open(store.log_path, "ab")
     try:
         log.write(f"{utcnow()} edgedeploy-agent: finishing an interrupted transition\n".encode())
         log.flush()
         subprocess.Popen(
-            [sys.executable, "-m", "edgedeploy_agent", "--root", str(store.root), "--json", "recover", "--finish"],
+            [
+                sys.executable,
+                "-m",
+                "edgedeploy_agent",
+                "--root",
+                str(store.root),
+                "--json",
+                "recover",
+                "--finish",
+                *slot_args(store),
+            ],
             stdin=subprocess.DEVNULL,
             stdout=log,
             stderr=subprocess.STDOUT,

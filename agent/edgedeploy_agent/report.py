@@ -75,6 +75,7 @@ class Report(BaseModel):
 
     schema_version: int = REPORT_SCHEMA_VERSION
     device: str
+    slot: str = Field(default="default", description="the model slot on the device (`push --model`)")
     seq: int
     bundle_id: str
     model: str

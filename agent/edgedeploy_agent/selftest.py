@@ -131,10 +131,12 @@ def check_disk(root: Path, release_bytes: int, spool_max_bytes: int, free_bytes:
     pending, pending_bytes = _tree_bytes(root / "spool")
     sent, sent_bytes = _tree_bytes(root / "spool" / "sent")
     spool = pending_bytes + sent_bytes
-    try:
-        dropped = int((root / "run" / "spool_dropped").read_text())
-    except (OSError, ValueError):
-        dropped = 0
+    dropped = 0
+    for counter in root.glob("models/*/run/spool_dropped"):  # each model slot's agent counts its own
+        try:
+            dropped += int(counter.read_text())
+        except (OSError, ValueError):
+            continue
     needed = 2 * release_bytes + SPACE_MARGIN_BYTES
     data = {"free_bytes": free, "needed_bytes": needed, "spool_bytes": spool, "pending_reports": pending}
     detail = (

@@ -18,7 +18,9 @@ from typing import Any, Optional, Protocol
 
 from .bundle import HealthSpec
 from .durable import write_json_atomic
+from .errors import StateError
 from .heartbeat import BUILD_STATES, pid_alive
+from .names import DEFAULT_SLOT
 from .store import DeviceStore, utcnow
 from .unit import RESTART_PATH_UNIT, RESTART_REQUEST
 
@@ -100,13 +102,23 @@ class ProcessService:
     def restart(self) -> None:
         self.stop()
         (self.store.run_dir / "health.json").unlink(missing_ok=True)
-        log = open(self.store.logs / "agent.log", "ab")
+        for d in (self.store.logs, self.store.run_dir):
+            d.mkdir(parents=True, exist_ok=True)
+        log = open(self.store.log_path, "ab")
         try:
             stamp = utcnow()  # every line the agent writes starts with its time (agentlog.py)
             log.write(f"{stamp} edgedeploy-agent: starting {self.store.current() or 'no release'}\n".encode())
             log.flush()
             proc = subprocess.Popen(
-                [sys.executable, "-m", "edgedeploy_agent", "--root", str(self.store.root), "run"],
+                [
+                    sys.executable,
+                    "-m",
+                    "edgedeploy_agent",
+                    "--root",
+                    str(self.store.root),
+                    "run",
+                    *slot_args(self.store),
+                ],
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,
@@ -188,10 +200,21 @@ def write_restart_request(path: Path, text: str) -> None:
 
 
 def make_service(store: DeviceStore) -> Service:
+    """The service that serves this store's model slot: each slot has its own process (or unit)."""
     cfg = store.config()
     if cfg.service == "systemd":
+        if not cfg.unit:
+            raise StateError(
+                f"model {store.slot!r} has no systemd unit to serve it",
+                hint=f'name its unit in agent.json: "models": {{"{store.slot}": {{"unit": "UNIT"}}}}',
+            )
         return SystemdService(store, cfg.unit)
     return ProcessService(store)
+
+
+def slot_args(store: DeviceStore) -> list[str]:
+    """`--model SLOT` for an agent command about this store's slot (none for `default`: as before slots)."""
+    return [] if store.slot == DEFAULT_SLOT else ["--model", store.slot]
 
 
 class HealthObjectives:
@@ -270,7 +293,7 @@ def wait_healthy(
             if health and health.get("release") == release and health.get("state") in HEALTHY_STATES:
                 if objectives is None or objectives.judge(health):
                     return health
-            log_tail = _tail(store.logs / "agent.log")
+            log_tail = _tail(store.log_path)
             raise RuntimeError(f"agent exited before reporting ready{': ' + log_tail if log_tail else ''}")
         time.sleep(0.1)
     last = read_health(store) or {}

@@ -1,4 +1,6 @@
-"""The report spool: one JSON-lines file per window (spool/STAMP-SEQ.jsonl), written atomically.
+"""The report spool: one JSON-lines file per window (spool/STAMP-SEQ.jsonl, spool/STAMP-SLOT-SEQ.jsonl for a
+model slot besides `default`), written atomically. Every slot's agent writes into the one spool; each numbers
+its own reports (its run/report_seq), and a report names its slot.
 
 The spool is capped on disk: when pending plus acknowledged reports exceed the cap, the oldest files
 go first (acknowledged ones before pending ones) and every pending report deleted is counted, so the
@@ -19,6 +21,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from .durable import write_atomic, write_json_atomic
+from .names import DEFAULT_SLOT
 from .report import Report
 from .store import DeviceStore
 
@@ -27,7 +30,8 @@ DEFAULT_SPOOL_MAX_BYTES = 64 << 20
 
 class Spool:
     def __init__(self, store: DeviceStore, max_bytes: int = DEFAULT_SPOOL_MAX_BYTES) -> None:
-        self.dir, self.max_bytes = store.spool, max_bytes
+        self.dir, self.max_bytes, self.slot = store.spool, max_bytes, store.slot
+        store.run_dir.mkdir(parents=True, exist_ok=True)
         self._seq_path = store.run_dir / "report_seq"
         self._dropped_path = store.run_dir / "spool_dropped"
         self.seq = self._last_seq()
@@ -39,7 +43,8 @@ class Spool:
     def _last_seq(self) -> int:
         """The last sequence number handed out: the counter, or the highest one spooled when that is more."""
         counter = _read_count(self._seq_path)
-        spooled = max(_seqs([*self.dir.glob("*.jsonl"), *(self.dir / "sent").glob("*.jsonl")]), default=0)
+        files = [*self.dir.glob("*.jsonl"), *(self.dir / "sent").glob("*.jsonl")]
+        spooled = max(_seqs(p for p in files if _slot_of(p) == self.slot), default=0)
         if counter is None or counter < spooled:
             state = "unreadable" if counter is None else f"at {counter}"
             _warn(f"{self._seq_path} is {state}; the spool holds report {spooled}: continuing after it")
@@ -54,8 +59,10 @@ class Spool:
         return self.seq
 
     def write(self, report: Report) -> Path:
+        report = report.model_copy(update={"slot": self.slot})
         stamp = report.window_end.strftime("%Y%m%dT%H%M%S")
-        path = self.dir / f"{stamp}-{report.seq:08d}.jsonl"
+        own = "" if self.slot == DEFAULT_SLOT else f"{self.slot}-"
+        path = self.dir / f"{stamp}-{own}{report.seq:08d}.jsonl"
         write_atomic(path, report.model_dump_json() + "\n")
         self.enforce_cap(keep=path)
         return path
@@ -89,6 +96,12 @@ def _read_count(path: Path) -> Optional[int]:
     except (OSError, ValueError):
         return None
     return value if value >= 0 else None
+
+
+def _slot_of(p: Path) -> str:
+    """The slot whose report a spool file holds (STAMP-SEQ: `default`; STAMP-SLOT-SEQ: SLOT)."""
+    middle = p.stem.split("-", 1)[-1].rpartition("-")[0]
+    return middle or DEFAULT_SLOT
 
 
 def _seqs(files: Iterable[Path]) -> Iterable[int]:

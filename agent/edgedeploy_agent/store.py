@@ -1,12 +1,17 @@
-"""The device's on-disk store: releases, the atomic `current` link, persisted state, spool.
+"""The device's on-disk store: model slots, each with its releases, atomic `current` link and state; spool.
 
-ROOT/agent.json           configuration
-ROOT/state.json           current / previous releases, the pending transition, history
+ROOT/agent.json           configuration (agent.json's `models` configures slots besides `default`)
 ROOT/incoming/            uploads land here (*.part while in flight)
-ROOT/releases/<name>/     unpacked, verified bundles (never modified after the rename)
-ROOT/current -> releases/<name>   swapped by rename(2): readers see old or new, never neither
-ROOT/spool/               reports waiting for the host (spool/sent/ once acknowledged)
-ROOT/run/                 pid file and health.json of the running agent
+ROOT/spool/               reports waiting for the host (spool/sent/ once acknowledged), of every slot
+ROOT/run/                 the restart request of the systemd path unit
+ROOT/models/<slot>/       one deployed model (`default` unless `--model NAME` says otherwise):
+    state.json            current / previous releases, the pending transition, history
+    releases/<name>/      unpacked, verified bundles (never modified after the rename)
+    current -> releases/<name>   swapped by rename(2): readers see old or new, never neither
+    run/                  pid file, health.json, heartbeat and report counter of the slot's running agent
+
+A root from before slots (releases/, current, state.json and run/'s files at the top) is moved into
+models/default by `migrate_layout` before any command reads it (see there).
 """
 
 import datetime as _dt
@@ -14,6 +19,7 @@ import fcntl
 import json
 import os
 import shutil
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -22,9 +28,10 @@ from typing import Any, Optional
 from pydantic import ValidationError
 
 from .bundle import MANIFEST_NAME, Manifest, extract_bundle, read_manifest, sha256_file, verify_bundle
-from .config import CONFIG_HINT, AgentConfig, config_error
-from .durable import atomic_folder, fsync_dir, write_json_atomic
+from .config import CONFIG_HINT, AgentConfig, ModelSlotConfig, config_error
+from .durable import atomic_folder, fsync_dir, write_atomic, write_json_atomic
 from .errors import BundleError, InsufficientSpace, StateError
+from .names import DEFAULT_SLOT, SLOT_NAME_RULE, is_slot_name
 
 SPACE_MARGIN_BYTES = 16 << 20
 HISTORY_LENGTH = 50
@@ -45,29 +52,67 @@ def utcnow() -> str:
     return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="milliseconds")
 
 
+def check_slot(name: str) -> str:
+    """A model slot's name, or StateError: it becomes a folder name (see names.py)."""
+    if not is_slot_name(name):
+        raise StateError(f"{name[:40]!r} is not a model name ({SLOT_NAME_RULE})")
+    return name
+
+
 class DeviceStore:
-    def __init__(self, root: Path) -> None:
-        self.root = root
+    """One model slot of a device's store (`slot`); the configuration, uploads, spool and logs are the device's."""
+
+    def __init__(self, root: Path, slot: str = DEFAULT_SLOT) -> None:
+        self.root, self.slot = root, check_slot(slot)
         self.incoming = root / "incoming"
-        self.releases = root / "releases"
         self.spool = root / "spool"
-        self.run_dir = root / "run"
         self.logs = root / "logs"
-        self.current_link = root / "current"
         self.config_path = root / "agent.json"
-        self.state_path = root / "state.json"
+        self.slot_dir = root / "models" / slot
+        self.releases = self.slot_dir / "releases"
+        self.run_dir = self.slot_dir / "run"
+        self.current_link = self.slot_dir / "current"
+        self.state_path = self.slot_dir / "state.json"
+        # the default slot keeps the log it always had
+        self.log_path = self.logs / ("agent.log" if slot == DEFAULT_SLOT else f"agent-{slot}.log")
+
+    def for_slot(self, slot: str) -> "DeviceStore":
+        return DeviceStore(self.root, slot)
 
     # --- setup ------------------------------------------------------------------------------
     def init(self, config: AgentConfig) -> None:
-        for d in (self.root, self.incoming, self.releases, self.spool, self.spool / "sent", self.run_dir, self.logs):
+        for d in (self.root, self.incoming, self.spool, self.spool / "sent", self.root / "run", self.logs):
             d.mkdir(parents=True, exist_ok=True)
         write_json_atomic(self.config_path, config.model_dump(mode="json"))
+        migrate_layout(self.root)
+        self.ensure_slot()
+
+    def ensure_slot(self) -> None:
+        """Create this slot's folders and empty state (a first push to a new model name does)."""
+        for d in (self.releases, self.run_dir):
+            d.mkdir(parents=True, exist_ok=True)
         if not self.state_path.exists():
             write_json_atomic(self.state_path, self._empty_state())
 
+    def slots(self) -> list[str]:
+        """The device's model slots: `default` first, then every other one deployed to or configured."""
+        found = {d.name for d in (self.root / "models").glob("*") if d.is_dir() and is_slot_name(d.name)}
+        if self.initialised:
+            found.update(self.device_config().models)
+        return [DEFAULT_SLOT, *sorted(found - {DEFAULT_SLOT})]
+
+    def require_slot(self) -> None:
+        """Commands that read or roll back a slot need one that exists (a push creates it)."""
+        self.require_initialised()
+        if self.slot != DEFAULT_SLOT and self.slot not in self.slots():
+            raise StateError(
+                f"this device has no model {self.slot!r} (models: {', '.join(self.slots())})",
+                hint="push a bundle with --model NAME to create it",
+            )
+
     @property
     def initialised(self) -> bool:
-        return self.config_path.is_file() and self.state_path.is_file()
+        return self.config_path.is_file()
 
     def require_initialised(self) -> None:
         if not self.initialised:
@@ -76,18 +121,32 @@ class DeviceStore:
                 hint="run `edgedeploy devices enroll` (or `edgedeploy-agent init --root ...`) first",
             )
 
-    def config(self) -> AgentConfig:
+    def device_config(self) -> AgentConfig:
+        """agent.json as written, for every slot."""
         self.require_initialised()
         try:
             return AgentConfig.model_validate_json(self.config_path.read_text(encoding="utf-8"))
         except ValidationError as e:
             raise StateError(f"{self.config_path} is invalid: {config_error(e)}", hint=CONFIG_HINT) from None
 
+    def config(self) -> AgentConfig:
+        """The configuration this slot's agent runs with (AgentConfig.for_slot)."""
+        return self.device_config().for_slot(self.slot)
+
     def update_config(self, **changes: Any) -> AgentConfig:
-        cfg = self.config().model_copy(update=changes)
-        cfg = AgentConfig.model_validate(cfg.model_dump())
+        """Change agent.json's device-wide fields (the default slot's sources, the batch wait), validated."""
+        cfg = AgentConfig.model_validate({**self.device_config().model_dump(), **changes})
         write_json_atomic(self.config_path, cfg.model_dump(mode="json"))
         return cfg
+
+    def set_source(self, source: Optional[str]) -> None:
+        """This slot's one frame source (a slot besides `default` keeps its own in agent.json's `models`)."""
+        if self.slot == DEFAULT_SLOT:
+            self.update_config(source=source, sources=[])
+            return
+        models = self.device_config().models
+        own = models.get(self.slot) or ModelSlotConfig()
+        self.update_config(models={**models, self.slot: own.model_copy(update={"source": source})})
 
     @contextmanager
     def exclusive(self, what: str) -> Iterator[None]:
@@ -128,6 +187,8 @@ class DeviceStore:
 
     def state(self) -> dict[str, Any]:
         self.require_initialised()
+        if not self.state_path.exists():  # a slot nothing was pushed to yet
+            return self._empty_state()
         try:
             data: dict[str, Any] = json.loads(self.state_path.read_text(encoding="utf-8"))
         except ValueError as e:
@@ -135,6 +196,7 @@ class DeviceStore:
         return data
 
     def save_state(self, state: dict[str, Any]) -> None:
+        self.ensure_slot()
         state["history"] = state.get("history", [])[-HISTORY_LENGTH:]
         write_json_atomic(self.state_path, state)
 
@@ -170,13 +232,14 @@ class DeviceStore:
             except BundleError:
                 shutil.rmtree(final)
         self.check_space(sum(a.size for a in manifest.artifacts))
+        self.ensure_slot()
         with atomic_folder(final) as tmp:  # releases/.tmp-<release> until it is whole
             extract_bundle(bundle_file, tmp)
         return manifest
 
     def remove_staging_leftovers(self) -> list[str]:
         """Remove the releases/.tmp-* folders of a stage that was killed; only under `exclusive`."""
-        leftovers = sorted(d.name for d in self.releases.glob(".tmp-*"))
+        leftovers = sorted(d.name for d in self.releases.glob(".tmp-*")) if self.releases.is_dir() else []
         for name in leftovers:
             shutil.rmtree(self.releases / name, ignore_errors=True)
         return leftovers
@@ -199,18 +262,85 @@ class DeviceStore:
         if name is None:
             self.current_link.unlink(missing_ok=True)
         else:
-            tmp = self.root / ".current.tmp"
-            tmp.unlink(missing_ok=True)
-            os.symlink(os.path.join("releases", name), tmp)
-            os.replace(tmp, self.current_link)
-        fsync_dir(self.root)
+            point_link(self.current_link, os.path.join("releases", name))
+        fsync_dir(self.slot_dir)
 
     def prune(self, keep: list[str], count: int) -> list[str]:
         """Remove releases beyond the newest `count` of `keep` (current first, then previous)."""
         wanted = set(keep[:count])
         removed = []
-        for d in self.releases.iterdir():
+        for d in self.releases.iterdir() if self.releases.is_dir() else []:
             if d.is_dir() and d.name not in wanted:
                 shutil.rmtree(d, ignore_errors=True)
                 removed.append(d.name)
         return sorted(removed)
+
+
+def point_link(link: Path, target: str) -> None:
+    """Make `link` a symlink to `target` by rename(2): it names the old target or the new one, never neither."""
+    tmp = link.with_name(f".{link.name}.tmp")
+    tmp.unlink(missing_ok=True)
+    os.symlink(target, tmp)
+    os.replace(tmp, link)
+
+
+# what the running agent of a root from before slots kept in ROOT/run (its restart request stays there)
+LEGACY_RUN_FILES = ("agent.pid", "health.json", "heartbeat", "report_seq", "spool_dropped", "last_ack.json")
+MIGRATION_LOCK_WAIT_S = 30.0
+
+
+def migrate_layout(root: Path) -> bool:
+    """Move a root from before model slots into models/default, keeping its current release; True if it did.
+
+    Every step can be repeated, and ROOT/state.json goes last, so a root that still has it is a migration not
+    yet finished, whatever step a crash cut: every command (the service's start too) runs this first and
+    finishes it. No reader sees a half-moved slot: the readers of a slot are the commands, which come after.
+    1. releases/ is renamed into the slot (one rename(2): every release moves at once, nothing is copied);
+    2. the slot's `current` is made to name the same release, then the old link goes (never neither);
+    3. the running agent's pid file, health, heartbeat and report counter move (so it can be stopped and
+       its report numbers continue);
+    4. state.json is written into the slot (atomically), then the old one goes.
+    Under the device lock: a deploy of an older agent still running keeps the root until it ends."""
+    legacy_state = root / "state.json"
+    if not legacy_state.is_file():
+        return False
+    store = DeviceStore(root)
+    deadline = time.monotonic() + MIGRATION_LOCK_WAIT_S
+    while True:
+        try:
+            with store.exclusive("moving this device's release into models/default"):
+                if not legacy_state.is_file():  # another command finished it while this one waited
+                    return False
+                _migrate(root, store)
+                return True
+        except StateError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
+
+
+def _migrate(root: Path, store: DeviceStore) -> None:
+    store.run_dir.mkdir(parents=True, exist_ok=True)
+    old_releases = root / "releases"
+    if old_releases.is_dir():
+        if not store.releases.exists():
+            os.rename(old_releases, store.releases)
+        else:  # only a release a crash left behind in both (not from this function): keep the moved ones
+            for d in old_releases.iterdir():
+                if not (store.releases / d.name).exists():
+                    os.rename(d, store.releases / d.name)
+            shutil.rmtree(old_releases)
+        fsync_dir(store.slot_dir)
+    old_current = root / "current"
+    if old_current.is_symlink():
+        point_link(store.current_link, os.path.join("releases", Path(os.readlink(old_current)).name))
+        fsync_dir(store.slot_dir)
+        old_current.unlink()
+    (root / ".current.tmp").unlink(missing_ok=True)
+    for name in LEGACY_RUN_FILES:
+        if (root / "run" / name).exists():
+            os.replace(root / "run" / name, store.run_dir / name)
+    fsync_dir(store.run_dir)
+    write_atomic(store.state_path, (root / "state.json").read_bytes())
+    (root / "state.json").unlink()
+    fsync_dir(root)

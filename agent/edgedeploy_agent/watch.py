@@ -90,6 +90,8 @@ def backoff_delay(attempt: int, low: float, high: float, rng: random.Random) -> 
 class Watcher:
     def __init__(self, store: DeviceStore, cfg: WatchConfig) -> None:
         self.store, self.cfg = store, cfg
+        # the model slot the document being acted on addresses (its status says that slot's release)
+        self.slot_store = store
         self.device = store.config().device_name
         self.state_path = store.root / "watch" / "state.json"
         self.rng = random.Random()
@@ -134,13 +136,27 @@ class Watcher:
 
     def _release(self) -> Optional[str]:
         try:
-            current: Optional[str] = self.store.state()["current"]
+            current: Optional[str] = self.slot_store.state()["current"]
             return current
         except AgentError:
             return None
 
+    def _slots(self) -> dict[str, Any]:
+        """On a device with several model slots: the slot the status is about, and every slot's release."""
+        try:
+            slots = self.store.slots()
+            if len(slots) == 1:
+                return {}
+            return {
+                "model": self.slot_store.slot,
+                "models": {s: self.store.for_slot(s).state()["current"] for s in slots},
+            }
+        except AgentError:
+            return {}
+
     # --- MQTT -----------------------------------------------------------------------------------
     def _publish(self, state: str, **fields: Any) -> None:
+        fields = {**self._slots(), **fields}
         self._last_status = status_doc(self.device, state, release=self._release(), floor=self._floor, **fields)
         log.info("status %s %s", state, {k: v for k, v in fields.items() if k != "progress"})
         if self.client is not None and self.connected.is_set():
@@ -269,6 +285,7 @@ class Watcher:
             return
         if doc is None:
             return  # empty retained message: no instruction
+        self.slot_store = self.store.for_slot(doc.model)
         done = data.get("done") or {}
         if done.get("serial") == doc.serial and done.get("state") in TERMINAL:
             self._publish(done["state"], **done.get("fields", {}))  # already acted on: say so again
@@ -297,24 +314,26 @@ class Watcher:
         self._activate(doc, base, lambda: self._deploy(doc, manifest_sha, signature_sha))
 
     def _deploy(self, doc: DesiredDoc, manifest_sha: str, signature_sha: Optional[str]) -> dict[str, Any]:
-        source = BlobSource(self.store, manifest_sha, signature_sha)
-        state = self.store.state()
+        store = self.slot_store
+        source = BlobSource(store, manifest_sha, signature_sha)
+        state = store.state()
         if state["previous"] and source.read()[0].release_name == state["previous"][0]:
             # the release this device kept: swap back to it, as `edgedeploy rollback` does over SSH (a
             # deploy would meet the serial floor)
-            return rollback(self.store, make_service(self.store), doc.health.timeout_s)
+            return rollback(store, make_service(store), doc.health.timeout_s)
         objectives = HealthObjectives(doc.health.min_inferences, doc.health.max_p95_ms, doc.health.min_fps)
-        return Deployment(self.store, make_service(self.store)).deploy(
+        return Deployment(store, make_service(store)).deploy(
             source, timeout=doc.health.timeout_s, objectives=objectives
         )
 
     def _roll_back_to(self, doc: DesiredDoc) -> dict[str, Any]:
         """A fleet rollback: back to `doc.release`, what this device ran before the rollout it undoes."""
-        state = self.store.state()
+        store = self.slot_store
+        state = store.state()
         if state["current"] == doc.release:  # e.g. its new release failed health and it went back by itself
             return {"outcome": "unchanged", "release": doc.release, "previous": doc.release}
         if state["previous"] and state["previous"][0] == doc.release:
-            return rollback(self.store, make_service(self.store), doc.health.timeout_s)
+            return rollback(store, make_service(store), doc.health.timeout_s)
         raise ReleaseNotKept(
             f"cannot roll back to {doc.release}: this device runs {state['current'] or 'nothing'} and kept "
             f"{state['previous'][0] if state['previous'] else 'nothing'} before it"

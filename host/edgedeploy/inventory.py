@@ -18,13 +18,28 @@ from typing import Literal
 import tomli_w
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from edgedeploy_agent.names import DEVICE_NAME_PATTERN
+from edgedeploy_agent.names import DEFAULT_SLOT, DEVICE_NAME_PATTERN, check_extra_slots
 
 from .errors import InputError, InventoryError, validation_text
 from .paths import config_dir
 from .userfiles import read_toml, write_text_atomic
 
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
+class ModelSlot(BaseModel):
+    """[devices.NAME.models.SLOT]: one more model on the device (`push --model SLOT`) and the source it serves."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    source: str | None = Field(default=None, description="frame source URI of this model on the device")
+
+    @field_validator("source")
+    @classmethod
+    def _no_control_characters(cls, value: str | None) -> str | None:
+        if value is not None and _CONTROL.search(value):
+            raise ValueError(f"{value!r} holds a control character (newline, tab, ...)")
+        return value
 
 
 class Device(BaseModel):
@@ -49,6 +64,15 @@ class Device(BaseModel):
         default=None, ge=0, description="several sources: how long a batch waits for the other sources' frames"
     )
     keep_releases: int = Field(default=3, ge=2, description="releases the device keeps (current + previous)")
+    models: dict[str, ModelSlot] = Field(
+        default_factory=dict, description="models besides `default` (whose source is `source`), by slot name"
+    )
+
+    @field_validator("models")
+    @classmethod
+    def _slot_names(cls, value: dict[str, ModelSlot]) -> dict[str, ModelSlot]:
+        check_extra_slots(value)
+        return value
 
     @field_validator("host", "user", "key_file", "profile", "tags", "root", "agent_command", "source", "sources")
     @classmethod
@@ -65,9 +89,13 @@ class Device(BaseModel):
             raise ValueError("give source (one camera) or sources (several), not both")
         return self
 
-    def source_args(self) -> list[str]:
-        """The agent's options for this device's sources: `--source` once per source (none when the inventory
-        names none) and the batch wait when set."""
+    def source_args(self, model: str = DEFAULT_SLOT) -> list[str]:
+        """The agent's options for the sources of one of this device's models: `--source` once per source (none
+        when the inventory names none: the device keeps its own) and the batch wait when set. A model besides
+        `default` has its one source from `[devices.NAME.models.SLOT]`."""
+        if model != DEFAULT_SLOT:
+            slot = self.models.get(model)
+            return ["--source", slot.source] if slot and slot.source else []
         uris = [self.source] if self.source is not None else self.sources
         args = [a for uri in uris for a in ("--source", uri)]
         if self.max_batch_wait_ms is not None:

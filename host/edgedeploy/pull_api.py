@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from edgedeploy_agent.desired import TERMINAL, DesiredHealth
+from edgedeploy_agent.names import DEFAULT_SLOT
 
 from .errors import DeviceError, EdgeDeployError, InputError
 from .inventory import Inventory
@@ -22,7 +23,7 @@ from .remote.blobs import bundle_blobs
 from .remote.fleet import FleetResult, run_fleet
 from .remote.install_pull import PullOptions
 from .remote.mqtt import Controller, FleetConfig, desired_payload, last_status, load_fleet_config
-from .remote.mqtt_rollout import MqttRolloutRunner, PullPolicy, status_facts
+from .remote.mqtt_rollout import MqttRolloutRunner, PullPolicy, slot_release, status_facts
 from .remote.plan import HealthPolicy
 from .remote.rollout import DEFAULT_WAVES, RolloutState, Waves, new_rollout_id, plan_rollout
 from .remote.rollout_runner import Listener, device_log, prepare_resume, rollouts_dir
@@ -48,8 +49,10 @@ def rollout_via_mqtt(
     dry_run: bool = False,
     listener: Listener = lambda d, s, m: None,
     config: Path | None = None,
+    model: str = DEFAULT_SLOT,
 ) -> RolloutState:
-    """Plan from retained statuses; unless dry_run, publish desired state wave by wave."""
+    """Plan from retained statuses; unless dry_run, publish desired state wave by wave (about model slot
+    `model` of each device)."""
     cfg = load_fleet_config(config)
     key = _rollout_key(cfg)
     blobs = bundle_blobs(bundle)
@@ -57,29 +60,32 @@ def rollout_via_mqtt(
     rid = new_rollout_id(blobs.manifest.bundle_id)
     with Controller(cfg.mqtt) as controller:
         statuses = controller.read_statuses(names)
-        facts = {n: status_facts(statuses.get(n)) for n in names}
+        facts = {n: status_facts(statuses.get(n), model) for n in names}
         state = plan_rollout(
             rid, str(bundle.resolve()), blobs.manifest.release_name, names, facts,
             canary=waves.canary, wave=waves.wave, max_fail=waves.max_fail, concurrency=max(1, len(names)),
         )  # fmt: skip
-        pull = PullPolicy(ref, key, rate, jitter_s, pull_timeout, cfg.rollout.expires_hours if cfg.rollout else 24)
+        expires = cfg.rollout.expires_hours if cfg.rollout else 24
+        pull = PullPolicy(ref, key, rate, jitter_s, pull_timeout, expires, model)
         state.options = {
             "via": "mqtt",
             "health": asdict(health or HealthPolicy()),
             "pull": asdict(pull),
             # what each device ran when the rollout started (its committed release; the last will of a
             # device offline then says it too): what `rollback --via mqtt` goes back to
-            "before": releases_before(names, statuses),
+            "before": releases_before(names, statuses, model),
         }
         if dry_run:
             return state
         return _run(inv, state, rollouts_dir() / f"{rid}.json", controller, listener)
 
 
-def releases_before(names: list[str], statuses: dict[str, dict[str, Any]]) -> dict[str, str | None]:
-    """Pure: the release each device runs by its retained status (None: no status, or an unreadable one,
-    which read_status gives no release)."""
-    return {n: (statuses.get(n) or {}).get("release") for n in names}
+def releases_before(
+    names: list[str], statuses: dict[str, dict[str, Any]], model: str = DEFAULT_SLOT
+) -> dict[str, str | None]:
+    """Pure: the release each device runs in model slot `model` by its retained status (None: no status, or an
+    unreadable one, which read_status gives no release)."""
+    return {n: slot_release(statuses.get(n), model) for n in names}
 
 
 def _run(inv: Inventory, state: RolloutState, path: Path, controller: Controller, listener: Listener) -> RolloutState:
@@ -110,9 +116,10 @@ def fleet_status_via_mqtt(names: list[str], settle: float = 2.0) -> dict[str, di
 
 
 def rollback_via_mqtt(
-    names: list[str], health_timeout: float = 60.0, margin: float = 30.0
+    names: list[str], health_timeout: float = 60.0, margin: float = 30.0, model: str = DEFAULT_SLOT
 ) -> FleetResult[dict[str, Any]]:
-    """Send each device back to the release it ran when the newest MQTT rollout started, its health check
+    """Send each device back to the release it ran when the newest MQTT rollout to model slot `model` started
+    (in that slot), its health check
     `health_timeout` s, and wait for the outcomes: all published first, then one deadline (the health check
     plus `margin` s for the broker's round trips) shared by every device. Per-device results as the SSH fan-out
     gives them: {"outcome", "release", "previous"} or the device's error."""
@@ -121,9 +128,15 @@ def rollback_via_mqtt(
     key = _rollout_key(cfg)
     files = sorted(rollouts_dir().glob("*.json")) if rollouts_dir().is_dir() else []
     recorded = [json.loads(p.read_text()) for p in files]
-    mqtt_rollouts = [r for r in recorded if (r.get("options") or {}).get("via") == "mqtt"]
+    mqtt_rollouts = [
+        r
+        for r in recorded
+        if (r.get("options") or {}).get("via") == "mqtt"
+        and (r["options"].get("pull") or {}).get("model", DEFAULT_SLOT) == model
+    ]
     if not mqtt_rollouts:
-        raise InputError("no rollout via mqtt is recorded on this host: nothing to roll back to")
+        of = "" if model == DEFAULT_SLOT else f" of model {model}"
+        raise InputError(f"no rollout{of} via mqtt is recorded on this host: nothing to roll back to")
     last = mqtt_rollouts[-1]
     rid = last["id"]
     if "before" not in last["options"]:
@@ -146,11 +159,11 @@ def rollback_via_mqtt(
                     f"nothing to roll back to: {n} {why} when rollout {rid} started", code="no-previous"
                 )
                 continue
-            was[n] = statuses.get(n, {}).get("release")
+            was[n] = slot_release(statuses.get(n), model)
             serials[n] = controller.next_serial(n)
             payload = desired_payload(
                 key, n, "", target, f"rollback-{rid}", 0, serials[n], health=DesiredHealth(timeout_s=health_timeout),
-                expires_hours=cfg.rollout.expires_hours if cfg.rollout else 24, action="rollback",
+                expires_hours=cfg.rollout.expires_hours if cfg.rollout else 24, action="rollback", model=model,
             )  # fmt: skip
             try:
                 controller.publish_desired(n, payload)

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 from pathlib import Path
 
 from edgedeploy_agent.service import write_health
-from edgedeploy_agent.store import DeviceStore
+from edgedeploy_agent.store import LEGACY_RUN_FILES, DeviceStore
 from tests.helpers import require
 
 
@@ -29,6 +30,20 @@ class ScriptedService:
 
     def is_running(self) -> bool:
         return self.running
+
+
+def lay_out_as_before_slots(root: Path) -> None:
+    """Move a root's default model slot to where the agent kept everything before model slots (releases/,
+    current, state.json and run/'s files at the top), as a device from then has it."""
+    slot = root / "models" / "default"
+    os.rename(slot / "releases", root / "releases")
+    if (slot / "current").is_symlink():
+        os.symlink(os.readlink(slot / "current"), root / "current")
+    os.rename(slot / "state.json", root / "state.json")
+    for name in LEGACY_RUN_FILES:
+        if (slot / "run" / name).exists():
+            os.rename(slot / "run" / name, root / "run" / name)
+    shutil.rmtree(root / "models")
 
 
 # a libcuda that reports a chosen driver version and GPU (what a GPU-less machine cannot provide for real)

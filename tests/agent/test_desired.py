@@ -205,3 +205,21 @@ def test_a_status_message_is_cut_to_a_readable_length() -> None:
     st = json.loads(status_doc("cam-01", "refused", message="x" * 100000))
     assert len(st["message"]) == MAX_MESSAGE_CHARS and st["message"].endswith("...")
     parse_status(status_doc("cam-01", "refused", message="x" * 100000), "cam-01")
+
+
+def test_a_document_names_its_model_slot_and_one_without_it_is_about_default(
+    pinned: tuple[TrustStore, Ed25519PrivateKey],
+) -> None:
+    """A message as before model slots (no `model`) stays valid and addresses `default`; a document about
+    `default` is sent without the key, so it reads as before; a slot name that is not one is refused."""
+    from edgedeploy_agent.desired import DesiredDoc
+
+    trust, key = pinned
+    old = verify_desired(message(key), "cam-01", trust, serial_floor=10)
+    assert old is not None and old.model == "default" and "model" not in old.wire()
+    doc = verify_desired(message(key, model="cam2"), "cam-01", trust, serial_floor=10)
+    assert doc is not None and doc.model == "cam2" and doc.wire()["model"] == "cam2"
+    assert DesiredDoc.model_validate(doc.wire()) == doc
+    for bad in ("../x", "Cam2", ""):
+        with pytest.raises(DesiredRefused, match="malformed"):
+            verify_desired(message(key, model=bad), "cam-01", trust, serial_floor=10)

@@ -22,6 +22,6 @@ def test_missing_file_and_root_owned_by_someone_else(tmp_path: Path) -> None:
     try:
         r = agent("--root", str(root), "install-bundle", str(bundle))
         assert r.code == 9 and "refusing to install as root" in r.err and "sudo -u edgedeploy" in r.err, r.err
-        assert not any((root / "releases").iterdir()) and bundle.is_file()
+        assert not any((root / "models" / "default" / "releases").iterdir()) and bundle.is_file()
     finally:
         shutil.chown(root, 0, 0)

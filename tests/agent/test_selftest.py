@@ -270,7 +270,7 @@ def test_health_states(store: DeviceStore) -> None:
 
 def test_run_selftest_on_a_fixture_root(store: DeviceStore, tmp_path: Path) -> None:
     video = _video(tmp_path / "clip.avi")
-    store.update_config(source=f"file:{video}")
+    store.set_source(f"file:{video}")
     result = run_selftest(store, SYSFS / "xavier-nx-jp5", camera_seconds=2)
     checks = {c["name"]: c for c in result["checks"]}
     assert checks["power"]["status"] == OK and checks["camera"]["status"] == OK

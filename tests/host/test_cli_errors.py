@@ -191,7 +191,10 @@ def test_a_bundle_with_two_signatures_is_refused_by_host_and_device(cli: Cli, tm
     assert agent("--root", str(root), "--json", "init").code == 0
     r = agent("--root", str(root), "--json", "deploy", str(twice))
     assert r.code != 0 and json.loads(r.out)["error"]["code"] == "bad-bundle", r.out
-    assert not list((root / "releases").iterdir()) and not (root / "current").exists()
+    assert (
+        not list((root / "models" / "default" / "releases").iterdir())
+        and not (root / "models" / "default" / "current").exists()
+    )
 
 
 def test_version_names_the_host_agent_and_bundle_schema(cli: Cli) -> None:

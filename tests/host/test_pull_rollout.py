@@ -151,3 +151,18 @@ def test_desired_payload_carries_the_action(tmp_path: Path) -> None:
     from edgedeploy.remote.mqtt import desired_serial
 
     assert desired_serial(payload) == 3
+
+
+def test_a_status_of_a_device_with_several_models_is_read_per_model() -> None:
+    """A status is about one model slot (`model`, none: default) and names every slot's release (`models`): the
+    planner and the rollback read the release of the slot they address, never another slot's."""
+    from edgedeploy.pull_api import releases_before
+
+    st = {"state": "committed", "release": "c2", "model": "cam2", "models": {"default": "d1", "cam2": "c2"}}
+    about_cam2, about_default = status_facts(st, "cam2"), status_facts(st)
+    assert not isinstance(about_cam2, str) and not isinstance(about_default, str)
+    assert (about_cam2.current_release, about_cam2.healthy_release) == ("c2", "c2")
+    assert (about_default.current_release, about_default.healthy_release) == ("d1", None)
+    old = {"state": "committed", "release": "d1"}  # a device with one model, or an agent from before slots
+    assert releases_before(["a", "b"], {"a": st, "b": old}, "cam2") == {"a": "c2", "b": None}
+    assert releases_before(["a", "b"], {"a": st, "b": old}) == {"a": "d1", "b": "d1"}

@@ -23,7 +23,7 @@ class NetDevice:
     root: Path
 
     def current(self) -> str | None:
-        link = self.root / "current"
+        link = self.root / "models" / "default" / "current"
         return os.readlink(link).split("/")[-1] if link.is_symlink() else None
 
 

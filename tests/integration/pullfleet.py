@@ -34,7 +34,7 @@ class WatchDevice:
     proc: subprocess.Popen[bytes] | None = None
 
     def current(self) -> str | None:
-        link = self.root / "current"
+        link = self.root / "models" / "default" / "current"
         return os.readlink(link).split("/")[-1] if link.is_symlink() else None
 
     def log(self) -> str:
@@ -59,9 +59,10 @@ class WatchDevice:
         self.proc = None
 
     def close(self) -> None:
-        """The watch and the inference agent stopped: no process left behind."""
+        """The watch and the inference agents (one per model slot) stopped: no process left behind."""
         self.stop()
-        agent("--root", str(self.root), "--json", "stop")
+        for slot in sorted({"default", *(p.name for p in (self.root / "models").glob("*"))}):
+            agent("--root", str(self.root), "--json", "stop", "--model", slot)
 
 
 def watch_device(

@@ -12,7 +12,7 @@ from tests.integration.conftest import Enrolled
 
 def current(dev: Enrolled) -> str | None:
     """The release the device's `current` link names, or None."""
-    link = dev.root / "current"
+    link = dev.root / "models" / "default" / "current"
     return os.readlink(link).split("/")[-1] if link.is_symlink() else None
 
 

@@ -58,7 +58,7 @@ def _run_under_fake_systemd(root: Path, tmp_path: Path, seconds: float) -> tuple
                 if proc.poll() is not None:
                     break
                 continue
-            health = json.loads((root / "run" / "health.json").read_text())
+            health = json.loads((root / "models" / "default" / "run" / "health.json").read_text())
             got.append((msg, health))
             if "READY=1" in msg.splitlines() and ready_at is None:
                 ready_at = time.monotonic()
@@ -111,9 +111,9 @@ def test_ready_then_watchdog_while_serving_frames(tmp_path: Path, mnist_bundle: 
 
 def test_no_ready_when_the_bundle_cannot_load(tmp_path: Path, mnist_bundle: Path) -> None:
     root = _deployed_root(tmp_path, mnist_bundle, source=None)
-    lib = next((root / "current").glob("*.so"))
+    lib = next((root / "models" / "default" / "current").glob("*.so"))
     lib.write_bytes(b"not a library")  # a broken release: load fails, READY must never be sent
     got, code = _run_under_fake_systemd(root, tmp_path, seconds=0.5)
     assert code != 0
     assert not [m for m, _ in got if "READY=1" in m], got
-    assert json.loads((root / "run" / "health.json").read_text())["state"] == "failed"
+    assert json.loads((root / "models" / "default" / "run" / "health.json").read_text())["state"] == "failed"

@@ -434,7 +434,9 @@ def test_a_push_cut_off_mid_activation_is_finished_by_the_device(
     argv = [str(BIN / "edgedeploy"), "push", arm.name, str(new), "--json", "--min-inferences", "100000000",
             "--timeout", "900", *arm.args()]  # fmt: skip
     host = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    state_file = c.merged / ROOT.lstrip("/") / "state.json"  # the device's disk, read from here: no exec per poll
+    state_file = (
+        c.merged / ROOT.lstrip("/") / "models" / "default" / "state.json"
+    )  # the device's disk, read from here: no exec per poll
 
     def state() -> dict[str, Any]:
         try:

@@ -60,7 +60,7 @@ def test_push_run_status_matches_onnxruntime(
     manifest = read_manifest(mnist_bundle)
     assert pushed["outcome"] == "committed" and pushed["release"] == manifest.release_name
     assert pushed["health"]["state"] in ("ready", "finished")
-    assert (device.root / "current").resolve().name == manifest.release_name
+    assert (device.root / "models" / "default" / "current").resolve().name == manifest.release_name
 
     wait_for_agent(cli, device)
     r = cli("status", device.name, "--json", *device.args())
@@ -112,7 +112,7 @@ def test_a_schema_1_bundle_with_its_source_inside_still_pushes(
     assert r.code == 0, r.err
     pushed = json.loads(r.out)
     assert pushed["outcome"] == "committed" and pushed["release"] == manifest.release_name
-    assert (device.root / "current" / "model.onnx").read_bytes() == (
+    assert (device.root / "models" / "default" / "current" / "model.onnx").read_bytes() == (
         data_dir / "models" / "mnist-8_opset13.onnx"
     ).read_bytes()
     wait_for_agent(cli, device)

@@ -24,7 +24,7 @@ pytestmark = pytest.mark.integration
 
 
 def _state(root: Path) -> dict:
-    return json.loads((root / "state.json").read_text())
+    return json.loads((root / "models" / "default" / "state.json").read_text())
 
 
 def test_install_bundle_from_usb_is_the_push_path(

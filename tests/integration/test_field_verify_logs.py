@@ -35,7 +35,7 @@ def _serving(cli: Cli, sshd: LoopbackSshd, tmp_path: Path, video: Path, bundle: 
 
 
 def _pid(dev: Enrolled) -> int:
-    return int((dev.root / "run" / "agent.pid").read_text())
+    return int((dev.root / "models" / "default" / "run" / "agent.pid").read_text())
 
 
 @pytest.fixture

@@ -224,7 +224,7 @@ def test_sshd_killed_mid_deploy_recovers_to_the_old_bundle(fleet: NetFleet, mnis
     )  # fmt: skip
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:  # bounded wait for the device to be mid-transition
-        pending = json.loads((dev.root / "state.json").read_text()).get("pending") or {}
+        pending = json.loads((dev.root / "models" / "default" / "state.json").read_text()).get("pending") or {}
         if pending.get("state") == "health-check":
             break
         time.sleep(0.05)
@@ -240,6 +240,6 @@ def test_sshd_killed_mid_deploy_recovers_to_the_old_bundle(fleet: NetFleet, mnis
     assert facts["current_release"] == old and facts["pending_state"] == "health-check"
     r = fleet.cli("push", "cam-a", str(mnist_bundle), *fleet.args())  # the next deploy recovers first
     assert r.code == 0, r.err
-    state = json.loads((dev.root / "state.json").read_text())
+    state = json.loads((dev.root / "models" / "default" / "state.json").read_text())
     assert dev.current() == old and state["pending"] is None
     assert "recovered" in [h["event"] for h in state["history"]]

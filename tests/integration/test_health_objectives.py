@@ -27,7 +27,7 @@ def test_inferences_then_a_missed_latency_objective_rolls_back(
     r = cli("push", device.name, str(v2), "--max-p95-ms", "0.000001", *device.args())
     assert_one_line_error(r, 4, "above the objective")
     assert "rolled back" in r.err
-    assert (device.root / "current").resolve().name == read_manifest(mnist_bundle).release_name
+    assert (device.root / "models" / "default" / "current").resolve().name == read_manifest(mnist_bundle).release_name
     r = cli("push", device.name, str(v2), "--min-inferences", "100000", "--timeout", "60", *device.args())
     assert_one_line_error(r, 4, "source ended after")  # the 300-frame clip cannot give 100000 inferences
 
@@ -46,4 +46,4 @@ def test_objectives_from_the_model_card_travel_in_the_bundle(
     assert cli("push", device.name, str(mnist_bundle), *device.args()).code == 0
     r = cli("push", device.name, str(strict), *device.args())
     assert_one_line_error(r, 4, "source ended after 300 inferences, 1000 required")
-    assert (device.root / "current").resolve().name == read_manifest(mnist_bundle).release_name
+    assert (device.root / "models" / "default" / "current").resolve().name == read_manifest(mnist_bundle).release_name

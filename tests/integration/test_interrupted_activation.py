@@ -32,12 +32,12 @@ DEADLINE_S = 120  # the service looks every 10 s; the finisher's health check on
 
 
 def _state(dev: Enrolled) -> dict:
-    return json.loads((dev.root / "state.json").read_text())
+    return json.loads((dev.root / "models" / "default" / "state.json").read_text())
 
 
 def _health(dev: Enrolled) -> dict:
     try:
-        return json.loads((dev.root / "run" / "health.json").read_text())
+        return json.loads((dev.root / "models" / "default" / "run" / "health.json").read_text())
     except (FileNotFoundError, ValueError):
         return {}
 

@@ -42,7 +42,7 @@ def fake_libcuda(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def _health(root: Path) -> dict[str, object]:
     try:
-        return dict(json.loads((root / "run" / "health.json").read_text()))
+        return dict(json.loads((root / "models" / "default" / "run" / "health.json").read_text()))
     except (OSError, ValueError):
         return {}
 
@@ -84,7 +84,7 @@ def test_agent_on_python39_serves_tensorrt_from_python38_and_rolls_back_when_it_
         assert health["release"] == v1_name and health["state"] == "ready"
         assert isinstance(runtime, dict) and runtime["tensorrt"] == "8.5.2.2" and runtime["engine"] == "built"
         assert str(runtime["tensorrt_python"]).startswith("3.8.")
-        agent_pid = int((root / "run" / "agent.pid").read_text())
+        agent_pid = int((root / "models" / "default" / "run" / "agent.pid").read_text())
         assert os.path.basename(os.readlink(f"/proc/{agent_pid}/exe")).startswith("python3.9")
         wait_for(
             "a report", lambda: any((root / "spool").glob("*.jsonl")), 60, every=0.1
@@ -126,12 +126,12 @@ def test_agent_on_python39_serves_tensorrt_from_python38_and_rolls_back_when_it_
         answer = json.loads(out.strip().splitlines()[-1])
         assert answer["error"]["code"] == "health-check-failed", answer
         assert "killed by SIGKILL" in answer["error"]["message"], answer
-        state = json.loads((root / "state.json").read_text())
+        state = json.loads((root / "models" / "default" / "state.json").read_text())
         assert state["current"] == v1_name and state["history"][-1]["event"] == "rolled-back"
         wait_for("v1 ready again", lambda: _health(root).get("state") == "ready", 120, every=0.1)
         assert _health(root)["release"] == v1_name
     finally:
-        pid_file = root / "run" / "agent.pid"
+        pid_file = root / "models" / "default" / "run" / "agent.pid"
         if pid_file.exists():
             try:
                 os.kill(int(pid_file.read_text()), signal.SIGTERM)

@@ -102,5 +102,5 @@ def test_watch_on_python_3_9_resumes_a_cut_download_and_deploys(
     assert ranged and set(ranged) == {206}, proxy.seen  # resumed from the part, not started again
     # both agent processes run on 3.9: the watch, and the inference process its deploy started
     assert exe_version(dev.proc.pid).startswith("python3.9"), exe_version(dev.proc.pid)
-    pid = int((dev.root / "run" / "agent.pid").read_text())
+    pid = int((dev.root / "models" / "default" / "run" / "agent.pid").read_text())
     assert exe_version(pid).startswith("python3.9"), exe_version(pid)

@@ -128,7 +128,7 @@ def test_session_killed_while_the_device_stages_leaves_nothing_behind(
 
     session = threading.Thread(target=deploy_over_ssh)
     session.start()
-    staging = device.root / "releases" / f".tmp-{read_manifest(big).release_name}"
+    staging = device.root / "models" / "default" / "releases" / f".tmp-{read_manifest(big).release_name}"
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline and session.is_alive():  # bounded wait for the unpack to start
         if staging.is_dir() and any(staging.iterdir()):
@@ -137,7 +137,10 @@ def test_session_killed_while_the_device_stages_leaves_nothing_behind(
     device.sshd.kill()  # the session and the agent command in it die
     session.join(timeout=60)
     assert staging.is_dir(), "the deploy finished before its session could be killed"
-    assert errors and json.loads((device.root / "state.json").read_text())["pending"]["state"] == "staged"
+    assert (
+        errors
+        and json.loads((device.root / "models" / "default" / "state.json").read_text())["pending"]["state"] == "staged"
+    )
 
     device.sshd.start()
     r = cli("devices", "facts", device.name, *device.args())  # facts report the interruption, change nothing
@@ -145,6 +148,6 @@ def test_session_killed_while_the_device_stages_leaves_nothing_behind(
     assert "current_release" in r.out and old in r.out and "staged" in r.out  # a table without --json
     assert staging.exists()
     push_ok(cli, device, mnist_bundle)  # the next push recovers the device first, then deploys
-    assert not staging.exists() and not list((device.root / "releases").glob(".tmp-*"))
-    state = json.loads((device.root / "state.json").read_text())
+    assert not staging.exists() and not list((device.root / "models" / "default" / "releases").glob(".tmp-*"))
+    state = json.loads((device.root / "models" / "default" / "state.json").read_text())
     assert state["pending"] is None and "recovered" in [h["event"] for h in state["history"]]

@@ -28,7 +28,7 @@ def push(cli: Cli, dev: Enrolled, bundle: Path, *args: str) -> Ran:
 
 
 def current(dev: Enrolled) -> str:
-    return (dev.root / "current").resolve().name
+    return (dev.root / "models" / "default" / "current").resolve().name
 
 
 def facts(cli: Cli, dev: Enrolled) -> dict:
@@ -63,20 +63,22 @@ def test_a_source_that_delivers_nothing_is_source_unavailable(
         assert_one_line_error(r, 4, "could not be shown serving: source file:")
         assert "delivered 0 of the 3 frames" in r.err and "back on no bundle" in r.err
         assert "health check" not in r.err.split("hint:")[-1] and "camera" in r.err  # the hint names the source
-        assert not (dev.root / "current").exists()
+        assert not (dev.root / "models" / "default" / "current").exists()
     finally:
         agent("--root", str(dev.root), "--json", "stop")
 
 
 def test_a_killed_agent_shows_as_dead_at_once(cli: Cli, looping: Enrolled, mnist_bundle: Path) -> None:
     assert push(cli, looping, mnist_bundle).code == 0
-    health = json.loads((looping.root / "run" / "health.json").read_text())
+    health = json.loads((looping.root / "models" / "default" / "run" / "health.json").read_text())
     assert health["state"] == "ready" and facts(cli, looping)["health_state"] == "ready"
 
     os.kill(health["pid"], signal.SIGKILL)
     f = facts(cli, looping)
     assert f["health_state"] == "dead" and f["healthy_release"] is None and f["running"] is False, f
-    assert json.loads((looping.root / "run" / "health.json").read_text())["state"] == "ready"  # its last word
+    assert (
+        json.loads((looping.root / "models" / "default" / "run" / "health.json").read_text())["state"] == "ready"
+    )  # its last word
     r = cli("status", looping.name, *looping.args())
     assert r.code == 0 and "agent dead" in r.out, r.out + r.err
 
@@ -146,7 +148,7 @@ def test_an_agent_killed_mid_deploy_is_reported_as_killed_not_as_a_lost_link(
     pushing.start()
     deadline, pid = time.monotonic() + 120, None
     while time.monotonic() < deadline and pushing.is_alive():  # bounded wait for the health check to start
-        pending = json.loads((device.root / "state.json").read_text())["pending"]
+        pending = json.loads((device.root / "models" / "default" / "state.json").read_text())["pending"]
         if pending and pending["state"] == "health-check":
             pid = _deploy_pid(device.root)
             break
@@ -159,5 +161,5 @@ def test_an_agent_killed_mid_deploy_is_reported_as_killed_not_as_a_lost_link(
     assert "connection lost" not in r.err
     assert f"read back: the device is on {old}" in r.err, r.err
     assert current(device) == old
-    state = json.loads((device.root / "state.json").read_text())
+    state = json.loads((device.root / "models" / "default" / "state.json").read_text())
     assert state["pending"] is None and state["history"][-1]["event"] == "recovered"

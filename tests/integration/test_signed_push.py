@@ -46,4 +46,4 @@ def test_keys_sign_enroll_push(cli: Cli, device: Enrolled, mnist_bundle: Path, t
     assert cli(*sign, "--expires-days", "0.00001").code == 0  # valid for 0.9 s
     time.sleep(1.5)
     assert_one_line_error(cli("push", device.name, str(expired), *device.args()), 4, "expired")
-    assert (device.root / "current").resolve().name == read_manifest(signed).release_name
+    assert (device.root / "models" / "default" / "current").resolve().name == read_manifest(signed).release_name

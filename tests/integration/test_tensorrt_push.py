@@ -32,5 +32,9 @@ def test_prebuild_push_without_a_gpu_is_refused_with_the_reason(cli: Cli, sshd, 
     r = cli("push", dev.name, str(bundle), "--prebuild", "--build-timeout", "120", *dev.args())
     # the agent checks the device before unpacking: nothing was activated, nothing to roll back
     assert_one_line_error(r, 4, "needs a CUDA GPU (sm_75): no CUDA driver")
-    state = json.loads((dev.root / "state.json").read_text())
-    assert state["current"] is None and state["pending"] is None and not list((dev.root / "releases").iterdir())
+    state = json.loads((dev.root / "models" / "default" / "state.json").read_text())
+    assert (
+        state["current"] is None
+        and state["pending"] is None
+        and not list((dev.root / "models" / "default" / "releases").iterdir())
+    )

@@ -10,6 +10,8 @@ from typing import Annotated, TypeVar
 
 import typer
 
+from edgedeploy_agent.names import SLOT_NAME_RULE, is_slot_name
+
 from ..errors import InputError
 
 N = TypeVar("N", int, float)
@@ -76,6 +78,22 @@ InventoryOpt = Annotated[
     ),
 ]
 JsonOpt = Annotated[bool, typer.Option("--json", help="print JSON for scripts")]
+
+
+def _model_name(ctx: typer.Context, param: typer.CallbackParam, value: str) -> str:
+    if not is_slot_name(value):
+        raise InputError(
+            f"--model {value[:40]!r} is not a model name ({SLOT_NAME_RULE})", hint=f"see {ctx.command_path} --help"
+        )
+    return value
+
+
+ModelOpt = Annotated[
+    str,
+    typer.Option(
+        "--model", help="which of the device's models (model slot; `default` unless named)", callback=_model_name
+    ),
+]
 SourceOpt = Annotated[
     list[Path] | None,
     typer.Option(

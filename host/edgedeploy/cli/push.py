@@ -10,6 +10,8 @@ from typing import Annotated, Any
 
 import typer
 
+from edgedeploy_agent.names import DEFAULT_SLOT
+
 from ..errors import InputError
 from ..inventory import Inventory
 from . import render
@@ -22,6 +24,7 @@ from .options import (
     MaxP95Opt,
     MinFpsOpt,
     MinInferencesOpt,
+    ModelOpt,
     TimeoutOpt,
 )
 
@@ -45,10 +48,14 @@ def register(app: typer.Typer) -> None:
         build_timeout: Annotated[
             float, typer.Option(help="--prebuild: seconds allowed for the engine build", callback=POSITIVE)
         ] = 1800.0,
+        model: ModelOpt = DEFAULT_SLOT,
         inventory: InventoryOpt = None,
         json_: JsonOpt = False,
     ) -> None:
-        """Upload the blobs the device lacks, activate atomically, health-check; the device rolls back on failure."""
+        """Upload the blobs the device lacks, activate atomically, health-check; the device rolls back on failure.
+
+        With --model NAME the bundle goes into that model slot of the device (created by its first push), with
+        the source the inventory names for it (\\[devices.DEVICE.models.NAME] source); the others keep serving."""
         from .. import api
         from ..remote.plan import HealthPolicy
         from ..remote.rollout_runner import Network
@@ -57,7 +64,9 @@ def register(app: typer.Typer) -> None:
         t = time.perf_counter()
         health = HealthPolicy(timeout, min_inferences, max_p95_ms, min_fps, build_timeout if prebuild else None)
         with render.transfer(f"upload {bundle.name}") as progress, render.steps(f"push {device}") as step:
-            options = api.PushOptions(dry_run=dry_run, force=force, health=health, progress=progress, step=step)
+            options = api.PushOptions(
+                dry_run=dry_run, force=force, health=health, progress=progress, step=step, model=model
+            )
             result = api.push_bundle(inv, device, bundle, options, Network(connect_timeout, io_timeout))
         secs = time.perf_counter() - t
         if json_:
@@ -77,7 +86,7 @@ def register(app: typer.Typer) -> None:
         render.info(f"{device}: sent {result.uploaded_bytes / 1e6:.2f} MB (blobs the device lacked)")
         warm = (result.health or {}).get("warmup_ms")
         render.out.print(
-            f"{device}: {result.outcome} {result.release} (was {result.previous or 'none'}) in "
+            f"{device}{_of(model)}: {result.outcome} {result.release} (was {result.previous or 'none'}) in "
             f"{secs:.1f} s" + (f", warm-up inference {warm:.1f} ms" if warm is not None else "")
         )
         engine = render.engine_summary((result.health or {}).get("runtime") or {})
@@ -95,10 +104,11 @@ def register(app: typer.Typer) -> None:
                 help="ssh: ask each device; mqtt: send each device back to what it ran before the last mqtt rollout"
             ),
         ] = "ssh",
+        model: ModelOpt = DEFAULT_SLOT,
         inventory: InventoryOpt = None,
         json_: JsonOpt = False,
     ) -> None:
-        """Put a device, or every device of a group, back on its previous bundle.
+        """Put a device, or every device of a group, back on its previous bundle (--model: of that model slot).
 
         One device over ssh: an error exits with its code (3 unreachable, 4 refused). A group, or --via mqtt:
         exit 0 when every device rolled back, 5 when some did (partial), 1 when none did.
@@ -108,7 +118,7 @@ def register(app: typer.Typer) -> None:
         inv = Inventory.load(inventory)
         if via == "mqtt":  # one deadline for all: the health check, plus a margin for the broker round trip
             names = api.select_devices(inv, [device] if device else None, group)
-            fleet = pull_api.rollback_via_mqtt(names, health_timeout=timeout)
+            fleet = pull_api.rollback_via_mqtt(names, health_timeout=timeout, model=model)
             render.fleet_result(fleet, json_, _rolled_back)
             if fleet.exit_code:
                 raise typer.Exit(fleet.exit_code)
@@ -116,16 +126,21 @@ def register(app: typer.Typer) -> None:
         if via != "ssh":
             raise InputError(f"--via must be ssh or mqtt, got {via!r}")
         if device and not group:  # one device: its failure is the command's error (one line, exit 3/4)
-            result = api.rollback(inv, device, timeout)
+            result = api.rollback(inv, device, timeout, model)
             if json_:
                 render.print_json(result)
             else:
-                render.out.print(f"{device}: rolled back to {result['release']} (was {result['previous']})")
+                render.out.print(f"{device}{_of(model)}: rolled back to {result['release']} (was {result['previous']})")
             return
-        fleet = api.rollback_fleet(inv, api.select_devices(inv, [device] if device else None, group), timeout)
+        names = api.select_devices(inv, [device] if device else None, group)
+        fleet = api.rollback_fleet(inv, names, timeout, model)
         render.fleet_result(fleet, json_, _rolled_back)
         if fleet.exit_code:
             raise typer.Exit(fleet.exit_code)
+
+
+def _of(model: str) -> str:
+    return "" if model == DEFAULT_SLOT else f" model {model}"
 
 
 def _rolled_back(r: dict[str, Any]) -> str:

@@ -8,6 +8,8 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from edgedeploy_agent.names import DEFAULT_SLOT
+
 from ..errors import InputError
 from ..inventory import Inventory
 from . import render
@@ -19,6 +21,7 @@ from .options import (
     MaxP95Opt,
     MinFpsOpt,
     MinInferencesOpt,
+    ModelOpt,
     TimeoutOpt,
     in_range,
 )
@@ -88,6 +91,7 @@ def register(app: typer.Typer) -> None:
         pull_timeout: Annotated[
             float, typer.Option("--pull-timeout", help="--via mqtt: download allowance per device, s")
         ] = 300.0,
+        model: ModelOpt = DEFAULT_SLOT,
         inventory: InventoryOpt = None,
         json_: JsonOpt = False,
     ) -> None:
@@ -102,6 +106,8 @@ def register(app: typer.Typer) -> None:
 
         if via not in ("ssh", "mqtt"):
             raise InputError(f"--via must be ssh or mqtt, got {via!r}")
+        if model != DEFAULT_SLOT and (resume or show_):
+            raise InputError("--model is for a new rollout; --resume and --show take the recorded one's")
         inv = Inventory.load(inventory)
         if show_:
             state, path = api.load_rollout(rollout_id)
@@ -136,6 +142,7 @@ def register(app: typer.Typer) -> None:
                         pull_timeout=pull_timeout,
                         dry_run=dry_run,
                         listener=listener,
+                        model=model,
                     )
                 else:
                     state = api.rollout(
@@ -148,6 +155,7 @@ def register(app: typer.Typer) -> None:
                         health=HealthPolicy(timeout, min_inferences, max_p95_ms, min_fps),
                         net=Network(connect_timeout, io_timeout),
                         listener=listener,
+                        model=model,
                     )
         if json_:
             render.print_json(state.to_json())

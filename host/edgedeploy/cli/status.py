@@ -6,10 +6,12 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from edgedeploy_agent.names import DEFAULT_SLOT
+
 from ..errors import InputError, fleet_exit_code
 from ..inventory import Inventory
 from . import render
-from .options import InventoryOpt, JsonOpt
+from .options import InventoryOpt, JsonOpt, ModelOpt
 
 if TYPE_CHECKING:
     from ..remote.status import DeviceStatus
@@ -60,6 +62,8 @@ def show_report(device: str, r: dict[str, Any]) -> None:
     ]
     temps = r.get("temperatures_c")
     extra = f"; temperatures {', '.join(f'{k} {v} C' for k, v in temps.items())}" if temps else ""
+    slot = r.get("slot", DEFAULT_SLOT)
+    of = "" if slot == DEFAULT_SLOT else f" model {slot}"
     batch, fps = r.get("batch"), f"{r['fps']:.1f} FPS (busy time)"
     if batch:
         latency = r.get("frame_latency_ms") or {}
@@ -69,7 +73,7 @@ def show_report(device: str, r: dict[str, Any]) -> None:
             f"{latency.get('p99', '-')} ms"
         )
     render.table(
-        f"{device} report #{r['seq']}: {r['model']} {r['model_version']} ({r['bundle_id']}), {r['frames']} frames, "
+        f"{device}{of} report #{r['seq']}: {r['model']} {r['model_version']} ({r['bundle_id']}), {r['frames']} frames, "
         f"{fps}, runtime {r['runtime']}\n  source {source_text(r)}\n"
         f"  power {power_text(r['power'])}{extra}",
         ["stage (ms)", "p50", "p95", "p99", "mean"],
@@ -116,6 +120,7 @@ def register(app: typer.Typer) -> None:
         device: Annotated[str | None, typer.Argument(help="device name; leave out for the whole fleet")] = None,
         group: Annotated[str | None, typer.Option("--group", help="only devices with this tag")] = None,
         via: Annotated[str, typer.Option(help="ssh: ask each device; mqtt: read the retained statuses")] = "ssh",
+        model: ModelOpt = DEFAULT_SLOT,
         inventory: InventoryOpt = None,
         json_: JsonOpt = False,
     ) -> None:
@@ -124,7 +129,8 @@ def register(app: typer.Typer) -> None:
         With a DEVICE: its detail (an error exits with its own code: 3 unreachable, 4 refused). Without (or
         with --group TAG): one line per device, pulled in parallel; exit 0 when all answered, 5 when some did
         (partial), 1 when none did. With --via mqtt a device counts as answered when its retained status is
-        there and not offline, refused, rolled-back or unreadable.
+        there and not offline, refused, rolled-back or unreadable. A device with several models lists each;
+        --model NAME shows that one's state and latest report (the fleet table shows `default`).
         """
         from .. import api
 
@@ -135,8 +141,10 @@ def register(app: typer.Typer) -> None:
         if via != "ssh":
             raise InputError(f"--via must be ssh or mqtt, got {via!r}")
         if device is not None and group is None:
-            _one(inv, device, json_)
+            _one(inv, device, json_, model)
             return
+        if model != DEFAULT_SLOT:
+            raise InputError("--model needs one DEVICE (the fleet table shows each device's default model)")
         fleet = api.fleet_status(inv, tag=group)
         if json_:
             render.print_json(
@@ -165,7 +173,7 @@ def _via_mqtt(names: list[str], group: str | None, json_: bool) -> None:
         render.print_json({"devices": statuses})
     else:
         rows = [
-            [n, st.get("state", "?"), st.get("release") or "-", st.get("rollout") or "-", st.get("code") or "",
+            [n, st.get("state", "?"), _release(st), st.get("rollout") or "-", st.get("code") or "",
              _progress(st), st.get("updated", "")]
             if st else [n, "NO STATUS", "-", "-", "", "", ""]
             for n, st in statuses.items()
@@ -181,26 +189,41 @@ def _via_mqtt(names: list[str], group: str | None, json_: bool) -> None:
     raise typer.Exit(fleet_exit_code(ok, len(names)))
 
 
+def _release(st: dict[str, Any]) -> str:
+    """The release a status is about, with its model slot when that is not `default`."""
+    model = st.get("model") or DEFAULT_SLOT
+    return (st.get("release") or "-") + ("" if model == DEFAULT_SLOT else f" (model {model})")
+
+
 def _progress(st: dict[str, Any]) -> str:
     p = st.get("progress") or {}
     return f"{p['bytes'] / 1e6:.1f}/{p['total'] / 1e6:.1f} MB" if p.get("total") else ""
 
 
-def _one(inv: Inventory, device: str, json_: bool) -> None:
+def _one(inv: Inventory, device: str, json_: bool, model: str) -> None:
     from .. import api
 
-    st = api.status(inv, device)
+    st = api.status(inv, device, model=model)
     f = st.facts
+    reports = [r for r in st.reports if r.get("slot", DEFAULT_SLOT) == model]
     if json_:
         render.print_json(
             {"device": device, "facts": f.__dict__, "new_reports": st.new_reports, "reports_total": len(st.reports)}
         )
         return
+    of = "" if model == DEFAULT_SLOT else f" model {model}"
     render.out.print(
-        f"{device}: agent {f.agent_version} ({f.arch}, Python {f.python}); "
+        f"{device}{of}: agent {f.agent_version} ({f.arch}, Python {f.python}); "
         f"current bundle {f.current_release or 'none'}; agent {f.health_state or 'not started'}"
         f"{' (process running)' if f.running else ''}; "
         f"{len(st.new_reports)} new report(s), {len(st.reports)} stored"
     )
-    for r in latest_per_source(st.reports):
+    if len(f.models) > 1:
+        for slot, m in f.models.items():
+            pending = f", interrupted in {m.pending_state}" if m.pending_state else ""
+            render.out.print(
+                f"  model {slot}: {m.current_release or 'no bundle'}, agent {m.health_state or 'not started'}, "
+                f"source {m.source or 'none'}{pending}"
+            )
+    for r in latest_per_source(reports):
         show_report(device, r)

@@ -7,6 +7,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from edgedeploy_agent.names import DEFAULT_SLOT
+
 from ..errors import EdgeDeployError, InputError, error_code
 from ..inventory import Device, Inventory
 from ..signing import fleet_public_keys
@@ -51,7 +53,8 @@ def push_bundle(
     dev = inv.get(name)
     blobs = bundle_blobs(bundle)
     options.step("connect")
-    device_log(name, f"push {blobs.manifest.release_name}{' (dry run)' if options.dry_run else ''}")
+    into = "" if options.model == DEFAULT_SLOT else f" as model {options.model}"
+    device_log(name, f"push {blobs.manifest.release_name}{into}{' (dry run)' if options.dry_run else ''}")
     try:
         with connected(dev, inv.known_hosts, net.connect_timeout, net.io_timeout) as t:
             r = push(t, dev, blobs, options)
@@ -62,20 +65,23 @@ def push_bundle(
     return r
 
 
-def rollback(inv: Inventory, name: str, timeout: float = 60.0) -> dict[str, Any]:
+def rollback(inv: Inventory, name: str, timeout: float = 60.0, model: str = DEFAULT_SLOT) -> dict[str, Any]:
     dev = inv.get(name)
     with connected(dev, inv.known_hosts) as t:
-        result = rollback_on(t, dev, timeout)
-    device_log(name, f"manual rollback to {result.get('release')} (was {result.get('previous')})")
+        result = rollback_on(t, dev, timeout, model)
+    of = "" if model == DEFAULT_SLOT else f" of model {model}"
+    device_log(name, f"manual rollback{of} to {result.get('release')} (was {result.get('previous')})")
     return result
 
 
-def rollback_fleet(inv: Inventory, names: list[str], timeout: float = 60.0) -> FleetResult[dict[str, Any]]:
+def rollback_fleet(
+    inv: Inventory, names: list[str], timeout: float = 60.0, model: str = DEFAULT_SLOT
+) -> FleetResult[dict[str, Any]]:
     """rollback() on each device in parallel; one failure never hides the others."""
 
     def one(dev: Device) -> dict[str, Any]:
         try:
-            return rollback(inv, dev.name, timeout)
+            return rollback(inv, dev.name, timeout, model)
         except EdgeDeployError as e:
             device_log(dev.name, f"manual rollback failed [{error_code(e)}]: {e.message}")
             raise

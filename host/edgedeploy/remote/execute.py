@@ -7,6 +7,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from edgedeploy_agent.names import DEFAULT_SLOT
+
 from ..errors import DeviceError, EdgeDeployError
 from ..inventory import Device
 from .agent_client import AgentClient
@@ -30,6 +32,7 @@ class PushOptions:
     health: HealthPolicy = DEFAULT_HEALTH
     progress: Progress | None = None
     step: Callable[[str], None] = _no_step
+    model: str = DEFAULT_SLOT  # the model slot on the device (`push --model`)
 
 
 DEFAULT_PUSH = PushOptions()
@@ -45,10 +48,17 @@ class PushResult:
     timings: dict[str, float] = field(default_factory=dict)
     health: dict[str, Any] | None = None
     uploaded_bytes: int = 0
+    model: str = DEFAULT_SLOT
 
 
-def get_facts(client: AgentClient) -> DeviceFacts:
-    return parse_facts(client.call("facts", timeout=60), client.device.name)
+def model_args(model: str) -> list[str]:
+    """`--model SLOT` for an agent command about one model slot (none for `default`: every agent reads that)."""
+    return [] if model == DEFAULT_SLOT else ["--model", model]
+
+
+def get_facts(client: AgentClient, model: str = DEFAULT_SLOT) -> DeviceFacts:
+    """The device's facts, with `model`'s slot at the top (every slot is under `models`)."""
+    return parse_facts(client.call("facts", *model_args(model), timeout=60), client.device.name)
 
 
 def push(transport: Transport, device: Device, blobs: BundleBlobs, options: PushOptions = DEFAULT_PUSH) -> PushResult:
@@ -58,14 +68,14 @@ def push(transport: Transport, device: Device, blobs: BundleBlobs, options: Push
     client = AgentClient(transport, device)
     options.step("facts")
     # one round trip: the device's facts and which blobs it lacks (read only: nothing changes there)
-    raw = client.call("facts", "--blobs", *[b.sha256 for b in blobs.blobs], timeout=300)
+    raw = client.call("facts", *model_args(options.model), "--blobs", *[b.sha256 for b in blobs.blobs], timeout=300)
     facts = parse_facts(raw, device.name)  # validates `blobs` too (absent: the root is not initialised)
     lacking = set(raw["blobs"]["missing"]) if raw["blobs"] else {b.sha256 for b in blobs.blobs}
-    actions = plan_push(blobs, lacking, device, facts, force=options.force, health=options.health)
-    if options.dry_run:
-        return PushResult(device.name, "planned", manifest.release_name, facts.current_release, actions, timings)
-    if all(a.noop for a in actions):
-        return PushResult(device.name, "unchanged", manifest.release_name, facts.current_release, actions, timings)
+    actions = plan_push(blobs, lacking, device, facts, options.force, options.health, options.model)
+    if options.dry_run or all(a.noop for a in actions):
+        outcome = "planned" if options.dry_run else "unchanged"
+        current = facts.current_release
+        return PushResult(device.name, outcome, manifest.release_name, current, actions, timings, model=options.model)
     result: dict[str, Any] = {}
     uploaded = 0
     for action in actions:
@@ -89,6 +99,7 @@ def push(transport: Transport, device: Device, blobs: BundleBlobs, options: Push
         timings,
         health=result.get("health"),
         uploaded_bytes=uploaded,
+        model=options.model,
     )
 
 
@@ -129,8 +140,9 @@ def _read_back(client: AgentClient) -> str:
     return f"read back: the device is on {f.current_release or 'no bundle'} (agent {f.health_state or 'not started'})"
 
 
-def rollback(transport: Transport, device: Device, timeout: float = 60.0) -> dict[str, Any]:
-    return AgentClient(transport, device).call("rollback", "--timeout", str(timeout), timeout=timeout * 2 + 60)
+def rollback(transport: Transport, device: Device, timeout: float = 60.0, model: str = DEFAULT_SLOT) -> dict[str, Any]:
+    args = ["rollback", "--timeout", str(timeout), *model_args(model)]
+    return {**AgentClient(transport, device).call(*args, timeout=timeout * 2 + 60), "model": model}
 
 
 def init_agent(transport: Transport, device: Device) -> dict[str, Any]:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from pydantic import ValidationError
@@ -27,6 +27,19 @@ class DeviceFacts:
     health_state: str | None
     previous: tuple[str, ...]
     pending_state: str | None  # the state of a transition in flight or interrupted (None: none)
+    model: str = "default"  # the model slot the fields above describe (`facts --model`)
+    models: dict[str, ModelFacts] = field(default_factory=dict)  # every model slot on the device
+
+
+@dataclass(frozen=True)
+class ModelFacts:
+    """One model slot of a device, in short."""
+
+    source: str | None
+    running: bool | None
+    current_release: str | None
+    health_state: str | None
+    pending_state: str | None
 
 
 def parse_facts(data: dict[str, Any], device: str = "device") -> DeviceFacts:
@@ -56,4 +69,15 @@ def parse_facts(data: dict[str, Any], device: str = "device") -> DeviceFacts:
         health_state=health.get("state"),
         previous=tuple(f.previous),
         pending_state=(f.pending or {}).get("state"),
+        model=f.slot or "default",
+        models={
+            slot: ModelFacts(
+                m.source,
+                m.running,
+                m.current.release if m.current else None,
+                (m.health or {}).get("state"),
+                (m.pending or {}).get("state"),
+            )
+            for slot, m in (f.models or {}).items()
+        },
     )

@@ -48,7 +48,8 @@ id "$user" >/dev/null 2>&1 && echo "user_exists=1"
 command -v systemctl >/dev/null 2>&1 && echo "systemctl=1"
 [ -f /etc/nv_tegra_release ] && echo "jetson=$(head -n1 /etc/nv_tegra_release | tr -d '\n')"
 [ -f "$root/agent.json" ] && echo "initialised=1"
-[ -L "$root/current" ] && echo "has_release=1"
+# a release in the default model slot, or at the top of a root from before slots (the agent moves it on start)
+{ [ -L "$root/models/default/current" ] || [ -L "$root/current" ]; } && echo "has_release=1"
 id -nG "$login" 2>/dev/null | tr ' ' '\n' | grep -qx "$user" && echo "login_in_group=1"
 # the rule is root's (0440): a non-root login reads it through sudo (the install's grant), else it is planned again
 [ -f "$sudoers" ] && echo "sudoers_sha256=$( (sha256sum "$sudoers" || sudo -n sha256sum "$sudoers") 2>/dev/null |

@@ -36,7 +36,7 @@ from edgedeploy_agent.desired import (
     parse_message,
     parse_status,
 )
-from edgedeploy_agent.names import is_device_name
+from edgedeploy_agent.names import DEFAULT_SLOT, is_device_name
 
 from ..errors import ConnectionFailed, InputError, validation_text
 from ..paths import config_dir
@@ -97,15 +97,15 @@ def load_fleet_config(path: Path | None = None) -> FleetConfig:
 def desired_payload(
     key: str, device: str, ref: str, release: str, rollout: str, wave: int, serial: int, *,
     health: DesiredHealth, jitter_s: float = 0.0, expires_hours: float = 24.0,
-    action: Literal["deploy", "rollback"] = "deploy",
+    action: Literal["deploy", "rollback"] = "deploy", model: str = DEFAULT_SLOT,
 ) -> bytes:  # fmt: skip
-    """A signed desired-state message for one device."""
+    """A signed desired-state message for one device (about its model slot `model`)."""
     now = dt.datetime.now(dt.timezone.utc).replace(microsecond=0)
     doc = DesiredDoc(
         device=device, action=action, ref=ref, release=release, rollout=rollout, wave=wave, serial=serial,
-        issued=now, expires=now + dt.timedelta(hours=expires_hours), jitter_s=jitter_s, health=health,
+        issued=now, expires=now + dt.timedelta(hours=expires_hours), jitter_s=jitter_s, health=health, model=model,
     )  # fmt: skip
-    data = doc.model_dump(mode="json")
+    data = doc.wire()
     return canonical_json({"doc": data, "sig": sign_document(canonical_json(data), key)})
 
 

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from edgedeploy_agent.desired import TERMINAL, DesiredHealth
+from edgedeploy_agent.names import DEFAULT_SLOT
 
 from ..errors import DeviceError
 from ..inventory import Inventory
@@ -30,14 +31,24 @@ from .rollout_runner import Listener, RolloutRunner
 OUTCOME = {"committed": "committed", "rolled-back": "failed", "refused": "failed"}
 
 
-def status_facts(st: dict[str, Any] | None) -> DeviceFacts | str:
-    """Pure: a retained status -> the facts the planner reads (or why there are none)."""
+def slot_release(st: dict[str, Any] | None, model: str = DEFAULT_SLOT) -> str | None:
+    """Pure: the release a retained status says model slot `model` runs (None: no status, or none there)."""
+    st = st or {}
+    if (st.get("model") or DEFAULT_SLOT) == model:
+        return st.get("release")
+    return (st.get("models") or {}).get(model)
+
+
+def status_facts(st: dict[str, Any] | None, model: str = DEFAULT_SLOT) -> DeviceFacts | str:
+    """Pure: a retained status -> the facts the planner reads about model slot `model` (or why there are none).
+    A device with several slots says every slot's release (`models`); its status is about one (`model`)."""
     if not st:
         return "no status on the broker (never connected)"
     if st.get("state") == UNREADABLE:
         return f"status unreadable ({st.get('message')})"
-    release = st.get("release")
-    healthy = release if st.get("state") in ("committed", "idle") else None
+    release = slot_release(st, model)
+    about_it = (st.get("model") or DEFAULT_SLOT) == model
+    healthy = release if about_it and st.get("state") in ("committed", "idle") else None
     return DeviceFacts(
         agent_version="?", bundle_schema=0, arch="?", python="?", initialised=True, free_bytes=None,
         current_release=release, current_bundle_id=None, running=st.get("state") != "offline",
@@ -53,6 +64,7 @@ class PullPolicy:
     jitter_s: float = 0.0
     pull_timeout: float = 300.0  # download allowance before the health timeout starts to count
     expires_hours: float = 24.0
+    model: str = DEFAULT_SLOT  # the model slot the rollout delivers to (`rollout --via mqtt --model`)
 
 
 class RateLimit:
@@ -101,7 +113,7 @@ class MqttRolloutRunner(RolloutRunner):
             health=DesiredHealth(
                 timeout_s=h.timeout, min_inferences=h.min_inferences, max_p95_ms=h.max_p95_ms, min_fps=h.min_fps
             ),
-            jitter_s=self.pull.jitter_s, expires_hours=self.pull.expires_hours,
+            jitter_s=self.pull.jitter_s, expires_hours=self.pull.expires_hours, model=self.pull.model,
         )  # fmt: skip
         self.rate.wait()
         self.controller.publish_desired(name, payload)

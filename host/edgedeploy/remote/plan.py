@@ -6,6 +6,8 @@ from collections.abc import Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from edgedeploy_agent.names import DEFAULT_SLOT
+
 from ..errors import DeviceError, InputError
 from ..inventory import Device
 from .agent_client import agent_argv
@@ -70,8 +72,10 @@ def plan_push(
     facts: DeviceFacts,
     force: bool = False,
     health: HealthPolicy = DEFAULT_HEALTH,
+    model: str = DEFAULT_SLOT,
 ) -> list[Action]:
     """Check the bundle fits the device, then list what must happen. Raises on anything that cannot work.
+    `facts` describe the model slot `model` (`facts --model`), which the deploy goes into.
 
     `lacking` are the sha256 of the blobs the device does not have; only they need room (blobs are stored
     once and hard-linked into releases).
@@ -133,12 +137,15 @@ def plan_push(
     args = ["deploy", "--manifest-blob", blobs.manifest_sha, *health.agent_args()]
     if blobs.signature_sha:
         args += ["--signature-blob", blobs.signature_sha]
-    args += device.source_args()
+    args += device.source_args(model)
+    if model != DEFAULT_SLOT:
+        args += ["--model", model]
     if force:
         args.append("--force")
     deploy = Action(
         "deploy",
-        f"verify, activate {manifest.release_name} (now: {facts.current_release or 'none'}), restart, health-check",
+        f"verify, activate {manifest.release_name}{'' if model == DEFAULT_SLOT else ' as model ' + model} "
+        f"(now: {facts.current_release or 'none'}), restart, health-check",
         argv=tuple(agent_argv(device, *args)),
         timeout_s=health.deploy_timeout,
     )

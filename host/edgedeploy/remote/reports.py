@@ -59,7 +59,8 @@ def pull_reports(transport: Transport, device: Device, d: Path) -> list[dict[str
     stored, names = [], []
     for item in pending:
         report = checked_report(item["report"], device.name)
-        path = d / f"{int(report['seq']):08d}-{report['bundle_id']}.jsonl"
+        slot = "" if report.get("slot", "default") == "default" else f"{report['slot']}-"  # each slot numbers its own
+        path = d / f"{int(report['seq']):08d}-{slot}{report['bundle_id']}.jsonl"
         if _holds_other(path, report):
             digest = hashlib.sha256(canonical_json(report)).hexdigest()[:12]
             path = path.with_name(f"{path.stem}-{digest}.jsonl")

@@ -17,6 +17,8 @@ from dataclasses import asdict, dataclass
 from functools import partial
 from pathlib import Path
 
+from edgedeploy_agent.names import DEFAULT_SLOT
+
 from ..errors import EdgeDeployError, InputError, error_code
 from ..inventory import Inventory
 from ..paths import state_dir
@@ -55,11 +57,11 @@ def device_log(device: str, line: str) -> None:
         f.write(f"{stamp} {line}\n")
 
 
-def read_release(inv: Inventory, name: str, net: Network) -> str | None:
-    """What the device runs now, as it says (None when it cannot be asked)."""
+def read_release(inv: Inventory, name: str, net: Network, model: str = DEFAULT_SLOT) -> str | None:
+    """What the device runs now in model slot `model`, as it says (None when it cannot be asked)."""
     try:
         with connected(inv.get(name), inv.known_hosts, net.connect_timeout, net.io_timeout) as t:
-            return get_facts(AgentClient(t, inv.get(name))).current_release
+            return get_facts(AgentClient(t, inv.get(name)), model).current_release
     except EdgeDeployError:
         return None
 
@@ -74,9 +76,10 @@ class RolloutRunner:
         health: HealthPolicy,
         net: Network = DEFAULT_NET,
         listener: Listener = lambda d, s, m: None,
+        model: str = DEFAULT_SLOT,
     ) -> None:
         self.inv, self.state, self.blobs, self.path = inv, state, blobs, path
-        self.health, self.net, self.listener = health, net, listener
+        self.health, self.net, self.listener, self.model = health, net, listener, model
         self._lock = threading.Lock()
         self._halt: str | None = None
         self._saved = 0.0
@@ -121,12 +124,13 @@ class RolloutRunner:
         This class pushes over SSH; mqtt_rollout.py publishes desired state instead."""
         dev = self.inv.get(name)
         with connected(dev, self.inv.known_hosts, self.net.connect_timeout, self.net.io_timeout) as t:
-            r = push(t, dev, self.blobs, PushOptions(health=self.health, step=lambda s: self._step(name, s)))
+            options = PushOptions(health=self.health, step=lambda s: self._step(name, s), model=self.model)
+            r = push(t, dev, self.blobs, options)
         detail = f"{r.outcome} {r.release} (was {r.previous or 'none'}), sent {r.uploaded_bytes / 1e6:.2f} MB"
         return r.outcome, detail, r.release
 
     def _release_after_failure(self, name: str) -> str | None:
-        return read_release(self.inv, name, self.net)
+        return read_release(self.inv, name, self.net, self.model)
 
     def _check_threshold(self, wave: int) -> None:
         with self._lock:
@@ -169,13 +173,16 @@ def prepare_resume(state: RolloutState) -> RolloutState:
     return state
 
 
-def gather_facts(inv: Inventory, names: list[str], net: Network) -> dict[str, DeviceFacts | str]:
-    """Each device's facts, or why there are none (one device's error never stops the others)."""
+def gather_facts(
+    inv: Inventory, names: list[str], net: Network, model: str = DEFAULT_SLOT
+) -> dict[str, DeviceFacts | str]:
+    """Each device's facts (model slot `model` at the top), or why there are none (one device's error never
+    stops the others)."""
 
     def one(name: str) -> DeviceFacts:
         dev = inv.get(name)  # an unknown name fails on its own
         with connected(dev, inv.known_hosts, net.connect_timeout, net.io_timeout) as t:
-            return get_facts(AgentClient(t, dev))
+            return get_facts(AgentClient(t, dev), model)
 
     result = run_fleet(names, one, name=str)
     return {n: result.succeeded[n] if n in result.succeeded else result.failed[n].message for n in names}
@@ -192,8 +199,10 @@ def rollout(
     health: HealthPolicy = DEFAULT_HEALTH,
     net: Network = DEFAULT_NET,
     listener: Listener = lambda d, s, m: None,
+    model: str = DEFAULT_SLOT,
 ) -> RolloutState:
-    """Plan from the devices' current facts; unless dry_run, execute it with its state kept on disk."""
+    """Plan from the devices' current facts; unless dry_run, execute it with its state kept on disk. The bundle
+    goes into model slot `model` of every device (`rollout --model`)."""
     blobs = bundle_blobs(bundle)
     rid = new_rollout_id(blobs.manifest.bundle_id)
     # a dry run shows what each device would do now; a real run reads each device's facts right
@@ -203,16 +212,16 @@ def rollout(
         str(bundle.resolve()),
         blobs.manifest.release_name,
         names,
-        gather_facts(inv, names, net) if dry_run else {},
+        gather_facts(inv, names, net, model) if dry_run else {},
         canary=waves.canary,
         wave=waves.wave,
         max_fail=waves.max_fail,
         concurrency=concurrency,
     )
-    state.options = {"health": asdict(health), "net": asdict(net)}
+    state.options = {"health": asdict(health), "net": asdict(net), "model": model}
     if dry_run:
         return state
-    return RolloutRunner(inv, state, blobs, rollouts_dir() / f"{rid}.json", health, net, listener).run()
+    return RolloutRunner(inv, state, blobs, rollouts_dir() / f"{rid}.json", health, net, listener, model).run()
 
 
 def load_rollout(rollout_id: str | None = None) -> tuple[RolloutState, Path]:
@@ -240,7 +249,8 @@ def resume_rollout(
         raise InputError(f"{state.bundle} changed since the rollout started ({state.release})")
     health = HealthPolicy(**state.options.get("health", {}))
     net = Network(**state.options.get("net", {}))
-    return RolloutRunner(inv, prepare_resume(state), blobs, path, health, net, listener).run()
+    model = state.options.get("model", DEFAULT_SLOT)  # (a rollout recorded before model slots: the default)
+    return RolloutRunner(inv, prepare_resume(state), blobs, path, health, net, listener, model).run()
 
 
 def _secs(t0: float) -> float:

@@ -7,6 +7,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from edgedeploy_agent.names import DEFAULT_SLOT
+
 from ..errors import InputError
 from ..inventory import Device, Inventory
 from .agent_client import AgentClient
@@ -25,9 +27,10 @@ class DeviceStatus:
     reports: list[dict[str, Any]]
 
 
-def status(inv: Inventory, name: str, dest: Path | None = None) -> DeviceStatus:
-    """Pull new reports over the device's transport and return them with everything pulled before."""
-    return _device_status(inv, inv.get(name), dest)
+def status(inv: Inventory, name: str, dest: Path | None = None, model: str = DEFAULT_SLOT) -> DeviceStatus:
+    """Pull new reports over the device's transport and return them with everything pulled before; the facts
+    describe the model slot `model` (every slot is under `facts.models`)."""
+    return _device_status(inv, inv.get(name), dest, model)
 
 
 def fleet_status(inv: Inventory, tag: str | None = None) -> FleetResult[DeviceStatus]:
@@ -44,9 +47,9 @@ def stored_reports(inv: Inventory, name: str) -> list[dict[str, Any]]:
     return load_local_reports(reports_dir(inv.get(name).name))
 
 
-def _device_status(inv: Inventory, dev: Device, dest: Path | None) -> DeviceStatus:
+def _device_status(inv: Inventory, dev: Device, dest: Path | None, model: str = DEFAULT_SLOT) -> DeviceStatus:
     d = dest or reports_dir(dev.name)
     with connected(dev, inv.known_hosts) as t:
-        f = get_facts(AgentClient(t, dev))
+        f = get_facts(AgentClient(t, dev), model)
         new = pull_reports(t, dev, d)
     return DeviceStatus(dev, f, new, load_local_reports(d))

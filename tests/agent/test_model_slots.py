@@ -1,0 +1,222 @@
+"""Several models on one device: model slots (ROOT/models/<slot>/), each with its own releases, health and
+rollback, and a root from before slots moved into the `default` slot, also when a crash cuts the move."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pydantic import ValidationError
+
+from edgedeploy_agent.bundle import read_manifest
+from edgedeploy_agent.config import AgentConfig
+from edgedeploy_agent.errors import HealthCheckFailed, StateError
+from edgedeploy_agent.lifecycle import Deployment, rollback
+from edgedeploy_agent.report import Report
+from edgedeploy_agent.spool import Spool
+from edgedeploy_agent.store import LEGACY_RUN_FILES, DeviceStore, migrate_layout
+from tests.agent.bundles import copy, make_bundle, make_report
+from tests.agent.doubles import ScriptedService, lay_out_as_before_slots
+from tests.helpers import agent
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> DeviceStore:
+    s = DeviceStore(tmp_path / "device")
+    s.init(AgentConfig(device_name="t", keep_releases=2))
+    return s
+
+
+def _deploy(store: DeviceStore, svc: ScriptedService, bundle: Path) -> dict[str, Any]:
+    return Deployment(store, svc).deploy(copy(bundle, store.incoming), timeout=2)
+
+
+@pytest.mark.parametrize("name", ["default", "cam2", "det_v1-a", "0", "a" * 32])
+def test_slot_names_that_are_taken(name: str, tmp_path: Path) -> None:
+    assert DeviceStore(tmp_path, name).slot_dir == tmp_path / "models" / name
+
+
+@pytest.mark.parametrize("name", ["", "..", ".", "a/b", "../x", "Cam", "-a", "_a", "a b", "a" * 33, "a\n", "ä"])
+def test_slot_names_that_are_refused(name: str, tmp_path: Path) -> None:
+    """A slot name becomes a folder name: nothing that leaves models/, hides, or differs only by case."""
+    with pytest.raises(StateError, match="is not a model name"):
+        DeviceStore(tmp_path, name)
+    with pytest.raises(ValidationError, match="is not a model slot name"):
+        AgentConfig(device_name="t", models={name: {}})
+
+
+def test_a_bad_model_name_on_the_command_line_is_one_line(store: DeviceStore) -> None:
+    r = agent("--root", str(store.root), "--json", "rollback", "--model", "../etc")
+    assert r.code == 9 and json.loads(r.out)["error"]["message"].startswith("'../etc' is not a model name"), r.out
+    r = agent("--root", str(store.root), "rollback", "--model", "cam9")
+    assert r.code == 9 and r.err.startswith("error: this device has no model 'cam9' (models: default)"), r.err
+    with pytest.raises(ValidationError, match="not 'default'"):
+        AgentConfig(device_name="t", models={"default": {}})
+
+
+def test_two_slots_are_deployed_health_checked_and_rolled_back_independently(
+    store: DeviceStore, tmp_path: Path
+) -> None:
+    a, b = store, store.for_slot("cam2")
+    bundles = {v: make_bundle(tmp_path / v, version=v, lib_bytes=v.encode()) for v in ("a1", "a2", "b1", "b2", "b3")}
+    name = {v: read_manifest(p).release_name for v, p in bundles.items()}
+    svc_a, svc_b = ScriptedService(a), ScriptedService(b, bad={name["b3"]})
+    for v in ("a1", "a2"):
+        assert _deploy(a, svc_a, bundles[v])["outcome"] == "committed"
+    for v in ("b1", "b2"):
+        assert _deploy(b, svc_b, bundles[v])["outcome"] == "committed"
+    assert a.slots() == ["default", "cam2"]
+    assert (a.current(), b.current()) == (name["a2"], name["b2"])
+    assert sorted(p.name for p in b.releases.iterdir()) == sorted([name["b1"], name["b2"]])
+    before_a = a.state_path.read_bytes()
+
+    # a bad push to cam2: cam2 goes back to b2, default keeps serving a2 and was never restarted
+    restarts_a = svc_a.restarts
+    with pytest.raises(HealthCheckFailed, match=f"back on {name['b2']}"):
+        _deploy(b, svc_b, bundles["b3"])
+    assert b.current() == b.state()["current"] == name["b2"] and b.state()["history"][-1]["event"] == "rolled-back"
+    assert a.current() == name["a2"] and a.state_path.read_bytes() == before_a
+    assert svc_a.restarts == restarts_a and svc_a.running and svc_b.running
+    assert json.loads((a.run_dir / "health.json").read_text())["release"] == name["a2"]
+    assert json.loads((b.run_dir / "health.json").read_text())["release"] == name["b2"]
+
+    # a manual rollback of default leaves cam2 where it is
+    before_b = b.state_path.read_bytes()
+    assert rollback(a, svc_a, timeout=2)["release"] == name["a1"]
+    assert (a.current(), b.current()) == (name["a1"], name["b2"]) and b.state_path.read_bytes() == before_b
+
+    # the device's answer names every slot; `--model` picks the one at the top
+    facts = json.loads(agent("--root", str(a.root), "--json", "facts", "--model", "cam9").out)
+    assert facts["current"] is None and a.slots() == ["default", "cam2"]  # read only: asking creates no slot
+    facts = json.loads(agent("--root", str(a.root), "--json", "facts", "--model", "cam2").out)
+    assert facts["slot"] == "cam2" and facts["current"]["release"] == name["b2"]
+    assert {s: f["current"]["release"] for s, f in facts["models"].items()} == {
+        "default": name["a1"],
+        "cam2": name["b2"],
+    }
+
+
+def test_each_slot_has_its_own_source_and_the_device_its_own(store: DeviceStore) -> None:
+    r = agent("--root", str(store.root), "--json", "init", "--model", "cam2", "--source", "file:/b.mp4")
+    assert r.code == 0, r.err
+    agent("--root", str(store.root), "--json", "init", "--source", "file:/a.mp4")
+    assert store.config().source == "file:/a.mp4"
+    cam2 = store.for_slot("cam2")
+    assert cam2.config().source == "file:/b.mp4" and cam2.config().device_name == "t"
+    assert store.slots() == ["default", "cam2"] and cam2.state()["current"] is None
+    cam2.set_source(None)
+    assert cam2.config().source is None and store.config().source == "file:/a.mp4"
+    # systemd mode: a slot is served by a unit of its own, named in agent.json, never by the default's
+    agent("--root", str(store.root), "--json", "init", "--service", "systemd")
+    r = agent("--root", str(store.root), "--json", "stop", "--model", "cam2")
+    assert json.loads(r.out)["error"]["message"] == "model 'cam2' has no systemd unit to serve it", r.out
+
+
+def test_reports_of_two_slots_share_the_spool_and_are_numbered_per_slot(store: DeviceStore) -> None:
+    a, b = Spool(store), Spool(store.for_slot("cam2"))
+    for spool in (a, b, b):
+        spool.write(make_report(spool.next_seq()))
+    files = sorted(p.name for p in store.spool.glob("*.jsonl"))
+    assert [f.split("-", 1)[1] for f in files] == ["00000001.jsonl", "cam2-00000001.jsonl", "cam2-00000002.jsonl"]
+    slots = sorted(Report.model_validate_json(p.read_text()).slot for p in store.spool.glob("*.jsonl"))
+    assert slots == ["cam2", "cam2", "default"]
+    # a restarted agent of each slot continues after its own last number
+    assert (Spool(store).seq, Spool(store.for_slot("cam2")).seq) == (1, 2)
+
+
+# --- a root from before slots ---------------------------------------------------------------------------
+
+
+def _legacy(store: DeviceStore, tmp_path: Path) -> tuple[str, bytes]:
+    """A root in the layout from before slots (releases/, current, state.json and run/'s files at the top), with
+    two releases and a history: deployed by this agent, then laid out as the earlier one kept it."""
+    svc = ScriptedService(store)
+    for v in ("1", "2"):
+        _deploy(store, svc, make_bundle(tmp_path / v, version=v, lib_bytes=v.encode()))
+    (store.run_dir / "agent.pid").write_text("12345\n")
+    (store.run_dir / "report_seq").write_text("7")
+    current = store.current()
+    assert current is not None
+    lay_out_as_before_slots(store.root)
+    return current, (store.root / "state.json").read_bytes()
+
+
+def _check_migrated(store: DeviceStore, current: str, state: bytes) -> None:
+    root = store.root
+    assert not any((root / n).exists() or (root / n).is_symlink() for n in ("releases", "current", "state.json"))
+    assert store.current() == current and os.readlink(store.current_link) == f"releases/{current}"
+    assert store.state_path.read_bytes() == state and store.state()["current"] == current
+    assert store.load_release(current).release_name == current  # every artifact where its manifest says
+    assert len(list(store.releases.iterdir())) == 2
+    assert (store.run_dir / "agent.pid").read_text() == "12345\n" and (store.run_dir / "report_seq").read_text() == "7"
+    assert not any((root / "run" / n).exists() for n in LEGACY_RUN_FILES)
+
+
+def test_a_root_from_before_slots_is_moved_into_the_default_slot(store: DeviceStore, tmp_path: Path) -> None:
+    current, state = _legacy(store, tmp_path)
+    r = agent("--root", str(store.root), "--json", "facts")  # any command finishes it first
+    facts = json.loads(r.out)
+    assert facts["current"]["release"] == current and facts["slot"] == "default", r.out + r.err
+    _check_migrated(store, current, state)
+    assert migrate_layout(store.root) is False  # nothing left to do
+    # and the device carries on: a rollback to the release it kept, then a new deploy
+    svc = ScriptedService(store)
+    assert rollback(store, svc, timeout=2)["previous"] == current
+    assert _deploy(store, svc, make_bundle(tmp_path / "3", version="3", lib_bytes=b"3"))["outcome"] == "committed"
+
+
+class Crash(BaseException):
+    """A crash at one file-system step (BaseException: no `except Exception` in the code under test stops it)."""
+
+
+def _crash_at(monkeypatch: pytest.MonkeyPatch, n: int) -> Callable[[], int]:
+    """Make the n-th rename, replace, symlink or unlink from now raise Crash, before it happens."""
+    calls = [0]
+
+    def wrap(fn: Callable[..., Any]) -> Callable[..., Any]:
+        def step(*args: Any, **kw: Any) -> Any:
+            calls[0] += 1
+            if calls[0] == n:
+                raise Crash(f"crashed before {fn.__name__}{args}")
+            return fn(*args, **kw)
+
+        return step
+
+    for name in ("rename", "replace", "symlink", "unlink"):
+        monkeypatch.setattr(os, name, wrap(getattr(os, name)))
+    return lambda: calls[0]
+
+
+def test_a_move_cut_at_every_step_is_finished_by_the_next_command(
+    store: DeviceStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The move is cut before each of its file-system steps in turn (a crash leaves the disk as it was at that
+    point); the next command finishes it, and the device is on the release it ran, with its whole state."""
+    current, state = _legacy(store, tmp_path)
+    pristine = tmp_path / "pristine"
+    shutil.copytree(store.root, pristine, symlinks=True)
+    cut = 0
+    while True:
+        cut += 1
+        shutil.rmtree(store.root)
+        shutil.copytree(pristine, store.root, symlinks=True)
+        with monkeypatch.context() as m:
+            steps = _crash_at(m, cut)
+            try:
+                migrate_layout(store.root)
+            except Crash:
+                pass
+            else:
+                break
+            assert steps() >= cut  # (cleanup code may have run after the crash: a real one leaves a temp file)
+        assert (store.root / "state.json").is_file(), f"cut at step {cut}: the root no longer says it is unfinished"
+        r = agent("--root", str(store.root), "--json", "recover")  # the agent's start, or any command
+        assert r.code == 0 and json.loads(r.out)["current"] == current, f"cut at step {cut}: {r.out} {r.err}"
+        _check_migrated(store, current, state)
+    assert cut > 8  # every step was cut once: releases, the link, the run files, the state
+    _check_migrated(store, current, state)
