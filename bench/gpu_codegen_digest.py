@@ -16,7 +16,6 @@ import hashlib
 import json
 import os
 import re
-import runpy
 import subprocess
 import sys
 import tempfile
@@ -25,11 +24,7 @@ from typing import Any
 
 DATA = Path(os.environ.get("EDGEDEPLOY_DATA", "/work/shared/data"))
 MODEL = DATA / "models" / "mobilenet_v1_0.25_224.onnx"
-CASES = {
-    f"{p}-{prec}": (p, prec, "")
-    for p in ("h200", "t4", "xavier-agx")
-    for prec in ("fp32", "fp16", "int8")
-}
+CASES = {f"{p}-{prec}": (p, prec, "") for p in ("h200", "t4", "xavier-agx") for prec in ("fp32", "fp16", "int8")}
 CASES["h200-int8-mma"] = ("h200", "int8", "int8_mma=1")
 WORKER = "cuda_worker"  # the CUDA worker module's name ends so (python -m edgedeploy.compile[...].cuda_worker)
 
@@ -43,8 +38,8 @@ def worker(request: str, record: Path) -> int:
     import tvm_ffi
 
     try:
+        from edgedeploy.compile import cuda_worker
         from edgedeploy.compile.cuda import source as cuda_source
-        from edgedeploy.compile.cuda import worker as cuda_worker
     except ImportError:  # before compile/ had sub-packages
         from edgedeploy.compile import cuda_source, cuda_worker  # type: ignore[no-redef]
     n = [0]
@@ -89,7 +84,11 @@ def main() -> int:
 def digest(name: str, profile: str, precision: str, knobs: str, root: Path, record: Path) -> list[str]:
     from edgedeploy.api import build
     from edgedeploy.compile.cards import ModelCard
-    from edgedeploy.compile.devcode import cubin_functions, device_blobs, ptx_entries
+
+    try:
+        from edgedeploy.compile.cuda.devcode import cubin_functions, device_blobs, ptx_entries
+    except ImportError:
+        from edgedeploy.compile.devcode import cubin_functions, device_blobs, ptx_entries  # type: ignore[no-redef]
     from edgedeploy_agent.bundle import Preprocess, extract_bundle
 
     try:

@@ -37,11 +37,11 @@ from .remote.status import stored_reports as stored_reports
 
 if TYPE_CHECKING:  # the compile side (ONNX, TVM) is imported by the calls that use it
     from .compile.cards import ModelCard
-    from .compile.int8_build import Int8Config
+    from .compile.int8.build import Int8Config
     from .compile.manifest import BuildResult
     from .compile.tensorrt_artifacts import TensorRTOptions
     from .compile.tune_bundle import TuneResult
-    from .compile.tuning import TuneRequest
+    from .compile.tuning.apply import TuneRequest
 
 
 def build(
@@ -88,7 +88,7 @@ def tune_request(bundle: Path, manifest: Manifest, *options: Any) -> TuneRequest
 def import_tuning(folder: Path, database: Path | None = None) -> tuple[Path, int]:
     """Store the database that tune_offline wrote into `folder` (default: the user's database for the
     exported profile and model); returns where, and how many records it holds now."""
-    from .compile.tuning import import_database
+    from .compile.tuning.apply import import_database
 
     return import_database(folder, database)
 
@@ -121,7 +121,7 @@ def evaluate(
     """Top-1/top-5 of a bundle (TVM library vs onnxruntime FP32 and the exact INT8 reference) or of an ONNX
     model. A bundle's source and QDQ model come from the build store, or `sources` (checked by sha256)."""
     from .build_store import check_given
-    from .evaluate import evaluate_target
+    from .compile.int8.evaluate import evaluate_target
 
     if target.suffix != ".onnx":
         check_given(inspect_bundle(target), sources)  # before any image is scored

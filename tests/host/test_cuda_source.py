@@ -1,4 +1,4 @@
-"""The speed-ups of compile/cuda_source.py: INT8 requantize rounding on the FP32 pipe (round_on_fp32_pipe) and
+"""The speed-ups of compile/cuda/source.py: INT8 requantize rounding on the FP32 pipe (round_on_fp32_pipe) and
 byte-vector max/min as one SIMD instruction a word (byte_simd). (Its fix, pack_byte_vectors: test_cuda_conv_pad.)
 
 The rounding rewrite is checked where it can be exact or not: its output is compiled (gcc, with the CUDA intrinsics it
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from edgedeploy.compile.cuda_source import byte_simd, postprocess, round_on_fp32_pipe
+from edgedeploy.compile.cuda.source import byte_simd, postprocess, round_on_fp32_pipe
 from tests.helpers import require
 
 # as TVM 0.27 writes them: a requantize (zero point 8), the residual's quantize (zero point -128), a ReLU's

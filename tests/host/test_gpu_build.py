@@ -12,9 +12,9 @@ import pytest
 
 from edgedeploy.api import build
 from edgedeploy.compile.cards import ModelCard
-from edgedeploy.compile.cuda_toolchain import resolve_toolchain
-from edgedeploy.compile.devcode import device_blobs, inspect_library
-from edgedeploy.compile.onnx_model import load_onnx
+from edgedeploy.compile.cuda.devcode import device_blobs, inspect_library
+from edgedeploy.compile.cuda.toolchain import resolve_toolchain
+from edgedeploy.compile.frontends.onnx_model import load_onnx
 from edgedeploy.compile.pipeline import BuildContext, run_pipeline
 from edgedeploy.errors import BuildError
 from edgedeploy.profiles import get_profile
@@ -66,8 +66,8 @@ def test_int8_on_gpu_computes_with_dp4a(data_dir: Path, tmp_path: Path) -> None:
     """The QDQ -> integer rewrite on the CUDA pipeline: nvcc emits dp4a (IDP.4A) for the int8 MACs."""
     require_toolchain("t4")
     require_cuobjdump()
-    from edgedeploy.compile.int8_build import Int8Config
-    from edgedeploy.compile.quantize import QuantizeOptions
+    from edgedeploy.compile.int8.build import Int8Config
+    from edgedeploy.compile.int8.quantize import QuantizeOptions
 
     cfg = Int8Config(calibration=data_dir / "mnist", options=QuantizeOptions(samples=32))
     card = ModelCard(name="mnist", preprocess=Preprocess(color="gray"))
@@ -85,8 +85,8 @@ def test_int8_on_gpu_computes_with_dp4a(data_dir: Path, tmp_path: Path) -> None:
 def test_int8_on_gpu_names_the_layers_left_in_float(data_dir: Path, tmp_path: Path) -> None:
     """The CUDA worker reports what the int8 rewrite left in float, as the CPU pipeline does."""
     require_toolchain("t4")
-    from edgedeploy.compile.int8_build import Int8Config
-    from edgedeploy.compile.quantize import QuantizeOptions
+    from edgedeploy.compile.int8.build import Int8Config
+    from edgedeploy.compile.int8.quantize import QuantizeOptions
 
     cfg = Int8Config(calibration=data_dir / "mnist", options=QuantizeOptions(samples=16, keep_float=("last",)))
     card = ModelCard(name="mnist", preprocess=Preprocess(color="gray"))
@@ -129,8 +129,8 @@ def test_convolutions_run_on_tensor_cores(precision: str, profile: str, data_dir
     """cuda_tensorcore.py: FP16 convolutions on HMMA, INT8 ones on IMMA, in the SASS of a t4 (sm_75) and a
     xavier-agx (sm_72) build, cubins from NVRTC 11.8; INT8 rounding without FRND (cuda_source.py)."""
     require_toolchain(profile)
-    from edgedeploy.compile.int8_build import Int8Config
-    from edgedeploy.compile.quantize import QuantizeOptions
+    from edgedeploy.compile.int8.build import Int8Config
+    from edgedeploy.compile.int8.quantize import QuantizeOptions
 
     model = convnet(tmp_path / "convnet.onnx")
     card = ModelCard(name="convnet", preprocess=Preprocess(scale=1 / 255))
@@ -164,8 +164,8 @@ def test_int8_mma_knob_gives_m16n8k32_with_ldmatrix_x4_on_sm90(
     memory (LDL/STL)."""
     require_toolchain("h200")
     monkeypatch.setenv("EDGEDEPLOY_CUDA_KNOBS", "int8_mma=1")
-    from edgedeploy.compile.int8_build import Int8Config
-    from edgedeploy.compile.quantize import QuantizeOptions
+    from edgedeploy.compile.int8.build import Int8Config
+    from edgedeploy.compile.int8.quantize import QuantizeOptions
 
     model = convnet(tmp_path / "convnet.onnx")
     card = ModelCard(name="convnet", preprocess=Preprocess(scale=1 / 255))
@@ -202,7 +202,7 @@ def test_nhwc_layout_is_exact_on_cpu(tmp_path: Path) -> None:
     import onnx
     from tvm import relax
 
-    from edgedeploy.compile.nhwc import to_nhwc, transposes
+    from edgedeploy.compile.cuda.nhwc import to_nhwc, transposes
 
     model = onnx.load(convnet(tmp_path / "convnet.onnx"))
     calib = np.random.default_rng(3).uniform(0, 1, (8, 3, 32, 32)).astype(np.float32)

@@ -69,7 +69,7 @@ def test_space_to_depth_gives_the_same_results(
 ) -> None:
     import onnx
 
-    from edgedeploy.compile.nhwc import to_nhwc
+    from edgedeploy.compile.cuda.nhwc import to_nhwc
     from tests.host.models import float_and_int8_modules, run_on_cpu
 
     model = onnx.load(_stem_net(tmp_path / "stem.onnx", kernel, size))
@@ -98,7 +98,7 @@ def test_space_to_depth_gives_the_same_results(
 def test_space_to_depth_weight_layout() -> None:
     """Tap (ky, kx, c) of the stride-2 kernel is tap (ky // 2, kx // 2) at channel (ky % 2, kx % 2, c) of the
     stride-1 one; the taps past the odd kernel's edge are zero."""
-    from edgedeploy.compile.nhwc import _space_to_depth_weight
+    from edgedeploy.compile.cuda.nhwc import _space_to_depth_weight
 
     w = np.arange(2 * 7 * 7 * 4, dtype=np.int32).reshape(2, 7, 7, 4) + 1
     s = _space_to_depth_weight(w, 4, 4)

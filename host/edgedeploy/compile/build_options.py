@@ -9,8 +9,8 @@ from pathlib import Path
 from ..errors import InputError
 from ..profiles import DeviceProfile
 from .cards import ModelCard
-from .frontends import frontend_of
-from .int8_build import Int8Config
+from .frontends.load import frontend_of
+from .int8.build import Int8Config
 from .manifest import BuildResult
 from .package import build_bundle
 from .pipeline import pipeline_for

@@ -18,9 +18,9 @@ from typing import Any
 from ..errors import BuildError, EdgeDeployError
 from ..profiles import DeviceProfile
 from .compiled import Compiled
-from .cuda_toolchain import CudaToolchain
-from .onnx_model import OnnxModel
-from .tuning import TuneRequest
+from .cuda.toolchain import CudaToolchain
+from .frontends.onnx_model import OnnxModel
+from .tuning.apply import TuneRequest
 
 
 def run_cuda_build(
@@ -84,7 +84,7 @@ def run_cuda_build(
 
 
 def main(request_path: str) -> int:
-    from .onnx_model import load_onnx
+    from .frontends.onnx_model import load_onnx
     from .pipeline import BuildContext, run_pipeline
 
     req = json.loads(Path(request_path).read_text())

@@ -242,7 +242,7 @@ def scheduled_module(
     """The Relax module of a CUDA build after its Relax pipeline (kernels scheduled as `edgedeploy build`
     schedules them; with `tuning_key` (tuning.tuning_key), its tuned configurations too), and its target."""
     from ..profiles import get_profile
-    from .onnx_model import load_onnx
+    from .frontends.onnx_model import load_onnx
     from .pipeline import BuildContext, run_pipeline
     from .tvm_backend import cuda_lowering
 

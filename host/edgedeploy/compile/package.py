@@ -23,19 +23,19 @@ from ..paths import cache_dir
 from ..profiles import DeviceProfile
 from .cards import ModelCard, default_name, load_card
 from .compiled import Compiled
-from .cuda_tiles import KNOBS_ENV, Knobs
-from .cuda_toolchain import resolve_toolchain
+from .cuda.tiles import KNOBS_ENV, Knobs
+from .cuda.toolchain import resolve_toolchain
 from .cuda_worker import run_cuda_build
-from .frontends import ForeignModel, frontend_name, load_model
+from .frontends.load import ForeignModel, frontend_name, load_model
+from .frontends.onnx_model import OnnxModel, check_preprocess, implied_color
 from .manifest import BuildResult, card_manifest, profile_target, write_labels
-from .onnx_model import OnnxModel, check_preprocess, implied_color
 from .pipeline import BuildContext, compiler_digest, pipeline_for, run_pipeline, tensor_cores_enabled
-from .tuning import TuneRequest, adopt_file_keyed_database, find_database, find_gemm_configs, tuning_key
+from .tuning.apply import TuneRequest, adopt_file_keyed_database, find_database, find_gemm_configs, tuning_key
 
 __all__ = ["BuildResult", "ModelCard", "build_bundle", "compile_model", "load_card"]  # ModelCard, load_card: bench/
 
 if TYPE_CHECKING:
-    from .int8_build import Int8Config, Int8Result
+    from .int8.build import Int8Config, Int8Result
 
 
 def build_bundle(
@@ -167,7 +167,7 @@ def _tuning_note(db: Path | None, res: Compiled) -> dict[str, str]:
 
 
 def _calibration(model: OnnxModel, card: ModelCard, int8: Int8Config, progress: Callable[[str], None]) -> Any:
-    from .int8_build import calibration_inputs
+    from .int8.build import calibration_inputs
 
     int8 = dataclasses.replace(int8, label_offset=card.postprocess.label_offset)
     progress("calibration-data")
@@ -187,7 +187,7 @@ def _quantized(
     if int8 is None:
         return model, None
     assert isinstance(model, OnnxModel)
-    from .int8_build import quantize_model
+    from .int8.build import quantize_model
 
     result = quantize_model(model, card.preprocess, int8, calib, progress)
     return _save_qdq(result.qdq, work / "model.qdq.onnx", model), result

@@ -22,7 +22,7 @@ from ..errors import BuildError, InputError
 from ..profiles import DeviceProfile
 
 if TYPE_CHECKING:
-    from .tuning import TuneRequest
+    from .tuning.apply import TuneRequest
 
 
 @dataclass
@@ -72,8 +72,9 @@ def compiler_digest() -> str:
     a schedule rule or a rewrite rebuilds instead of serving a library compiled by the old code (a
     hand-bumped revision number was forgotten once and a benchmark measured stale kernels)."""
     h = hashlib.sha256()
-    for f in sorted(Path(__file__).parent.glob("*.py")):
-        h.update(f.name.encode() + b"\0" + f.read_bytes())
+    root = Path(__file__).parent
+    for f in sorted(root.rglob("*.py")):
+        h.update(f.relative_to(root).as_posix().encode() + b"\0" + f.read_bytes())
     return h.hexdigest()[:16]
 
 
@@ -185,14 +186,17 @@ def pipeline_for(profile: DeviceProfile, precision: str = "fp32", frontend: str 
 
 def run_pipeline(ctx: BuildContext, stop_before: str | None = None) -> BuildContext:
     """Run the profile's stages on `ctx` (up to, not including, `stop_before` when given)."""
-    from . import int8_rewrite, nhwc, tuning, tvm_backend  # noqa: F401  (register the TVM stages)
-    from .frontends import frontend_name
+    from . import tvm_backend  # noqa: F401  (register the TVM stages)
+    from .cuda import nhwc  # noqa: F401
+    from .frontends.load import frontend_name
+    from .int8 import rewrite  # noqa: F401
+    from .tuning import apply  # noqa: F401
 
     frontend = frontend_name(ctx.model)
     if frontend == "tflite":
-        from . import tflite_integer, tflite_model  # noqa: F401
+        from .frontends import tflite_integer, tflite_model  # noqa: F401
     elif frontend == "torch":
-        from . import torch_model  # noqa: F401
+        from .frontends import torch_model  # noqa: F401
 
     for name in pipeline_for(ctx.profile, ctx.precision, frontend):
         if name == stop_before:

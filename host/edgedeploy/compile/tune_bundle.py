@@ -13,10 +13,10 @@ from edgedeploy_agent.bundle import Manifest
 
 from ..build_store import check_given, host_file
 from ..errors import InputError
-from .frontends import SOURCE_ROLES, load_model
-from .onnx_model import load_onnx
+from .frontends.load import SOURCE_ROLES, load_model
+from .frontends.onnx_model import load_onnx
 from .package import compile_model
-from .tuning import TuneRequest, adopt_file_keyed_database, database_dir, parse_tracker, tuning_key, user_root
+from .tuning.apply import TuneRequest, adopt_file_keyed_database, database_dir, parse_tracker, tuning_key, user_root
 
 
 @dataclass

@@ -14,15 +14,15 @@ from tvm.relax.frontend.onnx import from_onnx
 
 from ..errors import BuildError, ModelError
 from ..profiles import DeviceProfile
-from . import nvrtc11
-from .cuda_tensorcore import TIR_PIPELINE, TensorCoreGemm, cuda_pipeline, pass_config
-from .cuda_tiles import Knobs
-from .devcode import inspect_library
+from .cuda import nvrtc11
+from .cuda.devcode import inspect_library
+from .cuda.tensorcore import TIR_PIPELINE, TensorCoreGemm, cuda_pipeline, pass_config
+from .cuda.tiles import Knobs
 from .elf_versions import glibc_newer_than
-from .frontends import import_failure, output_specs
-from .gemm_tuning import load_configs
+from .frontends.load import import_failure, output_specs
 from .pipeline import BuildContext, stage, tensor_cores_enabled
-from .tuning import find_gemm_configs
+from .tuning.apply import find_gemm_configs
+from .tuning.gemm import load_configs
 
 nvrtc11.install_from_env()  # the CUDA worker of an nvrtc-11 profile: NVRTC 11.8 compiles TVM's CUDA source
 

@@ -28,7 +28,7 @@ from tvm.s_tir.dlight.base import try_inline
 from tvm.s_tir.dlight.gpu.base import GPUScheduleRule
 from tvm.target import Target
 
-from .cuda_tiles import Knobs
+from .tiles import Knobs
 
 THREADS = 256
 MAX_LANES = 4

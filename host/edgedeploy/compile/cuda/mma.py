@@ -29,7 +29,7 @@ import tvm
 from tvm.s_tir import TensorIntrin
 
 from . import tensor_intrinsics
-from .cuda_tiles import MMA_K  # K of one int8 mma tile (two m16n8k32 make a 16x16 output fragment)
+from .tiles import MMA_K  # K of one int8 mma tile (two m16n8k32 make a 16x16 output fragment)
 
 MMA_SM = 80
 

@@ -22,8 +22,8 @@ import numpy as np
 import tvm
 from tvm import relax
 
-from .cuda_tiles import Knobs
-from .pipeline import BuildContext, stage, tensor_cores_enabled
+from ..pipeline import BuildContext, stage, tensor_cores_enabled
+from .tiles import Knobs
 
 _PERMUTE = tvm.ir.Op.get("relax.permute_dims")
 _CONV = tvm.ir.Op.get("relax.nn.conv2d")

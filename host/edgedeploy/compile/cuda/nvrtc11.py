@@ -46,7 +46,7 @@ LIBNVRTC = "libnvrtc.so.11.2"
 BUILTINS = "libnvrtc-builtins.so.11.8"
 
 _CSTDINT = """#pragma once
-// edgedeploy (compile/nvrtc11.py): the names TVM's CUDA source takes from libcu++, which NVRTC 11.8 lacks
+// edgedeploy (compile/cuda/nvrtc11.py): the names TVM's CUDA source takes from libcu++, which NVRTC 11.8 lacks
 namespace cuda { namespace std {
 typedef signed char int8_t;
 typedef short int16_t;
@@ -60,7 +60,7 @@ typedef unsigned long long uint64_t;
 """
 
 _TYPE_TRAITS = """#pragma once
-// edgedeploy (compile/nvrtc11.py): the names TVM's CUDA source takes from libcu++, which NVRTC 11.8 lacks
+// edgedeploy (compile/cuda/nvrtc11.py): the names TVM's CUDA source takes from libcu++, which NVRTC 11.8 lacks
 namespace cuda { namespace std {
 template <class T, T v> struct integral_constant { static constexpr T value = v; };
 typedef integral_constant<bool, true> true_type;

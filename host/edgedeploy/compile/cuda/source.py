@@ -201,7 +201,7 @@ def byte_simd(code: str) -> str:
 def postprocess(code: str, *_: Any) -> str:
     """The fix, and the speed-ups unless EDGEDEPLOY_CUDA_KNOBS turns them off (fp32_rounding=0, byte_simd=0);
     the hook's further arguments, the target, are not needed."""
-    from .cuda_tiles import Knobs
+    from .tiles import Knobs
 
     knobs = Knobs.from_env()
     code = pack_byte_vectors(code)

@@ -41,8 +41,9 @@ from tvm.s_tir.dlight.gpu.matmul import (
 )
 from tvm.target import Target
 
-from . import cuda_mma, cuda_source  # noqa: F401 (cuda_source registers the CUDA source fix with TVM)
-from .cuda_tiles import (
+from . import mma as cuda_mma
+from . import source  # noqa: F401 (registers the CUDA source fix with TVM)
+from .tiles import (
     ACC_ALIGN,
     FRAG,
     MMA_K,
@@ -456,7 +457,7 @@ def fusion_passes(knobs: Knobs) -> list[Any]:
     """Legalization and fusion into kernels, as every CUDA build and its tuning module (tuning.tuning_module)
     run them: INT8 convolutions padding themselves (cuda_conv_pad), then TVM's "zero" pipeline with, after
     FuseOps, INT8 tensors at kernel boundaries (int8_boundaries.py). FuseTIR is last."""
-    from .cuda_conv_pad import pad_into_conv
+    from .conv_pad import pad_into_conv
     from .int8_boundaries import dequantize_in_consumers
 
     boundaries = tvm.transform.module_pass(lambda mod, _ctx: dequantize_in_consumers(mod), 0, "int8_boundaries")
@@ -477,8 +478,8 @@ def legalize_passes(target: Target, rule: TensorCoreGemm | None = None) -> list[
     `VectorizedInjective` (pads, casts, transposes) ahead of its Fallback."""
     from tvm.s_tir import dlight as dl
 
-    from .cuda_injective import VectorizedInjective
-    from .cuda_window import WindowReduction
+    from .injective import VectorizedInjective
+    from .window import WindowReduction
 
     rule = rule or TensorCoreGemm()
     return [

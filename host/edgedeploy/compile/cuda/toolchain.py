@@ -27,9 +27,9 @@ from pathlib import Path
 
 from edgedeploy_agent.durable import move_durably
 
-from ..errors import BuildError
-from ..paths import cache_dir
-from ..profiles import DeviceProfile
+from ...errors import BuildError
+from ...paths import cache_dir
+from ...profiles import DeviceProfile
 from . import nvrtc11
 
 # The driver symbols libtvm_runtime_cuda.so imports (`nm -D --undefined-only`); apache-tvm 0.27.

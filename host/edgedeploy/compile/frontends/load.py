@@ -13,7 +13,7 @@ from typing import Any
 
 from edgedeploy_agent.bundle import TensorSpec
 
-from ..errors import ModelError
+from ...errors import ModelError
 from .onnx_model import OnnxModel, guess_layout, load_onnx
 
 # file suffix -> frontend name (the pipeline key suffix and the import stage's name)

@@ -14,10 +14,10 @@ import onnx
 from edgedeploy_agent.bundle import Preprocess, TensorSpec
 from edgedeploy_agent.preprocess import input_hw
 
-from ..errors import InputError, ModelError
+from ...errors import InputError, ModelError
 
 if TYPE_CHECKING:
-    from .frontends import ForeignModel
+    from .load import ForeignModel
 
 _ONNX_DTYPES = {1: "float32", 2: "uint8", 3: "int8", 6: "int32", 7: "int64", 10: "float16", 11: "float64"}
 

@@ -11,7 +11,7 @@ TVM's TFLite frontend imports a QAT convolution as fake quant, with the model's 
 where M and shift come from `sx * sw[o] / sy` exactly as TFLite's `QuantizeMultiplier` makes them, and the
 multiply is TFLite's `SaturatingRoundingDoublingHighMul` + `RoundingDivideByPOT` in int64: the arithmetic of
 TFLite's reference kernels, so no re-calibration happens and the model's scales are used as they are.
-(compile/int8_rewrite.py does the same for ONNX Q/DQ graphs, in NCHW and with int8 weights; TFLite's uint8
+(compile/int8/rewrite.py does the same for ONNX Q/DQ graphs, in NCHW and with int8 weights; TFLite's uint8
 weights carry zero points up to 255, so `Wq - zw` does not fit int8.) Convolutions that do not match stay
 fake quant and are listed in `float_left`.
 """
@@ -25,7 +25,7 @@ import numpy as np
 import tvm
 from tvm import relax
 
-from .pipeline import BuildContext, stage
+from ..pipeline import BuildContext, stage
 
 _DQ = tvm.ir.Op.get("relax.dequantize")
 _Q = tvm.ir.Op.get("relax.quantize")

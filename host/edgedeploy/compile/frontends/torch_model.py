@@ -16,10 +16,10 @@ from typing import Any
 
 from edgedeploy_agent.bundle import TensorSpec
 
-from ..errors import ModelError
-from .frontends import ForeignModel, import_failure, output_specs
+from ...errors import ModelError
+from ..pipeline import BuildContext, stage
+from .load import ForeignModel, import_failure, output_specs
 from .onnx_model import guess_layout
-from .pipeline import BuildContext, stage
 
 _HINT = "see docs/troubleshooting.md#models"
 

@@ -19,10 +19,10 @@ import onnx
 
 from edgedeploy_agent.bundle import Preprocess
 
-from ..datasets import LabeledSet, Split, load_calibration, load_labeled
-from ..errors import BuildError
-from ..evaluate import Comparison, OrtClassifier, compare
-from .onnx_model import OnnxModel
+from ...errors import BuildError
+from ..frontends.onnx_model import OnnxModel
+from .datasets import LabeledSet, Split, load_calibration, load_labeled
+from .evaluate import Comparison, OrtClassifier, compare
 from .qdq_reference import QdqReference
 from .quantize import QuantizeOptions, QuantizeReport, quantize_qdq, run_tensors
 

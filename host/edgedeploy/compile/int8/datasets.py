@@ -21,8 +21,8 @@ import numpy as np
 from edgedeploy_agent.bundle import Preprocess, TensorSpec
 from edgedeploy_agent.preprocess import preprocess
 
-from .errors import InputError
-from .userfiles import read_text
+from ...errors import InputError
+from ...userfiles import read_text
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".webp")
 VIDEO_SUFFIXES = (".mp4", ".avi", ".mkv", ".mov", ".webm")

@@ -1,7 +1,7 @@
 """Accuracy on a labeled set: top-1, top-5 and top-1 agreement between runtimes of one model.
 
 A classifier is anything with `predict(batch) -> scores`: onnxruntime on an FP32 ONNX model, the exact
-INT8 reference of a Q/DQ model (compile/qdq_reference.py: the same on every build host, unlike
+INT8 reference of a Q/DQ model (compile/int8/qdq_reference.py: the same on every build host, unlike
 onnxruntime's CPU-dependent INT8 kernels), or the TVM library of a bundle, run through the agent's own runtime.
 """
 
@@ -19,9 +19,9 @@ import onnx
 
 from edgedeploy_agent.bundle import Manifest, Preprocess, extract_bundle
 
-from .build_store import has_file, host_file
+from ...build_store import has_file, host_file
+from ...errors import InputError, ModelError, agent_input
 from .datasets import LabeledSet
-from .errors import InputError, ModelError, agent_input
 
 
 class Classifier(Protocol):
@@ -142,9 +142,9 @@ def evaluate_target(
     """Accuracy of a bundle (its TVM library, its FP32 source via onnxruntime and, for INT8, the exact
     reference of its Q/DQ model) or of an ONNX model. A bundle's source and QDQ model come from the build
     store, or `sources` (build_store.host_file)."""
-    from .compile.onnx_model import check_preprocess, implied_color, load_onnx
-    from .compile.qdq_reference import QdqReference
+    from ..frontends.onnx_model import check_preprocess, implied_color, load_onnx
     from .datasets import load_labeled
+    from .qdq_reference import QdqReference
 
     if not target.is_file():
         raise InputError(f"{target} does not exist")
@@ -220,7 +220,7 @@ def _width(shape: Sequence[int]) -> int | None:
 def _foreign_reference(role: str, source: Path, tvm: Scores, labeled: LabeledSet, offset: int) -> dict[str, Any]:
     """The bundle against its source's own runtime (TFLite interpreter, PyTorch) on the same inputs: top-1,
     top-1 agreement, and how far the outputs are apart (for a quantized model: identical bytes or not)."""
-    from .references import reference_for
+    from ...references import reference_for
 
     clf, why = reference_for(role, source)
     if clf is None:

@@ -42,7 +42,7 @@ import onnx
 from numpy.lib.stride_tricks import sliding_window_view
 from onnx import numpy_helper
 
-from ..errors import ModelError
+from ...errors import ModelError
 
 
 @dataclass(frozen=True)
@@ -91,7 +91,7 @@ class QdqReference:
         return [np.asarray(values[o.name]).astype(dtype) for o in self.graph.output]
 
     def predict(self, batch: np.ndarray) -> np.ndarray:
-        """Classifier protocol (evaluate.py): the first output, one row per sample, 16 samples at a time."""
+        """Classifier protocol (int8/evaluate.py): the first output, one row per sample, 16 samples at a time."""
         outs = [self.run({self.inputs[0]: batch[i : i + 16]})[0] for i in range(0, len(batch), 16)]
         return np.concatenate(outs).reshape(len(batch), -1)
 

@@ -1,7 +1,7 @@
 """Static INT8 quantization to one QDQ ONNX model with onnxruntime.quantization.
 
 `quantize_qdq(model, inputs, options)` is the API: calibration inputs are already preprocessed arrays
-(see edgedeploy.datasets.load_calibration). `tensorrt_qdq` is the TensorRT-compatible preset (symmetric
+(see edgedeploy.compile.int8.datasets.load_calibration). `tensorrt_qdq` is the TensorRT-compatible preset (symmetric
 activations, zero points 0, per-channel symmetric weights) callable on its own.
 """
 
@@ -20,7 +20,7 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from ..errors import InputError, ModelError
+from ...errors import InputError, ModelError
 from .equalize import correct_bias, cross_layer_equalize
 from .graph_prep import prepare_float_model
 

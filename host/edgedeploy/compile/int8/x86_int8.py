@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from ..profiles import DeviceProfile
+from ...profiles import DeviceProfile
 
 
 @dataclass(frozen=True)

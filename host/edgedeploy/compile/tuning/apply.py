@@ -31,11 +31,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
-from ..errors import BuildError
-from ..paths import config_dir
-from ..profiles import DeviceProfile
-from . import tensor_intrinsics
-from .gemm_tuning import GEMM_FILE, merge_into
+from ...errors import BuildError
+from ...paths import config_dir
+from ...profiles import DeviceProfile
+from ..cuda import tensor_intrinsics
+from ..pipeline import BuildContext, stage
+from .common import allocate_trials, random_input
+from .db import DB_FILES, has_database, rewrite_database, sync_database
+from .gemm import GEMM_FILE, merge_into
 from .metaschedule import (
     closing_pools,
     keep_whole_lines,
@@ -45,9 +48,6 @@ from .metaschedule import (
     scheduled_kernels,
     tunable_tasks,
 )
-from .pipeline import BuildContext, stage
-from .tuning_common import allocate_trials, random_input
-from .tuning_db import DB_FILES, has_database, rewrite_database, sync_database
 
 EXPORT_MODULE = "tuning-module.json"
 EXPORT_META = "tuning.json"
@@ -169,8 +169,8 @@ def tuning_module(mod: Any) -> Any:
     import tvm
     from tvm import relax
 
-    from .cuda_tensorcore import fusion_passes
-    from .cuda_tiles import Knobs
+    from ..cuda.tensorcore import fusion_passes
+    from ..cuda.tiles import Knobs
 
     target = tvm.target.Target.current(allow_none=True)
     cuda = target is not None and target.kind.name == "cuda"

@@ -46,8 +46,8 @@ from typing import Any
 
 from edgedeploy_agent.durable import write_json_atomic
 
-from .cuda_tiles import GemmConfig, GemmShape, default_config, neighbours, refinements
-from .tuning_common import allocate_trials, random_input
+from ..cuda.tiles import GemmConfig, GemmShape, default_config, neighbours, refinements
+from .common import allocate_trials, random_input
 
 GEMM_FILE = "gemm_configs.json"
 # (kernel, configuration, its library) -> (ms per call, the kernel's output): GpuMeasurer, or a test's stand-in
@@ -98,7 +98,7 @@ def gemm_kernels(mod: Any, target: Any) -> list[GemmKernel]:
     import tvm
     from tvm import relax
 
-    from .cuda_tensorcore import TensorCoreGemm
+    from ..cuda.tensorcore import TensorCoreGemm
 
     calls: dict[str, int] = {}
     warm: dict[str, set[int]] = {}  # kernel -> the inputs computed from the model's input (not weights)
@@ -266,7 +266,7 @@ def build_candidate(func_json: str, key: str, config: str, target_spec: dict[str
     """One candidate as a shared library (run in a builder process); raises when it does not schedule or compile."""
     import tvm
 
-    from .cuda_tensorcore import TIR_PIPELINE, TensorCoreGemm, pass_config
+    from ..cuda.tensorcore import TIR_PIPELINE, TensorCoreGemm, pass_config
 
     func = tvm.ir.load_json(func_json)
     target = tvm.target.Target(target_spec)

@@ -16,7 +16,7 @@ from typing import Any
 
 from edgedeploy_agent.durable import write_atomic
 
-from . import tensor_intrinsics
+from ..cuda import tensor_intrinsics
 
 
 def open_database(folder: Path) -> Any:

@@ -19,11 +19,13 @@ import sys
 import time
 from pathlib import Path
 
-from .metaschedule import keep_whole_lines, open_database, run_tuning
+from .tuning.metaschedule import keep_whole_lines, open_database, run_tuning
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m edgedeploy.compile.tune_offline", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(
+        prog="python -m edgedeploy.compile.tune_offline", description=__doc__.splitlines()[0]
+    )
     ap.add_argument("dir", type=Path)
     ap.add_argument("--trials", type=int, default=200, help="0: only repair and count the database")
     ap.add_argument("--cost-model", choices=("xgb", "random"), default="xgb")
@@ -46,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
     mod = tvm.ir.load_json(module_file.read_text())
     print(f"{meta['profile']} {meta['key']}: target {target}", flush=True)
     if args.gemm_minutes > 0:
-        from .gemm_tuning import GEMM_FILE, tune
+        from .tuning.gemm import GEMM_FILE, tune
 
         tune(mod, meta["target"], args.dir / GEMM_FILE, args.gemm_minutes, args.gemm_trials,
              progress=lambda line: print(line, flush=True))  # fmt: skip
