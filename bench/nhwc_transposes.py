@@ -16,7 +16,7 @@ from tvm import relax
 from edgedeploy.compile import tvm_backend  # noqa: F401  (register the stages)
 from edgedeploy.compile.cuda import nhwc
 from edgedeploy.compile.frontends.onnx_model import load_onnx
-from edgedeploy.compile.pipeline import STAGES, BuildContext
+from edgedeploy.compile.stage import STAGES, BuildContext
 from edgedeploy.profiles import get_profile
 
 

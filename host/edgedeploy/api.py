@@ -41,7 +41,7 @@ if TYPE_CHECKING:  # the compile side (ONNX, TVM) is imported by the calls that 
     from .compile.manifest import BuildResult
     from .compile.tensorrt_artifacts import TensorRTOptions
     from .compile.tune_bundle import TuneResult
-    from .compile.tuning.apply import TuneRequest
+    from .compile.tuning.request import TuneRequest
 
 
 def build(

@@ -15,7 +15,8 @@ from edgedeploy.compile.cards import ModelCard
 from edgedeploy.compile.cuda.devcode import device_blobs, inspect_library
 from edgedeploy.compile.cuda.toolchain import resolve_toolchain
 from edgedeploy.compile.frontends.onnx_model import load_onnx
-from edgedeploy.compile.pipeline import BuildContext, run_pipeline
+from edgedeploy.compile.pipeline import run_pipeline
+from edgedeploy.compile.stage import BuildContext
 from edgedeploy.errors import BuildError
 from edgedeploy.profiles import get_profile
 from edgedeploy_agent.bundle import Preprocess, extract_bundle

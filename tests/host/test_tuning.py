@@ -30,12 +30,12 @@ from edgedeploy.compile.tuning.apply import (
     database_dir,
     drop_slower_than_default,
     has_database,
-    tuning_key,
     tuning_module,
     tuning_target,
 )
 from edgedeploy.compile.tuning.common import allocate_trials
 from edgedeploy.compile.tuning.metaschedule import open_database, tunable_tasks
+from edgedeploy.compile.tuning.request import tuning_key
 from edgedeploy_agent.bundle import Preprocess, extract_bundle, read_manifest
 from edgedeploy_agent.runtime import load_runtime
 from edgedeploy_agent.runtime.tvm import TvmRuntime

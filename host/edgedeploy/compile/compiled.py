@@ -11,7 +11,7 @@ from pydantic import BaseModel, ConfigDict
 from edgedeploy_agent.bundle import TensorSpec
 
 if TYPE_CHECKING:
-    from .pipeline import BuildContext
+    from .stage import BuildContext
 
 
 class Compiled(BaseModel):

@@ -20,7 +20,7 @@ from ..profiles import DeviceProfile
 from .compiled import Compiled
 from .cuda.toolchain import CudaToolchain
 from .frontends.onnx_model import OnnxModel
-from .tuning.apply import TuneRequest
+from .tuning.request import TuneRequest
 
 
 def run_cuda_build(
@@ -85,7 +85,8 @@ def run_cuda_build(
 
 def main(request_path: str) -> int:
     from .frontends.onnx_model import load_onnx
-    from .pipeline import BuildContext, run_pipeline
+    from .pipeline import run_pipeline
+    from .stage import BuildContext
 
     req = json.loads(Path(request_path).read_text())
     try:

@@ -243,7 +243,8 @@ def scheduled_module(
     schedules them; with `tuning_key` (tuning.tuning_key), its tuned configurations too), and its target."""
     from ..profiles import get_profile
     from .frontends.onnx_model import load_onnx
-    from .pipeline import BuildContext, run_pipeline
+    from .pipeline import run_pipeline
+    from .stage import BuildContext
     from .tvm_backend import cuda_lowering
 
     ctx = BuildContext(

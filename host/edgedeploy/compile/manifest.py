@@ -14,7 +14,8 @@ from edgedeploy_agent.bundle import Manifest, ModelInfo, Provenance, Quantizatio
 from ..build_store import keep
 from ..profiles import DeviceProfile
 from .cards import ModelCard
-from .frontends.load import SOURCE_ROLES, ForeignModel, frontend_name
+from .frontends.load import frontend_name
+from .frontends.model import SOURCE_ROLES, ForeignModel
 from .frontends.onnx_model import OnnxModel
 
 

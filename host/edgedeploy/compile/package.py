@@ -26,11 +26,14 @@ from .compiled import Compiled
 from .cuda.tiles import KNOBS_ENV, Knobs
 from .cuda.toolchain import resolve_toolchain
 from .cuda_worker import run_cuda_build
-from .frontends.load import ForeignModel, frontend_name, load_model
+from .frontends.load import frontend_name, load_model
+from .frontends.model import ForeignModel
 from .frontends.onnx_model import OnnxModel, check_preprocess, implied_color
 from .manifest import BuildResult, card_manifest, profile_target, write_labels
-from .pipeline import BuildContext, compiler_digest, pipeline_for, run_pipeline, tensor_cores_enabled
-from .tuning.apply import TuneRequest, adopt_file_keyed_database, find_database, find_gemm_configs, tuning_key
+from .pipeline import compiler_digest, pipeline_for, run_pipeline
+from .stage import BuildContext, tensor_cores_enabled
+from .tuning.apply import adopt_file_keyed_database, find_database, find_gemm_configs
+from .tuning.request import TuneRequest, tuning_key
 
 __all__ = ["BuildResult", "ModelCard", "build_bundle", "compile_model", "load_card"]  # ModelCard, load_card: bench/
 

@@ -13,10 +13,12 @@ from edgedeploy_agent.bundle import Manifest
 
 from ..build_store import check_given, host_file
 from ..errors import InputError
-from .frontends.load import SOURCE_ROLES, load_model
+from .frontends.load import load_model
+from .frontends.model import SOURCE_ROLES
 from .frontends.onnx_model import load_onnx
 from .package import compile_model
-from .tuning.apply import TuneRequest, adopt_file_keyed_database, database_dir, parse_tracker, tuning_key, user_root
+from .tuning.apply import adopt_file_keyed_database, database_dir, parse_tracker, user_root
+from .tuning.request import TuneRequest, tuning_key
 
 
 @dataclass

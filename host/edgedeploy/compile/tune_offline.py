@@ -23,9 +23,7 @@ from .tuning.metaschedule import keep_whole_lines, open_database, run_tuning
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(
-        prog="python -m edgedeploy.compile.tune_offline", description=__doc__.splitlines()[0]
-    )
+    ap = argparse.ArgumentParser(prog="python -m edgedeploy.compile.tune_offline", description=__doc__.splitlines()[0])
     ap.add_argument("dir", type=Path)
     ap.add_argument("--trials", type=int, default=200, help="0: only repair and count the database")
     ap.add_argument("--cost-model", choices=("xgb", "random"), default="xgb")

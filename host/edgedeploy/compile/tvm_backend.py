@@ -19,8 +19,8 @@ from .cuda.devcode import inspect_library
 from .cuda.tensorcore import TIR_PIPELINE, TensorCoreGemm, cuda_pipeline, pass_config
 from .cuda.tiles import Knobs
 from .elf_versions import glibc_newer_than
-from .frontends.load import import_failure, output_specs
-from .pipeline import BuildContext, stage, tensor_cores_enabled
+from .frontends.model import import_failure, output_specs
+from .stage import BuildContext, stage, tensor_cores_enabled
 from .tuning.apply import find_gemm_configs
 from .tuning.gemm import load_configs
 

@@ -22,7 +22,7 @@ import numpy as np
 import tvm
 from tvm import relax
 
-from ..pipeline import BuildContext, stage, tensor_cores_enabled
+from ..stage import BuildContext, stage, tensor_cores_enabled
 from .tiles import Knobs
 
 _PERMUTE = tvm.ir.Op.get("relax.permute_dims")

@@ -7,7 +7,6 @@ import hashlib
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import onnx
 
@@ -15,9 +14,7 @@ from edgedeploy_agent.bundle import Preprocess, TensorSpec
 from edgedeploy_agent.preprocess import input_hw
 
 from ...errors import InputError, ModelError
-
-if TYPE_CHECKING:
-    from .load import ForeignModel
+from .model import ForeignModel, guess_layout
 
 _ONNX_DTYPES = {1: "float32", 2: "uint8", 3: "int8", 6: "int32", 7: "int64", 10: "float16", 11: "float64"}
 
@@ -97,16 +94,6 @@ def _int_bytes(t: onnx.TensorProto) -> bytes:
     from onnx import numpy_helper
 
     return bytes(numpy_helper.to_array(t).astype("<i8").tobytes())
-
-
-def guess_layout(shape: list[int]) -> str | None:
-    if len(shape) != 4:
-        return None
-    if shape[1] in (1, 3) and shape[3] not in (1, 3):
-        return "NCHW"
-    if shape[3] in (1, 3):
-        return "NHWC"
-    return "NCHW"
 
 
 def load_onnx(path: Path, batch: int = 1) -> OnnxModel:

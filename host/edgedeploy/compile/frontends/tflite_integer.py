@@ -25,7 +25,7 @@ import numpy as np
 import tvm
 from tvm import relax
 
-from ..pipeline import BuildContext, stage
+from ..stage import BuildContext, stage
 
 _DQ = tvm.ir.Op.get("relax.dequantize")
 _Q = tvm.ir.Op.get("relax.quantize")

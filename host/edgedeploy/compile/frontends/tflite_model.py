@@ -16,9 +16,8 @@ from typing import Any
 from edgedeploy_agent.bundle import TensorSpec
 
 from ...errors import ModelError
-from ..pipeline import BuildContext, stage
-from .load import ForeignModel, import_failure, output_specs
-from .onnx_model import guess_layout
+from ..stage import BuildContext, stage
+from .model import ForeignModel, guess_layout, import_failure, output_specs
 
 # tflite.TensorType -> numpy dtype name (the types an image classifier's input or output can have)
 _DTYPES = {0: "float32", 1: "float16", 2: "int32", 3: "uint8", 4: "int64", 9: "int8", 7: "int16"}

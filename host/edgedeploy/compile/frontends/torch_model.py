@@ -17,9 +17,8 @@ from typing import Any
 from edgedeploy_agent.bundle import TensorSpec
 
 from ...errors import ModelError
-from ..pipeline import BuildContext, stage
-from .load import ForeignModel, import_failure, output_specs
-from .onnx_model import guess_layout
+from ..stage import BuildContext, stage
+from .model import ForeignModel, guess_layout, import_failure, output_specs
 
 _HINT = "see docs/troubleshooting.md#models"
 

@@ -17,7 +17,7 @@ import numpy as np
 import tvm
 from tvm import relax
 
-from ..pipeline import BuildContext, stage
+from ..stage import BuildContext, stage
 from .quantize import quantizable_layers
 from .x86_int8 import DotKind, dot_kind, pack_activations, pack_weights, pointwise_eligible, pointwise_kernel
 
