@@ -87,8 +87,8 @@ def build(args: argparse.Namespace) -> None:
     import tvm
     from tc_sass import sass_counts
 
+    from edgedeploy.compile.config import Knobs
     from edgedeploy.compile.cuda.tensorcore import TIR_PIPELINE, TensorCoreGemm, cuda_pipeline, pass_config
-    from edgedeploy.compile.cuda.tiles import Knobs
 
     kit = Path(args.kit)
     kit.mkdir(parents=True, exist_ok=True)

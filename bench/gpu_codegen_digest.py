@@ -110,7 +110,14 @@ def digest(name: str, profile: str, precision: str, knobs: str, root: Path, reco
     if precision == "int8":
         int8 = Int8Config(calibration=DATA / "imagenet-sample", options=QuantizeOptions(samples=16))
     out = root / f"{name}.edb"
-    res = build(MODEL, profile, out, card, precision=precision, int8=int8, use_cache=False)
+    options: dict[str, Any] = {}
+    try:  # the CUDA configuration is handed to the build (before, the build read EDGEDEPLOY_CUDA_KNOBS itself)
+        from edgedeploy.compile.config import CudaConfig, Knobs
+
+        options["cuda"] = CudaConfig(Knobs.parse(knobs))
+    except ImportError:
+        pass
+    res = build(MODEL, profile, out, card, precision=precision, int8=int8, use_cache=False, **options)
     rel = root / name
     extract_bundle(res.bundle, rel)
     sources = [f.read_text() for f in sorted(record.iterdir())]

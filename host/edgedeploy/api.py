@@ -37,11 +37,11 @@ from .remote.status import stored_reports as stored_reports
 
 if TYPE_CHECKING:  # the compile side (ONNX, TVM) is imported by the calls that use it
     from .compile.cards import ModelCard
+    from .compile.config import CudaConfig, TuneRequest
     from .compile.int8.build import Int8Config
     from .compile.manifest import BuildResult
     from .compile.tensorrt_artifacts import TensorRTOptions
     from .compile.tune_bundle import TuneResult
-    from .compile.tuning.request import TuneRequest
 
 
 def build(
@@ -54,7 +54,7 @@ def build(
     **options: Any,
 ) -> BuildResult:
     """A bundle for either runtime (compile.build_options.build_for_runtime's options: runtime, batch,
-    precision, cuda_graph, use_cache, int8, workspace_mib); `twin`: the profile's twin (compile/twin.py)."""
+    precision, cuda_graph, use_cache, int8, workspace_mib, cuda); `twin`: the profile's twin (compile/twin.py)."""
     from .compile.build_options import build_for_runtime
 
     profile = get_profile(profile_name)
@@ -68,14 +68,19 @@ def build(
 
 
 def tune(
-    bundle: Path, request: TuneRequest, progress: Callable[[str], None] = lambda s: None, sources: Sequence[Path] = ()
+    bundle: Path,
+    request: TuneRequest,
+    progress: Callable[[str], None] = lambda s: None,
+    sources: Sequence[Path] = (),
+    cuda: CudaConfig | None = None,
 ) -> TuneResult:
     """Tune the kernels of what `bundle` was built from (found in the build store, or `sources`); the
-    database is applied by later builds."""
+    database is applied by later builds. `cuda`: the CUDA schedule configuration (default: the default one)."""
+    from .compile.config import CudaConfig
     from .compile.tune_bundle import tune_model
 
     with agent_input():
-        return tune_model(bundle, request, progress, sources)
+        return tune_model(bundle, request, progress, sources, cuda or CudaConfig())
 
 
 def tune_request(bundle: Path, manifest: Manifest, *options: Any) -> TuneRequest:

@@ -69,7 +69,7 @@ def test_resnet18_export_finds_its_databases_whatever_the_weights(tmp_path: Path
     import subprocess
 
     from edgedeploy.compile.frontends.onnx_model import load_onnx
-    from edgedeploy.compile.tuning.request import tuning_key
+    from edgedeploy.compile.tuning.key import tuning_key
 
     repo = Path(__file__).resolve().parents[2]
     keys = []

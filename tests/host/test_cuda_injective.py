@@ -143,8 +143,8 @@ def _quantize_pad_odd() -> Any:
 def test_odd_widths_get_elements_per_thread_where_asked(ilp: int) -> None:
     """Knobs.injective_ilp: an injective kernel whose innermost extent (21) admits no vector is dlight's
     Fallback (1: the rule declines it), or n elements per thread, THREADS apart, the n steps unrolled."""
+    from edgedeploy.compile.config import Knobs
     from edgedeploy.compile.cuda.injective import THREADS, VectorizedInjective
-    from edgedeploy.compile.cuda.tiles import Knobs
 
     func = _fused_kernel(_quantize_pad_odd())
     sch = VectorizedInjective(Knobs(injective_ilp=ilp)).apply(func, tvm.target.Target(TARGET), False)

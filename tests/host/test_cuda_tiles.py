@@ -79,7 +79,8 @@ def test_int8_operands_load_16_bytes_per_thread_where_the_gemm_needs_no_padding(
     elements per shared-memory stage and 16-byte global loads; the loads stay 4 bytes where the GEMM is
     padded (TVM 0.27 writes the padding's zero vector of 8 or 16 int8 as a make_int2/make_int4 call that
     nvcc rejects)."""
-    from edgedeploy.compile.cuda.tiles import SHORT_K, Knobs, Tiles
+    from edgedeploy.compile.config import Knobs
+    from edgedeploy.compile.cuda.tiles import SHORT_K, Tiles
 
     assert (Knobs().int8_k, Knobs().load_bytes) == (64, 16)
     assert choose_tiles(3136, 64, "int8", 64, Knobs(), k=576).k == 64
@@ -108,8 +109,8 @@ def test_epilogue_stores_are_coalesced_and_the_accumulator_stage_is_padded() -> 
     epilogue's int8 store (and its residual's load) is indexed by threadIdx.x itself, so a warp writes 32
     consecutive bytes (16 in warp tiles 16 columns wide) per instruction; an epilogue without rounding keeps
     4-lane vectors."""
+    from edgedeploy.compile.config import Knobs
     from edgedeploy.compile.cuda.tensorcore import TensorCoreGemm
-    from edgedeploy.compile.cuda.tiles import Knobs
     from tests.host.cuda import cuda_source
 
     # (one element per thread and step: Knobs.round_lanes = 1; the default's vectors are the next test's; a loop
@@ -140,8 +141,8 @@ def test_rounding_epilogue_with_round_lanes_moves_vectors(mma: int) -> None:
     int32 sums from the accumulator stage as one 16-byte vector and the residual's 4 bytes as one word, rounds
     in registers, and stores the 4 bytes as one word: a quarter of the epilogue's iterations, loads and
     stores (WMMA and mma accumulators alike)."""
+    from edgedeploy.compile.config import Knobs
     from edgedeploy.compile.cuda.tensorcore import TensorCoreGemm
-    from edgedeploy.compile.cuda.tiles import Knobs
     from tests.host.cuda import cuda_source
 
     def epilogue(lanes: int) -> str:
@@ -165,8 +166,8 @@ def test_epilogue_steps_are_unrolled() -> None:
     """Knobs.unroll_epilogue (1 since run24): a warp's epilogue steps are unrolled, so that nvcc can issue
     every step's residual load before the first store (in the loop, each step waited for its own global load;
     seen in the SASS of ResNet-18's residual convolutions); 0 keeps the loop."""
+    from edgedeploy.compile.config import Knobs
     from edgedeploy.compile.cuda.tensorcore import TensorCoreGemm
-    from edgedeploy.compile.cuda.tiles import Knobs
     from tests.host.cuda import cuda_source
 
     def epilogue(unroll: int) -> str:
@@ -206,8 +207,8 @@ SM90 = {**TARGET, "arch": "sm_90", "max_shared_memory_per_block": 232448}
 def _scheduled_on(target_spec: dict[str, object], mod: object, name: str, async_stages: int) -> tuple[str, bool]:
     """The kernel `name` of `mod` scheduled for a target with the knob async_stages, and whether the rule
     found its copies fit for cp.async."""
+    from edgedeploy.compile.config import Knobs
     from edgedeploy.compile.cuda.tensorcore import TensorCoreGemm
-    from edgedeploy.compile.cuda.tiles import Knobs
 
     rule = TensorCoreGemm(Knobs(async_stages=async_stages))
     target = tvm.target.Target(target_spec)
@@ -368,10 +369,11 @@ def test_k_is_never_split_where_n_is_padded() -> None:
 
 
 def test_int8_mma_is_a_search_choice_with_two_32_deep_steps_per_stage() -> None:
-    """GemmConfig.mma (cuda_mma.py): written `-m` after the cp.async stages and parsed in either order; the
+    """GemmConfig.mma (cuda/mma.py): written `-m` after the cp.async stages and parsed in either order; the
     search offers it for INT8 where the GPU has it (GemmShape.mma), always with a 64-deep K stage, never for
     FP16 or below 64; the default asks for it only with the int8_mma knob and a K of at least 64."""
-    from edgedeploy.compile.cuda.tiles import GemmConfig, Knobs, default_config, neighbours
+    from edgedeploy.compile.config import Knobs
+    from edgedeploy.compile.cuda.tiles import GemmConfig, default_config, neighbours
 
     c = GemmConfig.parse("128x64-k64-v16-s1-a3-m")
     assert c.mma and c.async_stages == 3 and c.text == "128x64-k64-v16-s1-a3-m"

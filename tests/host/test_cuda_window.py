@@ -81,8 +81,8 @@ def test_a_depthwise_convolution_and_its_epilogue_are_one_kernel_with_the_knob(k
     """Knobs.window_epilogue: the window sum stays in a register and the requantize runs on it (1), or
     dlight's Fallback stores it to global memory for a second kernel (0, the default until measured). Either
     way every access stays inside its tensor (kernel_bounds) and nvcc compiles the source."""
+    from edgedeploy.compile.config import Knobs
     from edgedeploy.compile.cuda.tensorcore import TensorCoreGemm
-    from edgedeploy.compile.cuda.tiles import Knobs
     from edgedeploy.compile.kernel_bounds import check_module
     from tests.host.cuda import cuda_source
     from tests.host.models import pointwise_then_depthwise

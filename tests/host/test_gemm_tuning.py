@@ -429,13 +429,20 @@ def test_sm90_copies_operands_with_cp_async_where_configured(layer1: Any, tmp_pa
 
 
 def test_knobs_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
-    from edgedeploy.compile.cuda.tiles import Knobs
+    """The command line reads the knobs (cli/options.py); compile/ is handed them, and they travel as their spec."""
+    from edgedeploy.cli.options import cuda_config_from_env
+    from edgedeploy.compile.config import CudaConfig, Knobs
+    from edgedeploy.errors import BuildError
 
     monkeypatch.setenv("EDGEDEPLOY_CUDA_KNOBS", "async_stages=3, int8_k=32")
-    assert Knobs.from_env() == Knobs(async_stages=3, int8_k=32)
+    monkeypatch.setenv("EDGEDEPLOY_CUDA_TENSOR_CORES", "0")
+    config = cuda_config_from_env()
+    assert config == CudaConfig(Knobs(async_stages=3, int8_k=32), tensor_cores=False)
+    assert CudaConfig.from_json(config.to_json()) == config and config.knobs.spec() == "int8_k=32,async_stages=3"
     monkeypatch.setenv("EDGEDEPLOY_CUDA_KNOBS", "")
-    assert Knobs.from_env() == Knobs()
+    monkeypatch.delenv("EDGEDEPLOY_CUDA_TENSOR_CORES")
+    assert cuda_config_from_env() == CudaConfig() and Knobs().spec() == ""
     for bad in ("async_stage=3", "async_stages=three", "async_stages"):
         monkeypatch.setenv("EDGEDEPLOY_CUDA_KNOBS", bad)
-        with pytest.raises(ValueError, match="EDGEDEPLOY_CUDA_KNOBS: .* is not NAME=INTEGER"):
-            Knobs.from_env()
+        with pytest.raises(BuildError, match="EDGEDEPLOY_CUDA_KNOBS: .* is not NAME=INTEGER"):
+            cuda_config_from_env()

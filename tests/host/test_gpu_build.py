@@ -127,8 +127,8 @@ def _opcodes(sass: str, op: str) -> int:
 @pytest.mark.parametrize("profile", ["t4", "xavier-agx"])
 @pytest.mark.parametrize("precision", ["fp16", "int8"])
 def test_convolutions_run_on_tensor_cores(precision: str, profile: str, data_dir: Path, tmp_path: Path) -> None:
-    """cuda_tensorcore.py: FP16 convolutions on HMMA, INT8 ones on IMMA, in the SASS of a t4 (sm_75) and a
-    xavier-agx (sm_72) build, cubins from NVRTC 11.8; INT8 rounding without FRND (cuda_source.py)."""
+    """cuda/tensorcore.py: FP16 convolutions on HMMA, INT8 ones on IMMA, in the SASS of a t4 (sm_75) and a
+    xavier-agx (sm_72) build, cubins from NVRTC 11.8; INT8 rounding without FRND (cuda/source.py)."""
     require_toolchain(profile)
     from edgedeploy.compile.int8.build import Int8Config
     from edgedeploy.compile.int8.quantize import QuantizeOptions
@@ -155,23 +155,22 @@ def test_convolutions_run_on_tensor_cores(precision: str, profile: str, data_dir
 
 @pytest.mark.compile
 @pytest.mark.cuda
-def test_int8_mma_knob_gives_m16n8k32_with_ldmatrix_x4_on_sm90(
-    data_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """cuda_mma.py (EDGEDEPLOY_CUDA_KNOBS=int8_mma=1, off by default): INT8 convolutions on sm_90 with a K
+def test_int8_mma_knob_gives_m16n8k32_with_ldmatrix_x4_on_sm90(data_dir: Path, tmp_path: Path) -> None:
+    """cuda/mma.py (EDGEDEPLOY_CUDA_KNOBS=int8_mma=1, off by default): INT8 convolutions on sm_90 with a K
     of at least 64 become mma.sync m16n8k32 (IMMA.16832) fed by ldmatrix.x4 (LDSM.16.M88.4) instead of
     TVM's WMMA m16n16k16 (IMMA.16816), with their operand fragments in registers: a fragment left a
-    whole-warp array (TVM 0.27's LowerWarpMemory, cuda_mma.py) is indexed by the thread and lives in local
+    whole-warp array (TVM 0.27's LowerWarpMemory, cuda/mma.py) is indexed by the thread and lives in local
     memory (LDL/STL)."""
     require_toolchain("h200")
-    monkeypatch.setenv("EDGEDEPLOY_CUDA_KNOBS", "int8_mma=1")
+    from edgedeploy.compile.config import CudaConfig, Knobs
     from edgedeploy.compile.int8.build import Int8Config
     from edgedeploy.compile.int8.quantize import QuantizeOptions
 
     model = convnet(tmp_path / "convnet.onnx")
     card = ModelCard(name="convnet", preprocess=Preprocess(scale=1 / 255))
     int8 = Int8Config(calibration=data_dir / "imagenet-sample", options=QuantizeOptions(samples=16))
-    res = build(model, "h200", tmp_path / "c.edb", card, precision="int8", int8=int8)
+    mma = CudaConfig(Knobs(int8_mma=1))
+    res = build(model, "h200", tmp_path / "c.edb", card, precision="int8", int8=int8, cuda=mma)
     extract_bundle(res.bundle, tmp_path / "rel")
     sass = dump_sass(tmp_path / "rel" / "model.so", tmp_path, 90)
     assert "Function" in sass, sass[:2000]

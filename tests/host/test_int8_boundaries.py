@@ -15,8 +15,8 @@ def _fused(mod: Any, move: bool) -> Any:
     """The module after FuseOps, through the CUDA builds' own passes (cuda_tensorcore.fusion_passes, all but
     the last, FuseTIR), with the dequantizes moved (the knob's default) or not."""
 
+    from edgedeploy.compile.config import Knobs
     from edgedeploy.compile.cuda.tensorcore import fusion_passes
-    from edgedeploy.compile.cuda.tiles import Knobs
 
     return tvm.transform.Sequential(fusion_passes(Knobs(int8_boundaries=int(move)))[:-1])(mod)
 

@@ -34,8 +34,8 @@ from edgedeploy.compile.tuning.apply import (
     tuning_target,
 )
 from edgedeploy.compile.tuning.common import allocate_trials
+from edgedeploy.compile.tuning.key import tuning_key
 from edgedeploy.compile.tuning.metaschedule import open_database, tunable_tasks
-from edgedeploy.compile.tuning.request import tuning_key
 from edgedeploy_agent.bundle import Preprocess, extract_bundle, read_manifest
 from edgedeploy_agent.runtime import load_runtime
 from edgedeploy_agent.runtime.tvm import TvmRuntime

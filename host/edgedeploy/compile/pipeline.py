@@ -81,7 +81,7 @@ PIPELINES: dict[str, tuple[str, ...]] = {
         "check-library",
     ),
     # the QDQ -> integer rewrite, then the same CUDA stages: int8 convolutions on IMMA tensor cores
-    # (cuda_tensorcore.py) with NHWC activations (nhwc.py); what cannot use them (depthwise) gets dp4a
+    # (cuda/tensorcore.py) with NHWC activations (nhwc.py); what cannot use them (depthwise) gets dp4a
     # from nvcc (SASS IDP.4A)
     "cuda-int8": (
         "import-onnx",

@@ -6,30 +6,28 @@ and register themselves; it imports none of them. pipeline.py says which stages 
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from edgedeploy_agent.bundle import TensorSpec
 
 from ..profiles import DeviceProfile
-
-if TYPE_CHECKING:
-    from .tuning.request import TuneRequest
+from .config import CudaConfig, TuneRequest
 
 
 @dataclass
 class BuildContext:
     # OnnxModel, or frontends.ForeignModel (TFLite, PyTorch) whose own import stage reads it. Not a typed
-    # union: the ONNX stages (int8_rewrite.py among them) read `.proto`, and only ONNX pipelines run them.
+    # union: the ONNX stages (int8/rewrite.py among them) read `.proto`, and only ONNX pipelines run them.
     model: Any
     profile: DeviceProfile
     work_dir: Path
     progress: Callable[[str], None] = lambda step: None
     precision: str = "fp32"  # fp32 | fp16 (GPU: mixed-precision stage) | int8 (the model is a QDQ ONNX model)
     cuda_graph: bool = True
+    cuda: CudaConfig = field(default_factory=CudaConfig)  # the CUDA schedule configuration (config.py)
     ir: Any = None  # the Relax IRModule as stages transform it
     executable: Any = None
     library: Path | None = None
@@ -61,10 +59,3 @@ def stage(name: str) -> Callable[[StageFn], StageFn]:
         return fn
 
     return register
-
-
-def tensor_cores_enabled() -> bool:
-    """CUDA builds put FP16/INT8 convolutions and matmuls on tensor cores (cuda_tensorcore.py) unless
-    EDGEDEPLOY_CUDA_TENSOR_CORES=0 asks for the previous kernels (before/after measurements); part of
-    the build-cache key."""
-    return os.environ.get("EDGEDEPLOY_CUDA_TENSOR_CORES", "1") != "0"

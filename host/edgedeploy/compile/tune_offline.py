@@ -5,7 +5,7 @@
 
 DIR is what `edgedeploy tune BUNDLE --export DIR` wrote (tuning-module.json, tuning.json). The databases
 go to DIR (MetaSchedule's database_workload.json and database_tuning_record.json, metaschedule.py; the
-tensor-core GEMM configurations gemm_configs.json, gemm_tuning.py); bring DIR back and store them with
+tensor-core GEMM configurations gemm_configs.json, tuning/gemm.py); bring DIR back and store them with
 `edgedeploy tune --import DIR`. Needs only tvm (with its compiler) and numpy, plus psutil and
 cloudpickle for MetaSchedule and xgboost for its default cost model: the machine that measures need not
 have edgedeploy's other dependencies (run it with PYTHONPATH pointing at this repository's host/ and agent/).

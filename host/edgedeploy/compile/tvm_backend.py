@@ -15,12 +15,12 @@ from tvm.relax.frontend.onnx import from_onnx
 from ..errors import BuildError, ModelError
 from ..profiles import DeviceProfile
 from .cuda import nvrtc11
+from .cuda import source as cuda_source
 from .cuda.devcode import inspect_library
 from .cuda.tensorcore import TIR_PIPELINE, TensorCoreGemm, cuda_pipeline, pass_config
-from .cuda.tiles import Knobs
 from .elf_versions import glibc_newer_than
 from .frontends.model import import_failure, output_specs
-from .stage import BuildContext, stage, tensor_cores_enabled
+from .stage import BuildContext, stage
 from .tuning.apply import find_gemm_configs
 from .tuning.gemm import load_configs
 
@@ -143,7 +143,7 @@ class CudaLowering:
 def cuda_lowering(ctx: BuildContext) -> CudaLowering:
     """The Relax pipeline of a CUDA build as compile-cuda runs it (kernel_bounds.py runs it too)."""
     # dlight's INT8 tensor-core rule fails in 0.27 (its inner pipelined K loop has extent 1; see
-    # cuda_tensorcore.py, whose TensorCoreGemm rule runs first and tensorizes INT8 GEMMs correctly): what
+    # cuda/tensorcore.py, whose TensorCoreGemm rule runs first and tensorizes INT8 GEMMs correctly): what
     # that rule declines gets dp4a from nvcc instead.
     from tvm.s_tir.dlight.gpu.matmul import MatmulInt8Tensorization
 
@@ -152,14 +152,13 @@ def cuda_lowering(ctx: BuildContext) -> CudaLowering:
     target = make_target(ctx)
     config = {"relax.backend.use_cuda_graph": ctx.cuda_graph, **pass_config(target)}
     gemm_file = find_gemm_configs(ctx.profile.tuning_profile, ctx.tuning_key)
-    # EDGEDEPLOY_CUDA_KNOBS (before/after builds) was checked by package.build_bundle, in the cache key
     try:
         configs = load_configs(gemm_file)
     except ValueError as e:  # a database of an older version: a slower build, not a failed one
         ctx.progress(f"compile-cuda: warning: {e}")
         configs, gemm_file = {}, None
-    rule = TensorCoreGemm(Knobs.from_env(), configs=configs)
-    pipeline = cuda_pipeline(target, tensor_cores=tensor_cores_enabled(), rule=rule)
+    rule = TensorCoreGemm(ctx.cuda.knobs, configs=configs)
+    pipeline = cuda_pipeline(target, tensor_cores=ctx.cuda.tensor_cores, rule=rule)
     return CudaLowering(target, config, pipeline, rule, gemm_file)
 
 
@@ -169,7 +168,11 @@ def compile_cuda(ctx: BuildContext) -> None:
     compiled_before = len(nvrtc11.MODULES)
     try:
         # the compile callback reads the arch from Target.current(): compile inside `with target`
-        with low.target, tvm.transform.PassContext(opt_level=3, config=low.config):
+        with (
+            low.target,
+            tvm.transform.PassContext(opt_level=3, config=low.config),
+            cuda_source.configured(ctx.cuda.knobs),
+        ):
             ctx.executable = tvm.compile(
                 ctx.ir, target=low.target, relax_pipeline=low.pipeline, tir_pipeline=TIR_PIPELINE
             )

@@ -28,7 +28,7 @@ from tvm.s_tir.dlight.base import try_inline
 from tvm.s_tir.dlight.gpu.base import GPUScheduleRule
 from tvm.target import Target
 
-from .tiles import Knobs
+from ..config import Knobs
 
 THREADS = 256
 MAX_LANES = 4

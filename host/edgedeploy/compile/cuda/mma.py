@@ -1,4 +1,4 @@
-"""INT8 `mma.sync.m16n8k32` with `ldmatrix` for the tensor-core GEMM schedule on sm_80+ (cuda_tensorcore.py).
+"""INT8 `mma.sync.m16n8k32` with `ldmatrix` for the tensor-core GEMM schedule on sm_80+ (cuda/tensorcore.py).
 
 TVM 0.27's int8 WMMA fragment is m16n16k16: nvcc lowers it to `IMMA.16816` (half the K of the native int8
 instruction of Ampere and Hopper) fed by `LDSM.16.M88.2`, so an INT8 kernel issues as many tensor-core

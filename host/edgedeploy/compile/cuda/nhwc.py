@@ -1,7 +1,7 @@
 """NHWC activations for the CUDA profiles: the `nhwc-layout` stage.
 
 With NHWC activations and OHWI weights the implicit GEMM's K axis is (ky, kx, c), contiguous in c, so the
-tensor-core schedule (cuda_tensorcore.py) gathers im2col rows as vectors from global memory and stores
+tensor-core schedule (cuda/tensorcore.py) gathers im2col rows as vectors from global memory and stores
 its output tile channel-contiguous. TVM's `ConvertLayout` converts the convolutions and carries the
 layout through the ops that have a layout rule; it wraps every op without one (`nn.pad`, `clip`,
 `quantize`, `dequantize` in TVM 0.27) in a transpose back to NCHW and another one forward. An INT8 graph
@@ -22,8 +22,8 @@ import numpy as np
 import tvm
 from tvm import relax
 
-from ..stage import BuildContext, stage, tensor_cores_enabled
-from .tiles import Knobs
+from ..config import Knobs
+from ..stage import BuildContext, stage
 
 _PERMUTE = tvm.ir.Op.get("relax.permute_dims")
 _CONV = tvm.ir.Op.get("relax.nn.conv2d")
@@ -248,7 +248,7 @@ def space_to_depth(mod: Any) -> Any:
     return _each_function(mod, _SpaceToDepth)
 
 
-def to_nhwc(mod: Any) -> Any:
+def to_nhwc(mod: Any, knobs: Knobs = Knobs()) -> Any:
     """Every convolution (and the ops between them) in NHWC/OHWI. A graph with depthwise or grouped
     convolutions keeps NCHW: they get no tensor cores, and mixing layouts would put a transpose between
     every pair of layers (MobileNet). The RGB stem then reads 4-channel pixels (widen_channels) and, where it has
@@ -258,7 +258,7 @@ def to_nhwc(mod: Any) -> Any:
     mod = relax.transform.ConvertLayout({"relax.nn.conv2d": ["NHWC", "OHWI"]})(mod)
     mod = relax.transform.FoldConstant()(mod)  # the weights' and per-channel constants' transposes
     mod = widen_channels(sink_permutes(mod))
-    return space_to_depth(mod) if Knobs.from_env().space_to_depth else mod
+    return space_to_depth(mod) if knobs.space_to_depth else mod
 
 
 def transposes(mod: Any) -> int:
@@ -270,5 +270,5 @@ def transposes(mod: Any) -> int:
 def nhwc_layout(ctx: BuildContext) -> None:
     """fp16 and int8 (tensor cores); fp32 has no tensor-core path here (no TF32 WMMA in 0.27), and its
     kernels stay as measured."""
-    if tensor_cores_enabled() and ctx.precision in ("fp16", "int8"):
-        ctx.ir = to_nhwc(ctx.ir)
+    if ctx.cuda.tensor_cores and ctx.precision in ("fp16", "int8"):
+        ctx.ir = to_nhwc(ctx.ir, ctx.cuda.knobs)

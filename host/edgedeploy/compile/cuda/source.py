@@ -26,10 +26,14 @@ max pooling at batch 64: 0.035 -> 0.024 ms, run24).
 
 from __future__ import annotations
 
+import contextlib
 import re
+from collections.abc import Iterator
 from typing import Any
 
 import tvm_ffi
+
+from ..config import Knobs
 
 _PACK = "__edgedeploy_pack4"
 _HELPER = (
@@ -198,12 +202,23 @@ def byte_simd(code: str) -> str:
     return _WORD_OF_LANES.sub(word, code)
 
 
-def postprocess(code: str, *_: Any) -> str:
-    """The fix, and the speed-ups unless EDGEDEPLOY_CUDA_KNOBS turns them off (fp32_rounding=0, byte_simd=0);
-    the hook's further arguments, the target, are not needed."""
-    from .tiles import Knobs
+_CONFIGURED = [Knobs()]  # the knobs of the compile under way (configured), the defaults outside one
 
-    knobs = Knobs.from_env()
+
+@contextlib.contextmanager
+def configured(knobs: Knobs) -> Iterator[None]:
+    """TVM hands postprocess the code alone: the build's knobs for the CUDA modules compiled inside this block."""
+    _CONFIGURED.append(knobs)
+    try:
+        yield
+    finally:
+        _CONFIGURED.pop()
+
+
+def postprocess(code: str, *_: Any) -> str:
+    """The fix, and the speed-ups unless the build's knobs turn them off (fp32_rounding=0, byte_simd=0);
+    the hook's further arguments, the target, are not needed."""
+    knobs = _CONFIGURED[-1]
     code = pack_byte_vectors(code)
     code = round_on_fp32_pipe(code) if knobs.fp32_rounding else code
     return byte_simd(code) if knobs.byte_simd else code

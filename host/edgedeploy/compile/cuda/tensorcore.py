@@ -41,6 +41,7 @@ from tvm.s_tir.dlight.gpu.matmul import (
 )
 from tvm.target import Target
 
+from ..config import Knobs
 from . import mma as cuda_mma
 from . import source  # noqa: F401 (registers the CUDA source fix with TVM)
 from .tiles import (
@@ -52,7 +53,6 @@ from .tiles import (
     WARP,
     GemmConfig,
     GemmShape,
-    Knobs,
     default_config,
     launchable,
     shared_bytes,
@@ -71,7 +71,7 @@ def pass_config(target: Target) -> dict[str, Any]:
     and no TIR common-subexpression elimination, for the INT8 mma kernels any tuned configuration may ask
     for: it binds their fragments' `threadIdx.x * 16` offsets to let-variables, in which TVM 0.27's
     LowerWarpMemory cannot find the thread ("require positive constant coefficient on warp index",
-    cuda_mma.py). nvcc eliminates common subexpressions itself (WMMA kernels with and without it: the same
+    cuda/mma.py). nvcc eliminates common subexpressions itself (WMMA kernels with and without it: the same
     times, bench/results/h200/run20-mma)."""
     if _sm(target) < ASYNC_SM:
         return {}
@@ -124,7 +124,7 @@ class TensorCoreGemm(GPUScheduleRule):  # type: ignore[misc]
     def __init__(self, knobs: Knobs | None = None, configs: Mapping[str, GemmConfig] | None = None) -> None:
         super().__init__()
         self.knobs = knobs or Knobs()
-        self.configs = dict(configs or {})  # kernel_key -> a tuned configuration (gemm_tuning.py)
+        self.configs = dict(configs or {})  # kernel_key -> a tuned configuration (tuning/gemm.py)
         self.applied: dict[str, GemmConfig] = {}  # kernel_key -> the tuned configuration it got
         self.seen: dict[str, GemmShape] = {}  # kernel_key -> its GEMM, for every kernel this rule scheduled
 
@@ -181,7 +181,7 @@ class TensorCoreGemm(GPUScheduleRule):  # type: ignore[misc]
             return None
         config = self.configs.get(key) or default_config(m, n, k, int(_batch), a_dtype, self.knobs)
         t, split = config.tiles, config.split
-        # INT8 on sm_80+: mma.sync m16n8k32 fed by ldmatrix (cuda_mma.py) where the configuration asks for it
+        # INT8 on sm_80+: mma.sync m16n8k32 fed by ldmatrix (cuda/mma.py) where the configuration asks for it
         # and a K stage holds two 32-deep steps (the pipelines below assume an inner K loop); else WMMA (also
         # for a configuration asking for mma on an older GPU: EDGEDEPLOY_CUDA_KNOBS=int8_mma=1 on a t4)
         mma_ok = a_dtype == "int8" and _sm(target) >= cuda_mma.MMA_SM

@@ -25,8 +25,8 @@ from tvm.s_tir.dlight.gpu import Fallback
 from tvm.s_tir.dlight.gpu.base import GPUScheduleRule
 from tvm.target import Target
 
+from ..config import Knobs
 from . import source  # noqa: F401 (16-byte int8 vectors of the pad value: registers the CUDA source fix)
-from .tiles import Knobs
 
 MAX_WINDOW = 64
 

@@ -176,7 +176,7 @@ def pointwise_kernel(
 ) -> Any:
     """The scheduled PrimFunc `(X packed, W packed, bias int32[O], mult float32[O]) -> Y[N, O, H * W]` with
     Y = clip(round((acc + bias) * mult) + zy) in out_dtype (uint8 or int8); with `center`, Y is that value
-    minus `center` in float32 (what a float32-exact convolution reads, see int8_rewrite.py)."""
+    minus `center` in float32 (what a float32-exact convolution reads, see int8/rewrite.py)."""
     from tvm import te, tirx
     from tvm.s_tir import Schedule
 

@@ -33,6 +33,7 @@ from typing import Any
 from ...errors import BuildError
 from ...paths import config_dir
 from ...profiles import DeviceProfile
+from ..config import Knobs, TuneRequest
 from ..cuda import tensor_intrinsics
 from ..stage import BuildContext, stage
 from .common import allocate_trials, random_input
@@ -47,7 +48,7 @@ from .metaschedule import (
     scheduled_kernels,
     tunable_tasks,
 )
-from .request import TuneRequest, _Keyed, tuning_key
+from .request import _Keyed, tuning_key
 
 EXPORT_MODULE = "tuning-module.json"
 EXPORT_META = "tuning.json"
@@ -103,7 +104,7 @@ def find_database(profile: str, key: str) -> Path | None:
 
 
 def find_gemm_configs(profile: str, key: str) -> Path | None:
-    """The tensor-core GEMM configurations (gemm_tuning.py) a CUDA build applies, in the same two places."""
+    """The tensor-core GEMM configurations (tuning/gemm.py) a CUDA build applies, in the same two places."""
     return _first(profile, key, lambda d: d / GEMM_FILE if (d / GEMM_FILE).is_file() else None)
 
 
@@ -121,7 +122,7 @@ def tuning_target(profile: DeviceProfile) -> Any:
     return tvm.target.Target(tuning_target_spec(profile))
 
 
-def tuning_module(mod: Any) -> Any:
+def tuning_module(mod: Any, knobs: Knobs = Knobs()) -> Any:
     """The module MetaSchedule extracts tasks from and the database is applied to (fused, legalized), inside
     `with target`: on CUDA fused as builds fuse (the INT8 convolutions padding themselves, INT8 tensors at
     kernel boundaries: cuda_tensorcore.fusion_passes)."""
@@ -129,11 +130,10 @@ def tuning_module(mod: Any) -> Any:
     from tvm import relax
 
     from ..cuda.tensorcore import fusion_passes
-    from ..cuda.tiles import Knobs
 
     target = tvm.target.Target.current(allow_none=True)
     cuda = target is not None and target.kind.name == "cuda"
-    fuse = fusion_passes(Knobs.from_env()) if cuda else [relax.get_pipeline("zero")]
+    fuse = fusion_passes(knobs) if cuda else [relax.get_pipeline("zero")]
     return tvm.transform.Sequential(
         [relax.transform.DecomposeOpsForInference(), relax.transform.CanonicalizeBindings(), *fuse]
     )(mod)
@@ -151,7 +151,7 @@ def apply_tuning(ctx: BuildContext) -> None:
     target = tuning_target(ctx.profile)
     try:
         with target:
-            mod = tuning_module(ctx.ir)
+            mod = tuning_module(ctx.ir, ctx.cuda.knobs)
             if ctx.tune is not None and ctx.tune.runner == "export":
                 export(mod, target, ctx)
                 ctx.stop = True

@@ -1,6 +1,6 @@
 """Tensor-core GEMM configurations searched on the GPU, stored per (profile, model, precision), applied by builds.
 
-MetaSchedule never searches the kernels `TensorCoreGemm` (cuda_tensorcore.py) schedules: it is a hand
+MetaSchedule never searches the kernels `TensorCoreGemm` (cuda/tensorcore.py) schedules: it is a hand
 schedule, and what it chooses per kernel is a handful of numbers (`cuda_tiles.GemmConfig`: block tile,
 warp shape, K stage, load width, split-K). Their defaults come from rules measured on one GPU (the H200)
 and one model; the best choice differs per layer and GPU (bench/results/h200/run12-warp-tiles: wider warps
@@ -493,7 +493,7 @@ def _retimed(doc: dict[str, Any]) -> None:
 
 def _hint_of_twin(doc: dict[str, Any], entry: dict[str, Any]) -> list[str]:
     """A new kernel's hint from an entry of the same GEMM shape and epilogue (its name, operators numbered
-    apart): its key changed with its TIR, as the convolutions that took in their pad did (cuda_conv_pad.py),
+    apart): its key changed with its TIR, as the convolutions that took in their pad did (cuda/conv_pad.py),
     and LegalizeOps numbered the convolutions anew."""
 
     def twin(e: dict[str, Any]) -> tuple[str, str]:
