@@ -48,7 +48,7 @@ from .metaschedule import (
     scheduled_kernels,
     tunable_tasks,
 )
-from .request import _Keyed, tuning_key
+from .key import _Keyed, tuning_key
 
 EXPORT_MODULE = "tuning-module.json"
 EXPORT_META = "tuning.json"
