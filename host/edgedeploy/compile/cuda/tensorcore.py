@@ -27,6 +27,7 @@ OHWI weights, so the im2col gather loads vectors and the output tile is stored c
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import tvm
@@ -53,6 +54,7 @@ from .tiles import (
     WARP,
     GemmConfig,
     GemmShape,
+    Tiles,
     default_config,
     launchable,
     shared_bytes,
@@ -118,8 +120,122 @@ def _drop_unit_reductions(sch: Any, block: Any) -> None:
         sch.transform_block_layout(block, tirx.IndexMap.from_func(lambda *v: [v[i] for i in keep], ndim=len(iters)))
 
 
+@dataclass
+class _Kernel:
+    """One GEMM-shaped kernel as the schedule's steps see it: the shared analysis (dtypes, extents, the
+    configuration), the instruction family, and the blocks and loops each step hands the next."""
+
+    key: str
+    sch: Any
+    main: Any  # the GEMM block (after split-K: its rfactor block)
+    a_dtype: str
+    accumulators: tuple[str, ...]  # accumulator dtypes to try, in order (FP16: float32, then float16)
+    batch: int
+    m: int
+    n: int
+    k: int
+    config: GemmConfig
+    mma_ok: bool  # the GPU and dtype admit mma.sync (recorded for the GEMM search)
+    family: Family | None = None
+    exact: bool = False  # no padding: M, N and K are whole tiles
+    writeback: Any = None  # split-K: the block that adds the partial sums
+    inner: Any = None  # the fragment-sized compute block (tensorized)
+    outer: Any = None  # the blockized GEMM, whose operands and output are staged
+    warp: Any = None
+    k0: Any = None  # the loop over shared-memory K stages
+    k1: Any = None  # the loop over fragments inside one stage
+    inner_pipeline: bool = True
+    stages: int = 0  # cp.async buffers (0: through registers, two buffers)
+    cp_async: bool = False
+    acc_scope: str = ""
+    acc_shared: Any = None
+    store: Any = None
+    sj0: Any = None
+    acc: str = ""  # the accumulator dtype the fragments were tensorized with
+
+    @property
+    def tiles(self) -> Tiles:
+        return self.config.tiles
+
+
+class Family:
+    """An instruction family of the tensor cores: its fragment shapes, scopes, layouts and intrinsics. The
+    rule's steps are shared; what differs between the families is asked of them."""
+
+    k_frag = FRAG  # K of one fragment step
+
+    def fits(self, kern: _Kernel) -> bool:
+        raise NotImplementedError
+
+    def scope(self, operand: str) -> str:
+        """The fragment buffer's scope for "a", "b" or the "accumulator"."""
+        raise NotImplementedError
+
+    def inner_pipeline(self, knobs: Knobs) -> bool:
+        """Whether fragment loads of the next K step overlap the current one's compute."""
+        return True
+
+    def operand_layout(self) -> Any:
+        return None
+
+    def accumulator_layout(self, split_k: bool) -> Any:
+        return None
+
+    def intrins(self, acc_scope: str, a_dtype: str, acc: str) -> dict[str, str]:
+        raise NotImplementedError
+
+
+class MmaSync(Family):
+    """INT8 mma.sync m16n8k32 fed by ldmatrix.x4 (mma.py), on sm_80+, where the configuration asks for it
+    and a K stage holds two 32-deep steps (the pipelines assume an inner K loop)."""
+
+    k_frag = MMA_K
+
+    def fits(self, kern: _Kernel) -> bool:
+        return bool(kern.config.mma) and kern.mma_ok and kern.tiles.k >= 2 * MMA_K
+
+    def scope(self, operand: str) -> str:
+        return "warp"
+
+    def inner_pipeline(self, knobs: Knobs) -> bool:
+        return knobs.mma_frag_buffers >= 2
+
+    def operand_layout(self) -> Any:
+        return cuda_mma.operand_layout  # the fragment buffer in ldmatrix's register layout (16 bytes a tile)
+
+    def accumulator_layout(self, split_k: bool) -> Any:
+        return cuda_mma.split_accumulator_layout if split_k else cuda_mma.accumulator_layout
+
+    def intrins(self, acc_scope: str, a_dtype: str, acc: str) -> dict[str, str]:
+        return cuda_mma.intrins("shared.dyn", acc_scope)
+
+
+class Wmma(Family):
+    """WMMA m16n16k16 for FP16 and INT8: every GPU with tensor cores (also for a configuration asking for mma on
+    an older GPU)."""
+
+    def fits(self, kern: _Kernel) -> bool:
+        return True
+
+    def scope(self, operand: str) -> str:
+        return {"a": "wmma.matrix_a", "b": "wmma.matrix_b", "accumulator": "wmma.accumulator"}[operand]
+
+    def intrins(self, acc_scope: str, a_dtype: str, acc: str) -> dict[str, str]:
+        from .tensor_intrinsics import import_all
+
+        group: dict[str, str] = import_all().cuda.get_wmma_intrin_group(
+            "shared.dyn", acc_scope, a_dtype, acc, trans_b=True
+        )
+        return group
+
+
+FAMILIES: tuple[Family, ...] = (MmaSync(), Wmma())  # the first that fits a kernel schedules its fragments
+
+
 class TensorCoreGemm(GPUScheduleRule):  # type: ignore[misc]
-    """WMMA schedule for any single-reduction GEMM-shaped kernel (matmul, dense, conv2d as implicit GEMM)."""
+    """Tensor-core schedule for any single-reduction GEMM-shaped kernel (matmul, dense, conv2d as implicit
+    GEMM), in named steps: analysis, tiles and split-K, operand staging, fragments (by instruction family),
+    epilogue."""
 
     def __init__(self, knobs: Knobs | None = None, configs: Mapping[str, GemmConfig] | None = None) -> None:
         super().__init__()
@@ -134,9 +250,31 @@ class TensorCoreGemm(GPUScheduleRule):  # type: ignore[misc]
         except Exception:  # a ScheduleError or TVM check on an unusual kernel: dlight's rules take it
             return None
 
-    def schedule(self, func: Any, target: Target) -> Any:  # noqa: C901 (one schedule, step by step)
+    def schedule(self, func: Any, target: Target) -> Any:
         """The schedule, or None where the rule does not apply; raises where scheduling fails (`apply`
         turns that into None so that dlight's rules take the kernel; the GEMM search wants the error)."""
+        kern = self.analyse(func, target)
+        if kern is None:
+            return None
+        self.tile(kern)
+        self.stage_operands(kern, target)
+        if not self.fragments(kern):
+            return None
+        if not self.epilogue(kern):
+            return None
+        t, sch = kern.tiles, kern.sch
+        dynamic, static = shared_bytes(t, kern.a_dtype, max(kern.stages, 2), tvm.DataType(kern.acc).bits // 8)
+        if not launchable(dynamic, static):
+            raise ValueError(f"{dynamic} + {static} bytes of shared memory: the kernel could not launch")
+        self.seen[kern.key] = GemmShape(kern.batch, kern.m, kern.n, kern.k, kern.a_dtype, kern.cp_async, kern.mma_ok)
+        if kern.key in self.configs:
+            self.applied[kern.key] = kern.config
+        return sch
+
+    def analyse(self, func: Any, target: Target) -> _Kernel | None:
+        """Analysis: a single-reduction kernel of two same-dtype operands the GPU's tensor cores take, as
+        C[S, I, J] += A[S, I, K] * B[S, J, K] with static extents of at least one fragment; its configuration
+        (tuned, else the default rules) and instruction family."""
         if not isinstance(func, tirx.PrimFunc) or not self.is_target_available(target):
             return None
         if target.kind.name != "cuda" or "dlight.do_not_tensorize" in func.attrs.keys():
@@ -164,8 +302,8 @@ class TensorCoreGemm(GPUScheduleRule):  # type: ignore[misc]
             return None
         matmul_map, a_map, b_map, c_map = maps
 
-        # C[S, I, J] += A[S, I, K] * B[S, J, K]: reindex the operands (for a convolution, the A reindex is
-        # the im2col gather, computed on the fly into shared memory) and fuse the axes of each kind
+        # reindex the operands (for a convolution, the A reindex is the im2col gather, computed on the fly into
+        # shared memory) and fuse the axes of each kind
         reindex_a = sch.reindex(main, ("read", 0))
         reindex_b = sch.reindex(main, ("read", 1))
         reindex_c = sch.reindex(main, ("write", 0))
@@ -176,65 +314,75 @@ class TensorCoreGemm(GPUScheduleRule):  # type: ignore[misc]
         extents = [v.dom.extent for v in sch.get(main).iter_vars]
         if not all(isinstance(e, tirx.IntImm) for e in extents):
             return None  # dynamic shapes: leave them to dlight
-        _batch, m, n, k = (int(e.value) for e in extents)
+        batch, m, n, k = (int(e.value) for e in extents)
         if min(m, n, k) < FRAG:
             return None
-        config = self.configs.get(key) or default_config(m, n, k, int(_batch), a_dtype, self.knobs)
-        t, split = config.tiles, config.split
-        # INT8 on sm_80+: mma.sync m16n8k32 fed by ldmatrix (cuda/mma.py) where the configuration asks for it
-        # and a K stage holds two 32-deep steps (the pipelines below assume an inner K loop); else WMMA (also
-        # for a configuration asking for mma on an older GPU: EDGEDEPLOY_CUDA_KNOBS=int8_mma=1 on a t4)
+        config = self.configs.get(key) or default_config(m, n, k, batch, a_dtype, self.knobs)
         mma_ok = a_dtype == "int8" and _sm(target) >= cuda_mma.MMA_SM
-        mma = config.mma and mma_ok and t.k >= 2 * MMA_K
-        k_frag = MMA_K if mma else FRAG
-        if split > 1 and not split_ok(n, t.n):
-            raise ValueError(f"split-K over a padded N ({n} in tiles of {t.n}) wrote out of bounds: refused")
-        exact = m % t.m == 0 and n % t.n == 0 and k % (t.k * split) == 0
-        sch.pad_einsum(main, [1, t.m, t.n, t.k * split])
+        kern = _Kernel(key, sch, main, a_dtype, accumulators, batch, m, n, k, config, mma_ok)
+        kern.family = next(f for f in FAMILIES if f.fits(kern))
+        return kern
 
-        batch, i, j, kk = sch.get_loops(main)
-        writeback = None
-        if split > 1:  # K split across thread blocks: int32/float32 partial sums, added up by a second kernel
+    def tile(self, kern: _Kernel) -> None:
+        """Tiles and split-K: the GEMM padded to whole tiles; K split across thread blocks where the
+        configuration asks (int32/float32 partial sums, added up by a second kernel); fragments blockized;
+        the block tile over warps (threadIdx.y) and the grid (blockIdx)."""
+        sch, t, split, family = kern.sch, kern.tiles, kern.config.split, kern.family
+        assert family is not None
+        k_frag = family.k_frag
+        if split > 1 and not split_ok(kern.n, t.n):
+            raise ValueError(f"split-K over a padded N ({kern.n} in tiles of {t.n}) wrote out of bounds: refused")
+        kern.exact = kern.m % t.m == 0 and kern.n % t.n == 0 and kern.k % (t.k * split) == 0
+        sch.pad_einsum(kern.main, [1, t.m, t.n, t.k * split])
+
+        batch, i, j, kk = sch.get_loops(kern.main)
+        if split > 1:
             ks, kk = sch.split(kk, factors=[split, None])
-            writeback, main = main, sch.rfactor(ks, factor_axis=0)
-            batch, i, j, ks, kk = sch.get_loops(main)  # in the rf block, ks is a spatial axis
+            kern.writeback, kern.main = kern.main, sch.rfactor(ks, factor_axis=0)
+            batch, i, j, ks, kk = sch.get_loops(kern.main)  # in the rf block, ks is a spatial axis
             sch.reorder(ks, batch, i, j, kk)
             batch = sch.fuse(ks, batch)
         i, i_frag = sch.split(i, factors=[None, FRAG])
         j, j_frag = sch.split(j, factors=[None, FRAG])
         kk, kk_frag = sch.split(kk, factors=[None, k_frag])
         sch.reorder(i, j, kk, i_frag, j_frag, kk_frag)
-        inner = main
-        outer = sch.blockize(i_frag)
+        kern.inner = kern.main
+        kern.outer = sch.blockize(i_frag)
 
         i0, i1, i2, i3 = sch.split(i, factors=[None, 1, t.i2, t.i3])
         j0, j1, j2, j3 = sch.split(j, factors=[1, None, t.j2, t.j3])
         k0, k1 = sch.split(kk, factors=[None, t.k // k_frag])
-        inner_pipeline = not (mma and self.knobs.mma_frag_buffers < 2)
-        if inner_pipeline:
+        kern.inner_pipeline = family.inner_pipeline(self.knobs)
+        if kern.inner_pipeline:
             sch.annotate(k1, "software_pipeline_order", [0, 1, 2])
             sch.annotate(k1, "software_pipeline_stage", [0, 0, 1])
         sch.reorder(i0, j0, i1, j1, j2, i2, k0, k1, i3, j3)
         sch.bind(batch, "blockIdx.z")
         sch.bind(sch.fuse(i0, j0), "blockIdx.x")
         sch.bind(sch.fuse(i1, j1), "blockIdx.y")
-        warp = sch.fuse(j2, i2)
-        sch.bind(warp, "threadIdx.y")
+        kern.warp = sch.fuse(j2, i2)
+        sch.bind(kern.warp, "threadIdx.y")
+        kern.k0, kern.k1 = k0, k1
+
+    def stage_operands(self, kern: _Kernel, target: Target) -> None:
+        """Operand staging: A and B copied to shared memory per K stage (the padding and the im2col gather
+        happen in the global load), and the software pipelines over the stages."""
+        sch, t, config, k0 = kern.sch, kern.tiles, kern.config, kern.k0
         warps = t.i2 * t.j2
-        elem = 1 if a_dtype == "int8" else 2
-        align = OPERAND_ALIGN[a_dtype]
+        elem = 1 if kern.a_dtype == "int8" else 2
+        align = OPERAND_ALIGN[kern.a_dtype]
 
         def to_shared(index: int) -> tuple[Any, bool]:
             """The operand's shared-memory stage and whether each thread's vector is contiguous in memory."""
-            block = sch.cache_read(outer, index, "shared.dyn")
+            block = sch.cache_read(kern.outer, index, "shared.dyn")
             sch.compute_at(block, k0)
-            auto_inline_producers(sch, block)  # padding and the im2col gather happen in the global load
+            auto_inline_producers(sch, block)
             rows, threads = (t.m if index == 0 else t.n), warps * WARP
             vector = 4  # elements per thread, raised to config.load_bytes where every thread gets whole vectors
             # from contiguous memory and the GEMM needs no padding: TVM 0.27's CUDA codegen writes a vector of
             # 8 or 16 narrow elements built lane by lane (the padding's zero; a strided gather, as NCHW
             # activations give) as make_int2/make_uint4 with 8 or 16 arguments, which nvcc rejects
-            wide = exact and _contiguous_k(sch, block, config.load_bytes // elem)
+            wide = kern.exact and _contiguous_k(sch, block, config.load_bytes // elem)
             while wide and vector * 2 * elem <= config.load_bytes and (rows * t.k) % (threads * vector * 2) == 0:
                 vector *= 2
             row, k = sch.get_loops(block)[-2:]
@@ -258,94 +406,98 @@ class TensorCoreGemm(GPUScheduleRule):  # type: ignore[misc]
         # and on older GPUs, the copy goes through registers into two buffers. The orders and stages are MetaSchedule's
         # (multi_level_tiling_tensor_core.cc): k0's children are the A and B copies and the inner pipeline's
         # prologue, body and epilogue; with the register stage, each copy is two.
-        cp_async = _sm(target) >= ASYNC_SM and all(c for _, c in copies)
-        stages = config.async_stages if cp_async else 0
+        kern.cp_async = _sm(target) >= ASYNC_SM and all(c for _, c in copies)
+        stages = config.async_stages if kern.cp_async else 0
         # (without the inner pipeline, its prologue, body and epilogue are one child: the K step's compute)
         if stages >= 3:
             sch.annotate(k0, "software_pipeline_async_stages", [0])
             order, stage = ([0, 1, 3, 2, 4], [0, 0, stages - 2, stages - 1, stages - 1])
-            if not inner_pipeline:
+            if not kern.inner_pipeline:
                 order, stage = [0, 1, 2], [0, 0, stages - 1]
         else:
             for block, _ in copies:
                 sch.annotate(block, "tirx.manifest_shared_memory_local_stage", 1)
                 sch.annotate(block, "double_buffer_scope", 0)
             order, stage = [0, 3, 1, 4, 5, 2, 6], [0, 0, 0, 0, 0, 1, 1]
-            if not inner_pipeline:
+            if not kern.inner_pipeline:
                 order, stage = [0, 3, 1, 4, 2], [0, 0, 0, 0, 1]
         sch.annotate(k0, "software_pipeline_order", order)
         sch.annotate(k0, "software_pipeline_stage", stage)
-        a_frag = sch.cache_read(outer, 0, "warp" if mma else "wmma.matrix_a")
-        b_frag = sch.cache_read(outer, 1, "warp" if mma else "wmma.matrix_b")
-        sch.compute_at(a_frag, k1)
-        sch.compute_at(b_frag, k1)
+        kern.stages = stages
+
+    def fragments(self, kern: _Kernel) -> bool:
+        """Fragments: operand fragments loaded from the stages per K step, the accumulator fragments stored
+        through a shared-memory stage, each tensorized with the family's intrinsics (False: no accumulator
+        dtype matches them)."""
+        sch, t, family = kern.sch, kern.tiles, kern.family
+        assert family is not None
+        a_frag = sch.cache_read(kern.outer, 0, family.scope("a"))
+        b_frag = sch.cache_read(kern.outer, 1, family.scope("b"))
+        sch.compute_at(a_frag, kern.k1)
+        sch.compute_at(b_frag, kern.k1)
         # the accumulator stage of tiles up to 64x64 (16 KB) in static shared memory: in shared.dyn beside
         # the operand stages, TVM 0.27's merge of dynamic shared memory fails for the small tiles (see
         # choose_tiles); larger tiles need shared.dyn (a 128x128 int32 stage is 64 KB)
-        acc_scope = "shared" if t.m * t.n <= STATIC_ACC else "shared.dyn"
-        acc_shared = sch.cache_write(outer, 0, acc_scope)
-        store = sch.cache_write(outer, 0, "warp" if mma else "wmma.accumulator")
-        sch.reverse_compute_at(store, warp)
-        sch.reverse_compute_at(acc_shared, warp)
+        kern.acc_scope = "shared" if t.m * t.n <= STATIC_ACC else "shared.dyn"
+        kern.acc_shared = sch.cache_write(kern.outer, 0, kern.acc_scope)
+        store = kern.store = sch.cache_write(kern.outer, 0, family.scope("accumulator"))
+        sch.reverse_compute_at(store, kern.warp)
+        sch.reverse_compute_at(kern.acc_shared, kern.warp)
         si, sj = sch.get_loops(store)[-2:]
         si0, si1 = sch.split(si, factors=[None, FRAG])
-        sj0, sj1 = sch.split(sj, factors=[None, FRAG])
-        sch.reorder(si0, sj0, si1, sj1)
-        init = sch.get_child_blocks(sch.decompose_reduction(outer, k0))[0]
-
+        kern.sj0, sj1 = sch.split(sj, factors=[None, FRAG])
+        sch.reorder(si0, kern.sj0, si1, sj1)
+        init = sch.get_child_blocks(sch.decompose_reduction(kern.outer, kern.k0))[0]
         from .tensor_intrinsics import import_all
 
-        get_wmma_intrin_group = import_all().cuda.get_wmma_intrin_group
+        import_all()  # TVM's tensor intrinsics registered (WMMA's; mma.py registers its own)
 
         def fragment_loads(intrins: dict[str, str]) -> None:
             for block, name in ((a_frag, "load_a"), (b_frag, "load_b")):
                 fi, fj = sch.get_loops(block)[-2:]
                 fi0, fi1 = sch.split(fi, factors=[None, FRAG])
-                fj0, fj1 = sch.split(fj, factors=[None, k_frag])
+                fj0, fj1 = sch.split(fj, factors=[None, family.k_frag])
                 sch.reorder(fi0, fj0, fi1, fj1)
                 sch.unroll(fi0)
                 sch.unroll(fj0)
-                if mma:  # the fragment buffer in ldmatrix's register layout (per thread, 16 bytes a tile)
-                    sch.transform_layout(block, ("write", 0), cuda_mma.operand_layout)
+                if family.operand_layout() is not None:
+                    sch.transform_layout(block, ("write", 0), family.operand_layout())
                 sch.tensorize(fi1, intrins[name])
 
-        if mma:
-            layout = cuda_mma.accumulator_layout if writeback is None else cuda_mma.split_accumulator_layout
+        layout = family.accumulator_layout(kern.writeback is not None)
+        if layout is not None:
             sch.transform_layout(store, ("read", 0), layout)
-        for n_try, acc in enumerate(accumulators):
-            if mma:
-                intrins = cuda_mma.intrins("shared.dyn", acc_scope)
-            else:
-                intrins = get_wmma_intrin_group("shared.dyn", acc_scope, a_dtype, acc, trans_b=True)
+        for n_try, acc in enumerate(kern.accumulators):
+            intrins = family.intrins(kern.acc_scope, kern.a_dtype, acc)
             try:
                 if n_try == 0:
                     fragment_loads(intrins)
                 sch.tensorize(sch.get_loops(init)[-2], intrins["init"])
                 sch.tensorize(sch.get_loops(store)[-2], intrins["store"])
-                sch.tensorize(sch.get_loops(inner)[-3], intrins["compute"])
-                break
+                sch.tensorize(sch.get_loops(kern.inner)[-3], intrins["compute"])
+                kern.acc = acc
+                return True
             except Exception:  # tvm.s_tir.ScheduleError: the intrinsic does not match this accumulator
-                if n_try == len(accumulators) - 1:
-                    return None
+                if n_try == len(kern.accumulators) - 1:
+                    return False
+        return False
+
+    def epilogue(self, kern: _Kernel) -> bool:
+        """Epilogue: the accumulator stage's rows padded against bank conflicts, the kernel's epilogue (bias,
+        ReLU, residual add, INT8 requantize) inlined into the copy out to global memory, split-K's partial
+        sums added up (False: a block is left off the GPU)."""
+        sch = kern.sch
         # rows of the accumulator stage 4 words (mod 16) longer than the tile: 64-word rows put every row of a
         # fragment in the same banks (ncu on the H200: 8-way conflicts on the fragment stores). The stage is
         # the buffer the tensorized fragment store writes (an alignment set before tensorize is dropped)
-        [stored] = sch.get_child_blocks(sj0)
+        [stored] = sch.get_child_blocks(kern.sj0)
         sch.storage_align(stored, 0, -2, *ACC_ALIGN)
-        if writeback is None:
-            auto_inline_consumer_chain(sch, acc_shared)  # the epilogue runs on the way out to global memory
-        _store_epilogue(sch, acc_shared, self.knobs.round_lanes, bool(self.knobs.unroll_epilogue))
-        if writeback is not None:
-            _sum_partials(sch, writeback)
-        if not _all_on_gpu(sch):
-            return None
-        dynamic, static = shared_bytes(t, a_dtype, max(stages, 2), tvm.DataType(acc).bits // 8)
-        if not launchable(dynamic, static):
-            raise ValueError(f"{dynamic} + {static} bytes of shared memory: the kernel could not launch")
-        self.seen[key] = GemmShape(int(_batch), m, n, k, a_dtype, cp_async, mma_ok)
-        if key in self.configs:
-            self.applied[key] = config
-        return sch
+        if kern.writeback is None:
+            auto_inline_consumer_chain(sch, kern.acc_shared)  # the epilogue runs on the way out to global memory
+        _store_epilogue(sch, kern.acc_shared, self.knobs.round_lanes, bool(self.knobs.unroll_epilogue))
+        if kern.writeback is not None:
+            _sum_partials(sch, kern.writeback)
+        return _all_on_gpu(sch)
 
 
 def _store_epilogue(sch: Any, acc_shared: Any, round_lanes: int = 1, unroll: bool = False) -> None:
