@@ -39,6 +39,7 @@ from ..stage import BuildContext, stage
 from .common import allocate_trials, random_input
 from .db import DB_FILES, has_database, rewrite_database, sync_database
 from .gemm import GEMM_FILE, merge_into
+from .key import _Keyed, tuning_key
 from .metaschedule import (
     closing_pools,
     keep_whole_lines,
@@ -48,7 +49,6 @@ from .metaschedule import (
     scheduled_kernels,
     tunable_tasks,
 )
-from .key import _Keyed, tuning_key
 
 EXPORT_MODULE = "tuning-module.json"
 EXPORT_META = "tuning.json"
