@@ -28,16 +28,16 @@ class Knobs:
     # INT8 grids of at least this many blocks give each warp 4x4 fragments (64x64 outputs; 2 warps on a
     # 128x64 tile, 4 on 128x128) instead of 2x2: on the H200 1.09x (ResNet-18 layer1, 1568 blocks), 1.25x
     # (layer3, 196 blocks), 1.6x (1x1 stride 2) at batch 64, but 0.85x on layer4's 100 blocks
-    # (bench/results/h200/run12-warp-tiles); 0 = never
+    # (docs/gpu.md "Schedule knobs"); 0 = never
     wide_warps_from: int = 192
     # sm_80+: shared-memory stages filled by cp.async (3: the copies run two K stages ahead); 0: the copies
     # go through registers into two buffers, as on sm_72/sm_75 always. 3 for every kernel was 0.88-0.94x on
     # the H200 (whole ResNet-18s; the stem 0.135 -> 0.239 ms, layer1 0.100 -> 0.127, layer4 0.077 -> 0.070:
-    # bench/results/h200/run16-words-cp-async), so it is a per-kernel choice of the GEMM search
+    # docs/gpu.md "Schedule knobs"), so it is a per-kernel choice of the GEMM search
     async_stages: int = 0
     # sm_80+ INT8 kernels without a tuned configuration: mma.sync m16n8k32 with ldmatrix.x4 (cuda_mma.py)
     # instead of WMMA m16n16k16 (1), or WMMA (0). WMMA by default: on the H200 mma is bit-identical and
-    # 0.84-1.09x per ResNet-18 convolution at batch 64 (bench/results/h200/run20-mma), so it is a per-kernel
+    # 0.84-1.09x per ResNet-18 convolution at batch 64 (docs/gpu.md "mma.sync m16n8k32"), so it is a per-kernel
     # choice of the GEMM search (GemmConfig.mma)
     int8_mma: int = 0
     # mma: operand fragments of the next K step loaded while the current one computes (2), or not (1). The
@@ -46,37 +46,37 @@ class Knobs:
     # rounding (INT8 requantize) epilogues: consecutive elements per thread, read from the accumulator stage
     # as one vector and stored as one (cuda_tensorcore._store_epilogue); 1: one element per thread and step.
     # 4 on the H200: ResNet-18 INT8 batch 64 1.020 -> 0.973 ms, bit-identical (per convolution 0.99-1.16x;
-    # bench/results/h200/run21-epilogue)
+    # docs/gpu.md "The requantizing epilogue in vectors")
     round_lanes: int = 4
     # depthwise convolutions and NCHW pooling with an epilogue (requantize, bias + clip): each thread sums its
     # output's window in a register and runs the epilogue on it, one kernel (1), or dlight's Fallback (0): two
     # kernels, the window sums stored to global memory as int32/float and read back by the epilogue's
-    # (cuda_window.window_with_epilogue). 1 on the H200 (bench/results/h200/run23-stem-window): MobileNetV1-0.25
+    # (window.window_with_epilogue). 1 on the H200 (docs/gpu.md "Schedule knobs"): MobileNetV1-0.25
     # INT8 batch 64 0.761 -> 0.657 ms, batch 1 0.111 -> 0.092, FP16 batch 64 0.719 -> 0.586; bit-identical
     window_epilogue: int = 1
     # stride-2 convolutions over at most 4 channels (the stem) as stride-1 ones over the input's 2x2
-    # space-to-depth rearrangement (nhwc._SpaceToDepth) (1), or as they are (0). 1 on the H200 (run23):
+    # space-to-depth rearrangement (nhwc._SpaceToDepth) (1), or as they are (0). 1 on the H200 (same):
     # ResNet-18 batch 64 stem FP16 0.244 -> 0.150 ms, INT8 0.117 -> 0.100 (bit-identical), batch 1 unchanged
     space_to_depth: int = 1
     # injective kernels whose innermost extent admits no vector (an odd width): elements per thread, THREADS
     # apart (cuda_injective.VectorizedInjective); 1: dlight's Fallback, one each. 4 on the H200: MobileNetV1-0.25
-    # INT8's input quantize + pad to 225 x 225 at batch 64 0.042 -> 0.030 ms, bit-identical (run24; FP16's
-    # vectorized cast of the same image: 0.016)
+    # INT8's input quantize + pad to 225 x 225 at batch 64 0.042 -> 0.030 ms, bit-identical (FP16's vectorized
+    # cast of the same image: 0.016; docs/gpu.md "Schedule knobs")
     injective_ilp: int = 4
-    # INT8 requantize/quantize rounding in the CUDA source: on the FP32 pipe (cuda_source.round_on_fp32_pipe:
-    # x + 1.5 * 2^23, the integer read from the mantissa), or nvcc's nearbyintf and float -> int conversion (0):
-    # FRND + F2I per stored byte, on the conversion unit at 16 per clock per SM. 1 on the H200 (run24):
+    # INT8 requantize/quantize rounding in the CUDA source: on the FP32 pipe (cuda_source.round_on_fp32_pipe: x + 1.5 *
+    # 2^23, the integer read from the mantissa), or nvcc's nearbyintf and float -> int conversion (0): FRND + F2I per
+    # stored byte, on the conversion unit at 16 per clock per SM. 1 on the H200 (docs/gpu.md "Schedule knobs"):
     # ResNet-18 INT8 batch 64 kernels 0.874 -> 0.854 ms (stem 0.095 -> 0.091, layer1's 3x3 0.045 -> 0.041 each),
     # MobileNetV1-0.25 unchanged; bit-identical
     fp32_rounding: int = 1
-    # the tensor-core epilogue's loop over a warp's rows unrolled (cuda_tensorcore._store_epilogue), or a loop
-    # (0): with a residual add, each step waited for its own global load (the SASS of run24's bundles). 1 on the
-    # H200 (run24): ResNet-18 INT8 batch 64 kernels 0.858 -> 0.844 ms (residual convolutions 0.0025 ms faster
-    # each, the 1x1 downsample and layer2's first 3x3 0.0015 slower), batch 1 and MobileNet unchanged; bit-identical
+    # the tensor-core epilogue's loop over a warp's rows unrolled (cuda_tensorcore._store_epilogue), or a loop (0): with
+    # a residual add, each step waited for its own global load (their SASS). 1 on the H200 (docs/gpu.md "Schedule
+    # knobs"): ResNet-18 INT8 batch 64 kernels 0.858 -> 0.844 ms (residual convolutions 0.0025 ms faster each, the 1x1
+    # downsample and layer2's first 3x3 0.0015 slower), batch 1 and MobileNet unchanged; bit-identical
     unroll_epilogue: int = 1
     # byte-vector max/min (INT8 max pooling) as one __vmaxs4 per 32-bit word (cuda_source.byte_simd), or byte
-    # by byte as TVM 0.27 writes it (0). 1 on the H200 (run24): ResNet-18's INT8 max pooling at batch 64 0.0345 ->
-    # 0.0236 ms (FP16's: 0.037 on twice the bytes), bit-identical
+    # by byte as TVM 0.27 writes it (0). 1 on the H200 (docs/gpu.md "Schedule knobs"): ResNet-18's INT8 max
+    # pooling at batch 64 0.0345 -> 0.0236 ms (FP16's: 0.037 on twice the bytes), bit-identical
     byte_simd: int = 1
     # INT8 tensors between kernels where FuseOps ended a producer's kernel with a dequantize (ResNet's downsampling
     # convolutions, the last block before the average pool stored float32): the dequantize moved into the

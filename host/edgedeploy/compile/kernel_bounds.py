@@ -9,8 +9,8 @@ bound by itself goes to its Z3 backend (part of the apache-tvm wheel). An access
 
 Why: a kernel that reads or writes a few elements past its tensor is invisible to compute-sanitizer when
 the Relax VM has carved the tensor out of a larger storage block, and faults only where the neighbouring
-memory happens to be unmapped. bench/results/h200/run22-depthwise-pad/fp16-fault has a MobileNet FP16 bundle
-that ran alone and faulted beside another bundle; this check proved all of its kernels' argument accesses
+memory happens to be unmapped. A MobileNet FP16 bundle ran alone and faulted beside another bundle
+(docs/gpu.md "The requantizing epilogue in vectors"); this check proved all of its kernels' argument accesses
 inside, so the fault is elsewhere (below).
 
 What it does not see: the passes after FlattenBuffer (vectorizing, unrolling, cp.async, the code generator:

@@ -4,7 +4,7 @@ int8_rewrite pads a convolution's integer input explicitly with its zero point (
 then `conv2d` with no padding), because `conv2d` can only pad with 0. TVM's FuseOps never fuses a producer
 into a convolution, so on the GPU every such pad was a kernel of its own that wrote the padded tensor and
 read it back: ResNet-18 INT8 at batch 64 spent 0.10 ms of its 1.18 in pad kernels on the H200
-(bench/results/h200/run17-ncu-epilogue), where FP16, whose convolutions pad themselves, spends none.
+(docs/gpu.md "What bounds the GEMM kernels"), where FP16, whose convolutions pad themselves, spends none.
 
 `pad_into_conv` replaces each `conv2d(pad(x, z))` whose pad has no other use by one TE function (pad with z,
 then TOPI's convolution, as LegalizeOps writes it), so the convolution's PrimFunc holds the pad block the
@@ -13,7 +13,7 @@ tensor-core schedule inlines the pad into its global loads (the window's out-of-
 16-lane z vector this makes is one that TVM 0.27's code generator writes wrongly; cuda_source fixes it.
 
 Tensor-core (NHWC) convolutions only from MIN_BATCH images on. Measured on the H200
-(bench/results/h200/run18-l2-timing/pad-l2, run19): at batch 64 the pad kernels (0.141 ms of ResNet-18's 1.17)
+(docs/gpu.md "What bounds the GEMM kernels"): at batch 64 the pad kernels (0.141 ms of ResNet-18's 1.17)
 go; at batch 1 the layer3/4 convolutions with the pad in their gather took 2-3x longer with the same tiles
 (layer4 0.005 -> 0.017 ms), ResNet-18 0.73x. Batches in between are unmeasured; 16 is a guess between the two.
 
@@ -22,7 +22,7 @@ output looping over its window, where the pad is a bounds check, as in an FP16 d
 before them, the pad was either a kernel of its own or, where FuseOps fused it into the producing 1x1
 convolution's epilogue (the stride-2 layers' asymmetric pads), a kernel the tensor-core rule declines: the
 GEMM wrote a padded, larger tensor, so it ran without tensor cores (MobileNetV1-0.25 INT8 batch 64 on the
-H200: 0.88 of 2.03 ms in one such kernel, bench/results/h200/run19-signed-activations).
+H200: 0.88 of 2.03 ms in one such kernel, docs/gpu.md "signed activations").
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ dlight's `Fallback` gives every output element a thread of its own and recovers 
 coordinates from the thread index with int64 divisions and remainders, one per axis. For the INT8
 graph's byte-sized tensors that is most of the work: on the H200 the zero-point pad before each
 convolution of NHWC INT8 ResNet-18 at batch 64 (13.8 M bytes) took 0.09-0.15 ms, 0.64 ms of the
-model's 2.27 ms (bench/results/h200/run8-variants/nchw_nhwc.txt). `VectorizedInjective` (just before
+model's 2.27 ms (docs/gpu.md "Injective kernels"). `VectorizedInjective` (just before
 Fallback) gives each thread 4 elements (at most 16 bytes) that are contiguous in the innermost axis of
 the output (channels, in NHWC), so the index arithmetic runs once per vector and loads and stores are
 wider. Not more lanes: a kernel's intermediate values vectorize too, and TVM 0.27's CUDA code generator

@@ -2,9 +2,10 @@
 
 TVM 0.27's int8 WMMA fragment is m16n16k16: nvcc lowers it to `IMMA.16816` (half the K of the native int8
 instruction of Ampere and Hopper) fed by `LDSM.16.M88.2`, so an INT8 kernel issues as many tensor-core
-instructions as its FP16 twin for the same work (run19: INT8 convolutions 1.33-1.35x their FP16 twins where
-the hardware offers 2x). `mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32` (`IMMA.16832`) does twice the
-K per instruction and `ldmatrix.x4` loads a whole 16x32 operand tile in one instruction.
+instructions as its FP16 twin for the same work (INT8 convolutions 1.33-1.35x their FP16 twins where the
+hardware offers 2x: docs/gpu.md "mma.sync m16n8k32"). `mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32`
+(`IMMA.16832`) does twice the K per instruction and `ldmatrix.x4` loads a whole 16x32 operand tile in one
+instruction.
 
 TVM registers the pieces (`tvm.s_tir.tensor_intrin.cuda`: the register layouts, ldmatrix, mma, fill) but
 not every scope this schedule uses: int8 ldmatrix only from static `shared` and the int32 store only to

@@ -158,7 +158,7 @@ class _WidenChannels(relax.PyExprMutator):  # type: ignore[misc]
     channels and zero weights for the new ones: the same sums, but every im2col element of the gather
     is one 4-channel pixel (one 32-bit INT8 / 64-bit FP16 load) instead of 3 separate bytes with
     index arithmetic of their own. The stem was the slowest kernel of ResNet-18 on the H200 (INT8
-    batch 64: 0.255 of 1.951 ms; FP16: 0.697 of 2.025 ms; bench/results/h200/run8-variants)."""
+    batch 64: 0.255 of 1.951 ms; FP16: 0.697 of 2.025 ms; docs/gpu.md "NHWC")."""
 
     def visit_call_(self, call: Any) -> Any:
         call = super().visit_call_(call)

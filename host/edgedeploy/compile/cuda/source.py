@@ -17,11 +17,11 @@ x + 1.5 * 2^23 rounded once (to the nearest even integer: the sum's ulp is 1), p
 read from the float's mantissa bits: one FADD more, no conversion. The result is the same for every float x
 (proof in the helper's comment; tests/host/test_cuda_source.py compiles both forms and compares them over
 every float of a wide sweep). ResNet-18 INT8 at batch 64 on the H200: kernels 0.874 -> 0.854 ms, bit-identical
-(bench/results/h200/run24-fp32-rounding).
+(docs/gpu.md "Schedule knobs").
 
 Another (Knobs.byte_simd): TVM 0.27 writes a max or min of byte vectors (INT8 NHWC max pooling: 16 channels a
 thread) byte by byte; `byte_simd` makes each 32-bit word of it one `__vmaxs4`-style SIMD call (ResNet-18's INT8
-max pooling at batch 64: 0.035 -> 0.024 ms, run24).
+max pooling at batch 64: 0.035 -> 0.024 ms, docs/gpu.md "Schedule knobs").
 """
 
 from __future__ import annotations

@@ -74,7 +74,7 @@ def pass_config(target: Target) -> dict[str, Any]:
     for: it binds their fragments' `threadIdx.x * 16` offsets to let-variables, in which TVM 0.27's
     LowerWarpMemory cannot find the thread ("require positive constant coefficient on warp index",
     cuda/mma.py). nvcc eliminates common subexpressions itself (WMMA kernels with and without it: the same
-    times, bench/results/h200/run20-mma)."""
+    times, docs/gpu.md "mma.sync m16n8k32")."""
     if _sm(target) < ASYNC_SM:
         return {}
     return {"tirx.use_async_copy": True, "tirx.disable_cse_tir": True}
@@ -389,7 +389,7 @@ class TensorCoreGemm(GPUScheduleRule):  # type: ignore[misc]
             # one row's chunks on consecutive threads: coalesced global loads. A quarter warp's two rows (80
             # bytes apart) then share banks in its 16-byte shared stores (2 wavefronts, ncu); giving threads one
             # chunk of 8 rows (conflict-free, strided loads) was 0.84x INT8 and 0.41x FP16, and interleaving
-            # the rows (conflict-free, coalesced) 1.01x at batch 64, 0.77x at batch 1 (run18-l2-timing)
+            # the rows (conflict-free, coalesced) 1.01x at batch 64, 0.77x at batch 1 (docs/gpu.md "Schedule knobs")
             _, ty, tx, vec = sch.split(sch.fuse(row, k), factors=[None, warps, WARP, vector])
             sch.bind(tx, "threadIdx.x")
             sch.bind(ty, "threadIdx.y")

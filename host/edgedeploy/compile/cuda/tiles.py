@@ -105,7 +105,7 @@ def split_ok(n: int, tile_n: int) -> bool:
     FP16 classifier (N = 1000 classes, padded to 1024) split by 2, as the GEMM search chose it, made the model
     write out of bounds on the H200 (compute-sanitizer: thousands of invalid global writes, reported in the
     global average pool's kernel that runs before it; the same model with that kernel unsplit: 0 errors,
-    bench/results/h200/run19-signed-activations). The split-K convolutions (N = channels, never padded; M
+    docs/gpu.md "Tiles by block count, split-K"). The split-K convolutions (N = channels, never padded; M
     padded at batch 1) were clean. Not traced further in TVM."""
     return n % tile_n == 0
 

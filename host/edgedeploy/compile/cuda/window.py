@@ -3,7 +3,7 @@ window summed in registers.
 
 TVM 0.27's dlight `Reduction`/`GeneralReduction` rules take any kernel with a reduction, including a 3x3
 max pooling: they give every *output element* a thread block of 256 threads, 9 of which do work, and
-reduce across the block in shared memory. Measured on the H200 (bench/results/tensorcore/run1): the
+reduce across the block in shared memory. Measured on the H200 (docs/gpu.md "Pooling and depthwise convolutions"): the
 INT8 ResNet-18's `fused_max_pool2d_quantize` kernel took 12.97 ms of the 15.9 ms batch-64 run (12.8 M
 blocks) and 0.17 ms at batch 1, the largest kernel of both.
 
@@ -76,7 +76,7 @@ class WindowReduction(GPUScheduleRule):  # type: ignore[misc]
 VECTOR_BYTES = 16  # per thread and load: 16 int8 channels, 8 fp16, 4 fp32 (fewer where the channels do not
 # divide). The pad value's 16-byte int8 vector is one that TVM 0.27 writes as make_int4 with 16 arguments, which
 # nvcc rejects; cuda_source packs them (before it, 4 int8 lanes: ResNet-18's INT8 pooling 0.041 ms at batch 64
-# on the H200 against FP16's 0.038 on twice the bytes, run19)
+# on the H200 against FP16's 0.038 on twice the bytes, docs/gpu.md "Pooling and depthwise convolutions")
 
 
 def channel_vectors(func: tirx.PrimFunc, threads: int = 256) -> Any:

@@ -3,7 +3,7 @@
 MetaSchedule never searches the kernels `TensorCoreGemm` (cuda/tensorcore.py) schedules: it is a hand
 schedule, and what it chooses per kernel is a handful of numbers (`cuda_tiles.GemmConfig`: block tile,
 warp shape, K stage, load width, split-K). Their defaults come from rules measured on one GPU (the H200)
-and one model; the best choice differs per layer and GPU (bench/results/h200/run12-warp-tiles: wider warps
+and one model; the best choice differs per layer and GPU (docs/gpu.md "Schedule knobs": wider warps
 1.6x on one convolution, 0.85x on another). This search measures, on the GPU, each kernel's default and
 its neighbours (`cuda_tiles.neighbours`, nearest first):
 
@@ -19,7 +19,7 @@ its neighbours (`cuda_tiles.neighbours`, nearest first):
    int32 sums and the same requantize guarantee; FP16: 1e-2 relative). Each timed call starts from the L2
    state it meets in the model (`L2State`): weights evicted, activations just written by the kernel before;
    timed back to back with a warm L2, layer4's residual kernels chose 128x128 tiles that took 0.057 ms
-   alone and 0.080 ms in the model (bench/results/h200/run17-ncu-epilogue);
+   alone and 0.080 ms in the model (docs/gpu.md "What bounds the GEMM kernels");
 5. a kernel keeps its fastest correct candidate only if, timed again alternately with the default, it is
    at least MIN_GAIN faster; otherwise the default stays.
 
