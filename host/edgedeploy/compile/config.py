@@ -40,9 +40,6 @@ class Knobs:
     # 0.84-1.09x per ResNet-18 convolution at batch 64 (docs/gpu.md "mma.sync m16n8k32"), so it is a per-kernel
     # choice of the GEMM search (GemmConfig.mma)
     int8_mma: int = 0
-    # mma: operand fragments of the next K step loaded while the current one computes (2), or not (1). The
-    # second buffer costs 8 registers per 16x32 fragment: the 4x4-fragment warps spilled and ran 0.67-0.83x
-    mma_frag_buffers: int = 1
     # rounding (INT8 requantize) epilogues: consecutive elements per thread, read from the accumulator stage
     # as one vector and stored as one (cuda_tensorcore._store_epilogue); 1: one element per thread and step.
     # 4 on the H200: ResNet-18 INT8 batch 64 1.020 -> 0.973 ms, bit-identical (per convolution 0.99-1.16x;
@@ -63,21 +60,11 @@ class Knobs:
     # INT8's input quantize + pad to 225 x 225 at batch 64 0.042 -> 0.030 ms, bit-identical (FP16's vectorized
     # cast of the same image: 0.016; docs/gpu.md "Schedule knobs")
     injective_ilp: int = 4
-    # INT8 requantize/quantize rounding in the CUDA source: on the FP32 pipe (cuda_source.round_on_fp32_pipe: x + 1.5 *
-    # 2^23, the integer read from the mantissa), or nvcc's nearbyintf and float -> int conversion (0): FRND + F2I per
-    # stored byte, on the conversion unit at 16 per clock per SM. 1 on the H200 (docs/gpu.md "Schedule knobs"):
-    # ResNet-18 INT8 batch 64 kernels 0.874 -> 0.854 ms (stem 0.095 -> 0.091, layer1's 3x3 0.045 -> 0.041 each),
-    # MobileNetV1-0.25 unchanged; bit-identical
-    fp32_rounding: int = 1
     # the tensor-core epilogue's loop over a warp's rows unrolled (cuda_tensorcore._store_epilogue), or a loop (0): with
     # a residual add, each step waited for its own global load (their SASS). 1 on the H200 (docs/gpu.md "Schedule
     # knobs"): ResNet-18 INT8 batch 64 kernels 0.858 -> 0.844 ms (residual convolutions 0.0025 ms faster each, the 1x1
     # downsample and layer2's first 3x3 0.0015 slower), batch 1 and MobileNet unchanged; bit-identical
     unroll_epilogue: int = 1
-    # byte-vector max/min (INT8 max pooling) as one __vmaxs4 per 32-bit word (cuda_source.byte_simd), or byte
-    # by byte as TVM 0.27 writes it (0). 1 on the H200 (docs/gpu.md "Schedule knobs"): ResNet-18's INT8 max
-    # pooling at batch 64 0.0345 -> 0.0236 ms (FP16's: 0.037 on twice the bytes), bit-identical
-    byte_simd: int = 1
     # INT8 tensors between kernels where FuseOps ended a producer's kernel with a dequantize (ResNet's downsampling
     # convolutions, the last block before the average pool stored float32): the dequantize moved into the
     # consumer's kernel (int8_boundaries.dequantize_in_consumers) (1), or left where FuseOps put it (0)

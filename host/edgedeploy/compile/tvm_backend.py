@@ -15,7 +15,6 @@ from tvm.relax.frontend.onnx import from_onnx
 from ..errors import BuildError, ModelError
 from ..profiles import DeviceProfile
 from .cuda import nvrtc11, tvm_patches
-from .cuda import source as cuda_source
 from .cuda.devcode import inspect_library
 from .cuda.tensorcore import TIR_PIPELINE, TensorCoreGemm, cuda_pipeline, pass_config
 from .elf_versions import glibc_newer_than
@@ -138,11 +137,7 @@ def compile_cuda(ctx: BuildContext) -> None:
     compiled_before = len(nvrtc11.MODULES)
     try:
         # the compile callback reads the arch from Target.current(): compile inside `with target`
-        with (
-            low.target,
-            tvm.transform.PassContext(opt_level=3, config=low.config),
-            cuda_source.configured(ctx.cuda.knobs),
-        ):
+        with low.target, tvm.transform.PassContext(opt_level=3, config=low.config):
             ctx.executable = tvm.compile(
                 ctx.ir, target=low.target, relax_pipeline=low.pipeline, tir_pipeline=TIR_PIPELINE
             )

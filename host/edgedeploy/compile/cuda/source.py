@@ -8,7 +8,7 @@ broadcast constant, such as the zero point an INT8 convolution pads with; a gath
 call"). `pack_byte_vectors` packs such arguments four to a 32-bit word, lane 0 in the low byte (the vector's
 order in memory), so the kernel keeps its 8- and 16-byte loads.
 
-A speed-up (Knobs.fp32_rounding): every INT8 requantize and quantize ends in
+A speed-up (always on: the knob `fp32_rounding` was folded in): every INT8 requantize and quantize ends in
 `(signed char)max(min(nearbyintf(x) + zp, hi), lo)`, which nvcc compiles to FRND and F2I: two instructions of
 the SM's conversion unit, whose throughput the CUDA C Programming Guide gives as a fraction of the FP32 pipe's
 (not measured here on its own), for every byte an INT8 kernel stores (a residual convolution rounds twice).
@@ -19,21 +19,17 @@ read from the float's mantissa bits: one FADD more, no conversion. The result is
 every float of a wide sweep). ResNet-18 INT8 at batch 64 on the H200: kernels 0.874 -> 0.854 ms, bit-identical
 (docs/gpu.md "Schedule knobs").
 
-Another (Knobs.byte_simd): TVM 0.27 writes a max or min of byte vectors (INT8 NHWC max pooling: 16 channels a
-thread) byte by byte; `byte_simd` makes each 32-bit word of it one `__vmaxs4`-style SIMD call (ResNet-18's INT8
-max pooling at batch 64: 0.035 -> 0.024 ms, docs/gpu.md "Schedule knobs").
+Another (always on: the knob `byte_simd` was folded in): TVM 0.27 writes a max or min of byte vectors (INT8 NHWC
+max pooling: 16 channels a thread) byte by byte; `byte_simd` makes each 32-bit word of it one `__vmaxs4`-style
+SIMD call (ResNet-18's INT8 max pooling at batch 64: 0.035 -> 0.024 ms, docs/gpu.md "Schedule knobs").
 """
 
 from __future__ import annotations
 
-import contextlib
 import re
-from collections.abc import Iterator
 from typing import Any
 
 import tvm_ffi
-
-from ..config import Knobs
 
 _PACK = "__edgedeploy_pack4"
 _HELPER = (
@@ -202,26 +198,9 @@ def byte_simd(code: str) -> str:
     return _WORD_OF_LANES.sub(word, code)
 
 
-_CONFIGURED = [Knobs()]  # the knobs of the compile under way (configured), the defaults outside one
-
-
-@contextlib.contextmanager
-def configured(knobs: Knobs) -> Iterator[None]:
-    """TVM hands postprocess the code alone: the build's knobs for the CUDA modules compiled inside this block."""
-    _CONFIGURED.append(knobs)
-    try:
-        yield
-    finally:
-        _CONFIGURED.pop()
-
-
 def postprocess(code: str, *_: Any) -> str:
-    """The fix, and the speed-ups unless the build's knobs turn them off (fp32_rounding=0, byte_simd=0);
-    the hook's further arguments, the target, are not needed."""
-    knobs = _CONFIGURED[-1]
-    code = pack_byte_vectors(code)
-    code = round_on_fp32_pipe(code) if knobs.fp32_rounding else code
-    return byte_simd(code) if knobs.byte_simd else code
+    """The fix and both speed-ups; the hook's further arguments, the target, are not needed."""
+    return byte_simd(round_on_fp32_pipe(pack_byte_vectors(code)))
 
 
 tvm_ffi.register_global_func("tvm_callback_cuda_postproc", postprocess, override=True)

@@ -171,7 +171,7 @@ class Family:
         """The fragment buffer's scope for "a", "b" or the "accumulator"."""
         raise NotImplementedError
 
-    def inner_pipeline(self, knobs: Knobs) -> bool:
+    def inner_pipeline(self) -> bool:
         """Whether fragment loads of the next K step overlap the current one's compute."""
         return True
 
@@ -197,8 +197,10 @@ class MmaSync(Family):
     def scope(self, operand: str) -> str:
         return "warp"
 
-    def inner_pipeline(self, knobs: Knobs) -> bool:
-        return knobs.mma_frag_buffers >= 2
+    def inner_pipeline(self) -> bool:
+        # no: a second fragment buffer costs 8 registers per 16x32 fragment, and the 4x4-fragment warps spilled
+        # and ran 0.67-0.83x (settled: it was the knob `mma_frag_buffers`, 1)
+        return False
 
     def operand_layout(self) -> Any:
         return cuda_mma.operand_layout  # the fragment buffer in ldmatrix's register layout (16 bytes a tile)
@@ -352,7 +354,7 @@ class TensorCoreGemm(GPUScheduleRule):  # type: ignore[misc]
         i0, i1, i2, i3 = sch.split(i, factors=[None, 1, t.i2, t.i3])
         j0, j1, j2, j3 = sch.split(j, factors=[1, None, t.j2, t.j3])
         k0, k1 = sch.split(kk, factors=[None, t.k // k_frag])
-        kern.inner_pipeline = family.inner_pipeline(self.knobs)
+        kern.inner_pipeline = family.inner_pipeline()
         if kern.inner_pipeline:
             sch.annotate(k1, "software_pipeline_order", [0, 1, 2])
             sch.annotate(k1, "software_pipeline_stage", [0, 0, 1])
