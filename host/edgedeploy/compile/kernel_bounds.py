@@ -18,7 +18,7 @@ trusted), global scratch buffers a kernel allocates itself (split-K partial sums
 inside intrinsics (tensor-core fragments load from shared memory, which is not checked either). A proof that
 times out (Z3_TIMEOUT_MS) counts as not proven, so a report can be a false alarm; none so far.
 
-    python -m edgedeploy.compile.kernel_bounds MODEL.onnx --profile h200 --precision fp16 --batch 64
+    python -m edgedeploy.compile.kernel_bounds MODEL.onnx --profile h200 --precision fp16 --batch 64 [--knobs SPEC]
     (INT8: MODEL is the bundle's Q/DQ model, from the build store; `--tuning-key` applies a GEMM database)
 """
 
@@ -34,6 +34,8 @@ from typing import Any
 import tvm
 from tvm import s_tir, sym, tirx
 from tvm.ir.expr import TensorLoad
+
+from .config import CudaConfig, Knobs
 
 # TVM's default TIR pipeline (tvm.s_tir.pipeline.default_s_tir_pipeline) up to FlattenBuffer: what the
 # kernels compute, with flat offsets, before vectorizing, unrolling and splitting host from device code
@@ -237,10 +239,11 @@ def check_module(mod: Any, target: Any) -> tuple[int, list[OutOfBounds]]:
 
 
 def scheduled_module(
-    model: Path, profile_name: str, precision: str, batch: int, tuning_key: str = ""
+    model: Path, profile_name: str, precision: str, batch: int, tuning_key: str = "", cuda: CudaConfig = CudaConfig()
 ) -> tuple[Any, Any]:
     """The Relax module of a CUDA build after its Relax pipeline (kernels scheduled as `edgedeploy build`
-    schedules them; with `tuning_key` (tuning.tuning_key), its tuned configurations too), and its target."""
+    schedules them with the configuration `cuda`; with `tuning_key` (tuning.tuning_key), its tuned configurations
+    too), and its target."""
     from ..profiles import get_profile
     from .frontends.onnx_model import load_onnx
     from .pipeline import run_pipeline
@@ -252,6 +255,7 @@ def scheduled_module(
         profile=get_profile(profile_name),
         work_dir=Path(tempfile.mkdtemp(prefix="edgedeploy-bounds-")),
         precision=precision,
+        cuda=cuda,
         tuning_key=tuning_key,
     )
     run_pipeline(ctx, stop_before="compile-cuda")
@@ -267,8 +271,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--precision", default="fp32", choices=["fp32", "fp16", "int8"])
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--tuning-key", default="", help="apply this database's GEMM configurations (docs/tuning.md)")
+    ap.add_argument("--knobs", default="", help='schedule knobs, as EDGEDEPLOY_CUDA_KNOBS takes them ("int8_mma=1")')
     args = ap.parse_args(argv)
-    mod, target = scheduled_module(args.model, args.profile, args.precision, args.batch, args.tuning_key)
+    try:
+        cuda = CudaConfig(Knobs.parse(args.knobs, "--knobs"))
+    except ValueError as e:
+        ap.error(str(e))  # one line, exit 2
+    mod, target = scheduled_module(args.model, args.profile, args.precision, args.batch, args.tuning_key, cuda)
     kernels, found = check_module(mod, target)
     for f in found:
         print(f)
