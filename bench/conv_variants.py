@@ -3,7 +3,7 @@
 A whole-model bundle takes 5-10 minutes to build on the 2-core build host; one module holding every
 distinct ResNet-18 convolution (INT8 as the int8 rewrite emits it: zero-point pad, conv2d int8 x int8 ->
 int32, requantize; or FP16 conv + bias + ReLU) builds in about a minute per schedule variant
-(`compile/cuda_tiles.py`'s `Knobs`), so variants are compared layer by layer before a model is rebuilt.
+(`compile/cuda/tiles.py`'s `Knobs`), so variants are compared layer by layer before a model is rebuilt.
 
     # here (no GPU): one library per variant, KIT/<precision>.bs<N>.<variant>.so, plus KIT/variants.json
     .venv/bin/python bench/conv_variants.py build KIT --precision int8 --batch 64 \
@@ -89,8 +89,8 @@ def build(args: argparse.Namespace) -> None:
     import tvm
     from tc_sass import sass_counts
 
-    from edgedeploy.compile.cuda_tensorcore import TIR_PIPELINE, TensorCoreGemm, cuda_pipeline, pass_config
-    from edgedeploy.compile.cuda_tiles import Knobs
+    from edgedeploy.compile.config import Knobs
+    from edgedeploy.compile.cuda.tensorcore import TIR_PIPELINE, TensorCoreGemm, cuda_pipeline, pass_config
 
     kit = Path(args.kit)
     kit.mkdir(parents=True, exist_ok=True)
@@ -236,7 +236,7 @@ def main() -> None:
         run(args)
         return
     if not args.in_toolchain:
-        from edgedeploy.compile.cuda_toolchain import resolve_toolchain
+        from edgedeploy.compile.cuda.toolchain import resolve_toolchain
         from edgedeploy.profiles import get_profile
 
         profile = {"sm_75": "t4", "sm_90": "h200", "sm_72": "xavier-agx"}[args.arch]

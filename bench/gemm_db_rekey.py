@@ -46,7 +46,7 @@ def kernels(folder: Path) -> list[tuple[str, str, Any]]:
     """(new key, old key, GemmKernel) of every tensor-core kernel of an exported tuning module."""
     import tvm
 
-    from edgedeploy.compile.gemm_tuning import gemm_kernels
+    from edgedeploy.compile.tuning.gemm import gemm_kernels
 
     meta = json.loads((folder / "tuning.json").read_text())
     mod = tvm.ir.load_json((folder / "tuning-module.json").read_text())
@@ -62,7 +62,7 @@ def kernels(folder: Path) -> list[tuple[str, str, Any]]:
 
 def rekey(old: dict[str, Any], found: list[tuple[str, str, Any]]) -> tuple[dict[str, Any], list[str], list[str]]:
     """The version-2 document, the old keys dropped, the new keys that got no entry."""
-    from edgedeploy.compile.gemm_tuning import VERSION
+    from edgedeploy.compile.tuning.gemm import VERSION
 
     entries = old.get("kernels", {})
     chosen: dict[str, dict[str, Any]] = {}

@@ -5,7 +5,7 @@ Here (build host):
     python bench/gpu_backend.py make KIT/backend_reference.npz IMAGES TWIN.edb...
   16 images through the agent's preprocessing (stored as float32: another machine's JPEG decoder may differ),
   and per twin bundle its reference outputs: the exact INT8 reference of its Q/DQ model for INT8
-  (compile/qdq_reference.py), onnxruntime FP32 of its source model for FP16 and FP32.
+  (compile/int8/qdq_reference.py), onnxruntime FP32 of its source model for FP16 and FP32.
 There (GPU machine; bench/gpu_backend.sh sets up the two runtime folders):
     python bench/gpu_backend.py compare --tvm DIR --edgedeploy DIR BUNDLE...
   each bundle in four processes, backends in the order tvm, edgedeploy, edgedeploy, tvm (a process holds one
@@ -137,7 +137,7 @@ def make(out: Path, images: Path, bundles: list[Path]) -> int:
     import onnxruntime as ort
 
     from edgedeploy.build_store import host_file
-    from edgedeploy.compile.qdq_reference import reference_outputs
+    from edgedeploy.compile.int8.qdq_reference import reference_outputs
     from edgedeploy_agent.bundle import extract_bundle
     from edgedeploy_agent.preprocess import preprocess
 

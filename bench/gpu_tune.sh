@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Tunes on the GPU machine (H200, Python 3.12, CUDA 13) what bench/gpu_tune_kit.sh exported:
 #   bash bench/gpu_tune.sh KIT OUT TRIALS [TASKS] [GEMM_MINUTES [GEMM_TRIALS]]
-# GEMM_MINUTES > 0: first the tensor-core GEMM search (compile/gemm_tuning.py) for that long per module,
+# GEMM_MINUTES > 0: first the tensor-core GEMM search (compile/tuning/gemm.py) for that long per module,
 # at most GEMM_TRIALS candidates (0: all); it writes gemm_configs.json, which survives a stopped run.
 # TRIALS > 0: then MetaSchedule on each module (cost model "random": no xgboost there), TASKS > 0
 # limiting it to the heaviest kernels; the run ends on its own (a stopped run loses its last round),

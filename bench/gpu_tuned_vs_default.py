@@ -19,8 +19,8 @@ import numpy as np
 import tvm
 from tvm import relax
 
-from edgedeploy.compile import tensor_intrinsics
-from edgedeploy.compile.metaschedule import scheduled_kernels
+from edgedeploy.compile.cuda import tensor_intrinsics
+from edgedeploy.compile.tuning.metaschedule import scheduled_kernels
 
 
 def compile_and_time(mod: object, target: object, db: Path | None) -> tuple[float, float, int]:

@@ -4,8 +4,8 @@
 
 MobileNetV1-0.25: calibration on the `calibration` half of imagenet-sample; every recipe is scored on that
 half (seen in calibration) and on the `evaluation` half (held out), split by sha1 of the file name
-(edgedeploy.datasets.split_of). mnist-8: the same split of the MNIST test set by sample index. FP32 is
-onnxruntime; every INT8 number is the exact INT8 reference of the Q/DQ model (compile/qdq_reference.py),
+(edgedeploy.compile.int8.datasets.split_of). mnist-8: the same split of the MNIST test set by sample index. FP32 is
+onnxruntime; every INT8 number is the exact INT8 reference of the Q/DQ model (compile/int8/qdq_reference.py),
 so the table is the same on every CPU (onnxruntime's own INT8 kernels are not: they saturate on AVX2-only
 CPUs). Columns: top-1 in percent, drop against FP32 on the same half, top-1 agreement with FP32.
 
@@ -24,11 +24,11 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 
+from edgedeploy.compile.int8.datasets import load_calibration, load_labeled
+from edgedeploy.compile.int8.evaluate import OrtClassifier, agreement, score
+from edgedeploy.compile.int8.qdq_reference import QdqReference
+from edgedeploy.compile.int8.quantize import QuantizeOptions, quantize_qdq
 from edgedeploy.compile.package import load_card
-from edgedeploy.compile.qdq_reference import QdqReference
-from edgedeploy.compile.quantize import QuantizeOptions, quantize_qdq
-from edgedeploy.datasets import load_calibration, load_labeled
-from edgedeploy.evaluate import OrtClassifier, agreement, score
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -95,7 +95,7 @@ def main() -> None:
         model_path = args.data / "models" / f"{name}.onnx"
         card = load_card(card_path)
         model = onnx.load(model_path)
-        from edgedeploy.compile.onnx_model import load_onnx
+        from edgedeploy.compile.frontends.onnx_model import load_onnx
 
         spec = load_onnx(model_path).inputs[0]
         calib = load_calibration(args.data / data, card.preprocess, spec, args.samples, "calibration")

@@ -6,7 +6,7 @@ The bundles are built (or taken from the build cache) exactly like `edgedeploy b
 database under profiles/tuning/cpu-x86_64/ is applied when there is one; the TVM libraries run through the
 agent's runtime, as on a device. onnxruntime runs the bundle's own FP32 source and QDQ model (from the host's
 build store, where the build put them): it is the peer a user would pick, measured for speed only. Its INT8
-outputs are not a reference (its integer kernels depend on the CPU; compile/qdq_reference.py is the exact
+outputs are not a reference (its integer kernels depend on the CPU; compile/int8/qdq_reference.py is the exact
 INT8 reference).
 
 Prints each case's median ms and the ratios: TVM INT8 over TVM FP32, onnxruntime INT8 over its FP32, and
@@ -28,10 +28,10 @@ import onnxruntime as ort
 
 from edgedeploy.api import build
 from edgedeploy.build_store import host_file
-from edgedeploy.compile.int8_build import Int8Config
+from edgedeploy.compile.int8.build import Int8Config
+from edgedeploy.compile.int8.datasets import load_calibration
+from edgedeploy.compile.int8.quantize import QuantizeOptions
 from edgedeploy.compile.package import load_card
-from edgedeploy.compile.quantize import QuantizeOptions
-from edgedeploy.datasets import load_calibration
 from edgedeploy.profiles import get_profile
 from edgedeploy_agent.bundle import extract_bundle
 from edgedeploy_agent.runtime.tvm import TvmRuntime

@@ -1,4 +1,4 @@
-"""INT8 bundles on the GPU against the exact INT8 reference (compile/qdq_reference.py), issue 12 item 2.
+"""INT8 bundles on the GPU against the exact INT8 reference (compile/int8/qdq_reference.py), issue 12 item 2.
 
 Here (build host, the bundles' Q/DQ models in the build store):
     python bench/int8_gpu_reference.py make KIT/int8_reference.npz IMAGES BUNDLE...
@@ -32,7 +32,7 @@ def make(out: Path, images: Path, bundles: list[Path]) -> int:
     import onnx
 
     from edgedeploy.build_store import host_file
-    from edgedeploy.compile.qdq_reference import reference_outputs
+    from edgedeploy.compile.int8.qdq_reference import reference_outputs
     from edgedeploy_agent.bundle import extract_bundle, read_manifest
     from edgedeploy_agent.preprocess import preprocess
 

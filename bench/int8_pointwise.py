@@ -1,4 +1,4 @@
-"""The INT8 1x1 convolution kernels alone (compile/x86_int8.py) against a float32 matrix product of the same
+"""The INT8 1x1 convolution kernels alone (compile/int8/x86_int8.py) against a float32 matrix product of the same
 size, in one run: MobileNetV1-0.25's pointwise layer shapes, batch 1.
 
     python bench/int8_pointwise.py [--runs 200] [--threads N]
@@ -19,7 +19,7 @@ import timeit
 import numpy as np
 import tvm
 
-from edgedeploy.compile.x86_int8 import AVX2, VNNI, pack_activations_numpy, pack_weights, pointwise_kernel
+from edgedeploy.compile.int8.x86_int8 import AVX2, VNNI, pack_activations_numpy, pack_weights, pointwise_kernel
 from edgedeploy_agent.bundle import cpu_flags
 
 # (in channels, out channels, height = width) of MobileNetV1-0.25's 13 pointwise layers, distinct shapes

@@ -8,7 +8,7 @@ agree with the FP32 model's top-1 on enough reference samples) and the device's 
 asymmetric default recipe and the symmetric TensorRT recipe, calibrated on the `calibration` half of
 imagenet-sample; every image of both halves is then run through:
   * FP32: onnxruntime on the source model;
-  * exact: the exact INT8 reference (compile/qdq_reference.py), what the bundle ships;
+  * exact: the exact INT8 reference (compile/int8/qdq_reference.py), what the bundle ships;
   * fake-quant f32: onnxruntime with graph optimizations off (Q/DQ as float32 ops). It stands in for an
     INT8 engine that rounds differently from the reference (float32 sums, other summation order);
   * onnxruntime INT8: its default, optimized CPU run (QLinearConv). A peer, not a reference: its kernels
@@ -29,10 +29,10 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 
+from edgedeploy.compile.int8.datasets import load_calibration, load_labeled
+from edgedeploy.compile.int8.qdq_reference import reference_outputs
+from edgedeploy.compile.int8.quantize import QuantizeOptions, quantize_qdq
 from edgedeploy.compile.package import load_card
-from edgedeploy.compile.qdq_reference import reference_outputs
-from edgedeploy.compile.quantize import QuantizeOptions, quantize_qdq
-from edgedeploy.datasets import load_calibration, load_labeled
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -63,7 +63,7 @@ def main() -> None:
     model_path = args.data / "models" / "mobilenet_v1_0.25_224.onnx"
     model = onnx.load(model_path)
     card = load_card(REPO / "examples" / "cards" / "mobilenet_v1_0.25_224.toml")
-    from edgedeploy.compile.onnx_model import load_onnx
+    from edgedeploy.compile.frontends.onnx_model import load_onnx
 
     spec = load_onnx(model_path).inputs[0]
     images = args.data / "imagenet-sample"

@@ -49,8 +49,8 @@ from results_dir import out_dir, output_file
 
 from edgedeploy.api import build
 from edgedeploy.compile.cards import load_card
-from edgedeploy.compile.int8_build import Int8Config
-from edgedeploy.compile.quantize import QuantizeOptions
+from edgedeploy.compile.int8.build import Int8Config
+from edgedeploy.compile.int8.quantize import QuantizeOptions
 from edgedeploy_agent.config import AgentConfig
 from edgedeploy_agent.spool import pending_reports
 from edgedeploy_agent.store import DeviceStore

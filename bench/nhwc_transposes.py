@@ -13,9 +13,10 @@ from pathlib import Path
 
 from tvm import relax
 
-from edgedeploy.compile import int8_rewrite, nhwc, tvm_backend  # noqa: F401  (register the stages)
-from edgedeploy.compile.onnx_model import load_onnx
-from edgedeploy.compile.pipeline import STAGES, BuildContext
+from edgedeploy.compile import tvm_backend  # noqa: F401  (register the stages)
+from edgedeploy.compile.cuda import nhwc
+from edgedeploy.compile.frontends.onnx_model import load_onnx
+from edgedeploy.compile.stage import STAGES, BuildContext
 from edgedeploy.profiles import get_profile
 
 

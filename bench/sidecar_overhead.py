@@ -44,8 +44,8 @@ def build_bundle(data: Path, out: Path, model: str) -> Path:
     """A batch-1 TensorRT bundle of `model` ("mobilenet": 1x3x224x224 in; "mnist": 1x1x28x28, the fixed cost)."""
     from edgedeploy.api import build_tensorrt
     from edgedeploy.compile.cards import ModelCard, Preprocess
-    from edgedeploy.compile.int8_build import Int8Config
-    from edgedeploy.compile.quantize import QuantizeOptions
+    from edgedeploy.compile.int8.build import Int8Config
+    from edgedeploy.compile.int8.quantize import QuantizeOptions
     from edgedeploy.compile.tensorrt_artifacts import TensorRTOptions
 
     if model == "mnist":

@@ -19,7 +19,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from edgedeploy.compile.devcode import device_blobs
+from edgedeploy.compile.cuda.devcode import device_blobs
 from edgedeploy_agent.bundle import extract_bundle
 
 OPS = ("HMMA", "IMMA", "IDP.4A", "FFMA")

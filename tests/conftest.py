@@ -299,8 +299,8 @@ def mnist_trt_bundle(data_dir: Path, tmp_path_factory: pytest.TempPathFactory) -
     require_host()
     from edgedeploy.api import build_tensorrt
     from edgedeploy.compile.cards import ModelCard, Postprocess, Preprocess
-    from edgedeploy.compile.int8_build import Int8Config
-    from edgedeploy.compile.quantize import QuantizeOptions
+    from edgedeploy.compile.int8.build import Int8Config
+    from edgedeploy.compile.int8.quantize import QuantizeOptions
     from edgedeploy.compile.tensorrt_artifacts import TensorRTOptions
 
     card = ModelCard(

@@ -3,7 +3,7 @@ reaching HMMA/IMMA; bench/conv_variants.py does this job now and is maintained.
 
 Prototype (build host, no GPU): do FP16/INT8 convolutions reach the tensor cores? Builds single
 ResNet-18 convolutions for a CUDA arch with TVM's default pipeline and with edgedeploy's tensor-core
-pipeline (`compile/cuda_tensorcore.py`), in NCHW or NHWC, and counts HMMA / IMMA / IDP.4A in the SASS.
+pipeline (`compile/cuda/tensorcore.py`), in NCHW or NHWC, and counts HMMA / IMMA / IDP.4A in the SASS.
 
     PYTHONPATH=bench .venv/bin/python bench/oneoff/conv_tensorcore.py --arch sm_75 --precision int8 \
         --layout nhwc --rule tc [--out DIR]
@@ -66,7 +66,7 @@ def build_one(args: argparse.Namespace) -> dict[str, Any]:
     import tvm
     from tc_sass import sass_counts
 
-    from edgedeploy.compile.cuda_tensorcore import TIR_PIPELINE, cuda_pipeline, pass_config
+    from edgedeploy.compile.cuda.tensorcore import TIR_PIPELINE, cuda_pipeline, pass_config
 
     mod = conv_module(args.case, args.precision, args.layout, args.batch)
     target = tvm.target.Target({"kind": "cuda", "arch": args.arch, "host": {"kind": "llvm"}})
@@ -99,7 +99,7 @@ def main() -> None:
     ap.add_argument("--in-toolchain", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if not args.in_toolchain:
-        from edgedeploy.compile.cuda_toolchain import resolve_toolchain
+        from edgedeploy.compile.cuda.toolchain import resolve_toolchain
         from edgedeploy.profiles import get_profile
 
         profile = {"sm_75": "t4", "sm_90": "h200", "sm_72": "xavier-agx"}[args.arch]

@@ -37,11 +37,11 @@ from .remote.status import stored_reports as stored_reports
 
 if TYPE_CHECKING:  # the compile side (ONNX, TVM) is imported by the calls that use it
     from .compile.cards import ModelCard
-    from .compile.int8_build import Int8Config
+    from .compile.config import CudaConfig, TuneRequest
+    from .compile.int8.build import Int8Config
     from .compile.manifest import BuildResult
     from .compile.tensorrt_artifacts import TensorRTOptions
     from .compile.tune_bundle import TuneResult
-    from .compile.tuning import TuneRequest
 
 
 def build(
@@ -54,7 +54,7 @@ def build(
     **options: Any,
 ) -> BuildResult:
     """A bundle for either runtime (compile.build_options.build_for_runtime's options: runtime, batch,
-    precision, cuda_graph, use_cache, int8, workspace_mib); `twin`: the profile's twin (compile/twin.py)."""
+    precision, cuda_graph, use_cache, int8, workspace_mib, cuda); `twin`: the profile's twin (compile/twin.py)."""
     from .compile.build_options import build_for_runtime
 
     profile = get_profile(profile_name)
@@ -68,14 +68,19 @@ def build(
 
 
 def tune(
-    bundle: Path, request: TuneRequest, progress: Callable[[str], None] = lambda s: None, sources: Sequence[Path] = ()
+    bundle: Path,
+    request: TuneRequest,
+    progress: Callable[[str], None] = lambda s: None,
+    sources: Sequence[Path] = (),
+    cuda: CudaConfig | None = None,
 ) -> TuneResult:
     """Tune the kernels of what `bundle` was built from (found in the build store, or `sources`); the
-    database is applied by later builds."""
+    database is applied by later builds. `cuda`: the CUDA schedule configuration (default: the default one)."""
+    from .compile.config import CudaConfig
     from .compile.tune_bundle import tune_model
 
     with agent_input():
-        return tune_model(bundle, request, progress, sources)
+        return tune_model(bundle, request, progress, sources, cuda or CudaConfig())
 
 
 def tune_request(bundle: Path, manifest: Manifest, *options: Any) -> TuneRequest:
@@ -88,7 +93,7 @@ def tune_request(bundle: Path, manifest: Manifest, *options: Any) -> TuneRequest
 def import_tuning(folder: Path, database: Path | None = None) -> tuple[Path, int]:
     """Store the database that tune_offline wrote into `folder` (default: the user's database for the
     exported profile and model); returns where, and how many records it holds now."""
-    from .compile.tuning import import_database
+    from .compile.tuning.apply import import_database
 
     return import_database(folder, database)
 
@@ -121,7 +126,7 @@ def evaluate(
     """Top-1/top-5 of a bundle (TVM library vs onnxruntime FP32 and the exact INT8 reference) or of an ONNX
     model. A bundle's source and QDQ model come from the build store, or `sources` (checked by sha256)."""
     from .build_store import check_given
-    from .evaluate import evaluate_target
+    from .compile.int8.evaluate import evaluate_target
 
     if target.suffix != ".onnx":
         check_given(inspect_bundle(target), sources)  # before any image is scored

@@ -22,7 +22,7 @@ from onnx import TensorProto, helper, numpy_helper
 from edgedeploy_agent.bundle import Postprocess, Preprocess
 
 from .compile.cards import ModelCard
-from .datasets import read_mnist
+from .compile.int8.datasets import read_mnist
 from .errors import InputError
 
 HIDDEN = 64

@@ -25,7 +25,7 @@ class CompilerSpec(BaseModel):
     host_triple: str = Field(description="triple of the device's CPU, e.g. x86_64-linux-gnu")
     cross_compiler: str | None = Field(default=None, description="C compiler used to link the library")
     # nvcc: the nvcc on PATH (CUDA 12/13), a fatbin of SASS; nvrtc-11: NVRTC 11.8 from pip (the cuda11 extra), a
-    # cubin any CUDA 11.x driver loads, plus its PTX (compile/nvrtc11.py); nvrtc-12: NVRTC 12.x (the cuda12 extra)
+    # cubin any CUDA 11.x driver loads, plus its PTX (compile/cuda/nvrtc11.py); nvrtc-12: NVRTC 12.x (the cuda12 extra)
     cuda_codegen: Literal["nvcc", "nvrtc-11", "nvrtc-12"] | None = None
     cuda_device_code: Literal["sass", "ptx"] = Field(
         default="sass",

@@ -16,8 +16,8 @@ def trt_bundle(data_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path
     require_host()
     from edgedeploy.api import build_tensorrt
     from edgedeploy.compile.cards import ModelCard
-    from edgedeploy.compile.int8_build import Int8Config
-    from edgedeploy.compile.quantize import QuantizeOptions
+    from edgedeploy.compile.int8.build import Int8Config
+    from edgedeploy.compile.int8.quantize import QuantizeOptions
     from edgedeploy.compile.tensorrt_artifacts import TensorRTOptions
 
     int8 = Int8Config(calibration=data_dir / "imagenet-sample", options=QuantizeOptions(samples=16))

@@ -233,7 +233,7 @@ def both_runtimes_release(data_dir: Path, tmp_path_factory: pytest.TempPathFacto
     require_host()
     from edgedeploy.api import build, build_tensorrt
     from edgedeploy.compile.cards import ModelCard
-    from edgedeploy.compile.int8_build import Int8Config
+    from edgedeploy.compile.int8.build import Int8Config
     from edgedeploy.compile.tensorrt_artifacts import TensorRTOptions
 
     tmp = tmp_path_factory.mktemp("both")

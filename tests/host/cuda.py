@@ -12,9 +12,9 @@ from typing import Any
 
 import tvm
 
-from edgedeploy.compile.cuda_tensorcore import legalize_passes
-from edgedeploy.compile.cuda_toolchain import resolve_toolchain
-from edgedeploy.compile.devcode import device_blobs
+from edgedeploy.compile.cuda.devcode import device_blobs
+from edgedeploy.compile.cuda.tensorcore import legalize_passes
+from edgedeploy.compile.cuda.toolchain import resolve_toolchain
 from edgedeploy.errors import BuildError
 from edgedeploy.profiles import get_profile
 from tests.helpers import require

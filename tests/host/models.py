@@ -137,8 +137,8 @@ def float_and_int8_modules(model: Any, calib: np.ndarray) -> tuple[Any, Any, Any
     from tvm import relax
     from tvm.relax.frontend.onnx import from_onnx
 
-    from edgedeploy.compile.int8_rewrite import rewrite_int8
-    from edgedeploy.compile.quantize import QuantizeOptions, quantizable_layers, quantize_qdq
+    from edgedeploy.compile.int8.quantize import QuantizeOptions, quantizable_layers, quantize_qdq
+    from edgedeploy.compile.int8.rewrite import rewrite_int8
 
     qdq = quantize_qdq(model, calib, QuantizeOptions(samples=len(calib))).model
     shape = {"x": [1, *calib.shape[1:]]}

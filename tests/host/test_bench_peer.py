@@ -68,8 +68,8 @@ def test_resnet18_export_finds_its_databases_whatever_the_weights(tmp_path: Path
     import os
     import subprocess
 
-    from edgedeploy.compile.onnx_model import load_onnx
-    from edgedeploy.compile.tuning import tuning_key
+    from edgedeploy.compile.frontends.onnx_model import load_onnx
+    from edgedeploy.compile.tuning.key import tuning_key
 
     repo = Path(__file__).resolve().parents[2]
     keys = []

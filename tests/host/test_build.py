@@ -131,8 +131,8 @@ def test_int8_gate_refuses_to_judge_nonsense(data_dir: Path, tmp_path: Path, cli
 
 def test_every_bundle_writer_carries_the_card(data_dir: Path, tmp_path: Path) -> None:
     """card_manifest is the one place a card becomes manifest fields (TVM and TensorRT writers both use it)."""
+    from edgedeploy.compile.frontends.onnx_model import load_onnx
     from edgedeploy.compile.manifest import card_manifest, write_labels
-    from edgedeploy.compile.onnx_model import load_onnx
     from edgedeploy.profiles import get_profile
     from edgedeploy_agent.bundle import HealthSpec, Provenance, Quantization, Target
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from edgedeploy.compile.devcode import elf_machine
+from edgedeploy.compile.cuda.devcode import elf_machine
 from edgedeploy.compile.elf_versions import version_needs
 from edgedeploy.cuda_backend import ARCHS, build_backend, sources
 from tests.helpers import require

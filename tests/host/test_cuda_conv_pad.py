@@ -1,5 +1,5 @@
-"""An INT8 convolution pads its own input with the zero point on CUDA (compile/cuda_conv_pad.py), and the
-16-lane byte vectors that makes compile (compile/cuda_source.py).
+"""An INT8 convolution pads its own input with the zero point on CUDA (compile/cuda/conv_pad.py), and the
+16-lane byte vectors that makes compile (compile/cuda/source.py).
 
 The exactness check runs the same graph with and without the pass on the CPU (LLVM): the pass only moves
 the pad into the convolution's PrimFunc, so the bytes must be the same. nvcc compiling such a kernel for
@@ -15,9 +15,9 @@ import pytest
 import tvm
 from tvm import relax
 
-from edgedeploy.compile.cuda_conv_pad import MIN_BATCH, pad_into_conv
-from edgedeploy.compile.cuda_source import pack_byte_vectors
-from edgedeploy.compile.cuda_tensorcore import TensorCoreGemm, legalize_passes
+from edgedeploy.compile.cuda.conv_pad import MIN_BATCH, pad_into_conv
+from edgedeploy.compile.cuda.source import pack_byte_vectors
+from edgedeploy.compile.cuda.tensorcore import TensorCoreGemm, legalize_passes
 from tests.host.cuda import TARGET
 from tests.host.models import ZP, pointwise_then_depthwise
 

@@ -1,4 +1,4 @@
-"""Injective CUDA kernels (compile/cuda_injective.py): the INT8 zero-point pads and the uint8 -> int8 shift move
+"""Injective CUDA kernels (compile/cuda/injective.py): the INT8 zero-point pads and the uint8 -> int8 shift move
 16 bytes per thread (four 32-bit words) instead of dlight Fallback's one element, whose int64 index arithmetic
 made the pads 0.64 ms of NHWC INT8 ResNet-18's 2.27 ms at batch 64 on the H200; other dtypes get 4 elements.
 
@@ -15,7 +15,7 @@ import pytest
 import tvm
 from tvm import relax
 
-from edgedeploy.compile.cuda_injective import byte_words, vector_lanes
+from edgedeploy.compile.cuda.injective import byte_words, vector_lanes
 from tests.host.cuda import (
     TARGET,
     cuda_source,
@@ -143,8 +143,8 @@ def _quantize_pad_odd() -> Any:
 def test_odd_widths_get_elements_per_thread_where_asked(ilp: int) -> None:
     """Knobs.injective_ilp: an injective kernel whose innermost extent (21) admits no vector is dlight's
     Fallback (1: the rule declines it), or n elements per thread, THREADS apart, the n steps unrolled."""
-    from edgedeploy.compile.cuda_injective import THREADS, VectorizedInjective
-    from edgedeploy.compile.cuda_tiles import Knobs
+    from edgedeploy.compile.config import Knobs
+    from edgedeploy.compile.cuda.injective import THREADS, VectorizedInjective
 
     func = _fused_kernel(_quantize_pad_odd())
     sch = VectorizedInjective(Knobs(injective_ilp=ilp)).apply(func, tvm.target.Target(TARGET), False)

@@ -1,4 +1,4 @@
-"""The speed-ups of compile/cuda_source.py: INT8 requantize rounding on the FP32 pipe (round_on_fp32_pipe) and
+"""The speed-ups of compile/cuda/source.py: INT8 requantize rounding on the FP32 pipe (round_on_fp32_pipe) and
 byte-vector max/min as one SIMD instruction a word (byte_simd). (Its fix, pack_byte_vectors: test_cuda_conv_pad.)
 
 The rounding rewrite is checked where it can be exact or not: its output is compiled (gcc, with the CUDA intrinsics it
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from edgedeploy.compile.cuda_source import byte_simd, postprocess, round_on_fp32_pipe
+from edgedeploy.compile.cuda.source import byte_simd, postprocess, round_on_fp32_pipe
 from tests.helpers import require
 
 # as TVM 0.27 writes them: a requantize (zero point 8), the residual's quantize (zero point -128), a ReLU's
@@ -150,10 +150,8 @@ def test_int8_nhwc_max_pooling_takes_words_of_bytes() -> None:
     assert kernel.count("__vmaxs4(") == 4 and "reinterpret_cast<signed char*>" not in kernel, kernel
 
 
-def test_the_knobs_turn_the_rewrites_off(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_postprocess_applies_the_fix_and_both_rewrites() -> None:
     code = f"y = {CASES['rq_zp8']};\n{_lanes()}"
-    assert "__edgedeploy_rq(" in postprocess(code) and "__vmaxs4(" in postprocess(code)
-    monkeypatch.setenv("EDGEDEPLOY_CUDA_KNOBS", "fp32_rounding=0")
-    assert "__edgedeploy_rq(" not in postprocess(code) and "__vmaxs4(" in postprocess(code)
-    monkeypatch.setenv("EDGEDEPLOY_CUDA_KNOBS", "fp32_rounding=0,byte_simd=0")
-    assert postprocess(code) == code
+    out = postprocess(code)
+    assert "__edgedeploy_rq(" in out and "__vmaxs4(" in out
+    assert out == byte_simd(round_on_fp32_pipe(code))

@@ -1,4 +1,4 @@
-"""Tile shapes and split-K of the tensor-core schedule (compile/cuda_tensorcore.py), checked on the
+"""Tile shapes and split-K of the tensor-core schedule (compile/cuda/tensorcore.py), checked on the
 scheduled TIR (no nvcc needed): a batch-1 ResNet-18 layer4 convolution got 4 thread blocks from the shape
 rule alone; now the grid has enough blocks for a large GPU, and K is split across blocks where tiles
 cannot shrink further, with the epilogue moved to the kernel that adds the partial sums."""
@@ -12,8 +12,8 @@ import pytest
 import tvm
 from tvm import relax
 
-from edgedeploy.compile.cuda_tensorcore import legalize_passes
-from edgedeploy.compile.cuda_tiles import MIN_BLOCKS, SPLIT_BLOCKS, choose_split, choose_tiles
+from edgedeploy.compile.cuda.tensorcore import legalize_passes
+from edgedeploy.compile.cuda.tiles import MIN_BLOCKS, SPLIT_BLOCKS, choose_split, choose_tiles
 from tests.host.cuda import TARGET
 from tests.host.models import int8_conv_model
 
@@ -47,7 +47,7 @@ def _kernel_script(mod: object, name: str) -> str:
     GPU (a block left without a thread binding is lowered to host code reading GPU memory: a segfault)."""
     from tvm import s_tir
 
-    from edgedeploy.compile.cuda_tensorcore import _all_on_gpu
+    from edgedeploy.compile.cuda.tensorcore import _all_on_gpu
 
     func = next(f for gv, f in mod.functions.items() if name in gv.name_hint)  # type: ignore[attr-defined]
     assert _all_on_gpu(s_tir.Schedule(func))
@@ -79,7 +79,8 @@ def test_int8_operands_load_16_bytes_per_thread_where_the_gemm_needs_no_padding(
     elements per shared-memory stage and 16-byte global loads; the loads stay 4 bytes where the GEMM is
     padded (TVM 0.27 writes the padding's zero vector of 8 or 16 int8 as a make_int2/make_int4 call that
     nvcc rejects)."""
-    from edgedeploy.compile.cuda_tiles import SHORT_K, Knobs, Tiles
+    from edgedeploy.compile.config import Knobs
+    from edgedeploy.compile.cuda.tiles import SHORT_K, Tiles
 
     assert (Knobs().int8_k, Knobs().load_bytes) == (64, 16)
     assert choose_tiles(3136, 64, "int8", 64, Knobs(), k=576).k == 64
@@ -108,8 +109,8 @@ def test_epilogue_stores_are_coalesced_and_the_accumulator_stage_is_padded() -> 
     epilogue's int8 store (and its residual's load) is indexed by threadIdx.x itself, so a warp writes 32
     consecutive bytes (16 in warp tiles 16 columns wide) per instruction; an epilogue without rounding keeps
     4-lane vectors."""
-    from edgedeploy.compile.cuda_tensorcore import TensorCoreGemm
-    from edgedeploy.compile.cuda_tiles import Knobs
+    from edgedeploy.compile.config import Knobs
+    from edgedeploy.compile.cuda.tensorcore import TensorCoreGemm
     from tests.host.cuda import cuda_source
 
     # (one element per thread and step: Knobs.round_lanes = 1; the default's vectors are the next test's; a loop
@@ -140,8 +141,8 @@ def test_rounding_epilogue_with_round_lanes_moves_vectors(mma: int) -> None:
     int32 sums from the accumulator stage as one 16-byte vector and the residual's 4 bytes as one word, rounds
     in registers, and stores the 4 bytes as one word: a quarter of the epilogue's iterations, loads and
     stores (WMMA and mma accumulators alike)."""
-    from edgedeploy.compile.cuda_tensorcore import TensorCoreGemm
-    from edgedeploy.compile.cuda_tiles import Knobs
+    from edgedeploy.compile.config import Knobs
+    from edgedeploy.compile.cuda.tensorcore import TensorCoreGemm
     from tests.host.cuda import cuda_source
 
     def epilogue(lanes: int) -> str:
@@ -165,8 +166,8 @@ def test_epilogue_steps_are_unrolled() -> None:
     """Knobs.unroll_epilogue (1 since run24): a warp's epilogue steps are unrolled, so that nvcc can issue
     every step's residual load before the first store (in the loop, each step waited for its own global load;
     seen in the SASS of ResNet-18's residual convolutions); 0 keeps the loop."""
-    from edgedeploy.compile.cuda_tensorcore import TensorCoreGemm
-    from edgedeploy.compile.cuda_tiles import Knobs
+    from edgedeploy.compile.config import Knobs
+    from edgedeploy.compile.cuda.tensorcore import TensorCoreGemm
     from tests.host.cuda import cuda_source
 
     def epilogue(unroll: int) -> str:
@@ -206,8 +207,8 @@ SM90 = {**TARGET, "arch": "sm_90", "max_shared_memory_per_block": 232448}
 def _scheduled_on(target_spec: dict[str, object], mod: object, name: str, async_stages: int) -> tuple[str, bool]:
     """The kernel `name` of `mod` scheduled for a target with the knob async_stages, and whether the rule
     found its copies fit for cp.async."""
-    from edgedeploy.compile.cuda_tensorcore import TensorCoreGemm
-    from edgedeploy.compile.cuda_tiles import Knobs
+    from edgedeploy.compile.config import Knobs
+    from edgedeploy.compile.cuda.tensorcore import TensorCoreGemm
 
     rule = TensorCoreGemm(Knobs(async_stages=async_stages))
     target = tvm.target.Target(target_spec)
@@ -283,8 +284,8 @@ def _lowered_shared_bytes(mod: object, target: object) -> dict[str, tuple[int, i
 def test_shared_memory_estimate_is_what_tvm_allocates(size: int, tiles: str) -> None:
     """cuda_tiles.shared_bytes, which keeps kernels TVM's runtime could not launch out of builds and of the GEMM
     search (`launchable`), equals the shared memory of TVM's lowered kernel."""
-    from edgedeploy.compile.cuda_tensorcore import TensorCoreGemm, kernel_key
-    from edgedeploy.compile.cuda_tiles import GemmConfig, shared_bytes
+    from edgedeploy.compile.cuda.tensorcore import TensorCoreGemm, kernel_key
+    from edgedeploy.compile.cuda.tiles import GemmConfig, shared_bytes
 
     config = GemmConfig.parse(tiles)
     target = tvm.target.Target(SM90)
@@ -304,7 +305,7 @@ def test_configurations_that_could_not_launch_are_never_tried() -> None:
     """A 128x32 INT8 tile with 3 cp.async stages: 38400 bytes of operand stages (dynamic, under 48 KB) beside an
     18432-byte static accumulator stage. TVM's runtime does not opt such a kernel in to over 48 KB of shared
     memory, so it cannot launch (the H200 said so); the search no longer offers it."""
-    from edgedeploy.compile.cuda_tiles import GemmConfig, launchable, neighbours, shared_bytes
+    from edgedeploy.compile.cuda.tiles import GemmConfig, launchable, neighbours, shared_bytes
 
     bad = GemmConfig.parse("128x32-k64-v16-s1-a3")
     assert shared_bytes(bad.tiles, "int8", 3, 4) == (38400, 18432)
@@ -320,7 +321,7 @@ def test_launchable_rejects_exactly_what_failed_to_launch_on_the_h200() -> None:
     import json
     from pathlib import Path
 
-    from edgedeploy.compile.cuda_tiles import GemmConfig, launchable, shared_bytes
+    from edgedeploy.compile.cuda.tiles import GemmConfig, launchable, shared_bytes
 
     failed = 0
     for db in sorted((Path(__file__).resolve().parents[2] / "profiles/tuning/h200").glob("*/gemm_configs.json")):
@@ -343,8 +344,8 @@ def test_k_is_never_split_where_n_is_padded() -> None:
     the H200 (compute-sanitizer, run19): no default, no search candidate and no stored configuration gets it."""
     from tvm import relax
 
-    from edgedeploy.compile.cuda_tensorcore import TensorCoreGemm, kernel_key
-    from edgedeploy.compile.cuda_tiles import GemmConfig, neighbours, split_ok
+    from edgedeploy.compile.cuda.tensorcore import TensorCoreGemm, kernel_key
+    from edgedeploy.compile.cuda.tiles import GemmConfig, neighbours, split_ok
 
     assert split_ok(512, 32) and not split_ok(1000, 32)
     assert choose_split(choose_tiles(16, 1000, "float16"), 1, 16, 1000, 4096) == 1
@@ -368,10 +369,11 @@ def test_k_is_never_split_where_n_is_padded() -> None:
 
 
 def test_int8_mma_is_a_search_choice_with_two_32_deep_steps_per_stage() -> None:
-    """GemmConfig.mma (cuda_mma.py): written `-m` after the cp.async stages and parsed in either order; the
+    """GemmConfig.mma (cuda/mma.py): written `-m` after the cp.async stages and parsed in either order; the
     search offers it for INT8 where the GPU has it (GemmShape.mma), always with a 64-deep K stage, never for
     FP16 or below 64; the default asks for it only with the int8_mma knob and a K of at least 64."""
-    from edgedeploy.compile.cuda_tiles import GemmConfig, Knobs, default_config, neighbours
+    from edgedeploy.compile.config import Knobs
+    from edgedeploy.compile.cuda.tiles import GemmConfig, default_config, neighbours
 
     c = GemmConfig.parse("128x64-k64-v16-s1-a3-m")
     assert c.mma and c.async_stages == 3 and c.text == "128x64-k64-v16-s1-a3-m"
@@ -395,7 +397,7 @@ def test_stages_of_128_only_where_k_is_a_whole_number_of_them() -> None:
     """cuda_tiles.stages_of: around an INT8 mma configuration or an FP16 one the search tries 128-deep K
     stages where K divides into them (ResNet-18 layer4, K 4608), not where K would be padded (layer1's 576:
     the loads would drop to 4 bytes), and never with INT8 WMMA (TVM 0.27's shared-memory merge fails)."""
-    from edgedeploy.compile.cuda_tiles import GemmConfig, refinements
+    from edgedeploy.compile.cuda.tiles import GemmConfig, refinements
 
     layer4 = refinements(GemmConfig.parse("64x64-k64-v16-s1-a3-m"), 3136, 512, 4608, "int8", cp_async=True, mma=True)
     deep = [c for c in layer4 if c.stage == 128]

@@ -1,4 +1,4 @@
-"""CUDA schedules of window reductions (compile/cuda_window.py): pooling gets one thread per output, not one
+"""CUDA schedules of window reductions (compile/cuda/window.py): pooling gets one thread per output, not one
 thread block per output (dlight's reduction rules did that: 12.97 ms of ResNet-18 INT8's 15.9 ms at batch 64)."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import pytest
 import tvm
 from tvm import relax
 
-from edgedeploy.compile.cuda_tensorcore import legalize_passes
+from edgedeploy.compile.cuda.tensorcore import legalize_passes
 from tests.host.cuda import TARGET
 from tests.host.models import pool_model
 
@@ -81,8 +81,8 @@ def test_a_depthwise_convolution_and_its_epilogue_are_one_kernel_with_the_knob(k
     """Knobs.window_epilogue: the window sum stays in a register and the requantize runs on it (1), or
     dlight's Fallback stores it to global memory for a second kernel (0, the default until measured). Either
     way every access stays inside its tensor (kernel_bounds) and nvcc compiles the source."""
-    from edgedeploy.compile.cuda_tensorcore import TensorCoreGemm
-    from edgedeploy.compile.cuda_tiles import Knobs
+    from edgedeploy.compile.config import Knobs
+    from edgedeploy.compile.cuda.tensorcore import TensorCoreGemm
     from edgedeploy.compile.kernel_bounds import check_module
     from tests.host.cuda import cuda_source
     from tests.host.models import pointwise_then_depthwise

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from edgedeploy.compile.tflite_integer import multiply_by_quantized_multiplier, quantize_multiplier
+from edgedeploy.compile.frontends.tflite_integer import multiply_by_quantized_multiplier, quantize_multiplier
 from tests.helpers import Cli, assert_one_line_error, keep_user_files_out
 from tests.host.frontends import TFLITE, needs_litert, needs_tflite, needs_torch, require_frontend
 
@@ -40,7 +40,7 @@ def _relax_requantize(x: np.ndarray, m: float) -> np.ndarray:
     import tvm
     from tvm import relax
 
-    from edgedeploy.compile.tflite_integer import _mbqm
+    from edgedeploy.compile.frontends.tflite_integer import _mbqm
 
     q, shift = quantize_multiplier(m)
     bb = relax.BlockBuilder()

@@ -1,4 +1,4 @@
-"""The tensor-core GEMM search (compile/gemm_tuning.py) and what builds take from its database.
+"""The tensor-core GEMM search (compile/tuning/gemm.py) and what builds take from its database.
 
 Candidates are compiled for real (nvcc, sm_90); what cannot run here is the GPU, so the measurer is a
 stand-in behind the same interface that answers with the times the H200 measured for the same
@@ -18,8 +18,8 @@ import numpy as np
 import pytest
 import tvm
 
-from edgedeploy.compile.cuda_tiles import GemmConfig, default_config, neighbours
-from edgedeploy.compile.gemm_tuning import (
+from edgedeploy.compile.cuda.tiles import GemmConfig, default_config, neighbours
+from edgedeploy.compile.tuning.gemm import (
     TIMING,
     VERSION,
     GemmKernel,
@@ -83,8 +83,8 @@ class CapturedH200:
 @pytest.fixture(scope="module")
 def layer1() -> Any:
     require_toolchain("h200")
-    from edgedeploy.compile.cuda_toolchain import resolve_toolchain
-    from edgedeploy.compile.tuning import tuning_module
+    from edgedeploy.compile.cuda.toolchain import resolve_toolchain
+    from edgedeploy.compile.tuning.apply import tuning_module
     from edgedeploy.profiles import get_profile
 
     env = resolve_toolchain(get_profile("h200")).env
@@ -229,7 +229,7 @@ def test_a_round_around_the_fastest_follows_the_neighbours(layer1: Any, tmp_path
 def _gemm_source(kernel: GemmKernel, config: str) -> str:
     """The CUDA source of the GEMM kernel (the first; a split-K kernel's sum is the second) of `kernel`
     scheduled with `config`, compiled for sm_90 as a build does."""
-    from edgedeploy.compile.cuda_tensorcore import TIR_PIPELINE, TensorCoreGemm, pass_config
+    from edgedeploy.compile.cuda.tensorcore import TIR_PIPELINE, TensorCoreGemm, pass_config
 
     target = tvm.target.Target(TARGET)
     rule = TensorCoreGemm(configs={kernel.key: GemmConfig.parse(config)})
@@ -257,8 +257,8 @@ def test_around_layer4s_fastest_split_k_with_mma_and_deeper_pipelines() -> None:
     activations as 16-byte vectors; in 2 (2304 = 4.5 rows) TVM 0.27 gathers them byte by byte. The round
     also tries deeper cp.async pipelines where they fit."""
     require_toolchain("h200")
-    from edgedeploy.compile.cuda_toolchain import resolve_toolchain
-    from edgedeploy.compile.tuning import tuning_module
+    from edgedeploy.compile.cuda.toolchain import resolve_toolchain
+    from edgedeploy.compile.tuning.apply import tuning_module
     from edgedeploy.profiles import get_profile
 
     with pytest.MonkeyPatch.context() as mp:
@@ -324,7 +324,7 @@ def test_l2_state_sets_the_cache_before_every_timed_call(tmp_path: Path) -> None
 def test_the_build_applies_a_tuned_configuration(layer1: Any) -> None:
     """The rule finds a configuration by the kernel's key and schedules with it: here the 2x2 warp tile
     (8 warps of 2x2 fragments on a 128x64 tile) instead of the default's 2 warps of 4x4."""
-    from edgedeploy.compile.cuda_tensorcore import TensorCoreGemm, legalize_passes
+    from edgedeploy.compile.cuda.tensorcore import TensorCoreGemm, legalize_passes
 
     target = tvm.target.Target(TARGET)
     [kernel] = gemm_kernels(layer1, target)
@@ -343,7 +343,7 @@ def test_the_build_applies_a_tuned_configuration(layer1: Any) -> None:
 
 def test_import_stores_a_gemm_only_export(tmp_path: Path, hermetic: Path) -> None:
     """`edgedeploy tune --import DIR` of a folder where only the GEMM search ran (no MetaSchedule files)."""
-    from edgedeploy.compile.tuning import find_gemm_configs, import_database
+    from edgedeploy.compile.tuning.apply import find_gemm_configs, import_database
 
     folder = tmp_path / "export"
     folder.mkdir()
@@ -369,7 +369,7 @@ def test_kernel_keys_leave_scalar_constants_out() -> None:
     kernel of the search, with the calls of both."""
     import tvm_ffi
 
-    from edgedeploy.compile.tuning import tuning_module
+    from edgedeploy.compile.tuning.apply import tuning_module
 
     target = tvm.target.Target(TARGET)
 
@@ -407,7 +407,7 @@ def test_sm90_copies_operands_with_cp_async_where_configured(layer1: Any, tmp_pa
     from concurrent.futures import ProcessPoolExecutor
     from multiprocessing import get_context
 
-    from edgedeploy.compile.gemm_tuning import build_candidate
+    from edgedeploy.compile.tuning.gemm import build_candidate
 
     [kernel] = gemm_kernels(layer1, tvm.target.Target(TARGET))
     assert kernel.gemm.cp_async and kernel.default.async_stages == 0
@@ -429,13 +429,20 @@ def test_sm90_copies_operands_with_cp_async_where_configured(layer1: Any, tmp_pa
 
 
 def test_knobs_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
-    from edgedeploy.compile.cuda_tiles import Knobs
+    """The command line reads the knobs (cli/options.py); compile/ is handed them, and they travel as their spec."""
+    from edgedeploy.cli.options import cuda_config_from_env
+    from edgedeploy.compile.config import CudaConfig, Knobs
+    from edgedeploy.errors import BuildError
 
     monkeypatch.setenv("EDGEDEPLOY_CUDA_KNOBS", "async_stages=3, int8_k=32")
-    assert Knobs.from_env() == Knobs(async_stages=3, int8_k=32)
+    monkeypatch.setenv("EDGEDEPLOY_CUDA_TENSOR_CORES", "0")
+    config = cuda_config_from_env()
+    assert config == CudaConfig(Knobs(async_stages=3, int8_k=32), tensor_cores=False)
+    assert CudaConfig.from_json(config.to_json()) == config and config.knobs.spec() == "int8_k=32,async_stages=3"
     monkeypatch.setenv("EDGEDEPLOY_CUDA_KNOBS", "")
-    assert Knobs.from_env() == Knobs()
+    monkeypatch.delenv("EDGEDEPLOY_CUDA_TENSOR_CORES")
+    assert cuda_config_from_env() == CudaConfig() and Knobs().spec() == ""
     for bad in ("async_stage=3", "async_stages=three", "async_stages"):
         monkeypatch.setenv("EDGEDEPLOY_CUDA_KNOBS", bad)
-        with pytest.raises(ValueError, match="EDGEDEPLOY_CUDA_KNOBS: .* is not NAME=INTEGER"):
-            Knobs.from_env()
+        with pytest.raises(BuildError, match="EDGEDEPLOY_CUDA_KNOBS: .* is not NAME=INTEGER"):
+            cuda_config_from_env()

@@ -12,10 +12,11 @@ import pytest
 
 from edgedeploy.api import build
 from edgedeploy.compile.cards import ModelCard
-from edgedeploy.compile.cuda_toolchain import resolve_toolchain
-from edgedeploy.compile.devcode import device_blobs, inspect_library
-from edgedeploy.compile.onnx_model import load_onnx
-from edgedeploy.compile.pipeline import BuildContext, run_pipeline
+from edgedeploy.compile.cuda.devcode import device_blobs, inspect_library
+from edgedeploy.compile.cuda.toolchain import resolve_toolchain
+from edgedeploy.compile.frontends.onnx_model import load_onnx
+from edgedeploy.compile.pipeline import run_pipeline
+from edgedeploy.compile.stage import BuildContext
 from edgedeploy.errors import BuildError
 from edgedeploy.profiles import get_profile
 from edgedeploy_agent.bundle import Preprocess, extract_bundle
@@ -66,8 +67,8 @@ def test_int8_on_gpu_computes_with_dp4a(data_dir: Path, tmp_path: Path) -> None:
     """The QDQ -> integer rewrite on the CUDA pipeline: nvcc emits dp4a (IDP.4A) for the int8 MACs."""
     require_toolchain("t4")
     require_cuobjdump()
-    from edgedeploy.compile.int8_build import Int8Config
-    from edgedeploy.compile.quantize import QuantizeOptions
+    from edgedeploy.compile.int8.build import Int8Config
+    from edgedeploy.compile.int8.quantize import QuantizeOptions
 
     cfg = Int8Config(calibration=data_dir / "mnist", options=QuantizeOptions(samples=32))
     card = ModelCard(name="mnist", preprocess=Preprocess(color="gray"))
@@ -85,8 +86,8 @@ def test_int8_on_gpu_computes_with_dp4a(data_dir: Path, tmp_path: Path) -> None:
 def test_int8_on_gpu_names_the_layers_left_in_float(data_dir: Path, tmp_path: Path) -> None:
     """The CUDA worker reports what the int8 rewrite left in float, as the CPU pipeline does."""
     require_toolchain("t4")
-    from edgedeploy.compile.int8_build import Int8Config
-    from edgedeploy.compile.quantize import QuantizeOptions
+    from edgedeploy.compile.int8.build import Int8Config
+    from edgedeploy.compile.int8.quantize import QuantizeOptions
 
     cfg = Int8Config(calibration=data_dir / "mnist", options=QuantizeOptions(samples=16, keep_float=("last",)))
     card = ModelCard(name="mnist", preprocess=Preprocess(color="gray"))
@@ -126,11 +127,11 @@ def _opcodes(sass: str, op: str) -> int:
 @pytest.mark.parametrize("profile", ["t4", "xavier-agx"])
 @pytest.mark.parametrize("precision", ["fp16", "int8"])
 def test_convolutions_run_on_tensor_cores(precision: str, profile: str, data_dir: Path, tmp_path: Path) -> None:
-    """cuda_tensorcore.py: FP16 convolutions on HMMA, INT8 ones on IMMA, in the SASS of a t4 (sm_75) and a
-    xavier-agx (sm_72) build, cubins from NVRTC 11.8; INT8 rounding without FRND (cuda_source.py)."""
+    """cuda/tensorcore.py: FP16 convolutions on HMMA, INT8 ones on IMMA, in the SASS of a t4 (sm_75) and a
+    xavier-agx (sm_72) build, cubins from NVRTC 11.8; INT8 rounding without FRND (cuda/source.py)."""
     require_toolchain(profile)
-    from edgedeploy.compile.int8_build import Int8Config
-    from edgedeploy.compile.quantize import QuantizeOptions
+    from edgedeploy.compile.int8.build import Int8Config
+    from edgedeploy.compile.int8.quantize import QuantizeOptions
 
     model = convnet(tmp_path / "convnet.onnx")
     card = ModelCard(name="convnet", preprocess=Preprocess(scale=1 / 255))
@@ -154,23 +155,22 @@ def test_convolutions_run_on_tensor_cores(precision: str, profile: str, data_dir
 
 @pytest.mark.compile
 @pytest.mark.cuda
-def test_int8_mma_knob_gives_m16n8k32_with_ldmatrix_x4_on_sm90(
-    data_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """cuda_mma.py (EDGEDEPLOY_CUDA_KNOBS=int8_mma=1, off by default): INT8 convolutions on sm_90 with a K
+def test_int8_mma_knob_gives_m16n8k32_with_ldmatrix_x4_on_sm90(data_dir: Path, tmp_path: Path) -> None:
+    """cuda/mma.py (EDGEDEPLOY_CUDA_KNOBS=int8_mma=1, off by default): INT8 convolutions on sm_90 with a K
     of at least 64 become mma.sync m16n8k32 (IMMA.16832) fed by ldmatrix.x4 (LDSM.16.M88.4) instead of
     TVM's WMMA m16n16k16 (IMMA.16816), with their operand fragments in registers: a fragment left a
-    whole-warp array (TVM 0.27's LowerWarpMemory, cuda_mma.py) is indexed by the thread and lives in local
+    whole-warp array (TVM 0.27's LowerWarpMemory, cuda/mma.py) is indexed by the thread and lives in local
     memory (LDL/STL)."""
     require_toolchain("h200")
-    monkeypatch.setenv("EDGEDEPLOY_CUDA_KNOBS", "int8_mma=1")
-    from edgedeploy.compile.int8_build import Int8Config
-    from edgedeploy.compile.quantize import QuantizeOptions
+    from edgedeploy.compile.config import CudaConfig, Knobs
+    from edgedeploy.compile.int8.build import Int8Config
+    from edgedeploy.compile.int8.quantize import QuantizeOptions
 
     model = convnet(tmp_path / "convnet.onnx")
     card = ModelCard(name="convnet", preprocess=Preprocess(scale=1 / 255))
     int8 = Int8Config(calibration=data_dir / "imagenet-sample", options=QuantizeOptions(samples=16))
-    res = build(model, "h200", tmp_path / "c.edb", card, precision="int8", int8=int8)
+    mma = CudaConfig(Knobs(int8_mma=1))
+    res = build(model, "h200", tmp_path / "c.edb", card, precision="int8", int8=int8, cuda=mma)
     extract_bundle(res.bundle, tmp_path / "rel")
     sass = dump_sass(tmp_path / "rel" / "model.so", tmp_path, 90)
     assert "Function" in sass, sass[:2000]
@@ -202,7 +202,7 @@ def test_nhwc_layout_is_exact_on_cpu(tmp_path: Path) -> None:
     import onnx
     from tvm import relax
 
-    from edgedeploy.compile.nhwc import to_nhwc, transposes
+    from edgedeploy.compile.cuda.nhwc import to_nhwc, transposes
 
     model = onnx.load(convnet(tmp_path / "convnet.onnx"))
     calib = np.random.default_rng(3).uniform(0, 1, (8, 3, 32, 32)).astype(np.float32)

@@ -8,8 +8,9 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from edgedeploy.compile.onnx_model import graph_digest, load_onnx
-from edgedeploy.compile.tuning import adopt_file_keyed_database, database_dir, tuning_key, user_root
+from edgedeploy.compile.frontends.onnx_model import graph_digest, load_onnx
+from edgedeploy.compile.tuning.apply import adopt_file_keyed_database, database_dir, user_root
+from edgedeploy.compile.tuning.key import tuning_key
 
 
 def _model(seed: int = 0, kernel: int = 3, shape: tuple[int, ...] = (1, 288), producer: str = "a") -> onnx.ModelProto:

@@ -15,8 +15,8 @@ def _fused(mod: Any, move: bool) -> Any:
     """The module after FuseOps, through the CUDA builds' own passes (cuda_tensorcore.fusion_passes, all but
     the last, FuseTIR), with the dequantizes moved (the knob's default) or not."""
 
-    from edgedeploy.compile.cuda_tensorcore import fusion_passes
-    from edgedeploy.compile.cuda_tiles import Knobs
+    from edgedeploy.compile.config import Knobs
+    from edgedeploy.compile.cuda.tensorcore import fusion_passes
 
     return tvm.transform.Sequential(fusion_passes(Knobs(int8_boundaries=int(move)))[:-1])(mod)
 
@@ -44,7 +44,7 @@ def _float_between_kernels(mod: Any) -> list[str]:
 def block_modules(tmp_path_factory: pytest.TempPathFactory) -> tuple[Any, np.ndarray]:
     import onnx
 
-    from edgedeploy.compile.nhwc import to_nhwc
+    from edgedeploy.compile.cuda.nhwc import to_nhwc
     from tests.host.models import convnet, float_and_int8_modules
 
     # a basic block with a downsampling shortcut (stem 16 channels, block 32), pooling and a classifier
@@ -91,7 +91,7 @@ def test_uses_other_than_a_fused_consumer_keep_the_float_result() -> None:
     """A producer whose dequantized result is also returned from main stays as FuseOps made it."""
     from tvm.script import relax as R
 
-    from edgedeploy.compile.int8_boundaries import dequantize_in_consumers
+    from edgedeploy.compile.cuda.int8_boundaries import dequantize_in_consumers
 
     @tvm.script.ir_module
     class Two:

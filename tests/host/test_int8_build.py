@@ -14,10 +14,10 @@ from tvm.relax.frontend.onnx import from_onnx
 
 from edgedeploy.api import build, evaluate
 from edgedeploy.compile.cards import ModelCard, load_card
-from edgedeploy.compile.int8_build import AccuracyGateError, Int8Config
-from edgedeploy.compile.int8_rewrite import rewrite_int8
-from edgedeploy.compile.quantize import QuantizeOptions, quantizable_layers, quantize_qdq
-from edgedeploy.datasets import load_calibration
+from edgedeploy.compile.int8.build import AccuracyGateError, Int8Config
+from edgedeploy.compile.int8.datasets import load_calibration
+from edgedeploy.compile.int8.quantize import QuantizeOptions, quantizable_layers, quantize_qdq
+from edgedeploy.compile.int8.rewrite import rewrite_int8
 from edgedeploy_agent.bundle import Preprocess, TensorSpec, read_manifest
 from tests.helpers import Cli, assert_one_line_error
 from tests.host.models import run_on_cpu
@@ -142,7 +142,7 @@ def test_max_pool_runs_on_integers(data_dir: Path, monkeypatch: pytest.MonkeyPat
     """dequantize -> max_pool2d -> quantize with one scale becomes max_pool2d on the integers: mnist's two
     poolings read int8, and the compiled graph gives the same bytes as the float pooling between Q/DQ."""
 
-    from edgedeploy.compile import int8_rewrite
+    from edgedeploy.compile.int8 import rewrite as int8_rewrite
 
     qdq, imported, calib = _mnist_qdq(data_dir, 16)
     outputs = []
@@ -203,8 +203,8 @@ def test_auto_fallback_keeps_sensitive_layers_float(data_dir: Path, tmp_path: Pa
         build(model, "cpu-x86_64", tmp_path / "a.edb", card, int8=cfg)
     from dataclasses import replace
 
-    from edgedeploy.compile.int8_build import quantize_model
-    from edgedeploy.compile.onnx_model import load_onnx
+    from edgedeploy.compile.frontends.onnx_model import load_onnx
+    from edgedeploy.compile.int8.build import quantize_model
 
     mdl = load_onnx(model)
     calib = load_calibration(cfg.calibration, card.preprocess, mdl.inputs[0], 8, "calibration")
@@ -253,7 +253,7 @@ def test_signed_activations_give_the_same_bytes_without_shift_kernels(data_dir: 
     """CUDA builds quantize activations to int8 (q - 128, zero point - 128) instead of uint8: int8_rewrite
     then has no uint8 input to shift before a convolution, and the compiled graph gives the same bytes."""
 
-    from edgedeploy.compile.int8_rewrite import signed_activations
+    from edgedeploy.compile.int8.rewrite import signed_activations
 
     qdq, imported, calib = _mnist_qdq(data_dir, 16)
     outputs, scripts = [], []

@@ -10,7 +10,7 @@ import tvm
 from tvm import te, tirx
 from tvm.s_tir import dlight as dl
 
-from edgedeploy.compile.cuda_tensorcore import legalize_passes
+from edgedeploy.compile.cuda.tensorcore import legalize_passes
 from edgedeploy.compile.kernel_bounds import check_function, check_module
 from tests.host.cuda import TARGET
 from tests.host.models import pointwise_then_depthwise

@@ -11,8 +11,8 @@ import onnx
 import pytest
 
 from edgedeploy.compile.cards import ModelCard, card_with, load_card
+from edgedeploy.compile.frontends.onnx_model import implied_color, load_onnx
 from edgedeploy.compile.model_facts import complete_card, read_facts
-from edgedeploy.compile.onnx_model import implied_color, load_onnx
 from edgedeploy.errors import InputError
 from edgedeploy_agent.bundle import Preprocess
 from tests.agent.bundles import make_bundle

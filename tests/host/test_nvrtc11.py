@@ -1,4 +1,4 @@
-"""NVRTC 11.8 through ctypes (compile/nvrtc11.py) on a kernel of the kind TVM generates (WMMA INT8 and FP16,
+"""NVRTC 11.8 through ctypes (compile/cuda/nvrtc11.py) on a kernel of the kind TVM generates (WMMA INT8 and FP16,
 TVM's `__CUDACC_RTC__` preamble with libcu++ includes), without TVM: what the cubin's ELF header says, and that
 the PTX of the sm_XX compilation is the compute_XX one. Seconds, no GPU."""
 
@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from edgedeploy.compile import nvrtc11
-from edgedeploy.compile.cuda_toolchain import resolve_toolchain
-from edgedeploy.compile.devcode import _cubin_sm, cubin_functions, ptx_entries, ptx_version
+from edgedeploy.compile.cuda import nvrtc11
+from edgedeploy.compile.cuda.devcode import _cubin_sm, cubin_functions, ptx_entries, ptx_version
+from edgedeploy.compile.cuda.toolchain import resolve_toolchain
 from edgedeploy.errors import BuildError
 from edgedeploy.profiles import get_profile
 from tests.helpers import require
@@ -85,7 +85,7 @@ def test_cubin_is_one_an_11x_driver_reads_and_its_ptx_is_the_compute_one(compile
     twin = compiler.compile(SOURCE, sm, ptx_only=True)
     assert real.cubin is not None and twin.cubin is None
     # ELF ident: class 64, little endian, version 1, OSABI 0x33 (CUDA), ABI version 7; e_version 118 (CUDA 11.8).
-    # (NVRTC 12.9: the same but e_version 129; nvcc 13: OSABI 0x41, ABI version 8, e_version 1 - compile/nvrtc11.py)
+    # (NVRTC 12.9: the same but e_version 129; nvcc 13: OSABI 0x41, ABI version 8, e_version 1 - cuda/nvrtc11.py)
     assert real.cubin[:9] == b"\x7fELF\x02\x01\x01\x33\x07"
     assert struct.unpack_from("<HHI", real.cubin, 16) == (2, 190, 118)  # ET_EXEC, EM_CUDA, e_version
     assert _cubin_sm(real.cubin, 0) == sm
@@ -116,7 +116,7 @@ def test_compile_errors_name_the_line(compiler: nvrtc11.Nvrtc) -> None:
 def test_toolchain_refuses_cuda12_headers(monkeypatch: pytest.MonkeyPatch) -> None:
     """The cu12 wheels write the same nvidia/cuda_* folders: with one of them installed beside the cu11 ones the
     headers are not CUDA 11's, and the build must stop and say so."""
-    from edgedeploy.compile import cuda_toolchain
+    from edgedeploy.compile.cuda import toolchain as cuda_toolchain
 
     real = cuda_toolchain._dist_version
     monkeypatch.setattr(

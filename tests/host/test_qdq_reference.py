@@ -1,4 +1,4 @@
-"""The exact INT8 reference (compile/qdq_reference.py): integer sums exact past float32's 2^24, the same
+"""The exact INT8 reference (compile/int8/qdq_reference.py): integer sums exact past float32's 2^24, the same
 answer as an independent int64 computation, and the same operator semantics as onnxruntime on float models."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from edgedeploy.compile.qdq_reference import QdqReference, reference_outputs
+from edgedeploy.compile.int8.qdq_reference import QdqReference, reference_outputs
 from edgedeploy.errors import ModelError
 
 

@@ -11,15 +11,15 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from edgedeploy.compile.equalize import cross_layer_equalize
-from edgedeploy.compile.quantize import (
+from edgedeploy.compile.int8.datasets import list_images, load_calibration, load_labeled, split_of
+from edgedeploy.compile.int8.equalize import cross_layer_equalize
+from edgedeploy.compile.int8.quantize import (
     QuantizeOptions,
     quantizable_layers,
     quantize_qdq,
     resolve_keep_float,
     tensorrt_qdq,
 )
-from edgedeploy.datasets import list_images, load_calibration, load_labeled, split_of
 from edgedeploy.errors import InputError, ModelError
 from edgedeploy_agent.bundle import Preprocess, TensorSpec
 

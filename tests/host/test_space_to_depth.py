@@ -64,12 +64,11 @@ def _stem_weights(mod: object) -> list[tuple[tuple[int, ...], list[int]]]:
     ("kernel", "size"),
     [(7, 32), (7, 33), (3, 30)],  # ResNet's stem; an odd input (one more row and column padded); a 3x3 stem
 )
-def test_space_to_depth_gives_the_same_results(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kernel: int, size: int
-) -> None:
+def test_space_to_depth_gives_the_same_results(tmp_path: Path, kernel: int, size: int) -> None:
     import onnx
 
-    from edgedeploy.compile.nhwc import to_nhwc
+    from edgedeploy.compile.config import Knobs
+    from edgedeploy.compile.cuda.nhwc import to_nhwc
     from tests.host.models import float_and_int8_modules, run_on_cpu
 
     model = onnx.load(_stem_net(tmp_path / "stem.onnx", kernel, size))
@@ -79,10 +78,8 @@ def test_space_to_depth_gives_the_same_results(
 
     half = (kernel + 1) // 2
     for mod, exact in ((int8, True), (fp32, False)):
-        monkeypatch.setenv("EDGEDEPLOY_CUDA_KNOBS", "space_to_depth=0")
-        plain = to_nhwc(mod)
-        monkeypatch.setenv("EDGEDEPLOY_CUDA_KNOBS", "space_to_depth=1")
-        s2d = to_nhwc(mod)
+        plain = to_nhwc(mod, Knobs(space_to_depth=0))
+        s2d = to_nhwc(mod, Knobs(space_to_depth=1))
         # the stem: (16, k, k, 4) stride 2 (4 channels: widen_channels) -> (16, k/2, k/2, 16) stride 1;
         # the 16-channel convolution after it is left alone
         assert _stem_weights(plain)[0] == ((16, kernel, kernel, 4), [2, 2])
@@ -98,7 +95,7 @@ def test_space_to_depth_gives_the_same_results(
 def test_space_to_depth_weight_layout() -> None:
     """Tap (ky, kx, c) of the stride-2 kernel is tap (ky // 2, kx // 2) at channel (ky % 2, kx % 2, c) of the
     stride-1 one; the taps past the odd kernel's edge are zero."""
-    from edgedeploy.compile.nhwc import _space_to_depth_weight
+    from edgedeploy.compile.cuda.nhwc import _space_to_depth_weight
 
     w = np.arange(2 * 7 * 7 * 4, dtype=np.int32).reshape(2, 7, 7, 4) + 1
     s = _space_to_depth_weight(w, 4, 4)

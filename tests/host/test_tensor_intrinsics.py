@@ -1,4 +1,4 @@
-"""compile/tensor_intrinsics.py: TVM's tensor intrinsics import without one scan of sys.modules per stack
+"""compile/cuda/tensor_intrinsics.py: TVM's tensor intrinsics import without one scan of sys.modules per stack
 frame (the cause of 5-minute CUDA builds of a 26 KB model, and of a CI run past its 90 minutes)."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import inspect
 from unittest import mock
 
-from edgedeploy.compile import tensor_intrinsics
+from edgedeploy.compile.cuda import tensor_intrinsics
 
 
 def _scans(filename: str) -> int:

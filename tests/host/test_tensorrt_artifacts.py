@@ -9,7 +9,7 @@ import onnxruntime as ort
 import pytest
 from onnx import numpy_helper
 
-from edgedeploy.compile.qdq_reference import reference_outputs
+from edgedeploy.compile.int8.qdq_reference import reference_outputs
 from edgedeploy_agent.bundle import extract_bundle
 from tests.helpers import Cli, assert_one_line_error
 

@@ -22,20 +22,20 @@ import pytest
 from edgedeploy.api import build, evaluate
 from edgedeploy.build_store import host_file
 from edgedeploy.compile.cards import ModelCard, load_card
-from edgedeploy.compile.int8_build import Int8Config
-from edgedeploy.compile.metaschedule import open_database, tunable_tasks
-from edgedeploy.compile.onnx_model import load_onnx
-from edgedeploy.compile.quantize import QuantizeOptions
-from edgedeploy.compile.tuning import (
+from edgedeploy.compile.frontends.onnx_model import load_onnx
+from edgedeploy.compile.int8.build import Int8Config
+from edgedeploy.compile.int8.datasets import load_calibration
+from edgedeploy.compile.int8.quantize import QuantizeOptions
+from edgedeploy.compile.tuning.apply import (
     database_dir,
     drop_slower_than_default,
     has_database,
-    tuning_key,
     tuning_module,
     tuning_target,
 )
-from edgedeploy.compile.tuning_common import allocate_trials
-from edgedeploy.datasets import load_calibration
+from edgedeploy.compile.tuning.common import allocate_trials
+from edgedeploy.compile.tuning.key import tuning_key
+from edgedeploy.compile.tuning.metaschedule import open_database, tunable_tasks
 from edgedeploy_agent.bundle import Preprocess, extract_bundle, read_manifest
 from edgedeploy_agent.runtime import load_runtime
 from edgedeploy_agent.runtime.tvm import TvmRuntime

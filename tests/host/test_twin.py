@@ -14,7 +14,7 @@ import pytest
 
 from edgedeploy.api import build
 from edgedeploy.compile.cards import ModelCard
-from edgedeploy.compile.devcode import cubin_functions, device_blobs, inspect_library, ptx_entries, ptx_version
+from edgedeploy.compile.cuda.devcode import cubin_functions, device_blobs, inspect_library, ptx_entries, ptx_version
 from edgedeploy_agent.bundle import Manifest, Preprocess, check_compatible, extract_bundle
 from edgedeploy_agent.errors import IncompatibleBundle
 from edgedeploy_agent.gpu import probe_cuda
@@ -29,8 +29,8 @@ def _builds(profile: str, precision: str, data_dir: Path, tmp: Path) -> tuple[Ma
     """(real manifest, its unpacked folder, twin manifest, its unpacked folder); the real build is the one
     test_gpu_build's tensor-core test makes (same model bytes, card and options: a build-cache hit after it)."""
     require_toolchain(profile)
-    from edgedeploy.compile.int8_build import Int8Config
-    from edgedeploy.compile.quantize import QuantizeOptions
+    from edgedeploy.compile.int8.build import Int8Config
+    from edgedeploy.compile.int8.quantize import QuantizeOptions
 
     model = convnet(tmp / "convnet.onnx")
     card = ModelCard(name="convnet", preprocess=Preprocess(scale=1 / 255))

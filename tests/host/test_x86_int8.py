@@ -1,4 +1,4 @@
-"""Tensorized INT8 1x1 convolutions on x86 (compile/x86_int8.py): exact against numpy, and the same bytes as the
+"""Tensorized INT8 1x1 convolutions on x86 (compile/int8/x86_int8.py): exact against numpy, and the same bytes as the
 float32-exact graph when they replace its pointwise convolutions in a real MobileNet."""
 
 from __future__ import annotations
@@ -13,11 +13,11 @@ from tvm import relax
 from tvm.relax.frontend.onnx import from_onnx
 
 from edgedeploy.compile.cards import load_card
-from edgedeploy.compile.graph_prep import prepare_float_model
-from edgedeploy.compile.int8_rewrite import rewrite_int8
-from edgedeploy.compile.metaschedule import scheduled_kernels, tunable_tasks
-from edgedeploy.compile.quantize import QuantizeOptions, quantizable_layers, quantize_qdq
-from edgedeploy.compile.x86_int8 import (
+from edgedeploy.compile.int8.datasets import load_calibration
+from edgedeploy.compile.int8.graph_prep import prepare_float_model
+from edgedeploy.compile.int8.quantize import QuantizeOptions, quantizable_layers, quantize_qdq
+from edgedeploy.compile.int8.rewrite import rewrite_int8
+from edgedeploy.compile.int8.x86_int8 import (
     AVX2,
     VNNI,
     DotKind,
@@ -26,7 +26,7 @@ from edgedeploy.compile.x86_int8 import (
     pack_weights,
     pointwise_kernel,
 )
-from edgedeploy.datasets import load_calibration
+from edgedeploy.compile.tuning.metaschedule import scheduled_kernels, tunable_tasks
 from edgedeploy.profiles import get_profile
 from edgedeploy_agent.bundle import TensorSpec, cpu_flags
 from tests.helpers import require
@@ -163,7 +163,7 @@ def test_residual_add_keeps_8_bit_tensors_between_layers() -> None:
     AVX2-only CPUs its kernels saturate int16 pair sums and land 4 steps away)."""
     from onnx import numpy_helper
 
-    from edgedeploy.compile.qdq_reference import reference_outputs
+    from edgedeploy.compile.int8.qdq_reference import reference_outputs
 
     rng = np.random.default_rng(4)
     calib = rng.normal(0, 1, (32, 16, 8, 8)).astype(np.float32)

@@ -13,7 +13,7 @@ from ..paths import build_store_dir
 from ..profiles import get_profile
 from . import render
 from .int8 import int8_config, int8_summary
-from .options import JsonOpt, bundle_path, in_range
+from .options import JsonOpt, bundle_path, cuda_config_from_env, in_range
 
 if TYPE_CHECKING:
     from edgedeploy_agent.bundle import Manifest, Target
@@ -147,6 +147,8 @@ def register(app: typer.Typer) -> None:
         runtime, precision, _ = check_options(
             model, get_profile(profile), runtime, precision, batch, int8_cfg is not None
         )
+        gpu = get_profile(profile).device == "cuda" and runtime == "tvm"
+        cuda = {"cuda": cuda_config_from_env()} if gpu else {}
         base, card_path = card_for(model, card)
         if card_path is not None and card is None:
             render.info(f"model card: {card_path} (it names this model's sha256)")
@@ -180,6 +182,7 @@ def register(app: typer.Typer) -> None:
                 workspace_mib=workspace_mib,
                 twin=twin,
                 progress=step,
+                **cuda,
             )
         secs = time.perf_counter() - t
         m = result.manifest

@@ -14,7 +14,7 @@ from .options import JsonOpt, SourceOpt, in_range
 if TYPE_CHECKING:
     from edgedeploy_agent.bundle import Quantization
 
-    from ..compile.int8_build import Int8Config
+    from ..compile.int8.build import Int8Config
 
 
 def int8_config(
@@ -36,8 +36,8 @@ def int8_config(
     max_top1_drop: float | None,
     auto_fallback: bool,
 ) -> Int8Config | None:
-    from ..compile.int8_build import Int8Config
-    from ..compile.quantize import Method, QuantizeOptions
+    from ..compile.int8.build import Int8Config
+    from ..compile.int8.quantize import Method, QuantizeOptions
 
     if not int8:
         if calibration or eval_data or max_top1_drop is not None or auto_fallback:

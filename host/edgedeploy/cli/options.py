@@ -6,13 +6,19 @@ import math
 import os
 from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, TypeVar
+from typing import TYPE_CHECKING, Annotated, TypeVar
 
 import typer
 
 from edgedeploy_agent.names import SLOT_NAME_RULE, is_slot_name
 
-from ..errors import InputError
+from ..errors import BuildError, InputError
+
+if TYPE_CHECKING:
+    from ..compile.config import CudaConfig
+
+KNOBS_ENV = "EDGEDEPLOY_CUDA_KNOBS"
+TENSOR_CORES_ENV = "EDGEDEPLOY_CUDA_TENSOR_CORES"
 
 N = TypeVar("N", int, float)
 
@@ -128,3 +134,16 @@ IoTimeoutOpt = Annotated[
         callback=POSITIVE,
     ),
 ]
+
+
+def cuda_config_from_env() -> CudaConfig:
+    """The CUDA schedule configuration of a GPU build, for before/after measurements of one change: the knobs
+    in EDGEDEPLOY_CUDA_KNOBS ("async_stages=3,int8_k=32"), and EDGEDEPLOY_CUDA_TENSOR_CORES=0 for the kernels
+    edgedeploy had before tensor cores. The only place that reads them: compile/ is handed the result."""
+    from ..compile.config import CudaConfig, Knobs
+
+    try:
+        knobs = Knobs.parse(os.environ.get(KNOBS_ENV, "").strip(), KNOBS_ENV)
+    except ValueError as e:
+        raise BuildError(str(e), hint=f"unset {KNOBS_ENV} for the default schedules") from None
+    return CudaConfig(knobs, os.environ.get(TENSOR_CORES_ENV, "1") != "0")

@@ -10,7 +10,7 @@ import typer
 
 from ..errors import InputError
 from . import render
-from .options import JsonOpt, SourceOpt, in_range
+from .options import JsonOpt, SourceOpt, cuda_config_from_env, in_range
 
 
 def register(app: typer.Typer) -> None:
@@ -65,7 +65,7 @@ def register(app: typer.Typer) -> None:
         request = api.tune_request(bundle, manifest, trials, tracker, key, export, database, cost_model, tasks)
         t = time.perf_counter()
         with render.steps(f"tune {bundle.name} for {manifest.profile} ({request.runner})") as step:
-            result = api.tune(bundle, request, step, source or ())
+            result = api.tune(bundle, request, step, source or (), cuda_config_from_env())
         secs = round(time.perf_counter() - t, 1)
         done, total = len(result.tuned_kernels), result.kernel_count
         if result.exported is not None:

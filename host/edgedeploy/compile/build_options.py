@@ -9,8 +9,9 @@ from pathlib import Path
 from ..errors import InputError
 from ..profiles import DeviceProfile
 from .cards import ModelCard
-from .frontends import frontend_of
-from .int8_build import Int8Config
+from .config import CudaConfig
+from .frontends.load import frontend_of
+from .int8.build import Int8Config
 from .manifest import BuildResult
 from .package import build_bundle
 from .pipeline import pipeline_for
@@ -98,6 +99,7 @@ def build_for_runtime(
     use_cache: bool = True,
     int8: Int8Config | None = None,
     workspace_mib: int = 1024,
+    cuda: CudaConfig = CudaConfig(),
     progress: Callable[[str], None] = lambda s: None,
 ) -> BuildResult:
     """`runtime` tvm: a compiled library (batch: one size); tensorrt: INT8 Q/DQ ONNX (batch: MIN:OPT:MAX).
@@ -121,4 +123,5 @@ def build_for_runtime(
         cuda_graph=cuda_graph,
         batch=sizes,
         int8=int8,
+        cuda=cuda,
     )

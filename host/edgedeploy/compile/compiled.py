@@ -11,7 +11,7 @@ from pydantic import BaseModel, ConfigDict
 from edgedeploy_agent.bundle import TensorSpec
 
 if TYPE_CHECKING:
-    from .pipeline import BuildContext
+    from .stage import BuildContext
 
 
 class Compiled(BaseModel):
@@ -25,7 +25,7 @@ class Compiled(BaseModel):
     host_machine: str | None  # ELF machine of the exported library
     tuned_kernels: list[str]  # kernels whose schedule came from the database
     kernel_count: int  # all kernels, when a database was applied
-    gemm_tuning: str  # CUDA: how many tensor-core kernels took a tuned configuration (gemm_tuning.py), from where
+    gemm_tuning: str  # CUDA: how many tensor-core kernels took a tuned configuration (tuning/gemm.py), from where
     ptx: Path | None = None  # nvrtc-11: the PTX of the library's CUDA module (the bundle's model.ptx)
     cuda_source_sha256: str = ""  # nvrtc-11: of the CUDA source TVM generated
     cuda_codegen: str | None = None  # the CUDA toolchain that compiled it (set by the host, not the pipeline)

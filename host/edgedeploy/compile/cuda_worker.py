@@ -18,9 +18,9 @@ from typing import Any
 from ..errors import BuildError, EdgeDeployError
 from ..profiles import DeviceProfile
 from .compiled import Compiled
-from .cuda_toolchain import CudaToolchain
-from .onnx_model import OnnxModel
-from .tuning import TuneRequest
+from .config import CudaConfig, TuneRequest
+from .cuda.toolchain import CudaToolchain
+from .frontends.onnx_model import OnnxModel
 
 
 def run_cuda_build(
@@ -30,6 +30,7 @@ def run_cuda_build(
     toolchain: CudaToolchain,
     precision: str,
     cuda_graph: bool,
+    cuda: CudaConfig,
     tuning_key: str,
     tuning_db: Path | None,
     tune: TuneRequest | None,
@@ -44,6 +45,7 @@ def run_cuda_build(
                 "work": str(work),
                 "precision": precision,
                 "cuda_graph": cuda_graph,
+                "cuda": cuda.to_json(),
                 "batch": model.inputs[0].shape[0],
                 "tuning_key": tuning_key,
                 "tuning_db": str(tuning_db) if tuning_db else None,
@@ -84,8 +86,9 @@ def run_cuda_build(
 
 
 def main(request_path: str) -> int:
-    from .onnx_model import load_onnx
-    from .pipeline import BuildContext, run_pipeline
+    from .frontends.onnx_model import load_onnx
+    from .pipeline import run_pipeline
+    from .stage import BuildContext
 
     req = json.loads(Path(request_path).read_text())
     try:
@@ -97,6 +100,7 @@ def main(request_path: str) -> int:
                 progress=lambda s: print(f"stage {s}", flush=True),
                 precision=req["precision"],
                 cuda_graph=req["cuda_graph"],
+                cuda=CudaConfig.from_json(req["cuda"]),
                 tuning_key=req["tuning_key"],
                 tuning_db=Path(req["tuning_db"]) if req["tuning_db"] else None,
                 tune=TuneRequest.from_json(req["tune"]) if req["tune"] else None,

@@ -12,7 +12,7 @@ import struct
 from dataclasses import dataclass
 from pathlib import Path
 
-from .devcode import ELF_MAGIC
+from .cuda.devcode import ELF_MAGIC
 
 SHT_DYNSYM = 11
 SHT_GNU_VERNEED = 0x6FFFFFFE

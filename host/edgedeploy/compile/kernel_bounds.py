@@ -9,8 +9,8 @@ bound by itself goes to its Z3 backend (part of the apache-tvm wheel). An access
 
 Why: a kernel that reads or writes a few elements past its tensor is invisible to compute-sanitizer when
 the Relax VM has carved the tensor out of a larger storage block, and faults only where the neighbouring
-memory happens to be unmapped. bench/results/h200/run22-depthwise-pad/fp16-fault has a MobileNet FP16 bundle
-that ran alone and faulted beside another bundle; this check proved all of its kernels' argument accesses
+memory happens to be unmapped. A MobileNet FP16 bundle ran alone and faulted beside another bundle
+(docs/gpu.md "The requantizing epilogue in vectors"); this check proved all of its kernels' argument accesses
 inside, so the fault is elsewhere (below).
 
 What it does not see: the passes after FlattenBuffer (vectorizing, unrolling, cp.async, the code generator:
@@ -18,7 +18,7 @@ trusted), global scratch buffers a kernel allocates itself (split-K partial sums
 inside intrinsics (tensor-core fragments load from shared memory, which is not checked either). A proof that
 times out (Z3_TIMEOUT_MS) counts as not proven, so a report can be a false alarm; none so far.
 
-    python -m edgedeploy.compile.kernel_bounds MODEL.onnx --profile h200 --precision fp16 --batch 64
+    python -m edgedeploy.compile.kernel_bounds MODEL.onnx --profile h200 --precision fp16 --batch 64 [--knobs SPEC]
     (INT8: MODEL is the bundle's Q/DQ model, from the build store; `--tuning-key` applies a GEMM database)
 """
 
@@ -34,6 +34,8 @@ from typing import Any
 import tvm
 from tvm import s_tir, sym, tirx
 from tvm.ir.expr import TensorLoad
+
+from .config import CudaConfig, Knobs
 
 # TVM's default TIR pipeline (tvm.s_tir.pipeline.default_s_tir_pipeline) up to FlattenBuffer: what the
 # kernels compute, with flat offsets, before vectorizing, unrolling and splitting host from device code
@@ -237,13 +239,15 @@ def check_module(mod: Any, target: Any) -> tuple[int, list[OutOfBounds]]:
 
 
 def scheduled_module(
-    model: Path, profile_name: str, precision: str, batch: int, tuning_key: str = ""
+    model: Path, profile_name: str, precision: str, batch: int, tuning_key: str = "", cuda: CudaConfig = CudaConfig()
 ) -> tuple[Any, Any]:
     """The Relax module of a CUDA build after its Relax pipeline (kernels scheduled as `edgedeploy build`
-    schedules them; with `tuning_key` (tuning.tuning_key), its tuned configurations too), and its target."""
+    schedules them with the configuration `cuda`; with `tuning_key` (tuning.tuning_key), its tuned configurations
+    too), and its target."""
     from ..profiles import get_profile
-    from .onnx_model import load_onnx
-    from .pipeline import BuildContext, run_pipeline
+    from .frontends.onnx_model import load_onnx
+    from .pipeline import run_pipeline
+    from .stage import BuildContext
     from .tvm_backend import cuda_lowering
 
     ctx = BuildContext(
@@ -251,6 +255,7 @@ def scheduled_module(
         profile=get_profile(profile_name),
         work_dir=Path(tempfile.mkdtemp(prefix="edgedeploy-bounds-")),
         precision=precision,
+        cuda=cuda,
         tuning_key=tuning_key,
     )
     run_pipeline(ctx, stop_before="compile-cuda")
@@ -266,8 +271,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--precision", default="fp32", choices=["fp32", "fp16", "int8"])
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--tuning-key", default="", help="apply this database's GEMM configurations (docs/tuning.md)")
+    ap.add_argument("--knobs", default="", help='schedule knobs, as EDGEDEPLOY_CUDA_KNOBS takes them ("int8_mma=1")')
     args = ap.parse_args(argv)
-    mod, target = scheduled_module(args.model, args.profile, args.precision, args.batch, args.tuning_key)
+    try:
+        cuda = CudaConfig(Knobs.parse(args.knobs, "--knobs"))
+    except ValueError as e:
+        ap.error(str(e))  # one line, exit 2
+    mod, target = scheduled_module(args.model, args.profile, args.precision, args.batch, args.tuning_key, cuda)
     kernels, found = check_module(mod, target)
     for f in found:
         print(f)

@@ -14,8 +14,9 @@ from edgedeploy_agent.bundle import Manifest, ModelInfo, Provenance, Quantizatio
 from ..build_store import keep
 from ..profiles import DeviceProfile
 from .cards import ModelCard
-from .frontends import SOURCE_ROLES, ForeignModel, frontend_name
-from .onnx_model import OnnxModel
+from .frontends.load import frontend_name
+from .frontends.model import SOURCE_ROLES, ForeignModel
+from .frontends.onnx_model import OnnxModel
 
 
 @dataclass
@@ -48,7 +49,7 @@ ARTIFACT_ROLES = {
     "model.qdq.onnx": "qdq-onnx",
     "labels.txt": "labels",
     "reference.npz": "tensorrt-reference",
-    "model.ptx": "cuda-ptx",  # nvrtc-11 builds: the PTX of the library's CUDA module (compile/nvrtc11.py)
+    "model.ptx": "cuda-ptx",  # nvrtc-11 builds: the PTX of the library's CUDA module (compile/cuda/nvrtc11.py)
 }
 
 

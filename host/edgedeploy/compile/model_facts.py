@@ -84,8 +84,8 @@ class ModelFacts:
 
 def read_facts(path: Path) -> ModelFacts:
     """Load the model (its frontend's errors: one line) and read what it says about itself."""
-    from .frontends import frontend_of, load_model
-    from .onnx_model import OnnxModel
+    from .frontends.load import frontend_of, load_model
+    from .frontends.onnx_model import OnnxModel
 
     frontend = frontend_of(path)
     model = load_model(path)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import os
 import platform
 import shutil
 import tempfile
@@ -18,24 +17,26 @@ from edgedeploy_agent.durable import atomic_file
 
 from .. import __version__
 from ..build_store import restore
-from ..errors import BuildError
 from ..paths import cache_dir
 from ..profiles import DeviceProfile
 from .cards import ModelCard, default_name, load_card
 from .compiled import Compiled
-from .cuda_tiles import KNOBS_ENV, Knobs
-from .cuda_toolchain import resolve_toolchain
+from .config import CudaConfig, TuneRequest
+from .cuda.toolchain import resolve_toolchain
 from .cuda_worker import run_cuda_build
-from .frontends import ForeignModel, frontend_name, load_model
+from .frontends.load import frontend_name, load_model
+from .frontends.model import ForeignModel
+from .frontends.onnx_model import OnnxModel, check_preprocess, implied_color
 from .manifest import BuildResult, card_manifest, profile_target, write_labels
-from .onnx_model import OnnxModel, check_preprocess, implied_color
-from .pipeline import BuildContext, compiler_digest, pipeline_for, run_pipeline, tensor_cores_enabled
-from .tuning import TuneRequest, adopt_file_keyed_database, find_database, find_gemm_configs, tuning_key
+from .pipeline import compiler_digest, pipeline_for, run_pipeline
+from .stage import BuildContext
+from .tuning.apply import adopt_file_keyed_database, find_database, find_gemm_configs
+from .tuning.key import tuning_key
 
 __all__ = ["BuildResult", "ModelCard", "build_bundle", "compile_model", "load_card"]  # ModelCard, load_card: bench/
 
 if TYPE_CHECKING:
-    from .int8_build import Int8Config, Int8Result
+    from .int8.build import Int8Config, Int8Result
 
 
 def build_bundle(
@@ -49,6 +50,7 @@ def build_bundle(
     cuda_graph: bool = True,
     batch: int = 1,
     int8: Int8Config | None = None,
+    cuda: CudaConfig = CudaConfig(),
 ) -> BuildResult:
     """Compile `model_path` (ONNX, TFLite or a PyTorch ExportedProgram, by its type) for `profile` and write a
     bundle to `out` (INT8 when `int8` is given: ONNX models only)."""
@@ -71,13 +73,9 @@ def build_bundle(
         "bundle_schema": SCHEMA_VERSION,
     }
     if profile.device == "cuda":
-        extra["tensor_cores"] = tensor_cores_enabled()
-        if os.environ.get(KNOBS_ENV):  # schedule choices changed for a measurement
-            try:
-                Knobs.from_env()
-            except ValueError as e:
-                raise BuildError(str(e), hint=f"unset {KNOBS_ENV} for the default schedules") from None
-            extra["cuda_knobs"] = os.environ[KNOBS_ENV]
+        extra["tensor_cores"] = cuda.tensor_cores
+        if cuda.knobs.spec():  # schedule choices changed for a measurement
+            extra["cuda_knobs"] = cuda.knobs.spec()
     calib = None
     if int8 is not None:
         assert isinstance(model, OnnxModel)  # pipeline_for refused int8 for the other frontends
@@ -108,7 +106,7 @@ def build_bundle(
     with tempfile.TemporaryDirectory(prefix="edgedeploy-build-") as tmp:
         work = Path(tmp)
         compiled, int8_result = _quantized(model, card, int8, calib, work, progress)
-        res = compile_model(compiled, profile, work, precision, cuda_graph, key_db, db, None, progress)
+        res = compile_model(compiled, profile, work, precision, cuda_graph, cuda, key_db, db, None, progress)
         assert res.library is not None
         progress("package")
         files: dict[str, Path] = {"model.so": res.library}
@@ -167,7 +165,7 @@ def _tuning_note(db: Path | None, res: Compiled) -> dict[str, str]:
 
 
 def _calibration(model: OnnxModel, card: ModelCard, int8: Int8Config, progress: Callable[[str], None]) -> Any:
-    from .int8_build import calibration_inputs
+    from .int8.build import calibration_inputs
 
     int8 = dataclasses.replace(int8, label_offset=card.postprocess.label_offset)
     progress("calibration-data")
@@ -187,7 +185,7 @@ def _quantized(
     if int8 is None:
         return model, None
     assert isinstance(model, OnnxModel)
-    from .int8_build import quantize_model
+    from .int8.build import quantize_model
 
     result = quantize_model(model, card.preprocess, int8, calib, progress)
     return _save_qdq(result.qdq, work / "model.qdq.onnx", model), result
@@ -199,6 +197,7 @@ def compile_model(
     work: Path,
     precision: str,
     cuda_graph: bool,
+    cuda: CudaConfig,
     key: str,
     db: Path | None,
     tune: TuneRequest | None,
@@ -210,7 +209,7 @@ def compile_model(
         assert isinstance(model, OnnxModel)  # pipeline_for has no CUDA pipeline for the other frontends yet
         progress("check-toolchain")
         toolchain = resolve_toolchain(profile)
-        compiled = run_cuda_build(model, profile, work, toolchain, precision, cuda_graph, key, db, tune, progress)
+        compiled = run_cuda_build(model, profile, work, toolchain, precision, cuda_graph, cuda, key, db, tune, progress)
         return compiled.model_copy(update={"cuda_codegen": toolchain.describe()})
     ctx = run_pipeline(
         BuildContext(
@@ -219,6 +218,7 @@ def compile_model(
             work_dir=work,
             progress=progress,
             precision=precision,
+            cuda=cuda,
             tuning_key=key,
             tuning_db=db,
             tune=tune,

@@ -1,7 +1,7 @@
-"""Compile pipelines: registries of named stages per target kind.
+"""Compile pipelines: the named stages (stage.py) each target kind runs, in order.
 
-A stage is a function `(ctx: BuildContext) -> None` registered with `@stage(name)`. A pipeline is a
-tuple of stage names in PIPELINES[target kind]. An unknown target kind or stage is an error that lists
+A pipeline is a tuple of stage names in PIPELINES[target kind]; run_pipeline imports the stage modules, which
+register themselves in stage.STAGES. An unknown target kind or stage is an error that lists
 the valid names, so adding a target means adding data here, not `if` chains elsewhere.
 """
 
@@ -9,61 +9,12 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import os
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
-
-from edgedeploy_agent.bundle import TensorSpec
 
 from ..errors import BuildError, InputError
 from ..profiles import DeviceProfile
-
-if TYPE_CHECKING:
-    from .tuning import TuneRequest
-
-
-@dataclass
-class BuildContext:
-    # OnnxModel, or frontends.ForeignModel (TFLite, PyTorch) whose own import stage reads it. Not a typed
-    # union: the ONNX stages (int8_rewrite.py among them) read `.proto`, and only ONNX pipelines run them.
-    model: Any
-    profile: DeviceProfile
-    work_dir: Path
-    progress: Callable[[str], None] = lambda step: None
-    precision: str = "fp32"  # fp32 | fp16 (GPU: mixed-precision stage) | int8 (the model is a QDQ ONNX model)
-    cuda_graph: bool = True
-    ir: Any = None  # the Relax IRModule as stages transform it
-    executable: Any = None
-    library: Path | None = None
-    outputs: list[TensorSpec] = field(default_factory=list)
-    timings: dict[str, float] = field(default_factory=dict)
-    device_code: list[str] = field(default_factory=list)  # e.g. ["sm_75 sass (fatbin, 132704 B)"]
-    host_machine: str | None = None  # ELF machine of the exported library
-    ptx: Path | None = None  # nvrtc-11 builds: the PTX of the library's CUDA module (the bundle's model.ptx)
-    cuda_source_sha256: str = ""  # nvrtc-11 builds: of TVM's CUDA source (a twin's equals its original's)
-    float_left: list[str] = field(default_factory=list)  # int8 builds: layers TVM still computes in float
-    tuning_key: str = ""  # names the stored MetaSchedule database: "<graph digest[:16]>-<precision>" (tuning_key)
-    tuning_db: Path | None = None  # the database apply-tuning applies (tuning.find_database), if any
-    tune: TuneRequest | None = None  # `edgedeploy tune`: tune (or export the tuning module) in apply-tuning
-    tuned_kernels: list[str] = field(default_factory=list)  # kernels whose schedule came from the database
-    kernel_count: int = 0  # all kernels, when a database was applied
-    gemm_tuning: str = ""  # CUDA: how many tensor-core kernels took a tuned configuration, from which file
-    stop: bool = False  # a stage ended the build early (tuning export: nothing left to compile)
-
-
-StageFn = Callable[[BuildContext], None]
-STAGES: dict[str, StageFn] = {}
-
-
-def stage(name: str) -> Callable[[StageFn], StageFn]:
-    def register(fn: StageFn) -> StageFn:
-        STAGES[name] = fn
-        return fn
-
-    return register
+from .stage import STAGES, BuildContext
 
 
 @functools.cache
@@ -72,16 +23,10 @@ def compiler_digest() -> str:
     a schedule rule or a rewrite rebuilds instead of serving a library compiled by the old code (a
     hand-bumped revision number was forgotten once and a benchmark measured stale kernels)."""
     h = hashlib.sha256()
-    for f in sorted(Path(__file__).parent.glob("*.py")):
-        h.update(f.name.encode() + b"\0" + f.read_bytes())
+    root = Path(__file__).parent
+    for f in sorted(root.rglob("*.py")):
+        h.update(f.relative_to(root).as_posix().encode() + b"\0" + f.read_bytes())
     return h.hexdigest()[:16]
-
-
-def tensor_cores_enabled() -> bool:
-    """CUDA builds put FP16/INT8 convolutions and matmuls on tensor cores (cuda_tensorcore.py) unless
-    EDGEDEPLOY_CUDA_TENSOR_CORES=0 asks for the previous kernels (before/after measurements); part of
-    the build-cache key."""
-    return os.environ.get("EDGEDEPLOY_CUDA_TENSOR_CORES", "1") != "0"
 
 
 PIPELINES: dict[str, tuple[str, ...]] = {
@@ -136,7 +81,7 @@ PIPELINES: dict[str, tuple[str, ...]] = {
         "check-library",
     ),
     # the QDQ -> integer rewrite, then the same CUDA stages: int8 convolutions on IMMA tensor cores
-    # (cuda_tensorcore.py) with NHWC activations (nhwc.py); what cannot use them (depthwise) gets dp4a
+    # (cuda/tensorcore.py) with NHWC activations (nhwc.py); what cannot use them (depthwise) gets dp4a
     # from nvcc (SASS IDP.4A)
     "cuda-int8": (
         "import-onnx",
@@ -185,14 +130,17 @@ def pipeline_for(profile: DeviceProfile, precision: str = "fp32", frontend: str 
 
 def run_pipeline(ctx: BuildContext, stop_before: str | None = None) -> BuildContext:
     """Run the profile's stages on `ctx` (up to, not including, `stop_before` when given)."""
-    from . import int8_rewrite, nhwc, tuning, tvm_backend  # noqa: F401  (register the TVM stages)
-    from .frontends import frontend_name
+    from . import tvm_backend  # noqa: F401  (register the TVM stages)
+    from .cuda import nhwc  # noqa: F401
+    from .frontends.load import frontend_name
+    from .int8 import rewrite  # noqa: F401
+    from .tuning import apply  # noqa: F401
 
     frontend = frontend_name(ctx.model)
     if frontend == "tflite":
-        from . import tflite_integer, tflite_model  # noqa: F401
+        from .frontends import tflite_integer, tflite_model  # noqa: F401
     elif frontend == "torch":
-        from . import torch_model  # noqa: F401
+        from .frontends import torch_model  # noqa: F401
 
     for name in pipeline_for(ctx.profile, ctx.precision, frontend):
         if name == stop_before:

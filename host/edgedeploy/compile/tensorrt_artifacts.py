@@ -44,11 +44,11 @@ from .. import __version__
 from ..errors import InputError, ModelError
 from ..profiles import DeviceProfile
 from .cards import ModelCard, default_name
-from .int8_build import Int8Config, calibration_inputs
+from .frontends.onnx_model import OnnxModel, check_preprocess, implied_color, load_onnx
+from .int8.build import Int8Config, calibration_inputs
+from .int8.qdq_reference import reference_outputs
+from .int8.quantize import run_tensors, tensorrt_qdq
 from .manifest import BuildResult, card_manifest, profile_target, write_labels
-from .onnx_model import OnnxModel, check_preprocess, implied_color, load_onnx
-from .qdq_reference import reference_outputs
-from .quantize import run_tensors, tensorrt_qdq
 
 REFERENCE_SAMPLES = 8
 # The build-time gate, on up to GATE_SAMPLES calibration samples: the exact INT8 reference must give the FP32

@@ -13,10 +13,13 @@ from edgedeploy_agent.bundle import Manifest
 
 from ..build_store import check_given, host_file
 from ..errors import InputError
-from .frontends import SOURCE_ROLES, load_model
-from .onnx_model import load_onnx
+from .config import CudaConfig, TuneRequest
+from .frontends.load import load_model
+from .frontends.model import SOURCE_ROLES
+from .frontends.onnx_model import load_onnx
 from .package import compile_model
-from .tuning import TuneRequest, adopt_file_keyed_database, database_dir, parse_tracker, tuning_key, user_root
+from .tuning.apply import adopt_file_keyed_database, database_dir, parse_tracker, user_root
+from .tuning.key import tuning_key
 
 
 @dataclass
@@ -34,6 +37,7 @@ def tune_model(
     request: TuneRequest,
     progress: Callable[[str], None] = lambda step: None,
     sources: Sequence[Path] = (),
+    cuda: CudaConfig = CudaConfig(),
 ) -> TuneResult:
     """Tune what a bundle was built from: its profile, precision, batch and exact (Q/DQ) model, found in the
     build store (or `sources`; schema 1 bundles carry it). The build's own stages run up to apply-tuning,
@@ -66,7 +70,7 @@ def tune_model(
         key = tuning_key(keyed, precision)
         if request.database is None:
             request = dataclasses.replace(request, database=database_dir(m.profile, key, user_root()))
-        res = compile_model(model, profile, work, precision, m.target.cuda_graph, key, None, request, progress)
+        res = compile_model(model, profile, work, precision, m.target.cuda_graph, cuda, key, None, request, progress)
     exported = request.export_dir if res.library is None else None
     return TuneResult(request.db, key, res.tuned_kernels, res.kernel_count, exported, res.timings)
 

@@ -5,7 +5,7 @@
 
 DIR is what `edgedeploy tune BUNDLE --export DIR` wrote (tuning-module.json, tuning.json). The databases
 go to DIR (MetaSchedule's database_workload.json and database_tuning_record.json, metaschedule.py; the
-tensor-core GEMM configurations gemm_configs.json, gemm_tuning.py); bring DIR back and store them with
+tensor-core GEMM configurations gemm_configs.json, tuning/gemm.py); bring DIR back and store them with
 `edgedeploy tune --import DIR`. Needs only tvm (with its compiler) and numpy, plus psutil and
 cloudpickle for MetaSchedule and xgboost for its default cost model: the machine that measures need not
 have edgedeploy's other dependencies (run it with PYTHONPATH pointing at this repository's host/ and agent/).
@@ -19,7 +19,7 @@ import sys
 import time
 from pathlib import Path
 
-from .metaschedule import keep_whole_lines, open_database, run_tuning
+from .tuning.metaschedule import keep_whole_lines, open_database, run_tuning
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -46,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
     mod = tvm.ir.load_json(module_file.read_text())
     print(f"{meta['profile']} {meta['key']}: target {target}", flush=True)
     if args.gemm_minutes > 0:
-        from .gemm_tuning import GEMM_FILE, tune
+        from .tuning.gemm import GEMM_FILE, tune
 
         tune(mod, meta["target"], args.dir / GEMM_FILE, args.gemm_minutes, args.gemm_trials,
              progress=lambda line: print(line, flush=True))  # fmt: skip

@@ -14,15 +14,14 @@ from tvm.relax.frontend.onnx import from_onnx
 
 from ..errors import BuildError, ModelError
 from ..profiles import DeviceProfile
-from . import nvrtc11
-from .cuda_tensorcore import TIR_PIPELINE, TensorCoreGemm, cuda_pipeline, pass_config
-from .cuda_tiles import Knobs
-from .devcode import inspect_library
+from .cuda import nvrtc11, tvm_patches
+from .cuda.devcode import inspect_library
+from .cuda.tensorcore import TIR_PIPELINE, TensorCoreGemm, cuda_pipeline, pass_config
 from .elf_versions import glibc_newer_than
-from .frontends import import_failure, output_specs
-from .gemm_tuning import load_configs
-from .pipeline import BuildContext, stage, tensor_cores_enabled
-from .tuning import find_gemm_configs
+from .frontends.model import import_failure, output_specs
+from .stage import BuildContext, stage
+from .tuning.apply import find_gemm_configs
+from .tuning.gemm import load_configs
 
 nvrtc11.install_from_env()  # the CUDA worker of an nvrtc-11 profile: NVRTC 11.8 compiles TVM's CUDA source
 
@@ -104,30 +103,6 @@ def mixed_precision(ctx: BuildContext) -> None:
         raise BuildError(f"precision {ctx.precision} is not supported by the CUDA pipeline yet (fp32, fp16)")
 
 
-def _rules_fall_through() -> None:
-    """A dlight rule that raises on a kernel it cannot schedule lets the next rule (at worst Fallback) try.
-
-    TVM 0.27's gpu rules raise ScheduleError instead of returning None for some fused kernels, e.g. an
-    int8 depthwise convolution with its requantize epilogue ("consumers of the cache-write stage are not
-    properly inlined"), which aborts the whole build.
-    """
-    from tvm.s_tir.dlight import gpu
-
-    for rule in (gpu.Matmul, gpu.GEMV, gpu.LowBatchGEMV, gpu.Reduction, gpu.GeneralReduction):
-        if getattr(rule.apply, "_falls_through", False):
-            continue
-        original = rule.apply
-
-        def apply(self: Any, *args: Any, _original: Any = original, **kwargs: Any) -> Any:
-            try:
-                return _original(self, *args, **kwargs)
-            except Exception:  # tvm.s_tir.schedule.ScheduleError and friends
-                return None
-
-        apply._falls_through = True  # type: ignore[attr-defined]
-        rule.apply = apply
-
-
 @dataclass
 class CudaLowering:
     """What compile-cuda hands tvm.compile: the target, the PassContext config, the Relax pipeline and its
@@ -142,24 +117,17 @@ class CudaLowering:
 
 def cuda_lowering(ctx: BuildContext) -> CudaLowering:
     """The Relax pipeline of a CUDA build as compile-cuda runs it (kernel_bounds.py runs it too)."""
-    # dlight's INT8 tensor-core rule fails in 0.27 (its inner pipelined K loop has extent 1; see
-    # cuda_tensorcore.py, whose TensorCoreGemm rule runs first and tensorizes INT8 GEMMs correctly): what
-    # that rule declines gets dp4a from nvcc instead.
-    from tvm.s_tir.dlight.gpu.matmul import MatmulInt8Tensorization
-
-    MatmulInt8Tensorization.apply = lambda self, *a, **k: None
-    _rules_fall_through()
+    tvm_patches.apply()
     target = make_target(ctx)
     config = {"relax.backend.use_cuda_graph": ctx.cuda_graph, **pass_config(target)}
     gemm_file = find_gemm_configs(ctx.profile.tuning_profile, ctx.tuning_key)
-    # EDGEDEPLOY_CUDA_KNOBS (before/after builds) was checked by package.build_bundle, in the cache key
     try:
         configs = load_configs(gemm_file)
     except ValueError as e:  # a database of an older version: a slower build, not a failed one
         ctx.progress(f"compile-cuda: warning: {e}")
         configs, gemm_file = {}, None
-    rule = TensorCoreGemm(Knobs.from_env(), configs=configs)
-    pipeline = cuda_pipeline(target, tensor_cores=tensor_cores_enabled(), rule=rule)
+    rule = TensorCoreGemm(ctx.cuda.knobs, configs=configs)
+    pipeline = cuda_pipeline(target, tensor_cores=ctx.cuda.tensor_cores, rule=rule)
     return CudaLowering(target, config, pipeline, rule, gemm_file)
 
 

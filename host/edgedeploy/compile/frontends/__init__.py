@@ -1,0 +1,1 @@
+"""The frontends wing: which reader takes a model file (ONNX, TFLite, PyTorch) and their import stages."""

@@ -1,0 +1,222 @@
+"""Pointwise (1x1) INT8 convolutions on x86 with real 8-bit dot products: hand-scheduled, tensorized TIR.
+
+Without these, TVM's int8 convolution widens both operands to int32 (`vpmulld`), slower than float32 FMAs,
+and MetaSchedule finds no tensorized schedule for NCHW convolutions (see docs/int8.md). A 1x1 convolution is
+a matrix product `acc[o, p] = sum_c W[o, c] * X[c, p]` over the pixels p, so one vector instruction can do
+`L` pixels x `K` channels at once if the activations are packed `[C/K, P/L, L, K]` (K channels of one pixel
+next to each other) and the K weights of an output channel are broadcast:
+
+| kind | device CPUs (flag in /proc/cpuinfo) | instruction | L x K | operands |
+|---|---|---|---|---|
+| avx512-vnni | avx512_vnni (Ice Lake, Sapphire Rapids, Zen 4) | vpdpbusd zmm | 16 x 4 | uint8 x int8 |
+| avx2 | avx2 (every x86-64-v3 CPU) | vpmaddwd ymm + vpaddd | 8 x 2 | int16 x int16 |
+
+Both are exact: the avx2 kind widens uint8/int8 to int16 first (pair sums stay in int32), which avoids the
+int16 saturation of `vpmaddubsw`. The requantize (bias, float32 multiplier, round half to even, zero point,
+clip, the arithmetic of onnxruntime's QLinearConv) runs on the accumulators while they are in registers.
+The packing is plain Relax ops: the widening cast fuses into the producer's kernel, the reshape/pad/permute
+become one small kernel of their own (Relax does not fuse them into a convolution's group).
+A profile gets the kind its `cpu_features` promise (the agent refuses devices without them); for VNNI its
+LLVM target should enable the instruction too (`mattr = ["+avx512vnni"]`).
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ...profiles import DeviceProfile
+
+
+@dataclass(frozen=True)
+class DotKind:
+    name: str
+    cpu_flag: str  # /proc/cpuinfo flag the instruction needs
+    lanes: int  # L: pixels per vector (int32 accumulators)
+    depth: int  # K: channels summed per lane and instruction
+    act_dtype: str  # packed activations
+    weight_dtype: str
+    intrinsic: str  # registered TensorIntrin name
+
+
+VNNI = DotKind("avx512-vnni", "avx512_vnni", 16, 4, "uint8", "int8", "edgedeploy_vnni_16x4_u8vec_s8bcast")
+AVX2 = DotKind("avx2", "avx2", 8, 2, "int16", "int16", "edgedeploy_avx2_8x2_s16vec_s16bcast")
+ACCUMULATOR_ROWS = 8  # output channels per register block: 8 accumulators of L lanes
+
+
+def dot_kind(profile: DeviceProfile) -> DotKind | None:
+    """The best 8-bit dot product the profile's CPUs are guaranteed to have (its cpu_features), if any."""
+    if profile.arch != "x86_64" or profile.device != "cpu":
+        return None
+    features = set(profile.compiler.cpu_features)
+    return next((k for k in (VNNI, AVX2) if k.cpu_flag in features), None)
+
+
+@functools.cache
+def register_intrinsics() -> None:
+    """Register both tensor intrinsics with TVM (once per process)."""
+    from tvm.s_tir import TensorIntrin
+    from tvm.script import tirx as T
+
+    def desc_for(kind: DotKind) -> Any:
+        lanes, depth, a_t, b_t = kind.lanes, kind.depth, kind.act_dtype, kind.weight_dtype
+
+        @T.prim_func(s_tir=True)
+        def desc(
+            A: T.Buffer((lanes, depth), a_t, offset_factor=1),
+            B: T.Buffer((depth,), b_t, offset_factor=1),
+            C: T.Buffer((lanes,), "int32", offset_factor=1),
+        ) -> None:
+            with T.sblock("root"):
+                T.reads(C[0:lanes], A[0:lanes, 0:depth], B[0:depth])
+                T.writes(C[0:lanes])
+                for i, k in T.grid(lanes, depth):
+                    with T.sblock("update"):
+                        vi, vk = T.axis.remap("SR", [i, k])
+                        C[vi] = C[vi] + T.cast(A[vi, vk], "int32") * T.cast(B[vk], "int32")
+
+        return desc
+
+    @T.prim_func(s_tir=True)
+    def vnni(
+        A: T.Buffer((16, 4), "uint8", offset_factor=1),
+        B: T.Buffer((4,), "int8", offset_factor=1),
+        C: T.Buffer((16,), "int32", offset_factor=1),
+    ) -> None:
+        with T.sblock("root"):
+            T.reads(C[0:16], A[0:16, 0:4], B[0:4])
+            T.writes(C[0:16])
+            # LLVM 20 declares the byte operands as <64 x i8> (older LLVMs: <16 x i32>); no local variables here:
+            # each would become a heap workspace allocation per tile inside the parallel loop
+            C[T.ramp(T.int32(0), 1, 16)] = T.call_llvm_pure_intrin(
+                T.llvm_lookup_intrinsic_id("llvm.x86.avx512.vpdpbusd.512"),
+                C.vload([0], "int32x16"),
+                A.vload([0, 0], "uint8x64"),
+                T.reinterpret(T.broadcast(T.reinterpret(B.vload([0], "int8x4"), dtype="int32"), 16), dtype="int8x64"),
+                dtype="int32x16",
+            )
+
+    @T.prim_func(s_tir=True)
+    def avx2(
+        A: T.Buffer((8, 2), "int16", offset_factor=1),
+        B: T.Buffer((2,), "int16", offset_factor=1),
+        C: T.Buffer((8,), "int32", offset_factor=1),
+    ) -> None:
+        with T.sblock("root"):
+            T.reads(C[0:8], A[0:8, 0:2], B[0:2])
+            T.writes(C[0:8])
+            C[T.ramp(T.int32(0), 1, 8)] = C.vload([0], "int32x8") + T.call_llvm_pure_intrin(
+                T.llvm_lookup_intrinsic_id("llvm.x86.avx2.pmadd.wd"),
+                A.vload([0, 0], "int16x16"),
+                T.reinterpret(T.broadcast(T.reinterpret(B.vload([0], "int16x2"), dtype="int32"), 8), dtype="int16x16"),
+                dtype="int32x8",
+            )
+
+    for kind, impl in ((VNNI, vnni), (AVX2, avx2)):
+        if TensorIntrin.get(kind.intrinsic, allow_missing=True) is None:
+            TensorIntrin.register(kind.intrinsic, desc_for(kind), impl)
+
+
+def pointwise_eligible(kind: DotKind, attrs: Any, weight_shape: tuple[int, ...]) -> bool:
+    """A 1x1, stride-1, unpadded, ungrouped NCHW convolution whose input channels split into K-blocks and
+    output channels into blocks of ACCUMULATOR_ROWS."""
+    o, c, kh, kw = weight_shape
+    return (
+        (kh, kw) == (1, 1)
+        and o % ACCUMULATOR_ROWS == 0
+        and int(attrs.groups) == 1
+        and all(int(s) == 1 for s in attrs.strides)
+        and all(int(d) == 1 for d in attrs.dilation)
+        and not any(int(p) for p in attrs.padding)
+        and c % kind.depth == 0
+    )
+
+
+def pack_activations(bb: Any, x: Any, zx: int, kind: DotKind) -> tuple[Any, int]:
+    """[N, C, H, W] int8/uint8 -> [N, C/K, ceil(HW/L), L, K] in the kind's operand type; returns it and the
+    zero point in that type (uint8 operands: int8 activations are shifted by +128, exact)."""
+    from tvm import relax
+
+    n, c, h, w = (int(d) for d in x.ty.shape)
+    p, lanes, depth = h * w, kind.lanes, kind.depth
+    blocks = -(-p // lanes)
+    if kind.act_dtype == "uint8" and str(x.ty.dtype) == "int8":
+        wide = relax.op.add(relax.op.astype(x, "int16"), relax.const(128, "int16"))
+        x, zx = bb.emit(relax.op.astype(wide, "uint8")), zx + 128
+    elif str(x.ty.dtype) != kind.act_dtype:
+        x = bb.emit(relax.op.astype(x, kind.act_dtype))
+    x = bb.emit(relax.op.reshape(x, [n, c // depth, depth, p]))
+    if blocks * lanes != p:
+        x = bb.emit(relax.op.nn.pad(x, [0, 0, 0, 0, 0, 0, 0, blocks * lanes - p], pad_value=0.0))
+    x = bb.emit(relax.op.reshape(x, [n, c // depth, depth, blocks, lanes]))
+    return bb.emit(relax.op.permute_dims(x, [0, 1, 3, 4, 2])), zx
+
+
+def pack_activations_numpy(x: np.ndarray, kind: DotKind) -> np.ndarray:
+    """What pack_activations computes, in numpy (for tests and benchmarks of the kernel alone)."""
+    n, c, h, w = x.shape
+    p, lanes, depth = h * w, kind.lanes, kind.depth
+    blocks = -(-p // lanes)
+    packed = np.zeros((n, c // depth, depth, blocks * lanes), kind.act_dtype)
+    packed[..., :p] = x.reshape(n, c // depth, depth, p)
+    return np.ascontiguousarray(packed.reshape(n, c // depth, depth, blocks, lanes).transpose(0, 1, 3, 4, 2))
+
+
+def pack_weights(w: np.ndarray, kind: DotKind) -> np.ndarray:
+    """[O, C, 1, 1] int8 -> [O, C/K, K] in the kind's weight type."""
+    o, c = w.shape[:2]
+    return w.reshape(o, c // kind.depth, kind.depth).astype(kind.weight_dtype)
+
+
+def pointwise_kernel(
+    kind: DotKind, n: int, c: int, o: int, h: int, w: int, zy: int, out_dtype: str, center: int | None = None
+) -> Any:
+    """The scheduled PrimFunc `(X packed, W packed, bias int32[O], mult float32[O]) -> Y[N, O, H * W]` with
+    Y = clip(round((acc + bias) * mult) + zy) in out_dtype (uint8 or int8); with `center`, Y is that value
+    minus `center` in float32 (what a float32-exact convolution reads, see int8/rewrite.py)."""
+    from tvm import te, tirx
+    from tvm.s_tir import Schedule
+
+    register_intrinsics()
+    lanes, depth, p = kind.lanes, kind.depth, h * w
+    blocks, cb = -(-p // lanes), c // depth
+    lo, hi = (0.0, 255.0) if out_dtype == "uint8" else (-128.0, 127.0)
+    x = te.placeholder((n, cb, blocks, lanes, depth), kind.act_dtype, name="x")
+    wt = te.placeholder((o, cb, depth), kind.weight_dtype, name="w")
+    bias = te.placeholder((o,), "int32", name="bias")
+    mult = te.placeholder((o,), "float32", name="mult")
+    rc, rk = te.reduce_axis((0, cb), "rc"), te.reduce_axis((0, depth), "rk")
+    acc = te.compute(
+        (n, o, blocks, lanes),
+        lambda b, f, q, i: te.sum(x[b, rc, q, i, rk].astype("int32") * wt[f, rc, rk].astype("int32"), axis=[rc, rk]),
+        name="acc",
+    )
+
+    def requantize(b: Any, f: Any, q: Any) -> Any:
+        v = tirx.round((acc[b, f, q // lanes, q % lanes] + bias[f]).astype("float32") * mult[f]) + float(zy)
+        y = te.max(te.min(v, hi), lo)
+        return y.astype(out_dtype) if center is None else y - float(center)
+
+    # flat pixels (the caller reshapes to [N, O, H, W], free in Relax): keeps q // L affine for compute_at
+    out = te.compute((n, o, p), requantize, name="requantize")
+    sch = Schedule(te.create_prim_func([x, wt, bias, mult, out]))
+    # output loops: (n, o/8, pixel blocks) in parallel, then 8 channels x L pixels from the accumulators
+    b, f, q = sch.get_loops(sch.get_sblock("requantize"))
+    fo, fi = sch.split(f, [None, ACCUMULATOR_ROWS])
+    po, pi = sch.split(q, [None, lanes])
+    sch.reorder(b, fo, po, fi, pi)
+    block = sch.get_sblock("acc")
+    sch.compute_at(block, po)
+    fa, ia, r, k = sch.get_loops(block)[-4:]
+    sch.reorder(r, fa, ia, k)
+    sch.parallel(sch.fuse(b, fo, po))
+    sch.vectorize(pi)
+    sch.decompose_reduction(block, r)
+    sch.tensorize(ia, kind.intrinsic)
+    sch.unroll(fa)
+    func = sch.mod["main"].without_attr("global_symbol")
+    func = func.with_attr("tirx.is_scheduled", True).with_attr("edgedeploy.schedule", f"conv1x1-{kind.name}")
+    return func.with_attr("op_pattern", 8)  # kOpaque: FuseOps must not merge it (and lose the schedule)
