@@ -48,7 +48,7 @@ def test_two_video_files_share_one_batched_bundle(
         assert json.loads(r.out.splitlines()[-1])["ok"], r.out + r.err
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
-            health = json.loads((root / "run" / "health.json").read_text())
+            health = json.loads((root / "models" / "default" / "run" / "health.json").read_text())
             if health["state"] in ("finished", "failed"):
                 break
             time.sleep(0.2)
