@@ -56,6 +56,7 @@ class Int8Config:
             "power_of_two": o.power_of_two,
             "equalize": o.equalize,
             "bias_correction": o.bias_correction,
+            "refine": o.refines,
             "keep_float": list(o.keep_float),
             "samples": o.samples,
             "calibration": str(self.calibration),
@@ -105,7 +106,7 @@ def quantize_model(
     """QDQ model for `model`; measured and gated when `cfg.eval_data` is set."""
     calib_split, eval_split = cfg.splits()
     progress("quantize")
-    report = quantize_qdq(model.proto, calib, cfg.options)
+    report = quantize_qdq(model.proto, calib, cfg.options, progress)
     result = Int8Result(report.model, report, hashlib.sha256(calib.tobytes()).hexdigest(), calib_split)
     if cfg.eval_data is None:
         return result
