@@ -40,7 +40,9 @@ def main() -> None:
     path = args.data / "models" / "mobilenet_v1_0.25_224.onnx"
     card = load_card(REPO / "examples/cards/mobilenet_v1_0.25_224.toml")
     model, spec, off = onnx.load(path), load_onnx(path).inputs[0], card.postprocess.label_offset
-    halves = {h: load_labeled(args.data / "imagenet-sample", card.preprocess, spec, h) for h in ("calibration", "evaluation")}
+    halves = {
+        h: load_labeled(args.data / "imagenet-sample", card.preprocess, spec, h) for h in ("calibration", "evaluation")
+    }
     n = args.samples
     variants = {
         "asymmetric (default)": QuantizeOptions(samples=n),

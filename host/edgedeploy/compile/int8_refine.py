@@ -85,12 +85,16 @@ class LayerStats:
     rows: int
 
     def centered(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        outer = lambda a, b: a[:, :, None] * b[:, None, :]  # noqa: E731
         return (
-            self.qq - outer(self.mq, self.mq),
-            self.qf - outer(self.mq, self.mf),
-            self.ff - outer(self.mf, self.mf),
+            self.qq - _outer(self.mq, self.mq),
+            self.qf - _outer(self.mq, self.mf),
+            self.ff - _outer(self.mf, self.mf),
         )
+
+
+def _outer(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Per-group outer products of [G, K] vectors: [G, K, K]."""
+    return np.asarray(a[:, :, None] * b[:, None, :])
 
 
 def conv_windows(x: np.ndarray, node: onnx.NodeProto, kernel: tuple[int, int], groups: int) -> np.ndarray:
@@ -131,8 +135,8 @@ def layer_stats(
 def reconstruction_error(ws: np.ndarray, w: np.ndarray, cov: tuple[np.ndarray, np.ndarray, np.ndarray]) -> float:
     """E||ws·xq - w·xf||² after the best bias, per output: ws, w [G, O, K]."""
     qq, qf, ff = cov
-    t = (ws @ qq * ws).sum() - 2 * (ws @ qf * w).sum() + (w @ ff * w).sum()
-    return float(t) / (w.shape[0] * w.shape[1])
+    t = float((ws @ qq * ws).sum()) - 2 * float((ws @ qf * w).sum()) + float((w @ ff * w).sum())
+    return t / float(w.shape[0] * w.shape[1])
 
 
 def adaround(
@@ -171,7 +175,7 @@ def adaround(
         s2 = 0.999 * s2 + 0.001 * dv * dv
         v -= lr * (m / (1 - 0.9 ** (it + 1))) / (np.sqrt(s2 / (1 - 0.999 ** (it + 1))) + 1e-8)
     h = np.clip(1 / (1 + np.exp(-v)) * 1.2 - 0.1, 0, 1)
-    return np.clip(base + (h >= 0.5), -QMAX, QMAX)
+    return np.asarray(np.clip(base + (h >= 0.5), -QMAX, QMAX))
 
 
 @dataclass
@@ -263,7 +267,7 @@ def _spread(inputs: np.ndarray, count: int) -> np.ndarray:
     """`count` samples spread evenly over `inputs` (all of them when there are fewer)."""
     if count >= len(inputs):
         return inputs
-    return inputs[np.linspace(0, len(inputs) - 1, count).round().astype(int)]
+    return np.asarray(inputs[np.linspace(0, len(inputs) - 1, count).round().astype(int)])
 
 
 def _set(inits: dict[str, onnx.TensorProto], name: str, value: np.ndarray) -> None:
