@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -142,10 +142,12 @@ def layer_sensitivity(model: OnnxModel, cfg: Int8Config, calib: np.ndarray) -> l
     sample = calib[:32]
     out_name = model.proto.graph.output[0].name
     ref = run_tensors(model.proto, sample, [out_name])[0]
-    base = quantize_qdq(model.proto, calib, cfg.options)
+    # ranked without the layer-wise refinement, which would take minutes per layer; the fallback itself refines
+    plain = replace(cfg.options, refine=False)
+    base = quantize_qdq(model.proto, calib, plain)
     errors = []
     for layer in base.quantized_layers:
-        opts = QuantizeOptions(**{**cfg.options.__dict__, "keep_float": (*cfg.options.keep_float, layer)})
+        opts = replace(plain, keep_float=(*plain.keep_float, layer))
         q = quantize_qdq(model.proto, calib, opts).model
         got = run_tensors(q, sample, [out_name])[0]
         errors.append((layer, float(np.mean((got - ref) ** 2))))

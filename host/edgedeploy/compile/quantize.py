@@ -227,7 +227,9 @@ def quantize_qdq(
         )
     qdq = _ort_quantize(model, inputs, options, exclude + tail)
     if options.refines:
-        refined = refine_qdq(model, qdq, inputs, run_tensors, clip=options.symmetric_activations, progress=progress)
+        # MSE clipping replaces minmax ranges only: an entropy or percentile range is the user's choice
+        clip = options.symmetric_activations and options.method == "minmax"
+        refined = refine_qdq(model, qdq, inputs, run_tensors, clip=clip, progress=progress)
         choices += [c.line() for c in refined]
     if options.power_of_two:
         round_scales_to_power_of_two(qdq)
