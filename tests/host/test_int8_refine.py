@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -152,3 +153,8 @@ def test_build_prints_the_per_layer_choice(data_dir: Path, tmp_path: Path, cli: 
     assert "calibration samples" in r.out and " s;" in r.out
     lines = [ln.strip() for ln in r.out.splitlines() if "rounding" in ln]
     assert len(lines) == 2 and all(ln.startswith("Convolution") for ln in lines), r.out
+    # eval reports agreement with FP32 beside top-1, for the bundle and for the exact INT8 reference
+    r = cli("eval", str(tmp_path / "m.edb"), "--data", str(data_dir / "mnist"), "--limit", "300", "--json")
+    assert r.code == 0, r.err
+    res = json.loads(r.out)
+    assert res["top1_agreement_fp32_vs_bundle"] >= 95.0 and res["top1_agreement_fp32_vs_int8_reference"] >= 95.0
