@@ -75,19 +75,15 @@ def main() -> None:
         "edgedeploy percentile 99.99 + bias corr.": QuantizeOptions(samples=n, method="percentile", percentile=99.99),
         "edgedeploy minmax, no bias correction": QuantizeOptions(samples=n, bias_correction=False),
     }
+    sym = {"samples": n, "symmetric_activations": True, "refine": False}  # the recipes before refinement
     symmetric = {
-        "symmetric minmax + bias corr.": QuantizeOptions(samples=n, symmetric_activations=True),
-        "symmetric + CLE + bias corr.": QuantizeOptions(samples=n, symmetric_activations=True, equalize=True),
-        "symmetric entropy + bias corr.": QuantizeOptions(samples=n, symmetric_activations=True, method="entropy"),
-        "symmetric percentile 99.99 + bias corr.": QuantizeOptions(
-            samples=n, symmetric_activations=True, method="percentile", percentile=99.99
-        ),
-        "symmetric percentile 99.999 + bias corr.": QuantizeOptions(
-            samples=n, symmetric_activations=True, method="percentile", percentile=99.999
-        ),
-        "symmetric + first and last layer float": QuantizeOptions(
-            samples=n, symmetric_activations=True, keep_float=("first-last",)
-        ),
+        "symmetric minmax + bias corr.": QuantizeOptions(**sym),
+        "symmetric + CLE + bias corr.": QuantizeOptions(**sym, equalize=True),
+        "symmetric entropy + bias corr.": QuantizeOptions(**sym, method="entropy"),
+        "symmetric percentile 99.99 + bias corr.": QuantizeOptions(**sym, method="percentile", percentile=99.99),
+        "symmetric percentile 99.999 + bias corr.": QuantizeOptions(**sym, method="percentile", percentile=99.999),
+        "symmetric + first and last layer float": QuantizeOptions(**sym, keep_float=("first-last",)),
+        "symmetric, refined (default)": QuantizeOptions(samples=n, symmetric_activations=True),
     }
     if args.model != "all":
         cases = [c for c in cases if c[0].startswith(args.model)]

@@ -189,7 +189,7 @@ def test_mobilenet_int8_bundle_agrees_with_the_reference(mobilenet_int8: Path, d
 @pytest.mark.compile
 def test_auto_fallback_keeps_sensitive_layers_float(data_dir: Path, tmp_path: Path) -> None:
     """A deliberately weak quantization (symmetric, no bias correction, 8 samples) must fall back."""
-    opts = QuantizeOptions(samples=8, symmetric_activations=True, bias_correction=False)
+    opts = QuantizeOptions(samples=8, symmetric_activations=True, bias_correction=False, refine=False)
     cfg = Int8Config(
         calibration=data_dir / "imagenet-sample",
         options=opts,

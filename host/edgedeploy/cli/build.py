@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
@@ -82,6 +83,14 @@ def register(app: typer.Typer) -> None:
         bias_correction: Annotated[
             bool, typer.Option("--bias-correction/--no-bias-correction", help="correct the weight rounding bias")
         ] = True,
+        refine: Annotated[
+            bool | None,
+            typer.Option(
+                "--refine/--no-refine",
+                help="layer-wise refinement: centred ReLU6, MSE clipping, learned rounding, bias correction "
+                "(default: on with --symmetric)",
+            ),
+        ] = None,
         eval_data: Annotated[
             Path | None, typer.Option("--eval", help="labeled images to measure FP32 vs INT8 top-1 on")
         ] = None,
@@ -137,6 +146,7 @@ def register(app: typer.Typer) -> None:
             power_of_two=power_of_two,
             equalize=equalize,
             bias_correction=bias_correction,
+            refine=refine,
             eval_data=eval_data,
             eval_limit=eval_limit,
             synsets=synsets,
@@ -205,6 +215,8 @@ def register(app: typer.Typer) -> None:
         )
         if m.quantization.precision == "int8":
             render.out.print(int8_summary(m.quantization))
+            for line in json.loads(m.quantization.options.get("layers", "[]")):
+                render.out.print(f"  {line}", markup=False)
 
     @app.command()
     def inspect(bundle: Annotated[Path, typer.Argument(help="bundle file")], json_: JsonOpt = False) -> None:

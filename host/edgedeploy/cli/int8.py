@@ -30,6 +30,7 @@ def int8_config(
     power_of_two: bool,
     equalize: bool,
     bias_correction: bool,
+    refine: bool | None,
     eval_data: Path | None,
     eval_limit: int | None,
     synsets: Path | None,
@@ -67,6 +68,7 @@ def int8_config(
         power_of_two=power_of_two,
         equalize=equalize,
         bias_correction=bias_correction,
+        refine=refine,
     )
     return Int8Config(
         calibration=calibration,
@@ -84,7 +86,9 @@ def int8_summary(q: Quantization) -> str:
     if q.calibration is None:  # pre-quantized (a TFLite QAT model): the model's own scales
         parts = [f"INT8 {q.method}"]
     else:
-        parts = [f"INT8 {q.method}, {q.calibration_samples} calibration samples from {q.calibration}"]
+        secs = q.options.get("calibration_seconds")
+        took = f" in {float(secs):.0f} s" if secs else ""
+        parts = [f"INT8 {q.method}, {q.calibration_samples} calibration samples from {q.calibration}{took}"]
     if acc:
         parts.append(
             f"top-1 FP32 {acc['fp32_top1']:.2f}% -> INT8 {acc['int8_top1']:.2f}% (drop {acc['top1_drop']:.2f}, "

@@ -247,7 +247,9 @@ def _quantization(cfg: Int8Config | None, result: Int8Result | None, float_in_tv
         accuracy=result.accuracy(),
         calibration=f"{cfg.calibration.resolve()} (split: {result.calibration_split})",
         evaluation=f"{cfg.eval_data.resolve()} (split: {result.eval_split})" if cfg.eval_data else None,
-        options={k: json.dumps(v) for k, v in cfg.describe().items() if k not in ("calibration", "eval")},
+        options={k: json.dumps(v) for k, v in cfg.describe().items() if k not in ("calibration", "eval")}
+        | {"calibration_seconds": json.dumps(round(result.report.seconds, 1))}
+        | ({"layers": json.dumps(result.report.choices)} if result.report.choices else {}),
         float_in_runtime=float_in_tvm,
     )
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -56,6 +56,7 @@ class Int8Config:
             "power_of_two": o.power_of_two,
             "equalize": o.equalize,
             "bias_correction": o.bias_correction,
+            "refine": o.refines,
             "keep_float": list(o.keep_float),
             "samples": o.samples,
             "calibration": str(self.calibration),
@@ -105,7 +106,7 @@ def quantize_model(
     """QDQ model for `model`; measured and gated when `cfg.eval_data` is set."""
     calib_split, eval_split = cfg.splits()
     progress("quantize")
-    report = quantize_qdq(model.proto, calib, cfg.options)
+    report = quantize_qdq(model.proto, calib, cfg.options, progress)
     result = Int8Result(report.model, report, hashlib.sha256(calib.tobytes()).hexdigest(), calib_split)
     if cfg.eval_data is None:
         return result
@@ -141,10 +142,12 @@ def layer_sensitivity(model: OnnxModel, cfg: Int8Config, calib: np.ndarray) -> l
     sample = calib[:32]
     out_name = model.proto.graph.output[0].name
     ref = run_tensors(model.proto, sample, [out_name])[0]
-    base = quantize_qdq(model.proto, calib, cfg.options)
+    # ranked without the layer-wise refinement, which would take minutes per layer; the fallback itself refines
+    plain = replace(cfg.options, refine=False)
+    base = quantize_qdq(model.proto, calib, plain)
     errors = []
     for layer in base.quantized_layers:
-        opts = QuantizeOptions(**{**cfg.options.__dict__, "keep_float": (*cfg.options.keep_float, layer)})
+        opts = replace(plain, keep_float=(*plain.keep_float, layer))
         q = quantize_qdq(model.proto, calib, opts).model
         got = run_tensors(q, sample, [out_name])[0]
         errors.append((layer, float(np.mean((got - ref) ** 2))))

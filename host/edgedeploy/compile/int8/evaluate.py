@@ -199,6 +199,7 @@ def evaluate_target(
             qdq_model = onnx.load(host_file(manifest, "qdq-onnx", release, sources))
             qdq = score(QdqReference(qdq_model), labeled, offset)
             out["int8_reference"] = qdq.as_dict()
+            out["top1_agreement_fp32_vs_int8_reference"] = round(agreement(fp32, qdq), 2)
             out["top1_agreement_bundle_vs_int8_reference"] = round(agreement(tvm, qdq), 2)
             out["float_layers"] = q.float_layers
             out["float_in_runtime"] = q.float_in_runtime

@@ -10,7 +10,8 @@ from __future__ import annotations
 import fnmatch
 import logging
 import tempfile
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -23,6 +24,7 @@ from onnx import numpy_helper
 from ...errors import InputError, ModelError
 from .equalize import correct_bias, cross_layer_equalize
 from .graph_prep import prepare_float_model
+from .refine import center_relu6, refine_qdq
 
 Method = Literal["minmax", "entropy", "percentile"]
 QUANTIZABLE = ("Conv", "Gemm", "MatMul", "ConvTranspose")
@@ -41,6 +43,13 @@ class QuantizeOptions:
     power_of_two: bool = False
     equalize: bool = False  # cross-layer equalization before calibration (measured: no gain on MobileNetV1)
     bias_correction: bool = True
+    # layer-wise refinement (refine.py): centred ReLU6, MSE clipping, learned rounding, empirical bias
+    # correction. None: on for symmetric activations (TensorRT kind), off for the asymmetric kind.
+    refine: bool | None = None
+
+    @property
+    def refines(self) -> bool:
+        return self.symmetric_activations if self.refine is None else self.refine
 
 
 @dataclass
@@ -51,6 +60,8 @@ class QuantizeReport:
     samples: int
     options: QuantizeOptions
     quantized_layers: list[str] = field(default_factory=list)
+    choices: list[str] = field(default_factory=list)  # per layer, what the refinement chose
+    seconds: float = 0.0  # calibration wall time (quantization and refinement)
 
 
 def quantizable_layers(model: onnx.ModelProto) -> list[str]:
@@ -183,8 +194,14 @@ def run_tensors(model: onnx.ModelProto, inputs: np.ndarray, names: list[str]) ->
     return [np.concatenate(o) for o in outs]
 
 
-def quantize_qdq(model: onnx.ModelProto, inputs: np.ndarray, options: QuantizeOptions) -> QuantizeReport:
-    """Calibrate on `inputs` and return the QDQ model (equalized and bias-corrected when asked)."""
+def quantize_qdq(
+    model: onnx.ModelProto,
+    inputs: np.ndarray,
+    options: QuantizeOptions,
+    progress: Callable[[str], None] = lambda s: None,
+) -> QuantizeReport:
+    """Calibrate on `inputs` and return the QDQ model (equalized, bias-corrected, refined when asked)."""
+    start = time.perf_counter()
     model = name_nodes(prepare_float_model(model))
     layers = quantizable_layers(model)
     if not layers:
@@ -200,14 +217,25 @@ def quantize_qdq(model: onnx.ModelProto, inputs: np.ndarray, options: QuantizeOp
     pairs = 0
     if options.equalize:
         model, pairs = cross_layer_equalize(model)
-    if options.bias_correction:
+    choices: list[str] = []
+    if options.refines and options.symmetric_activations:
+        model, centred = center_relu6(model)
+        choices += [f"{name}: ReLU6 output centred on 0 (range -3..3, all 8 bits)" for name in centred]
+    if options.bias_correction and not options.refines:  # the refinement corrects biases itself
         model = correct_bias(
             model, lambda m, names: run_tensors(m, inputs, names), frozenset(exclude), options.per_channel
         )
     qdq = _ort_quantize(model, inputs, options, exclude + tail)
+    if options.refines:
+        # MSE clipping replaces minmax ranges only: an entropy or percentile range is the user's choice
+        clip = options.symmetric_activations and options.method == "minmax"
+        refined = refine_qdq(model, qdq, inputs, run_tensors, clip=clip, progress=progress)
+        choices += [c.line() for c in refined]
     if options.power_of_two:
         round_scales_to_power_of_two(qdq)
-    return QuantizeReport(qdq, exclude, pairs, len(inputs), options, [n for n in layers if n not in exclude])
+    quantized = [n for n in layers if n not in exclude]
+    secs = time.perf_counter() - start
+    return QuantizeReport(qdq, exclude, pairs, len(inputs), options, quantized, choices, secs)
 
 
 def _tail_nodes(model: onnx.ModelProto) -> list[str]:

@@ -1,0 +1,403 @@
+"""Layer-wise refinement of a Q/DQ model: MSE-optimal activation clipping, learned weight rounding, bias correction.
+
+Symmetric (TensorRT-kind) INT8 spends one of its 8 bits on the sign that a ReLU6 output never uses, so its
+activations have half the resolution of the asymmetric kind. This pass recovers most of that loss without
+labels and without changing the format (symmetric per-tensor activation scales, per-channel int8 weights,
+int32 biases: still TensorRT explicit quantization); only scale values and the integer weights and biases
+change:
+
+1. **Activation ranges** (`mse_clip`): each ReLU/ReLU6 output (and the convolution output quantized just
+   before it, which shares its scale) gets the symmetric scale that minimizes the mean squared quantization
+   error over the calibration data, searched on a grid of clipping points below the observed maximum.
+   Other tensors (the model input, the logits) keep their max range: clipping the largest logit changes the
+   argmax.
+2. **Learned rounding of the weights** (`adaround`, Nagel et al. 2020, as in Qualcomm's AIMET): layer by
+   layer in graph order, each weight is rounded up or down (never further) so that the layer's output on
+   its *quantized* input, from the already refined layers, best matches the float layer's output on its
+   float input. The objective is quadratic in the weights, so it is written with the input covariances
+   (`LayerStats`) and each step costs one small matrix product, whatever the number of pixels.
+3. **Empirical bias correction**: the bias then absorbs the mean output error of that layer, per channel.
+
+A layer keeps nearest rounding when learned rounding does not lower its reconstruction error, or when the
+calibration data has too few rows for its fan-in (the covariance would be fitted, not estimated).
+`refine_qdq` returns one `LayerChoice` per refined layer, which the build prints.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import onnx
+from numpy.lib.stride_tricks import sliding_window_view
+from onnx import numpy_helper
+
+Runner = Callable[[onnx.ModelProto, np.ndarray, list[str]], list[np.ndarray]]
+WINDOWS = 250_000  # input windows per layer for its statistics: fewer images for the large early layers
+QMAX = 127  # symmetric int8: [-127, 127], as TensorRT and onnxruntime's symmetric weights use
+
+
+@dataclass(frozen=True)
+class LayerChoice:
+    """What the refinement chose for one layer (a ReLU output's range, or a convolution's weights)."""
+
+    layer: str
+    what: str  # "range" or "weights"
+    detail: str
+    error_before: float  # mean squared error of the naive choice (max range / nearest rounding)
+    error_after: float
+
+    def line(self) -> str:
+        gain = 0.0 if self.error_before == 0 else 100.0 * (1.0 - self.error_after / self.error_before)
+        return f"{self.layer}: {self.detail} (error -{gain:.0f}%)" if gain > 0 else f"{self.layer}: {self.detail}"
+
+
+def fake_quant(x: np.ndarray, scale: float) -> np.ndarray:
+    return np.clip(np.rint(x / scale), -QMAX, QMAX) * scale
+
+
+def mse_clip(values: np.ndarray, grid: int = 80) -> tuple[float, float, float]:
+    """(scale, mse, mse at the max scale): the symmetric scale with the least quantization error on `values`."""
+    x = values.reshape(-1).astype(np.float32)
+    amax = float(np.abs(x).max()) if x.size else 0.0
+    if amax == 0.0:
+        return 1.0, 0.0, 0.0
+    naive = float(np.mean((x - fake_quant(x, amax / QMAX)) ** 2))
+    best, best_err = amax / QMAX, naive
+    for clip in amax * np.linspace(0.2, 1.0, grid, endpoint=False):
+        s = float(clip) / QMAX
+        err = float(np.mean((x - fake_quant(x, s)) ** 2))
+        if err < best_err:
+            best, best_err = s, err
+    return best, best_err, naive
+
+
+@dataclass
+class LayerStats:
+    """Second moments of a convolution's input windows, per group: float (f) and quantized (q) input."""
+
+    qq: np.ndarray  # [G, K, K]  E[xq xq^T]
+    qf: np.ndarray  # [G, K, K]  E[xq xf^T]
+    ff: np.ndarray  # [G, K, K]  E[xf xf^T]
+    mq: np.ndarray  # [G, K]     E[xq]
+    mf: np.ndarray  # [G, K]     E[xf]
+    rows: int
+
+    def centered(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        return (
+            self.qq - _outer(self.mq, self.mq),
+            self.qf - _outer(self.mq, self.mf),
+            self.ff - _outer(self.mf, self.mf),
+        )
+
+
+def _outer(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Per-group outer products of [G, K] vectors: [G, K, K]."""
+    return np.asarray(a[:, :, None] * b[:, None, :])
+
+
+def conv_windows(x: np.ndarray, node: onnx.NodeProto, kernel: tuple[int, int], groups: int) -> np.ndarray:
+    """im2col of an NCHW input for a 2-D convolution with explicit pads: [N*OH*OW, G, C/G*KH*KW]."""
+    attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+    strides = list(attrs.get("strides", [1, 1]))
+    dil = list(attrs.get("dilations", [1, 1]))
+    pads = list(attrs.get("pads", [0, 0, 0, 0]))
+    xp = np.pad(x, [(0, 0), (0, 0), (pads[0], pads[2]), (pads[1], pads[3])])
+    width = [(k - 1) * d + 1 for k, d in zip(kernel, dil, strict=True)]
+    w = sliding_window_view(xp, width, axis=(2, 3))[:, :, :: strides[0], :: strides[1], :: dil[0], :: dil[1]]
+    n, c, oh, ow, kh, kw = w.shape
+    return np.ascontiguousarray(w.transpose(0, 2, 3, 1, 4, 5)).reshape(n * oh * ow, groups, (c // groups) * kh * kw)
+
+
+def layer_stats(
+    xq: np.ndarray, xf: np.ndarray, node: onnx.NodeProto, kernel: tuple[int, int], groups: int
+) -> LayerStats:
+    """Accumulate the window moments image by image (a 112x112 depthwise layer has 1.6M windows per 128)."""
+    acc: dict[str, np.ndarray] = {}
+    rows = 0
+    for i in range(len(xq)):
+        cq = conv_windows(xq[i : i + 1].astype(np.float32), node, kernel, groups).transpose(1, 0, 2)  # G P K
+        cf = conv_windows(xf[i : i + 1].astype(np.float32), node, kernel, groups).transpose(1, 0, 2)
+        parts = {  # float32 products of one image's windows, summed in float64
+            "qq": (cq.transpose(0, 2, 1) @ cq).astype(np.float64),
+            "qf": (cq.transpose(0, 2, 1) @ cf).astype(np.float64),
+            "ff": (cf.transpose(0, 2, 1) @ cf).astype(np.float64),
+            "mq": cq.sum(axis=1, dtype=np.float64),
+            "mf": cf.sum(axis=1, dtype=np.float64),
+        }
+        for k, v in parts.items():
+            acc[k] = acc[k] + v if k in acc else v
+        rows += cq.shape[1]
+    return LayerStats(**{k: v / rows for k, v in acc.items()}, rows=rows)
+
+
+def reconstruction_error(ws: np.ndarray, w: np.ndarray, cov: tuple[np.ndarray, np.ndarray, np.ndarray]) -> float:
+    """E||ws·xq - w·xf||² after the best bias, per output: ws, w [G, O, K]."""
+    qq, qf, ff = cov
+    t = float((ws @ qq * ws).sum()) - 2 * float((ws @ qf * w).sum()) + float((w @ ff * w).sum())
+    return t / float(w.shape[0] * w.shape[1])
+
+
+def adaround(
+    w: np.ndarray,
+    scale: np.ndarray,
+    cov: tuple[np.ndarray, np.ndarray, np.ndarray],
+    iters: int = 400,
+    lam: float = 0.01,
+    lr: float = 0.05,
+) -> np.ndarray:
+    """Integer weights [G, O, K] for float weights w [G, O, K] and per-output scales [G, O, 1]: each weight
+    rounds down or up, chosen by gradient descent on the reconstruction error with a rectified-sigmoid
+    relaxation and a regularizer that anneals every choice to 0 or 1 (AdaRound)."""
+    qq, qf, _ = cov
+    base = np.floor(w / scale)
+    rest = np.clip(w / scale - base, 0.0, 1.0)
+    p = np.clip((rest + 0.1) / 1.2, 1e-4, 1 - 1e-4)
+    v = np.log(p / (1 - p))
+    target = w @ qf.transpose(0, 2, 1)  # [G, O, K]: the cross term's gradient
+    norm = max(reconstruction_error(np.clip(np.rint(w / scale), -QMAX, QMAX) * scale, w, cov), 1e-30)
+    norm *= w.shape[0] * w.shape[1]
+    m, s2 = np.zeros_like(v), np.zeros_like(v)
+    warm = int(0.2 * iters)
+    for it in range(iters):
+        sig = 1 / (1 + np.exp(-v))
+        h = np.clip(sig * 1.2 - 0.1, 0, 1)
+        ws = (base + h) * scale
+        grad_ws = 2 * (ws @ qq - target) / norm
+        dh = grad_ws * scale
+        if it >= warm:
+            beta = 20 + (2 - 20) * (it - warm) / max(iters - warm, 1)
+            u = 2 * h - 1
+            dh = dh + lam * (-beta * np.abs(u) ** (beta - 1) * np.sign(u) * 2) / h.size
+        dv = dh * 1.2 * sig * (1 - sig) * ((sig * 1.2 - 0.1 > 0) & (sig * 1.2 - 0.1 < 1))
+        m = 0.9 * m + 0.1 * dv
+        s2 = 0.999 * s2 + 0.001 * dv * dv
+        v -= lr * (m / (1 - 0.9 ** (it + 1))) / (np.sqrt(s2 / (1 - 0.999 ** (it + 1))) + 1e-8)
+    h = np.clip(1 / (1 + np.exp(-v)) * 1.2 - 0.1, 0, 1)
+    return np.asarray(np.clip(base + (h >= 0.5), -QMAX, QMAX))
+
+
+@dataclass
+class _QConv:
+    """A convolution of the Q/DQ model with the initializers that hold its integer weights and bias."""
+
+    node: onnx.NodeProto
+    x_float: str  # the float tensor that is quantized for its input
+    x_scale: str
+    w_float: np.ndarray
+    w_int: str
+    w_scale: str
+    b_float: np.ndarray
+    b_int: str | None
+    b_scale: str | None
+
+
+def _consumers(g: onnx.GraphProto) -> dict[str, list[onnx.NodeProto]]:
+    out: dict[str, list[onnx.NodeProto]] = {}
+    for n in g.node:
+        for i in n.input:
+            out.setdefault(i, []).append(n)
+    return out
+
+
+def _qconvs(fp: onnx.ModelProto, qdq: onnx.ModelProto) -> list[_QConv]:
+    """The convolutions whose input and weight are both dequantized, in graph order."""
+    producer = {o: n for n in qdq.graph.node for o in n.output}
+    inits = {t.name for t in qdq.graph.initializer}
+    fp_nodes = {n.name: n for n in fp.graph.node}
+    fp_inits = {t.name: t for t in fp.graph.initializer}
+    found = []
+    for n in qdq.graph.node:
+        if n.op_type != "Conv" or n.name not in fp_nodes or len(n.input) < 2:
+            continue
+        dx, dw = producer.get(n.input[0]), producer.get(n.input[1])
+        if dx is None or dw is None or dx.op_type != "DequantizeLinear" or dw.op_type != "DequantizeLinear":
+            continue
+        qx = producer.get(dx.input[0])
+        if qx is None or qx.op_type != "QuantizeLinear" or dw.input[0] not in inits:
+            continue
+        f = fp_nodes[n.name]
+        w = numpy_helper.to_array(fp_inits[f.input[1]]).astype(np.float64)
+        db = producer.get(n.input[2]) if len(n.input) > 2 else None
+        has_int_bias = db is not None and db.op_type == "DequantizeLinear" and db.input[0] in inits
+        bias = (
+            numpy_helper.to_array(fp_inits[f.input[2]]).astype(np.float64)
+            if len(f.input) > 2 and f.input[2] in fp_inits
+            else np.zeros(w.shape[0])
+        )
+        found.append(
+            _QConv(
+                n,
+                qx.input[0],
+                dx.input[1],
+                w,
+                dw.input[0],
+                dw.input[1],
+                bias,
+                db.input[0] if has_int_bias and db is not None else None,
+                db.input[1] if has_int_bias and db is not None else None,
+            )
+        )
+    return found
+
+
+def _activation_scales(qdq: onnx.ModelProto) -> list[tuple[str, str, list[str]]]:
+    """(layer, float tensor, scale initializers) for each ReLU/ReLU6 output quantized with a symmetric scale,
+    with the scale of the quantized tensor right before it (a convolution output) where there is one."""
+    producer = {o: n for n in qdq.graph.node for o in n.output}
+    cons = _consumers(qdq.graph)
+    out = []
+    for n in qdq.graph.node:
+        if n.op_type not in ("Relu", "Clip"):
+            continue
+        after = [c for c in cons.get(n.output[0], []) if c.op_type == "QuantizeLinear"]
+        if len(after) != 1:
+            continue
+        scales = [after[0].input[1]]
+        dq = producer.get(n.input[0])
+        q = producer.get(dq.input[0]) if dq is not None and dq.op_type == "DequantizeLinear" else None
+        if q is not None and q.op_type == "QuantizeLinear" and len(cons.get(q.output[0], [])) == 1:
+            scales.append(q.input[1])
+        out.append((n.name, n.output[0], scales))
+    return out
+
+
+def _spread(inputs: np.ndarray, count: int) -> np.ndarray:
+    """`count` samples spread evenly over `inputs` (all of them when there are fewer)."""
+    if count >= len(inputs):
+        return inputs
+    return np.asarray(inputs[np.linspace(0, len(inputs) - 1, count).round().astype(int)])
+
+
+def _set(inits: dict[str, onnx.TensorProto], name: str, value: np.ndarray) -> None:
+    inits[name].CopyFrom(numpy_helper.from_array(value, name))
+
+
+def refine_qdq(
+    fp: onnx.ModelProto,
+    qdq: onnx.ModelProto,
+    inputs: np.ndarray,
+    run: Runner,
+    *,
+    clip: bool = True,
+    learn_rounding: bool = True,
+    lam: float = 0.01,
+    progress: Callable[[str], None] = lambda s: None,
+) -> list[LayerChoice]:
+    """Refine the symmetric Q/DQ model `qdq` of float model `fp` in place (see the module doc).
+
+    `run(model, inputs, names)` runs a model and returns the named tensors; `inputs` are the calibration
+    samples (each layer's statistics use at most WINDOWS input windows, from evenly spread samples)."""
+    inits = {t.name: t for t in qdq.graph.initializer}
+    choices: list[LayerChoice] = []
+    if clip:
+        acts = _activation_scales(qdq)
+        values = run(fp, _spread(inputs, 32), [t for _, t, _ in acts]) if acts else []
+        for (layer, _, scales), x in zip(acts, values, strict=True):
+            sample = x.reshape(-1)[:: max(1, x.size // 2_000_000)]
+            s, err, naive = mse_clip(sample)
+            for name in scales:
+                _set(inits, name, np.asarray(s, dtype=numpy_helper.to_array(inits[name]).dtype))
+            amax = float(np.abs(sample).max())
+            choices.append(LayerChoice(layer, "range", f"clip {s * QMAX:.3g} of max {amax:.3g}", naive, err))
+    for conv in _qconvs(fp, qdq):
+        progress(f"refine {conv.node.name}")
+        groups = next((int(a.i) for a in conv.node.attribute if a.name == "group"), 1)
+        o = conv.w_float.shape[0]
+        kernel = (conv.w_float.shape[2], conv.w_float.shape[3])
+        xf = run(fp, inputs[:1], [conv.x_float])[0]
+        per_image = len(conv_windows(xf, conv.node, kernel, groups))
+        sample = _spread(inputs, max(16, -(-WINDOWS // per_image)))
+        xq = run(qdq, sample, [conv.node.input[0]])[0]
+        xf = run(fp, sample, [conv.x_float])[0]
+        stats = layer_stats(xq, xf, conv.node, kernel, groups)
+        cov = stats.centered()
+        w = conv.w_float.reshape(groups, o // groups, -1)
+        w_scale = numpy_helper.to_array(inits[conv.w_scale]).astype(np.float64)
+        scale = np.broadcast_to(w_scale.reshape(-1), (o,)).reshape(groups, o // groups, 1)
+        nearest = np.clip(np.rint(w / scale), -QMAX, QMAX)
+        err_near = reconstruction_error(nearest * scale, w, cov)
+        q, detail, err = nearest, "nearest rounding", err_near
+        if learn_rounding and stats.rows >= 8 * w.shape[2]:
+            learned = adaround(w, scale, cov, lam=lam)
+            err_learned = reconstruction_error(learned * scale, w, cov)
+            if err_learned < err_near:
+                flipped = float(np.mean(learned != nearest)) * 100
+                q, detail, err = learned, f"learned rounding ({flipped:.1f}% of weights flipped)", err_learned
+        elif learn_rounding:
+            detail = f"nearest rounding ({stats.rows} rows for fan-in {w.shape[2]})"
+        # the bias takes the mean output error: b' = b + w·E[xf] - wq·E[xq]
+        wq = q * scale
+        shift = (w @ stats.mf[:, :, None] - wq @ stats.mq[:, :, None]).reshape(o)
+        bias = conv.b_float + shift
+        q_arr = q.reshape(conv.w_float.shape).astype(numpy_helper.to_array(inits[conv.w_int]).dtype)
+        _set(inits, conv.w_int, q_arr)
+        if conv.b_int is not None and conv.b_scale is not None:
+            detail += ", bias corrected"
+            x_scale = float(numpy_helper.to_array(inits[conv.x_scale]))
+            b_scale = (x_scale * w_scale).astype(np.float32)  # per channel, or one per tensor
+            _set(inits, conv.b_scale, b_scale)
+            _set(inits, conv.b_int, np.rint(bias / b_scale.astype(np.float64)).astype(np.int32))
+        choices.append(LayerChoice(conv.node.name, "weights", detail, err_near, err))
+    return choices
+
+
+def center_relu6(model: onnx.ModelProto) -> tuple[onnx.ModelProto, list[str]]:
+    """Shift each ReLU6 output that only feeds unpadded convolutions (MobileNet's depthwise → pointwise) to be
+    centred on zero: Conv(bias b - c) → Clip(-c, 6 - c) → Conv(bias b' + c·ΣW), c = 3. The float model
+    computes the same (no padding, so every input pixel is shifted), and a symmetric int8 scale then covers
+    [-3, 3] instead of [-6, 6]: these activations get all 8 bits. Returns the new model and the Clip nodes."""
+    model = onnx.ModelProto.FromString(model.SerializeToString())
+    g = model.graph
+    inits = {t.name: t for t in g.initializer}
+    producer = {o: n for n in g.node for o in n.output}
+    cons = _consumers(g)
+    centred = []
+    for act in g.node:
+        if act.op_type != "Clip" or len(act.input) < 3 or not all(i in inits for i in act.input[1:3]):
+            continue
+        lo, hi = (float(numpy_helper.to_array(inits[i])) for i in act.input[1:3])
+        src = producer.get(act.input[0])
+        users = cons.get(act.output[0], [])
+        if lo != 0.0 or hi <= 0 or src is None or not _biased_conv(src, inits) or len(cons[act.input[0]]) != 1:
+            continue
+        if not users or not all(_unpadded_conv(u, act.output[0], inits) for u in users):
+            continue
+        c = hi / 2
+        b = numpy_helper.to_array(inits[src.input[2]])
+        _set(inits, src.input[2], (b - c).astype(b.dtype))
+        for k, v in ((1, -c), (2, hi - c)):
+            old = inits[act.input[k]]
+            name = f"{act.name}_centred_{'min' if k == 1 else 'max'}"
+            g.initializer.append(numpy_helper.from_array(np.asarray(v, numpy_helper.to_array(old).dtype), name))
+            act.input[k] = name
+            if not any(old.name in n.input for n in g.node):
+                g.initializer.remove(old)
+        for u in users:
+            w = numpy_helper.to_array(inits[u.input[1]])
+            shift = (c * w.astype(np.float64).sum(axis=(1, 2, 3))).astype(w.dtype)
+            if len(u.input) > 2 and u.input[2]:
+                ub = numpy_helper.to_array(inits[u.input[2]])
+                _set(inits, u.input[2], (ub + shift).astype(ub.dtype))
+            else:
+                name = f"{u.name}_centred_bias"
+                g.initializer.append(numpy_helper.from_array(shift, name))
+                del u.input[2:]
+                u.input.append(name)
+        centred.append(act.name)
+    return model, centred
+
+
+def _biased_conv(n: onnx.NodeProto, inits: dict[str, onnx.TensorProto]) -> bool:
+    return n.op_type == "Conv" and len(n.input) > 2 and n.input[2] in inits
+
+
+def _unpadded_conv(n: onnx.NodeProto, tensor: str, inits: dict[str, onnx.TensorProto]) -> bool:
+    """A 2-D Conv reading `tensor` as its data input, with constant weights and no padding at all."""
+    if n.op_type != "Conv" or n.input[0] != tensor or tensor in n.input[1:] or n.input[1] not in inits:
+        return False
+    attrs = {a.name: onnx.helper.get_attribute_value(a) for a in n.attribute}
+    auto = attrs.get("auto_pad", b"NOTSET")
+    auto = auto.decode() if isinstance(auto, bytes) else auto
+    return auto in ("NOTSET", "VALID") and not any(attrs.get("pads", [])) and len(inits[n.input[1]].dims) == 4

@@ -1,0 +1,160 @@
+"""The layer-wise refinement of symmetric INT8 (compile/int8/refine.py) on small synthetic layers and models."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from edgedeploy.compile.int8.qdq_reference import QdqReference
+from edgedeploy.compile.int8.quantize import QuantizeOptions, quantize_qdq
+from edgedeploy.compile.int8.refine import (
+    adaround,
+    center_relu6,
+    fake_quant,
+    layer_stats,
+    mse_clip,
+    reconstruction_error,
+)
+
+
+def test_mse_clip_beats_max_scaling_on_a_long_tail() -> None:
+    rng = np.random.default_rng(0)
+    x = np.concatenate([rng.exponential(0.5, 1_000_000), [20.0]])  # one outlier sets the max
+    scale, err, naive = mse_clip(x)
+    assert scale * 127 < 0.5 * 20.0
+    assert err < 0.5 * naive
+    assert np.isclose(naive, np.mean((x - fake_quant(x, 20.0 / 127)) ** 2))
+    flat = rng.uniform(-1, 1, 100_000)  # no tail: the max is (nearly) optimal, never worse
+    s2, e2, n2 = mse_clip(flat)
+    assert e2 <= n2 and s2 * 127 > 0.9
+
+
+def _window_node(pads: list[int]) -> onnx.NodeProto:
+    return helper.make_node("Conv", ["x", "w"], ["y"], pads=pads, strides=[1, 1])
+
+
+def test_learned_rounding_beats_nearest_on_a_small_conv() -> None:
+    """A 3x3 conv (8 → 4 channels) on a quantized input: learned rounding lowers the output error."""
+    rng = np.random.default_rng(1)
+    xf = np.maximum(rng.normal(0.5, 1.0, (16, 8, 10, 10)), 0).astype(np.float32)
+    xq = fake_quant(xf, float(xf.max()) / 127 * 4).astype(np.float32)  # a coarse input grid, as after ReLU6
+    w = rng.normal(0, 0.1, (4, 8, 3, 3))
+    node = _window_node([1, 1, 1, 1])
+    stats = layer_stats(xq, xf, node, (3, 3), 1)
+    assert stats.rows == 16 * 10 * 10
+    cov = stats.centered()
+    wg = w.reshape(1, 4, -1)
+    scale = np.abs(wg).max(axis=2, keepdims=True) / 127
+    nearest = np.clip(np.rint(wg / scale), -127, 127)
+    learned = adaround(wg, scale, cov)
+    gap = np.abs(learned - wg / scale)
+    assert gap.max() <= 1  # each weight is floor(w / s) or floor(w / s) + 1, never further
+    assert np.abs(learned).max() <= 127
+    before = reconstruction_error(nearest * scale, wg, cov)
+    after = reconstruction_error(learned * scale, wg, cov)
+    assert after < 0.98 * before  # most of this error is the input's own quantization, which no rounding undoes
+    # the covariance form is the direct error after the best bias: the mean output variance of the error
+    from edgedeploy.compile.int8.refine import conv_windows
+
+    cq, cf = conv_windows(xq, node, (3, 3), 1)[:, 0], conv_windows(xf, node, (3, 3), 1)[:, 0]
+    direct = float(np.var(cq @ (learned * scale)[0].T - cf @ wg[0].T, axis=0).mean())
+    assert np.isclose(direct, after, rtol=1e-3)
+
+
+def _relu6_model() -> onnx.ModelProto:
+    """conv 3x3 → ReLU6 → conv 1x1 (unpadded: centred) → ReLU6 → conv 3x3 padded (its input is not centred)."""
+    rng = np.random.default_rng(2)
+    inits = [
+        numpy_helper.from_array(rng.normal(0, 0.5, (8, 3, 3, 3)).astype(np.float32), "w0"),
+        numpy_helper.from_array(rng.normal(0, 0.1, 8).astype(np.float32), "b0"),
+        numpy_helper.from_array(rng.normal(0, 0.3, (8, 8, 1, 1)).astype(np.float32), "w1"),
+        numpy_helper.from_array(rng.normal(0, 0.3, (4, 8, 3, 3)).astype(np.float32), "w2"),
+        numpy_helper.from_array(rng.normal(0, 0.1, 4).astype(np.float32), "b2"),
+        numpy_helper.from_array(np.float32(0), "lo"),
+        numpy_helper.from_array(np.float32(6), "hi"),
+    ]
+    nodes = [
+        helper.make_node("Conv", ["x", "w0", "b0"], ["c0"], name="conv0", pads=[1, 1, 1, 1]),
+        helper.make_node("Clip", ["c0", "lo", "hi"], ["a0"], name="relu0"),
+        helper.make_node("Conv", ["a0", "w1"], ["c1"], name="conv1"),
+        helper.make_node("Clip", ["c1", "lo", "hi"], ["a1"], name="relu1"),
+        helper.make_node("Conv", ["a1", "w2", "b2"], ["y"], name="conv2", pads=[1, 1, 1, 1]),
+    ]
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, 3, 12, 12])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, None)
+    return helper.make_model(
+        helper.make_graph(nodes, "relu6", [x], [y], inits), opset_imports=[helper.make_opsetid("", 13)]
+    )
+
+
+def _ort(model: onnx.ModelProto, x: np.ndarray) -> np.ndarray:
+    return np.asarray(ort.InferenceSession(model.SerializeToString()).run(None, {"x": x})[0])
+
+
+def test_centred_relu6_keeps_the_float_function() -> None:
+    model = _relu6_model()
+    x = np.random.default_rng(3).normal(0, 1, (4, 3, 12, 12)).astype(np.float32)
+    centred, names = center_relu6(model)
+    assert names == ["relu0"]  # relu1 feeds a padded conv: shifting it would change the border
+    np.testing.assert_allclose(_ort(centred, x), _ort(model, x), atol=1e-4)
+    clip = next(n for n in centred.graph.node if n.name == "relu0")
+    bounds = {t.name: numpy_helper.to_array(t) for t in centred.graph.initializer}
+    assert (float(bounds[clip.input[1]]), float(bounds[clip.input[2]])) == (-3.0, 3.0)
+
+
+def test_symmetric_qdq_stays_tensorrt_kind_and_refined_is_closer_to_fp32() -> None:
+    """Refined or not: int8 zero points 0, int8 weights in [-127, 127], int32 biases; refined is closer to FP32."""
+    rng = np.random.default_rng(4)
+    calib = rng.normal(0, 1, (64, 3, 12, 12)).astype(np.float32)
+    held_out = rng.normal(0, 1, (32, 3, 12, 12)).astype(np.float32)
+    model = _relu6_model()
+    want = _ort(model, held_out)
+    errors = {}
+    for refine in (False, True):
+        rep = quantize_qdq(model, calib, QuantizeOptions(symmetric_activations=True, refine=refine))
+        inits = {t.name: numpy_helper.to_array(t) for t in rep.model.graph.initializer}
+        q_nodes = [n for n in rep.model.graph.node if n.op_type == "QuantizeLinear"]
+        assert q_nodes and all(inits[n.input[2]].dtype == np.int8 and not inits[n.input[2]].any() for n in q_nodes)
+        weights = [inits[f"w{i}_quantized"] for i in range(3)]
+        assert all(w.dtype == np.int8 and np.abs(w).max() <= 127 for w in weights)
+        assert inits["b0_quantized"].dtype == inits["b2_quantized"].dtype == np.int32
+        assert bool(rep.choices) == refine
+        errors[refine] = float(np.mean((QdqReference(rep.model).run({"x": held_out})[0] - want) ** 2))
+    assert any(line.startswith("relu0: ReLU6 output centred") for line in rep.choices)
+    assert sum(line.startswith("conv") and "rounding" in line for line in rep.choices) == 3
+    assert errors[True] < errors[False]
+
+
+@pytest.mark.compile
+def test_build_prints_the_per_layer_choice(data_dir: Path, tmp_path: Path, cli: Any) -> None:
+    """`edgedeploy build --int8 --symmetric` prints what the refinement chose for each layer."""
+    r = cli(
+        "build",
+        str(data_dir / "models" / "mnist-8_opset13.onnx"),
+        "-p",
+        "cpu-x86_64",
+        "--int8",
+        "--symmetric",
+        "--calibration",
+        str(data_dir / "mnist"),
+        "--samples",
+        "32",
+        "-o",
+        str(tmp_path / "m.edb"),
+    )
+    assert r.code == 0, r.err
+    assert "calibration samples" in r.out and " s;" in r.out
+    lines = [ln.strip() for ln in r.out.splitlines() if "rounding" in ln]
+    assert len(lines) == 2 and all(ln.startswith("Convolution") for ln in lines), r.out
+    # eval reports agreement with FP32 beside top-1, for the bundle and for the exact INT8 reference
+    r = cli("eval", str(tmp_path / "m.edb"), "--data", str(data_dir / "mnist"), "--limit", "300", "--json")
+    assert r.code == 0, r.err
+    res = json.loads(r.out)
+    assert res["top1_agreement_fp32_vs_bundle"] >= 95.0 and res["top1_agreement_fp32_vs_int8_reference"] >= 95.0
