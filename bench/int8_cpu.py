@@ -1,6 +1,7 @@
 """CPU latency, in one run and on the same inputs: TVM FP32 and INT8 bundles against onnxruntime FP32 and INT8.
 
-    python bench/int8_cpu.py [--model mobilenet|resnet18|mnist|all] [--runs 50] [--threads N] [--data ../shared/data]
+    python bench/int8_cpu.py [--model mobilenet|resnet18|mnist|all] [--runs 50] [--threads N] [--tvm-spin N]
+                             [--profile cpu-x86_64] [--data ../shared/data]
 
 The default, `all`, measures MobileNetV1-0.25 and ResNet-18 (bench/resnet18_onnx.py's deterministic export,
 written to a temporary folder; it finds the same build cache and tuning databases every time). The bundles
@@ -11,9 +12,11 @@ the build put them): it is the peer a user would pick, measured for speed only. 
 reference (its integer kernels depend on the CPU; compile/qdq_reference.py is the exact INT8 reference).
 
 Like with like: TVM's thread pool (TVM_NUM_THREADS) and onnxruntime's intra-op pool get the same thread
-count (--threads, default: every CPU of this machine). The four peers run interleaved, one call each per
-round, so a noisy neighbour slows them alike; min and median per peer. The closing lines are the ratios the
-project's goal is stated in: TVM INT8 speed-up over TVM FP32, and TVM best / onnxruntime best (median).
+count (--threads, default: every CPU of this machine); --tvm-spin sets how long TVM's idle workers spin before
+they sleep (TVM_THREAD_POOL_SPIN_COUNT; docs/int8.md: on an oversubscribed host 0 made TVM's medians 20-30x
+lower). The four peers run interleaved, one call each per round, so a noisy neighbour slows them alike; min
+and median per peer. The closing lines are the ratios the project's goal is stated in: TVM INT8 speed-up
+over TVM FP32, and TVM best / onnxruntime best (medians).
 """
 
 from __future__ import annotations
@@ -155,15 +158,20 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=50)
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     ap.add_argument("--profile", default="cpu-x86_64", help="a CPU profile whose target this machine runs")
+    ap.add_argument("--tvm-spin", type=int, help="TVM_THREAD_POOL_SPIN_COUNT (TVM's default when not given)")
     ap.add_argument("--data", type=Path, default=REPO.parent / "shared" / "data")
     args = ap.parse_args()
     if args.threads < 1 or args.runs < 1:
         raise SystemExit("--threads and --runs must be at least 1")
     os.environ["TVM_NUM_THREADS"] = str(args.threads)  # read when TVM's thread pool starts: before any run
+    if args.tvm_spin is not None:
+        os.environ["TVM_THREAD_POOL_SPIN_COUNT"] = str(args.tvm_spin)
+    spin = os.environ.get("TVM_THREAD_POOL_SPIN_COUNT", "TVM's default")
     logging.disable(logging.WARNING)
     ort.set_default_logger_severity(3)
     target = get_profile(args.profile).compiler.target
-    print(f"profile {args.profile}, target {dict(target)}")
+    load = ", ".join(Path("/proc/loadavg").read_text().split()[:3]) if Path("/proc/loadavg").exists() else "?"
+    print(f"profile {args.profile}, target {dict(target)}; TVM pool spin count {spin}; load average {load}")
     with tempfile.TemporaryDirectory() as tmp:
         for name in ("mobilenet", "resnet18") if args.model == "all" else (args.model,):
             measure(name, args, Path(tmp))
