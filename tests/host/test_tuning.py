@@ -301,6 +301,26 @@ def test_tuned_fp32_bundle_uses_the_database_and_matches_onnxruntime(data_dir: P
 
 
 @pytest.mark.compile
+def test_resnet18_fp32_bundle_uses_its_cpu_database_and_matches_onnxruntime(tmp_path: Path) -> None:
+    """bench/resnet18_onnx.py's export finds profiles/tuning/cpu-x86_64/<graph digest>-fp32 (bench/int8_cpu.py's
+    ResNet-18) and its tuned kernels compute what onnxruntime computes."""
+    sys.path.insert(0, str(REPO / "bench"))
+    from resnet18_onnx import export
+
+    model = tmp_path / "resnet18.onnx"
+    export(model, seed=0, tiled=True)
+    db = _database(model, "fp32")
+    res = build(model, "cpu-x86_64", tmp_path / "r.edb", ModelCard(name="resnet18"))
+    tuning = res.manifest.provenance.options["tuning"]
+    assert tuning.startswith(f"cpu-x86_64/{db.name}: ") and "fused_conv2d" in tuning
+    m = extract_bundle(res.bundle, tmp_path / "rel")
+    x = np.random.default_rng(0).uniform(-2, 2, (1, 3, 224, 224)).astype(np.float32)
+    got = np.asarray(TvmRuntime(tmp_path / "rel", m).run([x])[0])
+    want = ort.InferenceSession(str(model)).run(None, {m.inputs[0].name: x})[0]
+    assert np.abs(got - want).max() <= 1e-4 * np.abs(want).max()
+
+
+@pytest.mark.compile
 def test_tuned_int8_bundle_uses_the_database_and_agrees_with_the_reference(data_dir: Path, tmp_path: Path) -> None:
     """The default quantization (the one the database was tuned for) on the whole evaluation half."""
     model = data_dir / "models" / "mobilenet_v1_0.25_224.onnx"
