@@ -5,6 +5,8 @@ device is exactly what it was measured with: every OpenCV call here gives the sa
 (checked with the pip wheels under QEMU; `_INTERP`).
 """
 
+from typing import Optional
+
 import cv2
 import numpy as np
 
@@ -29,12 +31,13 @@ def input_hw(spec: TensorSpec) -> tuple[int, int, int]:
     return h, w, c
 
 
-def preprocess(frame_bgr: np.ndarray, pp: Preprocess, spec: TensorSpec) -> np.ndarray:
+def preprocess(frame_bgr: np.ndarray, pp: Preprocess, spec: TensorSpec, out: Optional[np.ndarray] = None) -> np.ndarray:
     """Colour convert, crop/resize, normalise and lay out one frame as a batch of one.
 
     After the (small) resize, everything is one pass over the pixels: the colour swap and the NCHW
     transpose are views of the uint8 image, and (x * scale - mean) / std is applied as x * a + b
-    while writing the float tensor, so the frame is not copied once per step.
+    while writing the float tensor, so the frame is not copied once per step. `out`: a float32 array of the
+    input's shape to write into (a GPU runtime's page-locked input: no copy before the upload), else a new one.
     """
     h, w, c = input_hw(spec)
     img = frame_bgr
@@ -50,11 +53,12 @@ def preprocess(frame_bgr: np.ndarray, pp: Preprocess, spec: TensorSpec) -> np.nd
     if img.shape[2] != c:
         raise ValueError(f"preprocessing gives {img.shape[2]} channels, input {spec.name} wants {c}")
     gain, offset = normalisation(pp, c)
+    shape = (1, c, h, w) if spec.layout == "NCHW" else (1, h, w, c)
+    if out is None or out.shape != shape or out.dtype != np.float32:
+        out = aligned_empty(shape, np.float32)
     if spec.layout == "NCHW":
-        out = aligned_empty((1, c, h, w), np.float32)
         src, gain_b, offset_b = img.transpose(2, 0, 1), gain[:, None, None], offset[:, None, None]
     else:
-        out = aligned_empty((1, h, w, c), np.float32)
         src, gain_b, offset_b = img, gain, offset
     np.multiply(src, gain_b, out=out[0], dtype=np.float32)
     if np.any(offset != 0):
@@ -81,9 +85,7 @@ def crop_box(ih: int, iw: int, pp: Preprocess) -> tuple[int, int, int, int]:
     return (ih - side) // 2, (iw - side) // 2, side, side
 
 
-def resize_taps(
-    box: tuple[int, int, int, int], interpolation: str, spec: TensorSpec
-) -> tuple[np.ndarray, np.ndarray]:
+def resize_taps(box: tuple[int, int, int, int], interpolation: str, spec: TensorSpec) -> tuple[np.ndarray, np.ndarray]:
     """The crop `box` (top, left, height, width; crop_box) resized to `spec`'s size, as two tap tables for the GPU
     kernel (host compile module preprocess_kernel.py): int32 (width, 4) and (height, 4), each row (source index 0,
     source index 1, weight 0, weight 1), 8-bit weights summing to 256, source indices in frame coordinates.

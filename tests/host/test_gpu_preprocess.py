@@ -15,19 +15,37 @@ import cv2
 import numpy as np
 import pytest
 
-from edgedeploy_agent.bundle import Preprocess, TensorSpec, describe_artifact, extract_bundle, read_manifest, write_bundle
+from edgedeploy_agent.bundle import (
+    Preprocess,
+    TensorSpec,
+    describe_artifact,
+    extract_bundle,
+    read_manifest,
+    write_bundle,
+)
 from edgedeploy_agent.preprocess import crop_box, preprocess, resize_taps
 
 MOBILENET = Preprocess(color="rgb", resize="center_crop", crop_fraction=0.875, mean=[127.5], std=[127.5])
 CASES = [
     (MOBILENET, TensorSpec(name="x", shape=[1, 3, 224, 224], layout="NCHW")),
     (
-        Preprocess(color="rgb", resize="center_crop", crop_fraction=0.875, mean=[123.675, 116.28, 103.53],
-                   std=[58.395, 57.12, 57.375]),
+        Preprocess(
+            color="rgb",
+            resize="center_crop",
+            crop_fraction=0.875,
+            mean=[123.675, 116.28, 103.53],
+            std=[58.395, 57.12, 57.375],
+        ),
         TensorSpec(name="x", shape=[1, 3, 224, 224], layout="NCHW"),
     ),
-    (Preprocess(color="gray", interpolation="nearest", scale=1 / 255), TensorSpec(name="x", shape=[2, 28, 28, 1], layout="NHWC")),
-    (Preprocess(color="bgr", mean=[1, 2, 3], std=[4, 5, 6]), TensorSpec(name="x", shape=[1, 300, 400, 3], layout="NHWC")),
+    (
+        Preprocess(color="gray", interpolation="nearest", scale=1 / 255),
+        TensorSpec(name="x", shape=[2, 28, 28, 1], layout="NHWC"),
+    ),
+    (
+        Preprocess(color="bgr", mean=[1, 2, 3], std=[4, 5, 6]),
+        TensorSpec(name="x", shape=[1, 300, 400, 3], layout="NHWC"),
+    ),
 ]
 
 
@@ -127,7 +145,9 @@ def frames_release(data_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> 
     manifest = extract_bundle(plain, tmp / "plain")
     files = {a.path: tmp / "plain" / a.path for a in manifest.artifacts}
     files[LIBRARY] = tmp / LIBRARY
-    build(manifest.preprocess, manifest.inputs[0], tvm.target.Target({"kind": "llvm"})).export_library(str(files[LIBRARY]))
+    build(manifest.preprocess, manifest.inputs[0], tvm.target.Target({"kind": "llvm"})).export_library(
+        str(files[LIBRARY])
+    )
     artifacts = [*manifest.artifacts, describe_artifact(files[LIBRARY], ROLE, LIBRARY)]
     write_bundle(tmp / "frames.edb", manifest.model_copy(update={"artifacts": artifacts, "schema_version": 5}), files)
     assert read_manifest(tmp / "frames.edb").artifact(ROLE).path == LIBRARY
@@ -141,7 +161,9 @@ def test_runtime_frame_path_matches_run_and_reuses_its_buffers(data_dir: Path, f
     rdir, manifest = frames_release
     rt = TvmRuntime(rdir, manifest)
     assert rt.frames_on_device and rt.describe()["frames_on_device"]
-    plain = TvmRuntime(rdir, manifest.model_copy(update={"artifacts": [a for a in manifest.artifacts if a.role != "tvm-preprocess"]}))
+    plain = TvmRuntime(
+        rdir, manifest.model_copy(update={"artifacts": [a for a in manifest.artifacts if a.role != "tvm-preprocess"]})
+    )
     assert not plain.frames_on_device
     frames = video_frames(data_dir, "bigbuckbunny.mp4", 30)
     device_input = rt._inputs[0]
@@ -160,9 +182,20 @@ def test_runtime_frame_path_matches_run_and_reuses_its_buffers(data_dir: Path, f
     assert batch.ctypes.data == rt.frame_batch(*frames[0].shape[:2]).ctypes.data
     batch[...] = frames[0]
     staged_batch, box = rt.upload_frames(batch)
-    assert staged_batch.array is rt._frames[batch.shape].array and box == crop_box(*frames[0].shape[:2], manifest.preprocess)
+    assert staged_batch.array is rt._frames[batch.shape].array and box == crop_box(
+        *frames[0].shape[:2], manifest.preprocess
+    )
     rt.load_frames(batch)
     assert np.array_equal(rt.loaded_input(), preprocess(frames[0], manifest.preprocess, manifest.inputs[0]))
     with pytest.raises(ValueError, match=r"the model takes uint8 \(1, H, W, 3\)"):
         rt.load_frames(frames[0].astype(np.float32))
 
+
+def test_preprocess_writes_into_a_given_input_buffer(data_dir: Path) -> None:
+    pp, spec = CASES[0]
+    frame = video_frames(data_dir, "bikes.mp4", 100)[0]
+    buffer = np.full(spec.shape, np.nan, np.float32)
+    assert preprocess(frame, pp, spec, out=buffer) is buffer
+    assert np.array_equal(buffer, preprocess(frame, pp, spec))
+    wrong = np.zeros((1, 3, 10, 10), np.float32)
+    assert preprocess(frame, pp, spec, out=wrong) is not wrong  # not the input's shape: a new array

@@ -29,8 +29,8 @@ from .cuda_worker import run_cuda_build
 from .frontends import ForeignModel, frontend_name, load_model
 from .manifest import BuildResult, card_manifest, profile_target, write_labels
 from .onnx_model import OnnxModel, check_preprocess, implied_color
-from .preprocess_kernel import LIBRARY, build_in_worker, supported
 from .pipeline import BuildContext, compiler_digest, pipeline_for, run_pipeline, tensor_cores_enabled
+from .preprocess_kernel import LIBRARY, build_in_worker, supported
 from .tuning import TuneRequest, adopt_file_keyed_database, find_database, find_gemm_configs, tuning_key
 
 __all__ = ["BuildResult", "ModelCard", "build_bundle", "compile_model", "load_card"]  # ModelCard, load_card: bench/
