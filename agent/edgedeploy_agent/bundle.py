@@ -37,9 +37,11 @@ from .gpu import CudaDevice, version_tuple
 # 3: a host file may be a TFLite model or a PyTorch ExportedProgram (the source of the build). Only such
 #    bundles are written as 3, so agents that read 2 still take every ONNX-built bundle.
 # 4: target.driver_floor_reason, twin_of, and the cuda-ptx artifact (model.ptx): GPU bundles whose device code
-#    comes from NVRTC 11 (issue 39). Only bundles with one of them are written as 4; this agent reads 4.
-SCHEMA_VERSION = 4
-WRITTEN_SCHEMA_VERSION = 2  # what a manifest says unless it needs 3 or 4
+#    comes from NVRTC 11 (issue 39). Only bundles with one of them are written as 4.
+# 5: the tvm-preprocess artifact (preprocess.so): GPU bundles that preprocess frames on the GPU (issue 36). Only
+#    bundles with it are written as 5; this agent reads 5.
+SCHEMA_VERSION = 5
+WRITTEN_SCHEMA_VERSION = 2  # what a manifest says unless it needs 3, 4 or 5
 MANIFEST_NAME = "manifest.json"
 SIGNATURE_NAME = "manifest.sig"
 BUNDLE_SUFFIX = ".edb"
@@ -123,7 +125,9 @@ class Artifact(_Model):
     """A file in the bundle (schema 1 bundles also carried onnx-model here)."""
 
     path: str
-    role: Literal["tvm-library", "onnx-model", "qdq-onnx", "labels", "other", "tensorrt-reference", "cuda-ptx"]
+    role: Literal[
+        "tvm-library", "onnx-model", "qdq-onnx", "labels", "other", "tensorrt-reference", "cuda-ptx", "tvm-preprocess"
+    ]
     sha256: str = Field(pattern=r"^[0-9a-f]{64}$")
     size: int = Field(ge=0)
 

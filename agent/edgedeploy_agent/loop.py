@@ -185,10 +185,15 @@ class InferenceLoop:
         """preprocess -> infer -> postprocess one frame; any failure is a FrameFailed naming the stage."""
         stage = "preprocessing"
         try:
-            x = preprocess(image, self.manifest.preprocess, self.manifest.inputs[0])
+            on_device = getattr(self.runtime, "frames_on_device", False)  # the bundle preprocesses on the GPU
+            if on_device:
+                self.runtime.load_frames(image)  # type: ignore[attr-defined]
+            else:  # into a GPU runtime's page-locked input where it has one: no host copy before the upload
+                out = getattr(self.runtime, "input_array", None)
+                x = preprocess(image, self.manifest.preprocess, self.manifest.inputs[0], out=out)
             t1 = time.perf_counter()
             stage = "inference"
-            outs = self.runtime.run([x])
+            outs = self.runtime.run_loaded() if on_device else self.runtime.run([x])  # type: ignore[attr-defined]
             t2 = time.perf_counter()
             problem = output_problem(outs, self.manifest) if self._count < self.health_frames else None
             if problem:

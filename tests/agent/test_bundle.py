@@ -157,6 +157,6 @@ def test_host_files_are_listed_but_never_unpacked(tmp_path: Path) -> None:
     hf = HostFile(name="model.onnx", role="onnx-model", sha256=sha, size=3)
     b = make_bundle(tmp_path, host_files=[hf])
     m = extract_bundle(b, tmp_path / "rel")
-    assert m.schema_version == WRITTEN_SCHEMA_VERSION == 2 and SCHEMA_VERSION == 4 and m.host_files == [hf]
+    assert m.schema_version == WRITTEN_SCHEMA_VERSION == 2 and SCHEMA_VERSION == 5 and m.host_files == [hf]
     assert sorted(p.name for p in (tmp_path / "rel").iterdir()) == ["labels.txt", "manifest.json", "model.so"]
     assert json.loads((tmp_path / "rel" / MANIFEST_NAME).read_bytes())["host_files"][0]["sha256"] == sha

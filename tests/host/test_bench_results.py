@@ -15,7 +15,7 @@ REPO = Path(__file__).resolve().parents[2]
 RESULTS_DIR = REPO / "bench" / "results_dir.py"
 
 # the benchmarks run as `bash bench/X.sh KIT OUT ...` from the repository root
-OUT_SCRIPTS = ["gpu_backend", "gpu_bench", "gpu_e2e", "gpu_ncu", "gpu_tune", "gpu_variants"]
+OUT_SCRIPTS = ["gpu_backend", "gpu_bench", "gpu_e2e", "gpu_ncu", "gpu_pipeline", "gpu_tune", "gpu_variants"]
 
 
 def test_every_shell_benchmark_with_an_out_is_checked_here() -> None:

@@ -62,7 +62,7 @@ def test_twin_has_the_real_bundles_device_code_as_ptx(
     t = real.target
     assert t.cuda_codegen == "nvrtc 11.8.89" and t.device_code[0].startswith(f"sm_{sm} sass (cubin,")
     assert (t.min_cuda_driver, t.arch) == ("11.4", arch) and "NVRTC 11.8" in (t.driver_floor_reason or "")
-    assert real.schema_version == 4 and real.twin_of is None
+    assert real.schema_version == 5 and real.twin_of is None  # 5: its preprocessing kernel (preprocess.so)
     [(kind, cubin)] = device_blobs((real_dir / "model.so").read_bytes())
     assert kind == "cubin" and cubin[7:9] == b"\x33\x07" and struct.unpack_from("<I", cubin, 20)[0] == 118
     assert {a.path: a.role for a in real.artifacts}["model.ptx"] == "cuda-ptx"

@@ -50,6 +50,7 @@ ARTIFACT_ROLES = {
     "labels.txt": "labels",
     "reference.npz": "tensorrt-reference",
     "model.ptx": "cuda-ptx",  # nvrtc-11 builds: the PTX of the library's CUDA module (compile/cuda/nvrtc11.py)
+    "preprocess.so": "tvm-preprocess",  # GPU builds: the preprocessing kernel (compile/preprocess_kernel.py)
 }
 
 
@@ -83,6 +84,8 @@ def card_manifest(
         extra.setdefault("schema_version", 3)
     if target.driver_floor_reason or profile.twin_of or "model.ptx" in files:  # fields schema 3 agents refuse
         extra["schema_version"] = 4
+    if "preprocess.so" in files:  # a role schema 4 agents refuse
+        extra["schema_version"] = 5
     if profile.twin_of:
         extra.setdefault("twin_of", profile.twin_of)
     return Manifest(

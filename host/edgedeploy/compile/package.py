@@ -29,6 +29,7 @@ from .frontends.model import ForeignModel
 from .frontends.onnx_model import OnnxModel, check_preprocess, implied_color
 from .manifest import BuildResult, card_manifest, profile_target, write_labels
 from .pipeline import compiler_digest, pipeline_for, run_pipeline
+from .preprocess_kernel import LIBRARY, build_in_worker, supported
 from .stage import BuildContext
 from .tuning.apply import adopt_file_keyed_database, find_database, find_gemm_configs
 from .tuning.key import tuning_key
@@ -112,6 +113,11 @@ def build_bundle(
         files: dict[str, Path] = {"model.so": res.library}
         if res.ptx is not None:  # nvrtc-11: the PTX of the same compilation (a future JIT fallback; twins)
             files["model.ptx"] = res.ptx
+        if profile.device == "cuda" and supported(card.preprocess, model.inputs[0]) is None:
+            progress("compile-preprocess")  # frames to the GPU as uint8, preprocessed there (issue 36)
+            files[LIBRARY] = build_in_worker(
+                card.preprocess, model.inputs[0], profile, work / "preprocess", resolve_toolchain(profile)
+            )
         write_labels(work, card, files)
         manifest = card_manifest(
             card,

@@ -1,0 +1,201 @@
+"""The preprocessing kernel (compile/preprocess_kernel.py), built for the CPU here, against preprocess.py on real
+video frames; the runtime's frame path (load_frames, run_loaded) and its buffers; the bundle's new artifact.
+
+Tolerance: the kernel's resized pixels are OpenCV's bytes exactly (INTER_LINEAR_EXACT, INTER_NEAREST, BGR2GRAY
+reproduced in integer arithmetic), and the normalisation rounds as numpy does, so the float32 tensors are equal:
+max |difference| 0 here. On the H200 (bench/gpu_pipeline.py, every frame of both videos) the same holds with
+CUDA's __fmul_rn/__fadd_rn; the bench prints the max |difference| and the fraction of changed top-1 classes.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import cv2
+import numpy as np
+import pytest
+
+from edgedeploy_agent.bundle import (
+    Preprocess,
+    TensorSpec,
+    describe_artifact,
+    extract_bundle,
+    read_manifest,
+    write_bundle,
+)
+from edgedeploy_agent.preprocess import crop_box, preprocess, resize_taps
+
+MOBILENET = Preprocess(color="rgb", resize="center_crop", crop_fraction=0.875, mean=[127.5], std=[127.5])
+CASES = [
+    (MOBILENET, TensorSpec(name="x", shape=[1, 3, 224, 224], layout="NCHW")),
+    (
+        Preprocess(
+            color="rgb",
+            resize="center_crop",
+            crop_fraction=0.875,
+            mean=[123.675, 116.28, 103.53],
+            std=[58.395, 57.12, 57.375],
+        ),
+        TensorSpec(name="x", shape=[1, 3, 224, 224], layout="NCHW"),
+    ),
+    (
+        Preprocess(color="gray", interpolation="nearest", scale=1 / 255),
+        TensorSpec(name="x", shape=[2, 28, 28, 1], layout="NHWC"),
+    ),
+    (
+        Preprocess(color="bgr", mean=[1, 2, 3], std=[4, 5, 6]),
+        TensorSpec(name="x", shape=[1, 300, 400, 3], layout="NHWC"),
+    ),
+]
+
+
+def video_frames(data_dir: Path, name: str, step: int) -> list[np.ndarray]:
+    cap = cv2.VideoCapture(str(data_dir / "video" / name))
+    frames, i = [], 0
+    while True:
+        ok, frame = cap.read()
+        if not ok:
+            break
+        if i % step == 0:
+            frames.append(frame)
+        i += 1
+    cap.release()
+    assert frames, f"no frames in {name}"
+    return frames
+
+
+def apply_taps(frame: np.ndarray, xtaps: np.ndarray, ytaps: np.ndarray) -> np.ndarray:
+    """The kernel's resize arithmetic in numpy."""
+    p = frame.astype(np.int64)
+
+    def rows(r: np.ndarray) -> np.ndarray:
+        return p[r][:, xtaps[:, 0]] * xtaps[None, :, 2, None] + p[r][:, xtaps[:, 1]] * xtaps[None, :, 3, None]
+
+    v = rows(ytaps[:, 0]) * ytaps[:, 2, None, None] + rows(ytaps[:, 1]) * ytaps[:, 3, None, None]
+    return ((v + (1 << 15)) >> 16).astype(np.uint8)
+
+
+@pytest.mark.parametrize("size", [(224, 224), (120, 160), (400, 300), (79, 79)])
+@pytest.mark.parametrize("interpolation", ["linear", "nearest"])
+def test_tap_tables_give_opencvs_bytes(data_dir: Path, size: tuple[int, int], interpolation: str) -> None:
+    flag = {"linear": cv2.INTER_LINEAR_EXACT, "nearest": cv2.INTER_NEAREST}[interpolation]
+    spec = TensorSpec(name="x", shape=[1, 3, *size], layout="NCHW")
+    for name in ("bikes.mp4", "bigbuckbunny.mp4"):
+        for frame in video_frames(data_dir, name, 50):
+            for fraction in (1.0, 0.875):
+                pp = Preprocess(resize="center_crop", crop_fraction=fraction, interpolation=interpolation)
+                top, left, h, w = box = crop_box(*frame.shape[:2], pp)
+                want = cv2.resize(frame[top : top + h, left : left + w], size[::-1], interpolation=flag)
+                assert np.array_equal(apply_taps(frame, *resize_taps(box, interpolation, spec)), want)
+
+
+def test_tap_tables_refuse_area() -> None:
+    with pytest.raises(ValueError, match="area"):
+        resize_taps((0, 0, 10, 10), "area", TensorSpec(name="x", shape=[1, 3, 4, 4], layout="NCHW"))
+
+
+def test_area_keeps_the_cpu_path() -> None:
+    from edgedeploy.compile.preprocess_kernel import supported
+
+    spec = TensorSpec(name="x", shape=[1, 3, 4, 4], layout="NCHW")
+    assert supported(Preprocess(interpolation="area"), spec) == "INTER_AREA is not a two-tap filter"
+    assert supported(MOBILENET, spec) is None
+    assert supported(MOBILENET, TensorSpec(name="x", shape=[1, 10])) is not None
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("case", range(len(CASES)))
+def test_kernel_equals_cpu_preprocessing_on_video(data_dir: Path, case: int) -> None:
+    import tvm
+
+    from edgedeploy.compile.preprocess_kernel import FUNCTION, build
+
+    pp, spec = CASES[case]
+    kernel = build(pp, spec, tvm.target.Target({"kind": "llvm"}))[FUNCTION]
+    one = TensorSpec(name="x", shape=[1, *spec.shape[1:]], layout=spec.layout)
+    n = spec.shape[0]
+    for name in ("bikes.mp4", "bigbuckbunny.mp4"):
+        frames = video_frames(data_dir, name, 25)
+        for i in range(0, len(frames) - n + 1, n):
+            batch = np.stack(frames[i : i + n])
+            out = tvm.runtime.tensor(np.zeros(spec.shape, np.float32))
+            box = crop_box(*batch.shape[1:3], pp)
+            xtaps, ytaps = resize_taps(box, pp.interpolation, spec)
+            kernel(*(tvm.runtime.tensor(a) for a in (batch, xtaps, ytaps)), out)
+            got = out.numpy()
+            for b in range(n):
+                assert np.array_equal(got[b], preprocess(batch[b], pp, one)[0]), f"{name} frame {i + b}"
+
+
+@pytest.fixture(scope="module")
+def frames_release(data_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, object]:
+    """An MNIST CPU bundle with the preprocessing kernel added as a GPU build adds it (built for the CPU here):
+    written, read back and unpacked as a device does."""
+    import tvm
+
+    from edgedeploy.api import build as build_bundle
+    from edgedeploy.compile.cards import ModelCard
+    from edgedeploy.compile.preprocess_kernel import LIBRARY, ROLE, build
+
+    tmp = tmp_path_factory.mktemp("frames")
+    pp = Preprocess(color="gray", resize="center_crop", crop_fraction=0.875, scale=1 / 255)
+    card = ModelCard(name="mnist", version="8", labels=[str(i) for i in range(10)], preprocess=pp)
+    plain = tmp / "plain.edb"
+    build_bundle(data_dir / "models" / "mnist-8_opset13.onnx", "cpu-x86_64", plain, card)
+    manifest = extract_bundle(plain, tmp / "plain")
+    files = {a.path: tmp / "plain" / a.path for a in manifest.artifacts}
+    files[LIBRARY] = tmp / LIBRARY
+    build(manifest.preprocess, manifest.inputs[0], tvm.target.Target({"kind": "llvm"})).export_library(
+        str(files[LIBRARY])
+    )
+    artifacts = [*manifest.artifacts, describe_artifact(files[LIBRARY], ROLE, LIBRARY)]
+    write_bundle(tmp / "frames.edb", manifest.model_copy(update={"artifacts": artifacts, "schema_version": 5}), files)
+    assert read_manifest(tmp / "frames.edb").artifact(ROLE).path == LIBRARY
+    return tmp / "release", extract_bundle(tmp / "frames.edb", tmp / "release")
+
+
+@pytest.mark.compile
+def test_runtime_frame_path_matches_run_and_reuses_its_buffers(data_dir: Path, frames_release: tuple) -> None:
+    from edgedeploy_agent.runtime.tvm import TvmRuntime
+
+    rdir, manifest = frames_release
+    rt = TvmRuntime(rdir, manifest)
+    assert rt.frames_on_device and rt.describe()["frames_on_device"]
+    plain = TvmRuntime(
+        rdir, manifest.model_copy(update={"artifacts": [a for a in manifest.artifacts if a.role != "tvm-preprocess"]})
+    )
+    assert not plain.frames_on_device
+    frames = video_frames(data_dir, "bigbuckbunny.mp4", 30)
+    device_input = rt._inputs[0]
+    for frame in frames:
+        x = preprocess(frame, manifest.preprocess, manifest.inputs[0])
+        rt.load_frames(frame)
+        assert np.array_equal(rt.loaded_input(), x)
+        assert np.array_equal(rt.run_loaded()[0], plain.run([x])[0])
+    # one buffer per resolution and one per input, allocated once: the same objects after every frame
+    staged = list(rt._frames.values())
+    assert len(staged) == 1 and rt._inputs[0] is device_input and len(rt._taps) == 1
+    rt.load_frames(frames[0])
+    assert list(rt._frames.values())[0] is staged[0] and rt._inputs[0] is device_input
+    # a batch from frame_batch is the runtime's own buffer: handed back, it is not copied (whole frames go)
+    batch = rt.frame_batch(*frames[0].shape[:2])
+    assert batch.ctypes.data == rt.frame_batch(*frames[0].shape[:2]).ctypes.data
+    batch[...] = frames[0]
+    staged_batch, box = rt.upload_frames(batch)
+    assert staged_batch.array is rt._frames[batch.shape].array and box == crop_box(
+        *frames[0].shape[:2], manifest.preprocess
+    )
+    rt.load_frames(batch)
+    assert np.array_equal(rt.loaded_input(), preprocess(frames[0], manifest.preprocess, manifest.inputs[0]))
+    with pytest.raises(ValueError, match=r"the model takes uint8 \(1, H, W, 3\)"):
+        rt.load_frames(frames[0].astype(np.float32))
+
+
+def test_preprocess_writes_into_a_given_input_buffer(data_dir: Path) -> None:
+    pp, spec = CASES[0]
+    frame = video_frames(data_dir, "bikes.mp4", 100)[0]
+    buffer = np.full(spec.shape, np.nan, np.float32)
+    assert preprocess(frame, pp, spec, out=buffer) is buffer
+    assert np.array_equal(buffer, preprocess(frame, pp, spec))
+    wrong = np.zeros((1, 3, 10, 10), np.float32)
+    assert preprocess(frame, pp, spec, out=wrong) is not wrong  # not the input's shape: a new array
