@@ -11,7 +11,7 @@
 set -euo pipefail
 kit=${1:?usage: $0 KIT [GPU_KIT]}
 src=${2:-.gpu}
-data=${EDGEDEPLOY_TEST_DATA:-$(cd .. && pwd)/shared/data}
+data=${EDGEDEPLOY_DATA:-$(cd .. && pwd)/shared/data}
 [ -d "$data" ] || data=$(cd ../.. && pwd)/shared/data # a worktree under /work/wt/
 py=.venv/bin/python
 mkdir -p "$kit"/{wheels,lib,bundles,video,src}
