@@ -61,7 +61,8 @@ def test_verify_a_serving_device_then_break_its_camera(cli: Cli, serving: Enroll
     assert checks["service"]["status"] == "ok" and "running" in checks["service"]["detail"]
     assert abs(checks["clock"]["data"]["skew_s"]) < 5 and checks["clock"]["status"] == "ok"
     assert checks["signing keys"]["status"] == "warning" and "keys install" in checks["signing keys"]["fix"]
-    assert _pid(serving) == pid and agent("--root", str(serving.root), "--json", "facts").out.count('"running": true')
+    facts = json.loads(agent("--root", str(serving.root), "--json", "facts").out)
+    assert _pid(serving) == pid and facts["running"] is True
 
     text = cli("verify", serving.name, *serving.args())
     print(text.out)  # shown with -s: the checklist docs/field.md quotes
