@@ -1,10 +1,10 @@
 """xavier-cpu INT8 bundles give the exact INT8 reference's outputs on the emulated arm64 root.
 
 Carmel (the Jetson Xavier CPU) has no 8-bit dot product, so its INT8 convolutions take the float32-exact form
-(compile/int8_rewrite.py) where x86 profiles use their tensorized kernels (compile/x86_int8.py). Here the
+(compile/int8/rewrite.py) where x86 profiles use their tensorized kernels (compile/int8/x86_int8.py). Here the
 agent's own TvmRuntime runs the aarch64 library under QEMU user-mode emulation in the cached Debian
 bullseye root (tests/integration/arm64root.py; chrooted on an overlay, not booted) and its outputs are
-compared with compile/qdq_reference.py on the same preprocessed inputs: every output within one
+compared with compile/int8/qdq_reference.py on the same preprocessed inputs: every output within one
 quantization step of the model's last quantized tensor (softmax and reshapes after it do not widen that).
 """
 
