@@ -88,7 +88,7 @@ def register(app: typer.Typer) -> None:
             typer.Option(
                 "--refine/--no-refine",
                 help="layer-wise refinement: centred ReLU6, MSE clipping, learned rounding, bias correction "
-                "(default: on with --symmetric)",
+                "(default: on with --symmetric, off for --runtime tensorrt: docs/int8.md)",
             ),
         ] = None,
         eval_data: Annotated[
