@@ -177,7 +177,7 @@ class TvmRuntime:
         self._frames: dict[tuple[int, ...], _Staged] = {}  # frame batch shape -> its buffers (one per resolution)
         self._taps: dict[tuple[int, int, int, int], tuple[Any, Any]] = {}  # crop box -> the device tap tables
 
-    def _staged(self, shape: list[int] | tuple[int, ...], dtype: str) -> "_Staged":
+    def _staged(self, shape: "list[int] | tuple[int, ...]", dtype: str) -> "_Staged":
         """Host and device buffers for one tensor (on a CPU one tensor is both)."""
         host = self._alloc(tuple(shape), dtype, self._pinned if self._manifest_device == "cuda" else self._device, None)
         device = self._alloc(tuple(shape), dtype, self._device, None) if self._manifest_device == "cuda" else host
