@@ -11,6 +11,8 @@ from edgedeploy_agent.service import write_health
 from edgedeploy_agent.store import LEGACY_RUN_FILES, DeviceStore
 from tests.helpers import require
 
+FAKE_LIBCUDA = Path(__file__).resolve().parents[1] / "fixtures" / "fake_libcuda.c"
+
 
 class ScriptedService:
     """Acts like the agent process: on restart it 'loads' whatever `current` points at."""
@@ -46,35 +48,13 @@ def lay_out_as_before_slots(root: Path) -> None:
     shutil.rmtree(root / "models")
 
 
-# a libcuda that reports a chosen driver version and GPU (what a GPU-less machine cannot provide for real)
-FAKE_LIBCUDA = r"""
-#include <string.h>
-int cuInit(unsigned f) { return 0; }
-int cuDriverGetVersion(int *v) { *v = DRIVER; return 0; }
-int cuDeviceGetCount(int *n) { *n = 1; return 0; }
-int cuDeviceGet(int *d, int i) { *d = 0; return 0; }
-int cuDeviceGetAttribute(int *v, int attr, int d) { *v = attr == 75 ? MAJOR : MINOR; return 0; }
-int cuDeviceGetName(char *name, int len, int d) { strncpy(name, NAME, len); return 0; }
-"""
-
-
 def fake_libcuda(tmp: Path, driver: int, sm: int, name: str) -> str:
+    """Build tests/fixtures/fake_libcuda.c answering one GPU (what a GPU-less machine cannot provide for real);
+    the library's path, named libcuda.so.1 in a folder of its own (for LD_LIBRARY_PATH)."""
     require("GCC", "needs gcc to build the fake driver" if shutil.which("gcc") is None else None)
-    src, lib = tmp / "fake.c", tmp / f"libcuda-{driver}-{sm}.so"
-    src.write_text(FAKE_LIBCUDA)
-    subprocess.run(
-        [
-            "gcc",
-            "-shared",
-            "-fPIC",
-            f"-DDRIVER={driver}",
-            f"-DMAJOR={sm // 10}",
-            f"-DMINOR={sm % 10}",
-            f'-DNAME="{name}"',
-            "-o",
-            str(lib),
-            str(src),
-        ],
-        check=True,
-    )
+    out = tmp / f"libcuda-{driver}-{sm}"
+    out.mkdir(exist_ok=True)
+    lib = out / "libcuda.so.1"
+    defines = [f"-DDRIVER={driver}", f"-DMAJOR={sm // 10}", f"-DMINOR={sm % 10}", f'-DNAME="{name}"']
+    subprocess.run(["gcc", "-shared", "-fPIC", *defines, "-o", str(lib), str(FAKE_LIBCUDA)], check=True)
     return str(lib)

@@ -20,6 +20,7 @@ import pytest
 from edgedeploy_agent.bundle import read_manifest
 from edgedeploy_agent.sidecar.worker import DOUBLE_ENV
 from tests.agent.bundles import reference_runs, with_version
+from tests.agent.doubles import fake_libcuda as build_fake_libcuda
 from tests.agent.trt_double import OPTIONS_ENV
 from tests.helpers import require, wait_for
 
@@ -30,14 +31,8 @@ REPO = Path(__file__).resolve().parents[2]
 
 @pytest.fixture(scope="module")
 def fake_libcuda(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("libcuda")
-    r = subprocess.run(
-        ["gcc", "-shared", "-fPIC", "-o", str(out / "libcuda.so.1"), str(REPO / "tests/fixtures/fake_libcuda.c")],
-        capture_output=True,
-        text=True,
-    )
-    require("GCC", None if r.returncode == 0 else f"gcc cannot build the libcuda stand-in: {r.stderr[-200:]}")
-    return out
+    """A folder holding a libcuda.so.1 that answers one T4 on a CUDA 11.4 driver."""
+    return Path(build_fake_libcuda(tmp_path_factory.mktemp("libcuda"), 11040, 75, "Tesla T4")).parent
 
 
 def _health(root: Path) -> dict[str, object]:
