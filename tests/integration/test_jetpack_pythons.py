@@ -22,7 +22,7 @@ from edgedeploy_agent.sidecar.worker import DOUBLE_ENV
 from tests.agent.bundles import reference_runs, with_version
 from tests.agent.doubles import fake_libcuda as build_fake_libcuda
 from tests.agent.trt_double import OPTIONS_ENV
-from tests.helpers import require, wait_for
+from tests.helpers import wait_for
 
 pytestmark = [pytest.mark.integration]
 
