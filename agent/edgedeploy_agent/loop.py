@@ -75,6 +75,14 @@ def warm_up(runtime: Runtime, manifest: Manifest) -> float:
     return ms
 
 
+def frame_buffers(runtime: Runtime) -> Optional[Callable[[int, int], np.ndarray]]:
+    """(height, width) -> a frame buffer the runtime uploads without a host copy, for a capture to decode into: a
+    batch-1 bundle that preprocesses on the GPU lends its page-locked ones; None for any other."""
+    if not getattr(runtime, "frames_on_device", False):
+        return None
+    return lambda height, width: runtime.frame_batch(height, width)[0]  # type: ignore[attr-defined]
+
+
 class InferenceLoop:
     def __init__(
         self,
@@ -327,8 +335,18 @@ def run_agent(
         power = discover_power_sensor(sys_root, interval_s=cfg.power_interval_s)
         if cfg.idle_baseline_s > 0:
             power.measure_idle(cfg.idle_baseline_s, time.sleep)  # before capture starts: nothing else runs
+        # several sources, or a bundle compiled for a batch: frames of the sources share its calls (batcher.py)
+        batched = len(cfg.source_uris) > 1 or manifest.inputs[0].shape[0] > 1
+        allocate = frame_buffers(runtime) if not batched else None
         for uri in cfg.source_uris:
-            sources.append(open_source(uri, system_python=cfg.system_python, sidecar_timeout_s=cfg.sidecar_timeout_s))
+            sources.append(
+                open_source(
+                    uri,
+                    system_python=cfg.system_python,
+                    sidecar_timeout_s=cfg.sidecar_timeout_s,
+                    allocate_frame=allocate,
+                )
+            )
     except AgentError as e:
         for opened in sources:
             opened.close()
@@ -348,10 +366,8 @@ def run_agent(
         write_health(store, release, "failed", error={"code": "load-failed", "message": f"{type(e).__name__}: {e}"})
         return 1
     heartbeat = Heartbeat(store.run_dir)
-    # several sources, or a bundle compiled for a batch: frames of the sources share its calls (batcher.py)
     from .batcher import MultiSourceLoop  # (it imports this module)
 
-    batched = len(sources) > 1 or manifest.inputs[0].shape[0] > 1
     loop = (MultiSourceLoop if batched else InferenceLoop)(
         runtime,
         manifest,

@@ -172,21 +172,24 @@ def test_runtime_frame_path_matches_run_and_reuses_its_buffers(data_dir: Path, f
         rt.load_frames(frame)
         assert np.array_equal(rt.loaded_input(), x)
         assert np.array_equal(rt.run_loaded()[0], plain.run([x])[0])
-    # one buffer per resolution and one per input, allocated once: the same objects after every frame
-    staged = list(rt._frames.values())
+    # one staging buffer per resolution and one per input, allocated once: the same objects after every frame
+    staged = list(rt._staging.values())
     assert len(staged) == 1 and rt._inputs[0] is device_input and len(rt._taps) == 1
     rt.load_frames(frames[0])
-    assert list(rt._frames.values())[0] is staged[0] and rt._inputs[0] is device_input
-    # a batch from frame_batch is the runtime's own buffer: handed back, it is not copied (whole frames go)
-    batch = rt.frame_batch(*frames[0].shape[:2])
-    assert batch.ctypes.data == rt.frame_batch(*frames[0].shape[:2]).ctypes.data
-    batch[...] = frames[0]
-    staged_batch, box = rt.upload_frames(batch)
-    assert staged_batch.array is rt._frames[batch.shape].array and box == crop_box(
-        *frames[0].shape[:2], manifest.preprocess
-    )
-    rt.load_frames(batch)
-    assert np.array_equal(rt.loaded_input(), preprocess(frames[0], manifest.preprocess, manifest.inputs[0]))
+    assert list(rt._staging.values())[0] is staged[0] and rt._inputs[0] is device_input
+    # a batch from frame_batch is the runtime's own buffer: handed back (or its one frame, at batch 1), it is not
+    # copied (whole frames go); each call lends another
+    batch, other = rt.frame_batch(*frames[0].shape[:2]), rt.frame_batch(*frames[0].shape[:2])
+    assert batch.ctypes.data != other.ctypes.data
+    for lent, frame in ((batch, frames[0]), (other[0], frames[1])):
+        lent[...] = frame
+        staged_batch, box = rt.upload_frames(lent)
+        assert staged_batch.array.ctypes.data == lent.ctypes.data and box == crop_box(
+            *frame.shape[:2], manifest.preprocess
+        )
+        rt.load_frames(lent)
+        assert np.array_equal(rt.loaded_input(), preprocess(frame, manifest.preprocess, manifest.inputs[0]))
+    assert len(rt._staging) == 1  # nothing more was staged
     with pytest.raises(ValueError, match=r"the model takes uint8 \(1, H, W, 3\)"):
         rt.load_frames(frames[0].astype(np.float32))
 

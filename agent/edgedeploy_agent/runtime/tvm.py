@@ -174,7 +174,9 @@ class TvmRuntime:
         self._inputs: list[_Staged] = [self._staged(s.shape, s.dtype) for s in manifest.inputs] if gpu_or_frames else []
         # preprocess.py writes here when it runs on the CPU for a GPU bundle: run() then has no host copy to make
         self.input_array: Optional[np.ndarray] = self._inputs[0].array if target.device == "cuda" else None
-        self._frames: dict[tuple[int, ...], _Staged] = {}  # frame batch shape -> its buffers (one per resolution)
+        self._lent: dict[int, _Staged] = {}  # data address -> a frame batch this runtime lent (frame_batch)
+        self._device_frames: dict[tuple[int, ...], Any] = {}  # frame batch shape -> the device buffer they go to
+        self._staging: dict[tuple[int, ...], _Staged] = {}  # crop shape -> where other arrays' crop is copied
         self._taps: dict[tuple[int, int, int, int], tuple[Any, Any]] = {}  # crop box -> the device tap tables
 
     def _staged(self, shape: "list[int] | tuple[int, ...]", dtype: str) -> "_Staged":
@@ -213,9 +215,20 @@ class TvmRuntime:
         return self.run_loaded()
 
     def frame_batch(self, height: int, width: int) -> np.ndarray:
-        """A page-locked uint8 batch (N, height, width, 3) for this release: a caller that fills it (a decoder, a
-        batcher) and hands it to load_frames saves the host copy."""
-        return self._staged_frames((self._manifest.inputs[0].shape[0], height, width, 3)).array
+        """A new page-locked uint8 batch (N, height, width, 3), N the model's batch: a caller that fills it (a
+        decoder, a batcher) and hands it to load_frames saves the host copy. Each call lends another; all of one
+        resolution share one device buffer (load_frames waits until its copy is done)."""
+        shape = (self._manifest.inputs[0].shape[0], height, width, 3)
+        if self._manifest_device == "cuda":
+            host = self._alloc(shape, "uint8", self._pinned, None)
+            device = self._device_frames.get(shape)
+            if device is None:
+                device = self._device_frames[shape] = self._alloc(shape, "uint8", self._device, None)
+            staged = _Staged(host, np.from_dlpack(host), device)
+        else:
+            staged = self._staged(shape, "uint8")
+        self._lent[staged.array.ctypes.data] = staged
+        return staged.array
 
     def load_frames(self, frames: np.ndarray) -> None:
         """uint8 BGR frames (N, H, W, 3), N the model's batch (or one frame (H, W, 3) for a batch of one), to the
@@ -228,19 +241,22 @@ class TvmRuntime:
 
     def upload_frames(self, frames: np.ndarray) -> tuple["_Staged", tuple[int, int, int, int]]:
         """The frames' part that preprocessing reads, copied to the device (asynchronously); returns its buffers
-        and the crop box in them. A batch from frame_batch goes whole (no host copy); any other array has its crop
-        box copied into a page-locked buffer first (a 720p frame centre-cropped to 87.5 %: 43 % of its bytes)."""
+        and the crop box in them. A batch from frame_batch (or one frame of a batch-1 one) goes whole (no host
+        copy); any other array has its crop box copied into a page-locked buffer first (a 720p frame
+        centre-cropped to 87.5 %: 43 % of its bytes)."""
         if frames.ndim == 3:
             frames = frames[None]
         batch = self._manifest.inputs[0].shape[0]
         if frames.dtype != np.uint8 or frames.ndim != 4 or frames.shape[0] != batch or frames.shape[3] != 3:
             raise ValueError(f"frames {frames.dtype} {list(frames.shape)}: the model takes uint8 ({batch}, H, W, 3)")
         box = crop_box(frames.shape[1], frames.shape[2], self._manifest.preprocess)
-        staged = self._frames.get(frames.shape)
-        if staged is None or frames.ctypes.data != staged.array.ctypes.data:  # not frame_batch's own buffer
+        staged = self._lent.get(frames.ctypes.data)
+        if staged is None or staged.array.shape != frames.shape:  # not a buffer frame_batch lent
             top, left, height, width = box
             region = frames[:, top : top + height, left : left + width]
-            staged = self._staged_frames(region.shape)
+            staged = self._staging.get(region.shape)
+            if staged is None:
+                staged = self._staging[region.shape] = self._staged(region.shape, "uint8")
             np.copyto(staged.array, region)
             box = (0, 0, height, width)
         if staged.device is not staged.host:
@@ -260,12 +276,6 @@ class TvmRuntime:
             self.synchronize()
         out: np.ndarray = staged.array.copy()
         return out
-
-    def _staged_frames(self, shape: tuple[int, ...]) -> "_Staged":
-        staged = self._frames.get(shape)
-        if staged is None:
-            staged = self._frames[shape] = self._staged(shape, "uint8")
-        return staged
 
     def _tap_tables(self, box: tuple[int, int, int, int]) -> tuple[Any, Any]:
         taps = self._taps.get(box)
