@@ -34,20 +34,26 @@ READ_TIMEOUT_S = 0.5
 
 
 def top_k(output: np.ndarray, manifest: Manifest, labels: Sequence[str]) -> list[list[Any]]:
-    """Classifier post-processing: [[class_index, label, score], ...] best first."""
+    """Classifier post-processing: [[class_index, label, score], ...] best first, ties by the lower class
+    (what the GPU's postprocess function computes: compile/postprocess_kernel.py)."""
     pp = manifest.postprocess
     scores = output.reshape(-1).astype(np.float64)
     if pp.softmax:
         e = np.exp(scores - scores.max())
         scores = e / e.sum()
-    k = min(pp.top_k, scores.size)
-    idx = np.argpartition(-scores, k - 1)[:k]
-    idx = idx[np.argsort(-scores[idx], kind="stable")]
+    idx = np.argsort(-scores, kind="stable")[: pp.top_k]
+    return labelled(idx, scores[idx], manifest, labels)
+
+
+def labelled(
+    classes: Sequence[Any], scores: Sequence[Any], manifest: Manifest, labels: Sequence[str]
+) -> list[list[Any]]:
+    """[[class_index, label, score], ...] of the classes (output indices) and their scores, in that order."""
     out = []
-    for i in idx:
-        li = int(i) - pp.label_offset
+    for i, score in zip(classes, scores):
+        li = int(i) - manifest.postprocess.label_offset
         label = labels[li] if 0 <= li < len(labels) else str(li)
-        out.append([li, label, round(float(scores[i]), 6)])
+        out.append([li, label, round(float(score), 6)])
     return out
 
 
@@ -201,13 +207,23 @@ class InferenceLoop:
                 x = preprocess(image, self.manifest.preprocess, self.manifest.inputs[0], out=out)
             t1 = time.perf_counter()
             stage = "inference"
-            outs = self.runtime.run_loaded() if on_device else self.runtime.run([x])  # type: ignore[attr-defined]
+            checked = self._count < self.health_frames
+            best = None  # the top k the device computed: (2, k) scores and classes
+            if on_device and getattr(self.runtime, "top_k_on_device", False):  # only the top k comes back
+                tops, outs = self.runtime.run_loaded_top(outputs=checked)  # type: ignore[attr-defined]
+                best = tops[0]
+            else:
+                outs = self.runtime.run_loaded() if on_device else self.runtime.run([x])  # type: ignore[attr-defined]
             t2 = time.perf_counter()
-            problem = output_problem(outs, self.manifest) if self._count < self.health_frames else None
+            problem = output_problem(outs, self.manifest) if checked else None
             if problem:
                 raise FrameFailed(f"frame {index} from {uri}: {problem}")
             stage = "postprocessing"
-            top = top_k(outs[0], self.manifest, self.labels)
+            top = (
+                top_k(outs[0], self.manifest, self.labels)
+                if best is None
+                else labelled(best[1], best[0], self.manifest, self.labels)
+            )
             return top, (t1, t2, time.perf_counter())
         except AgentError:
             raise

@@ -254,4 +254,4 @@ def test_a_decoder_that_writes_elsewhere_is_copied_into_the_lent_buffer(tmp_path
         src.close()
     assert [i for i, _, _ in frames] == list(range(6)) and all(lent for _, lent, _ in frames[1:])
     assert src.copied == 5
-    assert all(np.array_equal(img, want) for (_, _, img), want in zip(frames, _decoded(clip)))
+    assert all(np.array_equal(img, want) for (_, _, img), want in zip(frames, _decoded(clip), strict=True))

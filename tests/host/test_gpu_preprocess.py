@@ -9,6 +9,7 @@ CUDA's __fmul_rn/__fadd_rn; the bench prints the max |difference| and the fracti
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import cv2
@@ -23,6 +24,7 @@ from edgedeploy_agent.bundle import (
     read_manifest,
     write_bundle,
 )
+from edgedeploy_agent.loop import top_k
 from edgedeploy_agent.preprocess import crop_box, preprocess, resize_taps
 
 MOBILENET = Preprocess(color="rgb", resize="center_crop", crop_fraction=0.875, mean=[127.5], std=[127.5])
@@ -145,13 +147,33 @@ def frames_release(data_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> 
     manifest = extract_bundle(plain, tmp / "plain")
     files = {a.path: tmp / "plain" / a.path for a in manifest.artifacts}
     files[LIBRARY] = tmp / LIBRARY
-    build(manifest.preprocess, manifest.inputs[0], tvm.target.Target({"kind": "llvm"})).export_library(
-        str(files[LIBRARY])
-    )
+    post = manifest.postprocess.model_copy(update={"softmax": True, "top_k": 3})
+    manifest = manifest.model_copy(update={"postprocess": post})
+    llvm = tvm.target.Target({"kind": "llvm"})
+    build(manifest.preprocess, manifest.inputs[0], llvm, post, manifest.outputs[0]).export_library(str(files[LIBRARY]))
     artifacts = [*manifest.artifacts, describe_artifact(files[LIBRARY], ROLE, LIBRARY)]
     write_bundle(tmp / "frames.edb", manifest.model_copy(update={"artifacts": artifacts, "schema_version": 5}), files)
     assert read_manifest(tmp / "frames.edb").artifact(ROLE).path == LIBRARY
     return tmp / "release", extract_bundle(tmp / "frames.edb", tmp / "release")
+
+
+@pytest.mark.compile
+def test_a_library_without_postprocess_keeps_top_k_on_the_host(frames_release: tuple) -> None:
+    """A schema-5 bundle built before the postprocess function: its preprocess.so has `preprocess` alone."""
+    import tvm
+
+    from edgedeploy.compile.preprocess_kernel import LIBRARY, build
+    from edgedeploy_agent.runtime.tvm import TvmRuntime
+
+    rdir, manifest = frames_release
+    old = rdir.parent / "old-release"
+    shutil.copytree(rdir, old)
+    build(manifest.preprocess, manifest.inputs[0], tvm.target.Target({"kind": "llvm"})).export_library(
+        str(old / LIBRARY)
+    )
+    rt = TvmRuntime(old, manifest)
+    assert rt.frames_on_device and not rt.top_k_on_device and not rt.describe()["top_k_on_device"]
+    assert TvmRuntime(rdir, manifest).top_k_on_device
 
 
 @pytest.mark.compile
@@ -171,7 +193,12 @@ def test_runtime_frame_path_matches_run_and_reuses_its_buffers(data_dir: Path, f
         x = preprocess(frame, manifest.preprocess, manifest.inputs[0])
         rt.load_frames(frame)
         assert np.array_equal(rt.loaded_input(), x)
-        assert np.array_equal(rt.run_loaded()[0], plain.run([x])[0])
+        want = plain.run([x])[0]
+        assert np.array_equal(rt.run_loaded()[0], want)
+        # the top k computed by the library's postprocess function: the agent's top_k (tests/host/test_gpu_postprocess)
+        top, outs = rt.run_loaded_top(outputs=True)
+        assert np.array_equal(outs[0], want) and top.shape == (1, 2, 3)
+        assert [[c, s] for c, _, s in top_k(want, manifest, [])] == [[int(c), round(s, 6)] for s, c in top[0].T]
     # one staging buffer per resolution and one per input, allocated once: the same objects after every frame
     staged = list(rt._staging.values())
     assert len(staged) == 1 and rt._inputs[0] is device_input and len(rt._taps) == 1
@@ -202,3 +229,47 @@ def test_preprocess_writes_into_a_given_input_buffer(data_dir: Path) -> None:
     assert np.array_equal(buffer, preprocess(frame, pp, spec))
     wrong = np.zeros((1, 3, 10, 10), np.float32)
     assert preprocess(frame, pp, spec, out=wrong) is not wrong  # not the input's shape: a new array
+
+
+def _loop_predictions(runtime: object, manifest: object, video: Path, root: Path, lend: bool) -> list:
+    """The agent's loop (InferenceLoop, health check on its first frames) over one pass of the video: its
+    predictions, from one report."""
+    from edgedeploy_agent.config import AgentConfig
+    from edgedeploy_agent.loop import InferenceLoop, frame_buffers
+    from edgedeploy_agent.sources.capture import open_source
+    from edgedeploy_agent.sources.power import NoPowerSensor
+    from edgedeploy_agent.spool import Spool, pending_reports
+    from edgedeploy_agent.store import DeviceStore
+
+    store = DeviceStore(root)
+    cfg = AgentConfig(device_name="t", source=f"file:{video}", report_interval_s=1e9, idle_baseline_s=0.0)
+    store.init(cfg)
+    loop = InferenceLoop(runtime, manifest, [], cfg, Spool(store), NoPowerSensor(), "t", health_frames=3)  # type: ignore[arg-type]
+    source = open_source(cfg.source or "", allocate_frame=frame_buffers(runtime) if lend else None)  # type: ignore[arg-type]
+    try:
+        loop.run(source)
+    finally:
+        source.close()
+    assert source.copied == 0
+    return [p["top"] for _, r in pending_reports(store) for p in r["predictions"]]
+
+
+@pytest.mark.compile
+def test_the_loop_on_lent_frame_buffers_and_the_device_top_k_predicts_as_the_cpu_path(
+    data_dir: Path, frames_release: tuple, tmp_path: Path
+) -> None:
+    """Capture decoding into the runtime's buffers, preprocessing and top k by the bundle's library: the same
+    predictions as preprocess.py, run() and top_k on the host; only the first frame (before the capture knew its
+    size) went through a staging copy."""
+    from edgedeploy_agent.runtime.tvm import TvmRuntime
+
+    rdir, manifest = frames_release
+    video = data_dir / "video" / "bikes.mp4"
+    rt = TvmRuntime(rdir, manifest)
+    plain = TvmRuntime(
+        rdir, manifest.model_copy(update={"artifacts": [a for a in manifest.artifacts if a.role != "tvm-preprocess"]})
+    )
+    device = _loop_predictions(rt, manifest, video, tmp_path / "device", lend=True)
+    assert len(device) == len(video_frames(data_dir, "bikes.mp4", 1))
+    assert device == _loop_predictions(plain, manifest, video, tmp_path / "host", lend=False)
+    assert len(rt._staging) == 1 and len(rt._lent) == 3
