@@ -131,19 +131,22 @@ def test_kernel_equals_cpu_preprocessing_on_video(data_dir: Path, case: int) -> 
 
 @pytest.fixture(scope="module")
 def frames_release(data_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, object]:
-    """An MNIST CPU bundle with the preprocessing kernel added as a GPU build adds it (built for the CPU here):
-    written, read back and unpacked as a device does."""
+    return frames_bundle(data_dir, tmp_path_factory.mktemp("frames"), 1)
+
+
+def frames_bundle(data_dir: Path, tmp: Path, batch: int) -> tuple[Path, object]:
+    """An MNIST CPU bundle for `batch` with the preprocessing kernel (and postprocess function) added as a GPU
+    build adds it (built for the CPU here): written, read back and unpacked as a device does."""
     import tvm
 
     from edgedeploy.api import build as build_bundle
     from edgedeploy.compile.cards import ModelCard
     from edgedeploy.compile.preprocess_kernel import LIBRARY, ROLE, build
 
-    tmp = tmp_path_factory.mktemp("frames")
     pp = Preprocess(color="gray", resize="center_crop", crop_fraction=0.875, scale=1 / 255)
     card = ModelCard(name="mnist", version="8", labels=[str(i) for i in range(10)], preprocess=pp)
     plain = tmp / "plain.edb"
-    build_bundle(data_dir / "models" / "mnist-8_opset13.onnx", "cpu-x86_64", plain, card)
+    build_bundle(data_dir / "models" / "mnist-8_opset13.onnx", "cpu-x86_64", plain, card, batch=batch)
     manifest = extract_bundle(plain, tmp / "plain")
     files = {a.path: tmp / "plain" / a.path for a in manifest.artifacts}
     files[LIBRARY] = tmp / LIBRARY
@@ -273,3 +276,48 @@ def test_the_loop_on_lent_frame_buffers_and_the_device_top_k_predicts_as_the_cpu
     assert len(device) == len(video_frames(data_dir, "bikes.mp4", 1))
     assert device == _loop_predictions(plain, manifest, video, tmp_path / "host", lend=False)
     assert len(rt._staging) == 1 and len(rt._lent) == 3
+
+
+@pytest.mark.compile
+def test_a_batch_of_sources_preprocessed_on_the_device_predicts_as_the_cpu_path(data_dir: Path, tmp_path: Path) -> None:
+    """Two sources (two copies of a video, so one resolution) through a batch-2 bundle's kernels in one load and
+    one call, against preprocess.py into the rows and run(): the same predictions, per source, frame by frame."""
+    from edgedeploy_agent.batcher import MultiSourceLoop
+    from edgedeploy_agent.config import AgentConfig
+    from edgedeploy_agent.runtime.tvm import TvmRuntime
+    from edgedeploy_agent.sources.capture import open_source
+    from edgedeploy_agent.sources.power import NoPowerSensor
+    from edgedeploy_agent.spool import Spool, pending_reports
+    from edgedeploy_agent.store import DeviceStore
+
+    rdir, manifest = frames_bundle(data_dir, tmp_path, 2)
+    frames = video_frames(data_dir, "bigbuckbunny.mp4", 1)
+    flipped = cv2.VideoWriter(str(tmp_path / "b.avi"), cv2.VideoWriter_fourcc(*"MJPG"), 25, frames[0].shape[1::-1])
+    for f in frames:  # the other source: the same size, other pictures (a row given to the wrong source shows)
+        flipped.write(f[::-1].copy())
+    flipped.release()
+    (tmp_path / "a.mp4").symlink_to(data_dir / "video" / "bigbuckbunny.mp4")
+    uris = [f"file:{tmp_path / 'a.mp4'}", f"file:{tmp_path / 'b.avi'}"]
+
+    def predictions(runtime: TvmRuntime, root: Path) -> dict[str, list]:
+        store = DeviceStore(root)
+        cfg = AgentConfig(device_name="t", report_interval_s=1e9, sources=uris, idle_baseline_s=0.0)
+        store.init(cfg)
+        sources = [open_source(u) for u in uris]
+        loop = MultiSourceLoop(runtime, manifest, [], cfg, Spool(store), NoPowerSensor(), "t", health_frames=3)
+        try:
+            loop.serve(sources)  # to the end: every frame of each, whatever the calls held
+        finally:
+            for s in sources:
+                s.close()
+        return {r["source"]: r["predictions"] for _, r in pending_reports(store)}
+
+    rt = TvmRuntime(rdir, manifest)
+    plain = TvmRuntime(
+        rdir, manifest.model_copy(update={"artifacts": [a for a in manifest.artifacts if a.role != "tvm-preprocess"]})
+    )
+    device = predictions(rt, tmp_path / "device")
+    assert rt.top_k_on_device and len(rt._lent) == 1 and not rt._staging  # the batch went whole, once lent
+    assert [[p["frame"] for p in device[u]] for u in uris] == [list(range(len(frames)))] * 2
+    assert device[uris[0]] != device[uris[1]]
+    assert device == predictions(plain, tmp_path / "host")
