@@ -27,9 +27,10 @@ cores, which is what N agents on one device would do.
         [--bundles DIR] [--runtime-lib libtvm_runtime.so] [--json results.json] [--work DIR]
 
 --profile names the device profile the bundles are built for and run on; --int8 calibrates on imagenet-sample.
---bundles takes them ready-made instead (DIR/MODEL_STEM.*.bs<B>.edb, one per batch the counts need; bench/gpu_pipeline_kit.sh
-builds the H200's): on the GPU machine, whose kit has the agent and the TVM runtime but no compiler
-(bench/gpu_pipeline.sh runs it so); --runtime-lib (default $TVM_RUNTIME_LIB) is the agents' tvm_runtime_lib.
+--bundles takes them ready-made instead (DIR/MODEL_STEM.*.bs<B>.edb, one per batch the counts need;
+bench/gpu_pipeline_kit.sh builds the H200's): on the GPU machine, whose kit has the agent and the TVM runtime but
+no compiler (bench/gpu_pipeline.sh runs it so); --runtime-lib (default $TVM_RUNTIME_LIB) is the agents'
+tvm_runtime_lib.
 """
 
 from __future__ import annotations
@@ -233,19 +234,21 @@ def main() -> None:
     if min(counts) < 1 or args.frames < 1 or args.max_batch < 1 or args.repeat < 1:
         raise SystemExit("error: --sources, --frames, --max-batch and --repeat must be at least 1")
     json_out = output_file(args.json, "multi-source", "multi_source.json") if args.json else None
+    what = f"bundles {args.bundles}" if args.bundles else f"{'INT8' if args.int8 else 'FP32'} {args.model.name}"
+    print(f"profile {args.profile}, {what}, video {args.video.name}, "
+          f"{os.cpu_count()} CPUs seen, max_batch_wait_ms {args.wait_ms}")  # fmt: skip
+    results = []
     with tempfile.TemporaryDirectory() as tmp:
         try:
             work = out_dir(args.work) if args.work else Path(tmp)
         except ValueError as e:  # inside the tree
             raise SystemExit(f"multi-source: {e}") from None
-        results = [bench_n(args, work, n) for n in counts]
-    what = f"bundles {args.bundles}" if args.bundles else f"{'INT8' if args.int8 else 'FP32'} {args.model.name}"
-    print(f"\nprofile {args.profile}, {what}, video {args.video.name}, "
-          f"{os.cpu_count()} CPUs seen, max_batch_wait_ms {args.wait_ms}")  # fmt: skip
-    for r in results:
-        show(r)
-    if json_out is not None:
-        json_out.write_text(json.dumps({"profile": args.profile, "int8": args.int8, "results": results}, indent=1))
+        for n in counts:  # each count printed and written as it is measured: a run cut short keeps what it has
+            results.append(bench_n(args, work, n))
+            show(results[-1])
+            if json_out is not None:
+                results_json = {"profile": args.profile, "int8": args.int8, "results": results}
+                json_out.write_text(json.dumps(results_json, indent=1))
 
 
 if __name__ == "__main__":

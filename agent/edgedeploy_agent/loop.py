@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, Optional
 
 import numpy as np
 
-from .bundle import Manifest, load_labels
+from .bundle import Manifest, Postprocess, load_labels
 from .config import AgentConfig
 from .errors import AgentError, FrameFailed, RuntimeLoadError, SourceUnavailable
 from .heartbeat import Heartbeat
@@ -36,13 +36,18 @@ READ_TIMEOUT_S = 0.5
 def top_k(output: np.ndarray, manifest: Manifest, labels: Sequence[str]) -> list[list[Any]]:
     """Classifier post-processing: [[class_index, label, score], ...] best first, ties by the lower class
     (what the GPU's postprocess function computes: compile/postprocess_kernel.py)."""
-    pp = manifest.postprocess
+    scores = class_scores(output, manifest.postprocess)
+    idx = np.argsort(-scores, kind="stable")[: manifest.postprocess.top_k]
+    return labelled(idx, scores[idx], manifest, labels)
+
+
+def class_scores(output: np.ndarray, post: Postprocess) -> np.ndarray:
+    """The scores top_k ranks: one output row as float64, through a softmax where the card asks for one."""
     scores = output.reshape(-1).astype(np.float64)
-    if pp.softmax:
+    if post.softmax:
         e = np.exp(scores - scores.max())
         scores = e / e.sum()
-    idx = np.argsort(-scores, kind="stable")[: pp.top_k]
-    return labelled(idx, scores[idx], manifest, labels)
+    return scores
 
 
 def labelled(

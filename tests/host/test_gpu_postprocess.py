@@ -32,14 +32,10 @@ def build(post: Postprocess, output: TensorSpec) -> object:
 
 def host_top(row: np.ndarray, post: Postprocess, manifest: Manifest) -> tuple[np.ndarray, np.ndarray]:
     """The agent's top_k on one row (a manifest with `post`): (classes, unrounded scores)."""
-    from edgedeploy_agent.loop import top_k
+    from edgedeploy_agent.loop import class_scores, top_k
 
     classes = [c for c, _, _ in top_k(row, manifest.model_copy(update={"postprocess": post}), [])]
-    scores = row.reshape(-1).astype(np.float64)
-    if post.softmax:
-        e = np.exp(scores - scores.max())
-        scores = e / e.sum()
-    return np.array(classes), scores[classes]
+    return np.array(classes), class_scores(row, post)[classes]
 
 
 def device_top(func: object, logits: np.ndarray, post: Postprocess, output: TensorSpec) -> np.ndarray:
