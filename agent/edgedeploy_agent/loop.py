@@ -50,9 +50,7 @@ def class_scores(output: np.ndarray, post: Postprocess) -> np.ndarray:
     return scores
 
 
-def labelled(
-    classes: Sequence[Any], scores: Sequence[Any], manifest: Manifest, labels: Sequence[str]
-) -> list[list[Any]]:
+def labelled(classes: np.ndarray, scores: np.ndarray, manifest: Manifest, labels: Sequence[str]) -> list[list[Any]]:
     """[[class_index, label, score], ...] of the classes (output indices) and their scores, in that order."""
     out = []
     for i, score in zip(classes, scores):

@@ -65,11 +65,12 @@ class SidecarCapture:
         self.read_ms = float(reply.get("read_ms") or 0.0)
         if spec is None:
             return None
-        frame = self._sidecar.shm.array(spec)
+        frame: np.ndarray = self._sidecar.shm.array(spec)
         if out is not None and out.shape == frame.shape and out.dtype == frame.dtype:
             np.copyto(out, frame)  # the one copy out of shared memory goes into the consumer's buffer
             return out
-        return frame.copy()
+        copied: np.ndarray = frame.copy()
+        return copied
 
     def release(self) -> None:
         self._stop()

@@ -36,11 +36,11 @@ def postprocess_func(post: Postprocess, spec: TensorSpec) -> Any:
     trailing = spec.shape[1:]
 
     def flat(b: Any, i: Any) -> Any:
-        index, rest = [], i
-        for extent in reversed(trailing):
-            index.append(rest % extent)
+        index, rest = [b], i
+        for extent in reversed(trailing):  # the class index over the output's trailing dimensions
+            index.insert(1, rest % extent)
             rest = rest // extent
-        return logits[(b, *reversed(index))].astype("float64")
+        return logits[tuple(index)].astype("float64")
 
     # (class, value): the larger value, on a tie the lower class; TVM's own form of it (and its identity), which
     # its GPU lowering recognises (a reduction across a thread block)
