@@ -255,3 +255,19 @@ def test_a_decoder_that_writes_elsewhere_is_copied_into_the_lent_buffer(tmp_path
     assert [i for i, _, _ in frames] == list(range(6)) and all(lent for _, lent, _ in frames[1:])
     assert src.copied == 5
     assert all(np.array_equal(img, want) for (_, _, img), want in zip(frames, _decoded(clip), strict=True))
+
+
+def test_a_consumer_that_cannot_lend_buffers_gets_opencvs_frames(tmp_path: Path) -> None:
+    """Lending that fails (page-locked memory ran out) leaves the capture as it was without lending: every frame,
+    in OpenCV's own arrays, the reason in last_error."""
+
+    def no_memory(height: int, width: int) -> object:
+        raise MemoryError(f"cannot pin {height}x{width}x3")
+
+    src = open_source(f"file:{write_clip(tmp_path / 'c.avi', 5, 40)}", allocate_frame=no_memory)
+    try:
+        got = [f.index for f in iter(lambda: src.read(timeout=5), None)]
+    finally:
+        src.close()
+    assert got == list(range(5)) and src.copied == 0
+    assert src.last_error == "no frame buffers from the runtime: MemoryError: cannot pin 48x64x3"

@@ -198,7 +198,11 @@ class CapturedSource:
             self.copied += 1
             return out
         if image.ndim == 3 and image.shape[2] == 3 and image.dtype == np.uint8:
-            self._buffers = [self._allocate(*image.shape[:2]) for _ in range(LENT_BUFFERS)]
+            try:
+                self._buffers = [self._allocate(*image.shape[:2]) for _ in range(LENT_BUFFERS)]
+            except Exception as e:  # (page-locked memory may run out): decode into OpenCV's own arrays, as before
+                self._allocate, self._buffers = None, []
+                self.last_error = f"no frame buffers from the runtime: {type(e).__name__}: {e}"
         return image
 
     def _pump(self) -> None:
