@@ -24,10 +24,13 @@ cores, which is what N agents on one device would do.
 
     .venv/bin/python bench/multi_source.py [--profile cpu-x86_64] [--sources 1,4,16] [--frames 250] [--data DIR]
         [--max-batch 16] [--wait-ms 10] [--repeat 3] [--int8] [--model M.onnx --card CARD.toml]
-        [--json results.json] [--work DIR]
+        [--bundles DIR] [--runtime-lib libtvm_runtime.so] [--json results.json] [--work DIR]
 
---profile names the device profile the bundles are built for and run on (e.g. the H200's profile on the GPU
-machine: the bench builds and runs there in one call; --int8 calibrates on imagenet-sample).
+--profile names the device profile the bundles are built for and run on; --int8 calibrates on imagenet-sample.
+--bundles takes them ready-made instead (DIR/MODEL_STEM.*.bs<B>.edb, one per batch the counts need;
+bench/gpu_pipeline_kit.sh builds the H200's): on the GPU machine, whose kit has the agent and the TVM runtime but
+no compiler (bench/gpu_pipeline.sh runs it so); --runtime-lib (default $TVM_RUNTIME_LIB) is the agents'
+tvm_runtime_lib.
 """
 
 from __future__ import annotations
@@ -47,10 +50,6 @@ from typing import Any
 
 from results_dir import out_dir, output_file
 
-from edgedeploy.api import build
-from edgedeploy.compile.cards import load_card
-from edgedeploy.compile.int8.build import Int8Config
-from edgedeploy.compile.int8.quantize import QuantizeOptions
 from edgedeploy_agent.config import AgentConfig
 from edgedeploy_agent.spool import pending_reports
 from edgedeploy_agent.store import DeviceStore
@@ -61,7 +60,18 @@ CARD = REPO / "examples" / "cards" / "mobilenet_v1_0.25_224.toml"
 
 
 def bundle_for(args: argparse.Namespace, work: Path, batch: int) -> Path:
-    """The model for the profile at this batch (the build cache makes a rebuild instant)."""
+    """The model for the profile at this batch: from --bundles, or built (the build cache makes a rebuild instant)."""
+    if args.bundles is not None:
+        pattern = f"{args.model.stem}.*.bs{batch}.edb"  # as bench/gpu_kit.sh names them
+        found = sorted(args.bundles.glob(pattern))
+        if len(found) != 1:
+            raise SystemExit(f"error: {args.bundles} holds {len(found)} bundles {pattern}, the bench needs one")
+        return found[0]
+    from edgedeploy.api import build  # the host's compiler: not on a device
+    from edgedeploy.compile.cards import load_card
+    from edgedeploy.compile.int8.build import Int8Config
+    from edgedeploy.compile.int8.quantize import QuantizeOptions
+
     out = work / f"{args.model.stem}-b{batch}.{args.profile}.edb"
     if not out.exists():
         int8 = None
@@ -73,7 +83,7 @@ def bundle_for(args: argparse.Namespace, work: Path, batch: int) -> Path:
     return out
 
 
-def prepare(root: Path, bundle: Path, sources: list[str], wait_ms: float) -> None:
+def prepare(root: Path, bundle: Path, sources: list[str], wait_ms: float, runtime_lib: str | None) -> None:
     """An agent root with the bundle active and these sources; one report per source at the end of its run."""
     store = DeviceStore(root)
     one = len(sources) == 1
@@ -87,6 +97,7 @@ def prepare(root: Path, bundle: Path, sources: list[str], wait_ms: float) -> Non
             record_predictions=False,
             idle_baseline_s=0.0,
             health_frames=0,
+            tvm_runtime_lib=runtime_lib,
         )
     )
     manifest = store.stage(bundle)
@@ -144,10 +155,10 @@ def bench_n(args: argparse.Namespace, work: Path, n: int) -> dict[str, Any]:
     runs: dict[str, list[dict[str, Any]]] = {"one_agent": [], "peer": []}
     for k in range(args.repeat):  # alternating, so that a neighbour's load falls on both sides alike
         one = base / f"run{k}" / "one-agent"
-        prepare(one, batched, videos, args.wait_ms)
+        prepare(one, batched, videos, args.wait_ms, args.runtime_lib)
         peers = [base / f"run{k}" / f"agent{i:02d}" for i in range(n)]
         for root, uri in zip(peers, videos, strict=True):
-            prepare(root, single, [uri], args.wait_ms)
+            prepare(root, single, [uri], args.wait_ms, args.runtime_lib)
         sides = [("one_agent", [one], [args.frames * n]), ("peer", peers, [args.frames] * n)]
         for side, roots, frames in sides[:: -1 if k % 2 else 1]:
             run_agents(roots, frames)
@@ -201,6 +212,10 @@ def main() -> None:
     ap.add_argument("--model", type=Path, default=None, help=f"ONNX model (default: DATA/models/{MODEL})")
     ap.add_argument("--card", type=Path, default=CARD, help="its model card (default: MobileNet's)")
     ap.add_argument(
+        "--bundles", type=Path, default=None, help="ready-made bundles, DIR/MODEL_STEM.*.bs<B>.edb (builds none)"
+    )
+    ap.add_argument("--runtime-lib", default=os.environ.get("TVM_RUNTIME_LIB"), help="the agents' libtvm_runtime.so")
+    ap.add_argument(
         "--work", type=Path, default=None, help="bundles and agent roots, outside the tree (default: a temp folder)"
     )
     ap.add_argument("--json", type=Path, default=None, help="also write the results here, outside the tree")
@@ -211,24 +226,29 @@ def main() -> None:
         counts = [int(x) for x in args.sources.split(",")]
     except ValueError:
         raise SystemExit(f"error: --sources takes comma-separated whole numbers, got {args.sources!r}") from None
-    for what, path in (("video", args.video), ("model", args.model), ("model card", args.card)):
+    needed = [("video", args.video)]
+    needed += [("bundles", args.bundles)] if args.bundles else [("model", args.model), ("model card", args.card)]
+    for what, path in needed:
         if not path.exists():
             raise SystemExit(f"error: no {what} at {path} (give --data, --video, --model or --card)")
     if min(counts) < 1 or args.frames < 1 or args.max_batch < 1 or args.repeat < 1:
         raise SystemExit("error: --sources, --frames, --max-batch and --repeat must be at least 1")
     json_out = output_file(args.json, "multi-source", "multi_source.json") if args.json else None
+    what = f"bundles {args.bundles}" if args.bundles else f"{'INT8' if args.int8 else 'FP32'} {args.model.name}"
+    print(f"profile {args.profile}, {what}, video {args.video.name}, "
+          f"{os.cpu_count()} CPUs seen, max_batch_wait_ms {args.wait_ms}")  # fmt: skip
+    results = []
     with tempfile.TemporaryDirectory() as tmp:
         try:
             work = out_dir(args.work) if args.work else Path(tmp)
         except ValueError as e:  # inside the tree
             raise SystemExit(f"multi-source: {e}") from None
-        results = [bench_n(args, work, n) for n in counts]
-    print(f"\nprofile {args.profile}, {'INT8' if args.int8 else 'FP32'} {args.model.name}, video {args.video.name}, "
-          f"{os.cpu_count()} CPUs seen, max_batch_wait_ms {args.wait_ms}")  # fmt: skip
-    for r in results:
-        show(r)
-    if json_out is not None:
-        json_out.write_text(json.dumps({"profile": args.profile, "int8": args.int8, "results": results}, indent=1))
+        for n in counts:  # each count printed and written as it is measured: a run cut short keeps what it has
+            results.append(bench_n(args, work, n))
+            show(results[-1])
+            if json_out is not None:
+                results_json = {"profile": args.profile, "int8": args.int8, "results": results}
+                json_out.write_text(json.dumps(results_json, indent=1))
 
 
 if __name__ == "__main__":

@@ -8,6 +8,11 @@ dropped). Once a batch holds a frame it waits at most `max_batch_wait_ms` (agent
 then runs what it holds, the rest of the compiled batch zero-padded, and splits the outputs back per source.
 Sources are taken round-robin from the one after the last served, so with more sources than the batch (a batch 1
 bundle: one source per call) every source gets its turn.
+
+A bundle that preprocesses on the GPU (runtime.frames_on_device) gets a call's frames, when they share a
+resolution, copied into the runtime's page-locked frame batch and preprocessed on the GPU in one go; where its
+library computes the top k, only that comes back. Otherwise each frame goes through preprocess.py, one after the
+other.
 """
 
 import threading
@@ -20,7 +25,7 @@ import numpy as np
 
 from .aligned import aligned_empty
 from .errors import AgentError, FrameFailed
-from .loop import READ_TIMEOUT_S, InferenceLoop, ReportWindow, output_problem, top_k
+from .loop import READ_TIMEOUT_S, InferenceLoop, ReportWindow, labelled, output_problem, top_k
 from .preprocess import preprocess
 from .report import BATCH_STAGES, BatchReport, Prediction
 from .sources.capture import CapturedSource, Frame
@@ -110,6 +115,7 @@ class MultiSourceLoop(InferenceLoop):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.lanes: list[Lane] = []
+        self._frame_batches: dict[tuple[int, ...], np.ndarray] = {}  # frame shape -> the runtime's page-locked batch
 
     def stats(self) -> dict[str, Any]:
         """InferenceLoop's, plus each source's frames and camera state (health.json's `sources`)."""
@@ -157,27 +163,32 @@ class MultiSourceLoop(InferenceLoop):
 
         Any failure is a FrameFailed naming the stage and the frames."""
         stage = "preprocessing"
-        spec, pp = self.manifest.inputs[0], self.manifest.preprocess
         t_closed = time.perf_counter()
         try:
-            pre_ms = []
-            for i, t in enumerate(taken):
-                t0 = time.perf_counter()
-                x[i] = preprocess(t.frame.image, pp, spec)[0]
-                pre_ms.append((time.perf_counter() - t0) * 1e3)
-            x[len(taken) :] = 0  # padding: rows no source filled in this call
+            on_device = len({t.frame.image.shape for t in taken}) == 1 and getattr(
+                self.runtime, "frames_on_device", False
+            )
+            pre_ms = self._load_frames(taken) if on_device else self._preprocess(x, taken)
             stage = "inference"
             t_infer = time.perf_counter()
             ages = [t.frame.age_ms for t in taken]
-            outs = self.runtime.run([x])
+            checked = self._count < self.health_frames
+            tops = None  # the top k of each row, computed on the device: (N, 2, k) scores and classes
+            if on_device and getattr(self.runtime, "top_k_on_device", False):
+                tops, outs = self.runtime.run_loaded_top(outputs=checked)  # type: ignore[attr-defined]
+            else:
+                outs = self.runtime.run_loaded() if on_device else self.runtime.run([x])  # type: ignore[attr-defined]
             infer_ms = (time.perf_counter() - t_infer) * 1e3
-            problem = output_problem(outs, self.manifest) if self._count < self.health_frames else None
+            problem = output_problem(outs, self.manifest) if checked else None
             if problem:
                 raise FrameFailed(f"{_frames(taken)}: {problem}")
             stage = "postprocessing"
             for i, t in enumerate(taken):
                 t0 = time.perf_counter()
-                top = top_k(outs[0][i], self.manifest, self.labels)
+                if tops is None:
+                    top = top_k(outs[0][i], self.manifest, self.labels)
+                else:
+                    top = labelled(tops[i, 1], tops[i, 0], self.manifest, self.labels)
                 post_ms = (time.perf_counter() - t0) * 1e3
                 lane, w = t.lane, t.lane.window
                 w.add(ages[i], t.capture_ms, (t_closed - t.at) * 1e3, pre_ms[i], infer_ms, post_ms)
@@ -191,6 +202,36 @@ class MultiSourceLoop(InferenceLoop):
             raise
         except Exception as e:  # a runtime fails in its FFI with any error type
             raise FrameFailed(f"{_frames(taken)}: {stage} failed: {type(e).__name__}: {e}") from e
+
+    def _preprocess(self, x: np.ndarray, taken: list[Taken]) -> list[float]:
+        """preprocess.py, each frame into its row of x, the rows no source filled zeroed; each frame's ms."""
+        spec, pp = self.manifest.inputs[0], self.manifest.preprocess
+        pre_ms = []
+        for i, t in enumerate(taken):
+            t0 = time.perf_counter()
+            x[i] = preprocess(t.frame.image, pp, spec)[0]
+            pre_ms.append((time.perf_counter() - t0) * 1e3)
+        x[len(taken) :] = 0  # padding: rows no source filled in this call
+        return pre_ms
+
+    def _load_frames(self, taken: list[Taken]) -> list[float]:
+        """Frames of one resolution into the runtime's page-locked frame batch, each into its row (the rows no
+        source filled zeroed), then to the GPU and through the bundle's preprocessing kernel in one go (load_frames);
+        each frame's ms: its copy and the batch's load."""
+        shape = taken[0].frame.image.shape
+        frames = self._frame_batches.get(shape)
+        if frames is None:
+            frames = self._frame_batches[shape] = self.runtime.frame_batch(*shape[:2])  # type: ignore[attr-defined]
+        copy_ms = []
+        for i, t in enumerate(taken):
+            t0 = time.perf_counter()
+            frames[i] = t.frame.image
+            copy_ms.append((time.perf_counter() - t0) * 1e3)
+        frames[len(taken) :] = 0
+        t0 = time.perf_counter()
+        self.runtime.load_frames(frames)  # type: ignore[attr-defined]
+        load_ms = (time.perf_counter() - t0) * 1e3
+        return [ms + load_ms for ms in copy_ms]
 
     def _report_window(self, seconds: float, ended: bool) -> int:
         """One report per source that served frames or lost its camera; returns how many were written."""

@@ -19,6 +19,7 @@ import gzip
 import hashlib
 import io
 import json
+import math
 import os
 import platform
 import re
@@ -82,6 +83,10 @@ class Postprocess(_Model):
     top_k: int = Field(default=5, ge=1)
     softmax: bool = Field(default=False, description="apply softmax to the first output (logit models)")
     label_offset: int = Field(default=0, description="output index minus this is the label index")
+
+    def top_count(self, output: TensorSpec) -> int:
+        """k: how many classes a row's top holds (top_k, at most the classes of the first `output`)."""
+        return min(self.top_k, math.prod(output.shape[1:]))
 
 
 class Target(_Model):

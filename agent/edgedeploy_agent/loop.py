@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, Optional
 
 import numpy as np
 
-from .bundle import Manifest, load_labels
+from .bundle import Manifest, Postprocess, load_labels
 from .config import AgentConfig
 from .errors import AgentError, FrameFailed, RuntimeLoadError, SourceUnavailable
 from .heartbeat import Heartbeat
@@ -34,20 +34,29 @@ READ_TIMEOUT_S = 0.5
 
 
 def top_k(output: np.ndarray, manifest: Manifest, labels: Sequence[str]) -> list[list[Any]]:
-    """Classifier post-processing: [[class_index, label, score], ...] best first."""
-    pp = manifest.postprocess
+    """Classifier post-processing: [[class_index, label, score], ...] best first, ties by the lower class
+    (what the GPU's postprocess function computes: compile/postprocess_kernel.py)."""
+    scores = class_scores(output, manifest.postprocess)
+    idx = np.argsort(-scores, kind="stable")[: manifest.postprocess.top_k]
+    return labelled(idx, scores[idx], manifest, labels)
+
+
+def class_scores(output: np.ndarray, post: Postprocess) -> np.ndarray:
+    """The scores top_k ranks: one output row as float64, through a softmax where the card asks for one."""
     scores = output.reshape(-1).astype(np.float64)
-    if pp.softmax:
+    if post.softmax:
         e = np.exp(scores - scores.max())
         scores = e / e.sum()
-    k = min(pp.top_k, scores.size)
-    idx = np.argpartition(-scores, k - 1)[:k]
-    idx = idx[np.argsort(-scores[idx], kind="stable")]
+    return scores
+
+
+def labelled(classes: np.ndarray, scores: np.ndarray, manifest: Manifest, labels: Sequence[str]) -> list[list[Any]]:
+    """[[class_index, label, score], ...] of the classes (output indices) and their scores, in that order."""
     out = []
-    for i in idx:
-        li = int(i) - pp.label_offset
+    for i, score in zip(classes, scores):
+        li = int(i) - manifest.postprocess.label_offset
         label = labels[li] if 0 <= li < len(labels) else str(li)
-        out.append([li, label, round(float(scores[i]), 6)])
+        out.append([li, label, round(float(score), 6)])
     return out
 
 
@@ -73,6 +82,14 @@ def warm_up(runtime: Runtime, manifest: Manifest) -> float:
     if problem:
         raise RuntimeLoadError(f"warm-up {problem}")
     return ms
+
+
+def frame_buffers(runtime: Runtime) -> Optional[Callable[[int, int], np.ndarray]]:
+    """(height, width) -> a frame buffer the runtime uploads without a host copy, for a capture to decode into: a
+    batch-1 bundle that preprocesses on the GPU lends its page-locked ones; None for any other."""
+    if not getattr(runtime, "frames_on_device", False):
+        return None
+    return lambda height, width: runtime.frame_batch(height, width)[0]  # type: ignore[attr-defined]
 
 
 class InferenceLoop:
@@ -193,13 +210,23 @@ class InferenceLoop:
                 x = preprocess(image, self.manifest.preprocess, self.manifest.inputs[0], out=out)
             t1 = time.perf_counter()
             stage = "inference"
-            outs = self.runtime.run_loaded() if on_device else self.runtime.run([x])  # type: ignore[attr-defined]
+            checked = self._count < self.health_frames
+            best = None  # the top k the device computed: (2, k) scores and classes
+            if on_device and getattr(self.runtime, "top_k_on_device", False):  # only the top k comes back
+                tops, outs = self.runtime.run_loaded_top(outputs=checked)  # type: ignore[attr-defined]
+                best = tops[0]
+            else:
+                outs = self.runtime.run_loaded() if on_device else self.runtime.run([x])  # type: ignore[attr-defined]
             t2 = time.perf_counter()
-            problem = output_problem(outs, self.manifest) if self._count < self.health_frames else None
+            problem = output_problem(outs, self.manifest) if checked else None
             if problem:
                 raise FrameFailed(f"frame {index} from {uri}: {problem}")
             stage = "postprocessing"
-            top = top_k(outs[0], self.manifest, self.labels)
+            top = (
+                top_k(outs[0], self.manifest, self.labels)
+                if best is None
+                else labelled(best[1], best[0], self.manifest, self.labels)
+            )
             return top, (t1, t2, time.perf_counter())
         except AgentError:
             raise
@@ -327,8 +354,18 @@ def run_agent(
         power = discover_power_sensor(sys_root, interval_s=cfg.power_interval_s)
         if cfg.idle_baseline_s > 0:
             power.measure_idle(cfg.idle_baseline_s, time.sleep)  # before capture starts: nothing else runs
+        # several sources, or a bundle compiled for a batch: frames of the sources share its calls (batcher.py)
+        batched = len(cfg.source_uris) > 1 or manifest.inputs[0].shape[0] > 1
+        allocate = frame_buffers(runtime) if not batched else None
         for uri in cfg.source_uris:
-            sources.append(open_source(uri, system_python=cfg.system_python, sidecar_timeout_s=cfg.sidecar_timeout_s))
+            sources.append(
+                open_source(
+                    uri,
+                    system_python=cfg.system_python,
+                    sidecar_timeout_s=cfg.sidecar_timeout_s,
+                    allocate_frame=allocate,
+                )
+            )
     except AgentError as e:
         for opened in sources:
             opened.close()
@@ -348,10 +385,8 @@ def run_agent(
         write_health(store, release, "failed", error={"code": "load-failed", "message": f"{type(e).__name__}: {e}"})
         return 1
     heartbeat = Heartbeat(store.run_dir)
-    # several sources, or a bundle compiled for a batch: frames of the sources share its calls (batcher.py)
     from .batcher import MultiSourceLoop  # (it imports this module)
 
-    batched = len(sources) > 1 or manifest.inputs[0].shape[0] > 1
     loop = (MultiSourceLoop if batched else InferenceLoop)(
         runtime,
         manifest,

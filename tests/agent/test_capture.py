@@ -164,3 +164,110 @@ def test_pip_opencv_refuses_gstreamer_uris_clearly() -> None:
     with pytest.raises(SourceError, match="needs OpenCV with GStreamer"):
         open_source("gst:videotestsrc")
     assert sys.modules["cv2"].__version__
+
+
+def _decoded(path: Path) -> list:
+    cap = cv2.VideoCapture(str(path))
+    frames = []
+    while (ok_frame := cap.read())[0]:
+        frames.append(ok_frame[1])
+    cap.release()
+    return frames
+
+
+class _Lender:
+    """Lends uint8 frame buffers as a GPU runtime's frame_batch does, and remembers them."""
+
+    def __init__(self) -> None:
+        self.lent: list = []
+
+    def __call__(self, height: int, width: int) -> object:
+        import numpy as np
+
+        self.lent.append(np.zeros((height, width, 3), np.uint8))
+        return self.lent[-1]
+
+    def owns(self, image: object) -> bool:
+        return any(image is b for b in self.lent)
+
+
+def test_a_file_decodes_into_lent_buffers(data_dir: Path) -> None:
+    """A real 720p video: from the second frame on OpenCV writes into the three buffers the consumer lent, every
+    frame arrives whole and in order, and none is copied."""
+    import numpy as np
+
+    video = data_dir / "video" / "bigbuckbunny.mp4"
+    want = _decoded(video)
+    lender = _Lender()
+    src = open_source(f"file:{video}", allocate_frame=lender)
+    try:
+        got = []
+        while (f := src.read(timeout=5)) is not None:
+            assert np.array_equal(f.image, want[f.index]), f"frame {f.index}"
+            got.append((f.index, lender.owns(f.image)))
+    finally:
+        src.close()
+    assert [i for i, _ in got] == list(range(len(want)))
+    assert len(lender.lent) == 3 and all(lent for _, lent in got[1:]) and not got[0][1]
+    assert src.copied == 0
+
+
+def test_a_live_source_never_overwrites_the_frame_the_consumer_holds(data_dir: Path) -> None:
+    """Latest-frame-only with lent buffers: while the consumer holds a frame (and the newest one waits), the
+    decoder writes only into the third buffer, so the held frame is still the one decoded at its index."""
+    import numpy as np
+
+    video = data_dir / "video" / "bikes.mp4"
+    want = _decoded(video)
+    lender = _Lender()
+    src = open_source(f"file:{video}?live=1", allocate_frame=lender, backoff_start_s=10.0)
+    try:
+        checked = 0
+        while checked < 10 and (f := src.read(timeout=5)) is not None:
+            time.sleep(0.005)  # the capture thread decodes several frames meanwhile
+            assert np.array_equal(f.image, want[f.index]), f"frame {f.index} changed while held"
+            checked += 1 if lender.owns(f.image) else 0
+        assert checked == 10 and src.state().dropped_frames > 0  # frames were replaced, never the held one
+    finally:
+        src.close()
+
+
+def test_a_decoder_that_writes_elsewhere_is_copied_into_the_lent_buffer(tmp_path: Path) -> None:
+    """A capture that allocates its own frames (as OpenCV does for another size, or a sidecar without a buffer):
+    each frame is copied into a lent buffer, and counted."""
+    import numpy as np
+
+    from edgedeploy_agent.sources.frames import CvCapture
+
+    class OwnArrays(CvCapture):
+        def read(self, out: object = None) -> object:
+            return super().read()  # never into `out`
+
+    clip = write_clip(tmp_path / "c.avi", 6, 40)
+    lender = _Lender()
+    src = CapturedSource(parse_source(f"file:{clip}"), capture_factory=OwnArrays, allocate_frame=lender)
+    try:
+        frames = []
+        while (f := src.read(timeout=5)) is not None:
+            frames.append((f.index, lender.owns(f.image), f.image.copy()))
+    finally:
+        src.close()
+    assert [i for i, _, _ in frames] == list(range(6)) and all(lent for _, lent, _ in frames[1:])
+    assert src.copied == 5
+    assert all(np.array_equal(img, want) for (_, _, img), want in zip(frames, _decoded(clip), strict=True))
+
+
+def test_a_consumer_that_cannot_lend_buffers_gets_opencvs_frames(tmp_path: Path) -> None:
+    """Lending that fails (page-locked memory ran out) leaves the capture as it was without lending: every frame,
+    in OpenCV's own arrays, the reason in last_error."""
+
+    def no_memory(height: int, width: int) -> object:
+        raise MemoryError(f"cannot pin {height}x{width}x3")
+
+    src = open_source(f"file:{write_clip(tmp_path / 'c.avi', 5, 40)}", allocate_frame=no_memory)
+    try:
+        got = [f.index for f in iter(lambda: src.read(timeout=5), None)]
+    finally:
+        src.close()
+    assert got == list(range(5)) and src.copied == 0
+    assert src.last_error == "no frame buffers from the runtime: MemoryError: cannot pin 48x64x3"

@@ -46,6 +46,8 @@ def test_gpu_bundle_has_device_code_for_its_sm(profile: str, data_dir: Path, tmp
     # the preprocessing kernel (frames to the GPU as uint8; compile/preprocess_kernel.py): its own library, same SM
     assert res.manifest.artifact("tvm-preprocess").path == "preprocess.so" and res.manifest.schema_version >= 5
     assert inspect_library(rel / "preprocess.so").sms() == {sm}
+    # a classifier's: also the top k (compile/postprocess_kernel.py), kernels of the same library
+    assert b"postprocess_kernel" in (rel / "preprocess.so").read_bytes()
     header = subprocess.run(["readelf", "-h", str(lib)], capture_output=True, text=True, check=True).stdout
     assert {"x86_64": "X86-64", "aarch64": "AArch64"}[arch] in header
 

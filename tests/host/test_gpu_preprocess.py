@@ -9,6 +9,7 @@ CUDA's __fmul_rn/__fadd_rn; the bench prints the max |difference| and the fracti
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import cv2
@@ -23,6 +24,7 @@ from edgedeploy_agent.bundle import (
     read_manifest,
     write_bundle,
 )
+from edgedeploy_agent.loop import top_k
 from edgedeploy_agent.preprocess import crop_box, preprocess, resize_taps
 
 MOBILENET = Preprocess(color="rgb", resize="center_crop", crop_fraction=0.875, mean=[127.5], std=[127.5])
@@ -129,29 +131,52 @@ def test_kernel_equals_cpu_preprocessing_on_video(data_dir: Path, case: int) -> 
 
 @pytest.fixture(scope="module")
 def frames_release(data_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, object]:
-    """An MNIST CPU bundle with the preprocessing kernel added as a GPU build adds it (built for the CPU here):
-    written, read back and unpacked as a device does."""
+    return frames_bundle(data_dir, tmp_path_factory.mktemp("frames"), 1)
+
+
+def frames_bundle(data_dir: Path, tmp: Path, batch: int) -> tuple[Path, object]:
+    """An MNIST CPU bundle for `batch` with the preprocessing kernel (and postprocess function) added as a GPU
+    build adds it (built for the CPU here): written, read back and unpacked as a device does."""
     import tvm
 
     from edgedeploy.api import build as build_bundle
     from edgedeploy.compile.cards import ModelCard
     from edgedeploy.compile.preprocess_kernel import LIBRARY, ROLE, build
 
-    tmp = tmp_path_factory.mktemp("frames")
     pp = Preprocess(color="gray", resize="center_crop", crop_fraction=0.875, scale=1 / 255)
     card = ModelCard(name="mnist", version="8", labels=[str(i) for i in range(10)], preprocess=pp)
     plain = tmp / "plain.edb"
-    build_bundle(data_dir / "models" / "mnist-8_opset13.onnx", "cpu-x86_64", plain, card)
+    build_bundle(data_dir / "models" / "mnist-8_opset13.onnx", "cpu-x86_64", plain, card, batch=batch)
     manifest = extract_bundle(plain, tmp / "plain")
     files = {a.path: tmp / "plain" / a.path for a in manifest.artifacts}
     files[LIBRARY] = tmp / LIBRARY
-    build(manifest.preprocess, manifest.inputs[0], tvm.target.Target({"kind": "llvm"})).export_library(
-        str(files[LIBRARY])
-    )
+    post = manifest.postprocess.model_copy(update={"softmax": True, "top_k": 3})
+    manifest = manifest.model_copy(update={"postprocess": post})
+    llvm = tvm.target.Target({"kind": "llvm"})
+    build(manifest.preprocess, manifest.inputs[0], llvm, post, manifest.outputs[0]).export_library(str(files[LIBRARY]))
     artifacts = [*manifest.artifacts, describe_artifact(files[LIBRARY], ROLE, LIBRARY)]
     write_bundle(tmp / "frames.edb", manifest.model_copy(update={"artifacts": artifacts, "schema_version": 5}), files)
     assert read_manifest(tmp / "frames.edb").artifact(ROLE).path == LIBRARY
     return tmp / "release", extract_bundle(tmp / "frames.edb", tmp / "release")
+
+
+@pytest.mark.compile
+def test_a_library_without_postprocess_keeps_top_k_on_the_host(frames_release: tuple) -> None:
+    """A schema-5 bundle built before the postprocess function: its preprocess.so has `preprocess` alone."""
+    import tvm
+
+    from edgedeploy.compile.preprocess_kernel import LIBRARY, build
+    from edgedeploy_agent.runtime.tvm import TvmRuntime
+
+    rdir, manifest = frames_release
+    old = rdir.parent / "old-release"
+    shutil.copytree(rdir, old)
+    build(manifest.preprocess, manifest.inputs[0], tvm.target.Target({"kind": "llvm"})).export_library(
+        str(old / LIBRARY)
+    )
+    rt = TvmRuntime(old, manifest)
+    assert rt.frames_on_device and not rt.top_k_on_device and not rt.describe()["top_k_on_device"]
+    assert TvmRuntime(rdir, manifest).top_k_on_device
 
 
 @pytest.mark.compile
@@ -171,22 +196,30 @@ def test_runtime_frame_path_matches_run_and_reuses_its_buffers(data_dir: Path, f
         x = preprocess(frame, manifest.preprocess, manifest.inputs[0])
         rt.load_frames(frame)
         assert np.array_equal(rt.loaded_input(), x)
-        assert np.array_equal(rt.run_loaded()[0], plain.run([x])[0])
-    # one buffer per resolution and one per input, allocated once: the same objects after every frame
-    staged = list(rt._frames.values())
+        want = plain.run([x])[0]
+        assert np.array_equal(rt.run_loaded()[0], want)
+        # the top k computed by the library's postprocess function: the agent's top_k (tests/host/test_gpu_postprocess)
+        top, outs = rt.run_loaded_top(outputs=True)
+        assert np.array_equal(outs[0], want) and top.shape == (1, 2, 3)
+        assert [[c, s] for c, _, s in top_k(want, manifest, [])] == [[int(c), round(s, 6)] for s, c in top[0].T]
+    # one staging buffer per resolution and one per input, allocated once: the same objects after every frame
+    staged = list(rt._staging.values())
     assert len(staged) == 1 and rt._inputs[0] is device_input and len(rt._taps) == 1
     rt.load_frames(frames[0])
-    assert list(rt._frames.values())[0] is staged[0] and rt._inputs[0] is device_input
-    # a batch from frame_batch is the runtime's own buffer: handed back, it is not copied (whole frames go)
-    batch = rt.frame_batch(*frames[0].shape[:2])
-    assert batch.ctypes.data == rt.frame_batch(*frames[0].shape[:2]).ctypes.data
-    batch[...] = frames[0]
-    staged_batch, box = rt.upload_frames(batch)
-    assert staged_batch.array is rt._frames[batch.shape].array and box == crop_box(
-        *frames[0].shape[:2], manifest.preprocess
-    )
-    rt.load_frames(batch)
-    assert np.array_equal(rt.loaded_input(), preprocess(frames[0], manifest.preprocess, manifest.inputs[0]))
+    assert list(rt._staging.values())[0] is staged[0] and rt._inputs[0] is device_input
+    # a batch from frame_batch is the runtime's own buffer: handed back (or its one frame, at batch 1), it is not
+    # copied (whole frames go); each call lends another
+    batch, other = rt.frame_batch(*frames[0].shape[:2]), rt.frame_batch(*frames[0].shape[:2])
+    assert batch.ctypes.data != other.ctypes.data
+    for lent, frame in ((batch, frames[0]), (other[0], frames[1])):
+        lent[...] = frame
+        staged_batch, box = rt.upload_frames(lent)
+        assert staged_batch.array.ctypes.data == lent.ctypes.data and box == crop_box(
+            *frame.shape[:2], manifest.preprocess
+        )
+        rt.load_frames(lent)
+        assert np.array_equal(rt.loaded_input(), preprocess(frame, manifest.preprocess, manifest.inputs[0]))
+    assert len(rt._staging) == 1  # nothing more was staged
     with pytest.raises(ValueError, match=r"the model takes uint8 \(1, H, W, 3\)"):
         rt.load_frames(frames[0].astype(np.float32))
 
@@ -199,3 +232,92 @@ def test_preprocess_writes_into_a_given_input_buffer(data_dir: Path) -> None:
     assert np.array_equal(buffer, preprocess(frame, pp, spec))
     wrong = np.zeros((1, 3, 10, 10), np.float32)
     assert preprocess(frame, pp, spec, out=wrong) is not wrong  # not the input's shape: a new array
+
+
+def _loop_predictions(runtime: object, manifest: object, video: Path, root: Path, lend: bool) -> list:
+    """The agent's loop (InferenceLoop, health check on its first frames) over one pass of the video: its
+    predictions, from one report."""
+    from edgedeploy_agent.config import AgentConfig
+    from edgedeploy_agent.loop import InferenceLoop, frame_buffers
+    from edgedeploy_agent.sources.capture import open_source
+    from edgedeploy_agent.sources.power import NoPowerSensor
+    from edgedeploy_agent.spool import Spool, pending_reports
+    from edgedeploy_agent.store import DeviceStore
+
+    store = DeviceStore(root)
+    cfg = AgentConfig(device_name="t", source=f"file:{video}", report_interval_s=1e9, idle_baseline_s=0.0)
+    store.init(cfg)
+    loop = InferenceLoop(runtime, manifest, [], cfg, Spool(store), NoPowerSensor(), "t", health_frames=3)  # type: ignore[arg-type]
+    source = open_source(cfg.source or "", allocate_frame=frame_buffers(runtime) if lend else None)  # type: ignore[arg-type]
+    try:
+        loop.run(source)
+    finally:
+        source.close()
+    assert source.copied == 0
+    return [p["top"] for _, r in pending_reports(store) for p in r["predictions"]]
+
+
+@pytest.mark.compile
+def test_the_loop_on_lent_frame_buffers_and_the_device_top_k_predicts_as_the_cpu_path(
+    data_dir: Path, frames_release: tuple, tmp_path: Path
+) -> None:
+    """Capture decoding into the runtime's buffers, preprocessing and top k by the bundle's library: the same
+    predictions as preprocess.py, run() and top_k on the host; only the first frame (before the capture knew its
+    size) went through a staging copy."""
+    from edgedeploy_agent.runtime.tvm import TvmRuntime
+
+    rdir, manifest = frames_release
+    video = data_dir / "video" / "bikes.mp4"
+    rt = TvmRuntime(rdir, manifest)
+    plain = TvmRuntime(
+        rdir, manifest.model_copy(update={"artifacts": [a for a in manifest.artifacts if a.role != "tvm-preprocess"]})
+    )
+    device = _loop_predictions(rt, manifest, video, tmp_path / "device", lend=True)
+    assert len(device) == len(video_frames(data_dir, "bikes.mp4", 1))
+    assert device == _loop_predictions(plain, manifest, video, tmp_path / "host", lend=False)
+    assert len(rt._staging) == 1 and len(rt._lent) == 3
+
+
+@pytest.mark.compile
+def test_a_batch_of_sources_preprocessed_on_the_device_predicts_as_the_cpu_path(data_dir: Path, tmp_path: Path) -> None:
+    """Two sources (two copies of a video, so one resolution) through a batch-2 bundle's kernels in one load and
+    one call, against preprocess.py into the rows and run(): the same predictions, per source, frame by frame."""
+    from edgedeploy_agent.batcher import MultiSourceLoop
+    from edgedeploy_agent.config import AgentConfig
+    from edgedeploy_agent.runtime.tvm import TvmRuntime
+    from edgedeploy_agent.sources.capture import open_source
+    from edgedeploy_agent.sources.power import NoPowerSensor
+    from edgedeploy_agent.spool import Spool, pending_reports
+    from edgedeploy_agent.store import DeviceStore
+
+    rdir, manifest = frames_bundle(data_dir, tmp_path, 2)
+    frames = video_frames(data_dir, "bigbuckbunny.mp4", 1)
+    flipped = cv2.VideoWriter(str(tmp_path / "b.avi"), cv2.VideoWriter_fourcc(*"MJPG"), 25, frames[0].shape[1::-1])
+    for f in frames:  # the other source: the same size, other pictures (a row given to the wrong source shows)
+        flipped.write(f[::-1].copy())
+    flipped.release()
+    (tmp_path / "a.mp4").symlink_to(data_dir / "video" / "bigbuckbunny.mp4")
+    uris = [f"file:{tmp_path / 'a.mp4'}", f"file:{tmp_path / 'b.avi'}"]
+
+    def predictions(runtime: TvmRuntime, root: Path) -> dict[str, list]:
+        store = DeviceStore(root)
+        cfg = AgentConfig(device_name="t", report_interval_s=1e9, sources=uris, idle_baseline_s=0.0)
+        store.init(cfg)
+        sources = [open_source(u) for u in uris]
+        loop = MultiSourceLoop(runtime, manifest, [], cfg, Spool(store), NoPowerSensor(), "t", health_frames=3)
+        try:
+            loop.serve(sources)  # to the end: every frame of each, whatever the calls held
+        finally:
+            for s in sources:
+                s.close()
+        return {r["source"]: r["predictions"] for _, r in pending_reports(store)}
+
+    rt = TvmRuntime(rdir, manifest)
+    plain = TvmRuntime(
+        rdir, manifest.model_copy(update={"artifacts": [a for a in manifest.artifacts if a.role != "tvm-preprocess"]})
+    )
+    device = predictions(rt, tmp_path / "device")
+    assert rt.top_k_on_device and len(rt._lent) == 1 and not rt._staging  # the batch went whole, once lent
+    assert [[p["frame"] for p in device[u]] for u in uris] == [list(range(len(frames)))] * 2
+    assert device[uris[0]] != device[uris[1]]
+    assert device == predictions(plain, tmp_path / "host")

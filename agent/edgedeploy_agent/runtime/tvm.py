@@ -169,13 +169,17 @@ class TvmRuntime:
         # release: run() copies into the host one (a memcpy) and from there to the device (one DMA copy). CPU:
         # run() hands the caller's arrays over as they are; with a preprocessing module (GPU bundles carry one; a
         # CPU bundle may, as the tests build it) load_frames fills one tensor per input, allocated here.
-        self._preprocess = self._load_preprocess(release_dir, manifest)
+        self._preprocess, self._postprocess = self._load_frame_kernels(release_dir, manifest)
         gpu_or_frames = target.device == "cuda" or self._preprocess is not None
         self._inputs: list[_Staged] = [self._staged(s.shape, s.dtype) for s in manifest.inputs] if gpu_or_frames else []
         # preprocess.py writes here when it runs on the CPU for a GPU bundle: run() then has no host copy to make
         self.input_array: Optional[np.ndarray] = self._inputs[0].array if target.device == "cuda" else None
-        self._frames: dict[tuple[int, ...], _Staged] = {}  # frame batch shape -> its buffers (one per resolution)
+        self._lent: dict[int, _Staged] = {}  # data address -> a frame batch this runtime lent (frame_batch)
+        self._device_frames: dict[tuple[int, ...], Any] = {}  # frame batch shape -> the device buffer they go to
+        self._staging: dict[tuple[int, ...], _Staged] = {}  # crop shape -> where other arrays' crop is copied
         self._taps: dict[tuple[int, int, int, int], tuple[Any, Any]] = {}  # crop box -> the device tap tables
+        # the postprocess function's (N, 2, k) result: scores, then classes (float64), one small copy back
+        self._top = self._staged(top_shape(manifest), "float64") if self._postprocess is not None else None
 
     def _staged(self, shape: "list[int] | tuple[int, ...]", dtype: str) -> "_Staged":
         """Host and device buffers for one tensor (on a CPU one tensor is both)."""
@@ -183,14 +187,17 @@ class TvmRuntime:
         device = self._alloc(tuple(shape), dtype, self._device, None) if self._manifest_device == "cuda" else host
         return _Staged(host, np.from_dlpack(host), device)
 
-    def _load_preprocess(self, release_dir: Path, manifest: Manifest) -> Any:
+    def _load_frame_kernels(self, release_dir: Path, manifest: Manifest) -> tuple[Any, Any]:
         """The bundle's preprocessing kernel (artifact tvm-preprocess), or None: frames then go through the
-        CPU path (preprocess.py) and run()."""
+        CPU path (preprocess.py) and run(); and its postprocess function where the library has one (classifiers
+        built since it exists), or None: top_k then runs on the host."""
         art = next((a for a in manifest.artifacts if a.role == "tvm-preprocess"), None)
         if art is None:
-            return None
+            return None, None
         try:
-            return self._ffi.load_module(str((release_dir / art.path).resolve()))["preprocess"]
+            module = self._ffi.load_module(str((release_dir / art.path).resolve()))
+            post = module["postprocess"] if module.implements_function("postprocess") else None
+            return module["preprocess"], post
         except Exception as e:  # the FFI raises its own error types
             raise RuntimeLoadError(f"TVM could not load {art.path}: {e}") from None
 
@@ -198,6 +205,11 @@ class TvmRuntime:
     def frames_on_device(self) -> bool:
         """Frames go to the GPU as uint8 and are preprocessed there (load_frames, then run_loaded)."""
         return self._preprocess is not None
+
+    @property
+    def top_k_on_device(self) -> bool:
+        """The classifier's top k is computed on the device (run_loaded_top)."""
+        return self._postprocess is not None
 
     def run(self, inputs: list[np.ndarray]) -> list[np.ndarray]:
         if self._manifest_device == "cpu":
@@ -213,9 +225,20 @@ class TvmRuntime:
         return self.run_loaded()
 
     def frame_batch(self, height: int, width: int) -> np.ndarray:
-        """A page-locked uint8 batch (N, height, width, 3) for this release: a caller that fills it (a decoder, a
-        batcher) and hands it to load_frames saves the host copy."""
-        return self._staged_frames((self._manifest.inputs[0].shape[0], height, width, 3)).array
+        """A new page-locked uint8 batch (N, height, width, 3), N the model's batch: a caller that fills it (a
+        decoder, a batcher) and hands it to load_frames saves the host copy. Each call lends another; all of one
+        resolution share one device buffer (load_frames waits until its copy is done)."""
+        shape = (self._manifest.inputs[0].shape[0], height, width, 3)
+        if self._manifest_device == "cuda":
+            host = self._alloc(shape, "uint8", self._pinned, None)
+            device = self._device_frames.get(shape)
+            if device is None:
+                device = self._device_frames[shape] = self._alloc(shape, "uint8", self._device, None)
+            staged = _Staged(host, np.from_dlpack(host), device)
+        else:
+            staged = self._staged(shape, "uint8")
+        self._lent[staged.array.ctypes.data] = staged
+        return staged.array
 
     def load_frames(self, frames: np.ndarray) -> None:
         """uint8 BGR frames (N, H, W, 3), N the model's batch (or one frame (H, W, 3) for a batch of one), to the
@@ -228,19 +251,22 @@ class TvmRuntime:
 
     def upload_frames(self, frames: np.ndarray) -> tuple["_Staged", tuple[int, int, int, int]]:
         """The frames' part that preprocessing reads, copied to the device (asynchronously); returns its buffers
-        and the crop box in them. A batch from frame_batch goes whole (no host copy); any other array has its crop
-        box copied into a page-locked buffer first (a 720p frame centre-cropped to 87.5 %: 43 % of its bytes)."""
+        and the crop box in them. A batch from frame_batch (or one frame of a batch-1 one) goes whole (no host
+        copy); any other array has its crop box copied into a page-locked buffer first (a 720p frame
+        centre-cropped to 87.5 %: 43 % of its bytes)."""
         if frames.ndim == 3:
             frames = frames[None]
         batch = self._manifest.inputs[0].shape[0]
         if frames.dtype != np.uint8 or frames.ndim != 4 or frames.shape[0] != batch or frames.shape[3] != 3:
             raise ValueError(f"frames {frames.dtype} {list(frames.shape)}: the model takes uint8 ({batch}, H, W, 3)")
         box = crop_box(frames.shape[1], frames.shape[2], self._manifest.preprocess)
-        staged = self._frames.get(frames.shape)
-        if staged is None or frames.ctypes.data != staged.array.ctypes.data:  # not frame_batch's own buffer
+        staged = self._lent.get(frames.ctypes.data)
+        if staged is None or staged.array.shape != frames.shape:  # not a buffer frame_batch lent
             top, left, height, width = box
             region = frames[:, top : top + height, left : left + width]
-            staged = self._staged_frames(region.shape)
+            staged = self._staging.get(region.shape)
+            if staged is None:
+                staged = self._staging[region.shape] = self._staged(region.shape, "uint8")
             np.copyto(staged.array, region)
             box = (0, 0, height, width)
         if staged.device is not staged.host:
@@ -261,12 +287,6 @@ class TvmRuntime:
         out: np.ndarray = staged.array.copy()
         return out
 
-    def _staged_frames(self, shape: tuple[int, ...]) -> "_Staged":
-        staged = self._frames.get(shape)
-        if staged is None:
-            staged = self._frames[shape] = self._staged(shape, "uint8")
-        return staged
-
     def _tap_tables(self, box: tuple[int, int, int, int]) -> tuple[Any, Any]:
         taps = self._taps.get(box)
         if taps is None:
@@ -286,14 +306,31 @@ class TvmRuntime:
         """The model on the device input tensors as they stand (filled by run or load_frames)."""
         return self._outputs(self._main(*[s.device for s in self._inputs]))
 
+    def run_loaded_top(self, outputs: bool = False) -> tuple[np.ndarray, list[np.ndarray]]:
+        """The model on the device input tensors as they stand, then the bundle's postprocess function on its first
+        output: (N, 2, k) float64, per row the k best scores, then their classes, best first (top_shape), in host
+        memory the next call reuses (read it before); with `outputs`, the model's outputs in host memory too (the
+        health check reads them)."""
+        assert self._top is not None, "the bundle has no postprocess function"
+        out = self._main(*[s.device for s in self._inputs])
+        self._postprocess(self._output_list(out)[0], self._top.device)
+        full = self._outputs(out) if outputs else []
+        if self._top.device is not self._top.host:
+            self._copy(self._top.device, self._top.host)
+            self.synchronize()
+        return self._top.array, full
+
     def run_kernel(self) -> None:
         """The model alone on the device input tensors, waited for: no copy either way (the bench's peer)."""
         self._main(*[s.device for s in self._inputs])
         self.synchronize()
 
+    @staticmethod
+    def _output_list(out: Any) -> list[Any]:
+        return list(out) if isinstance(out, (list, tuple)) or type(out).__name__ == "Array" else [out]
+
     def _outputs(self, out: Any) -> list[np.ndarray]:
-        outs = list(out) if isinstance(out, (list, tuple)) or type(out).__name__ == "Array" else [out]
-        return [self._to_host(o).copy() for o in outs]
+        return [self._to_host(o).copy() for o in self._output_list(out)]
 
     def _to_host(self, t: Any) -> np.ndarray:
         """`t` in host memory, the inference finished. On a GPU: a page-locked tensor per output shape,
@@ -318,12 +355,19 @@ class TvmRuntime:
             "device": self._manifest.target.device,
             "cuda_backend": self._cuda_backend,
             "frames_on_device": self.frames_on_device,  # preprocessing by the bundle's kernel (load_frames)
+            "top_k_on_device": self.top_k_on_device,  # postprocessing by its postprocess function
             "gpu": dataclasses.asdict(self._gpu) if self._gpu else None,
             "loaded_tvm_libraries": loaded_tvm_libraries(),
         }
 
     def close(self) -> None:
         """Nothing to free: the loaded libraries stay for the process (one CUDA backend per process)."""
+
+
+def top_shape(manifest: Manifest) -> tuple[int, int, int]:
+    """(N, 2, k) of the postprocess function's result: k = the card's top_k, at most the classes."""
+    out = manifest.outputs[0]
+    return out.shape[0], 2, manifest.postprocess.top_count(out)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -52,7 +52,7 @@ class SidecarCapture:
             return False
         return bool(reply.get("opened"))
 
-    def read(self) -> np.ndarray | None:
+    def read(self, out: np.ndarray | None = None) -> np.ndarray | None:
         if self._sidecar is None:
             return None
         try:
@@ -63,7 +63,14 @@ class SidecarCapture:
             return None
         spec = reply.get("frame")
         self.read_ms = float(reply.get("read_ms") or 0.0)
-        return None if spec is None else self._sidecar.shm.array(spec).copy()
+        if spec is None:
+            return None
+        frame: np.ndarray = self._sidecar.shm.array(spec)
+        if out is not None and out.shape == frame.shape and out.dtype == frame.dtype:
+            np.copyto(out, frame)  # the one copy out of shared memory goes into the consumer's buffer
+            return out
+        copied: np.ndarray = frame.copy()
+        return copied
 
     def release(self) -> None:
         self._stop()

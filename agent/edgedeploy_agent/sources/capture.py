@@ -3,6 +3,11 @@
 A video file played normally is not a camera: every frame is handed over (the reader waits for the
 consumer), so a recorded clip gives the same predictions every run. A live source never queues: a
 frame the consumer did not take in time is replaced by the next one and counted as dropped.
+
+A consumer may lend the frame buffers (`allocate_frame`: a GPU runtime's page-locked ones, `frame_batch`): the
+decoder then writes into them (cv2.VideoCapture.read(image=...)), so no host copy stands between decoding and the
+upload. Three per resolution: one being decoded into, the newest frame waiting, and the one the consumer took last
+(it holds that one until it reads the next).
 """
 
 import threading
@@ -19,6 +24,7 @@ from .frames import Capture, CvCapture, SourceSpec, check_openable, opencv_has_g
 BACKOFF_START_S = 1.0
 BACKOFF_MAX_S = 30.0
 STALE_AFTER_S = 5.0
+LENT_BUFFERS = 3
 
 
 @dataclass
@@ -52,6 +58,7 @@ class CapturedSource:
         stale_after_s: float = STALE_AFTER_S,
         capture_factory: Callable[[SourceSpec], Capture] = CvCapture,
         where: Optional[dict[str, Any]] = None,
+        allocate_frame: Optional[Callable[[int, int], np.ndarray]] = None,
     ) -> None:
         self.spec, self.uri = spec, spec.uri
         # the Python and OpenCV that capture: this process's, or a sidecar's (open_source says which)
@@ -62,6 +69,10 @@ class CapturedSource:
         self._cond = threading.Condition()
         self._latest: Optional[Frame] = None
         self._taken = -1
+        self._held: Optional[np.ndarray] = None  # the image of the frame the consumer took last
+        self._allocate = allocate_frame  # (height, width) -> a uint8 (height, width, 3) buffer, or None
+        self._buffers: list[np.ndarray] = []  # the lent buffers of the current resolution
+        self.copied = 0  # frames copied into a lent buffer because the decoder wrote elsewhere
         self._ended = False
         self._closing = False
         self._up = False
@@ -90,6 +101,7 @@ class CapturedSource:
                 if self._latest is not None and self._latest.index > self._taken:
                     frame = self._latest
                     self._taken = frame.index
+                    self._held = frame.image  # (the one taken before is free again)
                     self.consumed += 1
                     self._cond.notify_all()
                     return frame
@@ -169,12 +181,38 @@ class CapturedSource:
             self._cond.notify_all()
         self.on_change()
 
+    def _free_buffer(self) -> Optional[np.ndarray]:
+        """A lent buffer neither the newest frame nor the consumer's holds; None without lent buffers (or before the
+        first frame told their size)."""
+        with self._cond:
+            busy = {id(self._held), id(self._latest.image) if self._latest is not None else None}
+            return next((b for b in self._buffers if id(b) not in busy), None)
+
+    def _into_lent(self, image: np.ndarray, out: Optional[np.ndarray]) -> np.ndarray:
+        """The decoded frame, in a lent buffer where it fits: a decoder that wrote elsewhere (OpenCV reallocates for
+        another size) is copied; a new resolution gets new buffers from the next frame on."""
+        if self._allocate is None or image is out:
+            return image
+        if out is not None and out.shape == image.shape:
+            np.copyto(out, image)
+            self.copied += 1
+            return out
+        if image.ndim == 3 and image.shape[2] == 3 and image.dtype == np.uint8:
+            try:
+                self._buffers = [self._allocate(*image.shape[:2]) for _ in range(LENT_BUFFERS)]
+            except Exception as e:  # (page-locked memory may run out): decode into OpenCV's own arrays, as before
+                self._allocate, self._buffers = None, []
+                self.last_error = f"no frame buffers from the runtime: {type(e).__name__}: {e}"
+        return image
+
     def _pump(self) -> None:
         """Read frames until the capture fails or the source closes."""
         while not self._closing:
-            image = self._capture.read()
+            out = self._free_buffer()
+            image = self._capture.read(out)
             if image is None:
                 return
+            image = self._into_lent(image, out)
             with self._cond:
                 if not self.spec.live:
                     # a file: wait until the consumer took the previous frame (no frame is skipped)
@@ -192,9 +230,13 @@ def _nothing() -> None:
 
 
 def open_source(
-    uri: str, system_python: Optional[str] = None, sidecar_timeout_s: float = 10.0, **kwargs: float
+    uri: str,
+    system_python: Optional[str] = None,
+    sidecar_timeout_s: float = 10.0,
+    allocate_frame: Optional[Callable[[int, int], np.ndarray]] = None,
+    **kwargs: float,
 ) -> CapturedSource:
-    """Parse, check and start capturing a source URI.
+    """Parse, check and start capturing a source URI (into buffers from `allocate_frame`, CapturedSource says how).
 
     A gst: or csi: source that this OpenCV cannot open (no GStreamer) is captured by a sidecar worker under
     `system_python` (JetPack's Python and OpenCV) when one is configured."""
@@ -207,7 +249,8 @@ def open_source(
             spec,
             capture_factory=lambda s: capture,
             where={**facts, "sidecar": True},
+            allocate_frame=allocate_frame,
             **kwargs,
         )
     check_openable(spec)
-    return CapturedSource(spec, **kwargs)  # type: ignore[arg-type]
+    return CapturedSource(spec, allocate_frame=allocate_frame, **kwargs)  # type: ignore[arg-type]

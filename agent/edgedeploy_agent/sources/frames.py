@@ -132,7 +132,8 @@ class Capture(Protocol):
 
     def open(self) -> bool: ...
 
-    def read(self) -> Optional[np.ndarray]: ...
+    def read(self, out: Optional[np.ndarray] = None) -> Optional[np.ndarray]:
+        """The next BGR frame, written into `out` where it can (same shape and dtype), else a new array."""
 
     def release(self) -> None: ...
 
@@ -155,10 +156,11 @@ class CvCapture:
         self._cap = cap
         return True
 
-    def read(self) -> Optional[np.ndarray]:
+    def read(self, out: Optional[np.ndarray] = None) -> Optional[np.ndarray]:
         if self._cap is None:
             return None
-        ok, frame = self._cap.read()
+        # OpenCV decodes into `out` when its shape and dtype are the frame's, else allocates (a new resolution)
+        ok, frame = self._cap.read() if out is None else self._cap.read(image=out)
         return frame if ok else None
 
     def release(self) -> None:

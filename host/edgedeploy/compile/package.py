@@ -115,8 +115,14 @@ def build_bundle(
             files["model.ptx"] = res.ptx
         if profile.device == "cuda" and supported(card.preprocess, model.inputs[0]) is None:
             progress("compile-preprocess")  # frames to the GPU as uint8, preprocessed there (issue 36)
-            files[LIBRARY] = build_in_worker(
-                card.preprocess, model.inputs[0], profile, work / "preprocess", resolve_toolchain(profile)
+            files[LIBRARY] = build_in_worker(  # with the top k on the GPU for a classifier
+                card.preprocess,
+                model.inputs[0],
+                profile,
+                work / "preprocess",
+                resolve_toolchain(profile),
+                card.postprocess,
+                res.outputs[0],
             )
         write_labels(work, card, files)
         manifest = card_manifest(

@@ -10,6 +10,8 @@ the multiply and after the add, as numpy does: the same float32 tensor (tests/ho
 CPU; bench/gpu_pipeline.py on the GPU, every frame of two videos). INTER_AREA is not a
 two-tap filter: a bundle whose card asks for `area` keeps the CPU path (no module is built).
 
+A classifier's library also holds `postprocess` (compile/postprocess_kernel.py): the top k on the device.
+
     python -m edgedeploy.compile.preprocess_kernel REQ.json   # the CUDA build, in the toolchain's environment
 """
 
@@ -22,11 +24,12 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from edgedeploy_agent.bundle import Manifest, Preprocess, TensorSpec
+from edgedeploy_agent.bundle import Manifest, Postprocess, Preprocess, TensorSpec
 from edgedeploy_agent.preprocess import input_hw, normalisation
 
 from ..errors import BuildError, EdgeDeployError
 from ..profiles import DeviceProfile
+from . import postprocess_kernel
 from .cuda.toolchain import CudaToolchain
 
 FUNCTION = "preprocess"  # the module's function: (frames, xtaps, ytaps, out)
@@ -108,12 +111,25 @@ def preprocess_module(pp: Preprocess, spec: TensorSpec, gpu: bool = False) -> An
     return tvm.IRModule({FUNCTION: func})
 
 
+def frame_module(
+    pp: Preprocess, spec: TensorSpec, post: Postprocess | None, output: TensorSpec | None, gpu: bool
+) -> Any:
+    """preprocess_module, plus postprocess_kernel's function for a classifier (`post` and the model's first
+    `output` given)."""
+    mod = preprocess_module(pp, spec, gpu)
+    if post is not None and output is not None and post.kind == "classifier":
+        mod[postprocess_kernel.FUNCTION] = postprocess_kernel.postprocess_func(post, output)
+    return mod
+
+
 def schedule(mod: Any, gpu: bool) -> Any:
     """One thread per output element on a GPU (consecutive threads write consecutive x: coalesced); on a CPU
-    the outermost loops in parallel."""
+    the outermost loops in parallel. The postprocessing's own schedule on a GPU; on a CPU, none (serial)."""
     from tvm import s_tir
 
     sch = s_tir.Schedule(mod)
+    if gpu and any(gv.name_hint == postprocess_kernel.FUNCTION for gv in mod.get_global_vars()):
+        postprocess_kernel.schedule_gpu(sch)
     sch.work_on(FUNCTION)
     block = sch.get_sblock("preprocessed")
     fused = sch.fuse(*sch.get_loops(block))
@@ -127,16 +143,25 @@ def schedule(mod: Any, gpu: bool) -> Any:
     return sch.mod
 
 
-def build(pp: Preprocess, spec: TensorSpec, target: Any) -> Any:
+def build(
+    pp: Preprocess, spec: TensorSpec, target: Any, post: Postprocess | None = None, output: TensorSpec | None = None
+) -> Any:
     """The compiled runtime module (tvm.compile of the scheduled TIR) for `target`."""
     import tvm
 
     gpu = target.kind.name == "cuda"
     with target:  # the CUDA compile callback reads the arch from Target.current()
-        return tvm.compile(schedule(preprocess_module(pp, spec, gpu), gpu), target=target)
+        return tvm.compile(schedule(frame_module(pp, spec, post, output, gpu), gpu), target=target)
 
 
-def build_for_profile(pp: Preprocess, spec: TensorSpec, profile: DeviceProfile, work: Path) -> Path:
+def build_for_profile(
+    pp: Preprocess,
+    spec: TensorSpec,
+    profile: DeviceProfile,
+    work: Path,
+    post: Postprocess | None = None,
+    output: TensorSpec | None = None,
+) -> Path:
     """In this process (its environment holds the CUDA toolchain when the profile is a GPU's): build, export with
     the profile's compiler and check the library as the model's is checked (CPU architecture, glibc, SASS)."""
     from .stage import BuildContext
@@ -145,7 +170,7 @@ def build_for_profile(pp: Preprocess, spec: TensorSpec, profile: DeviceProfile, 
     work.mkdir(parents=True, exist_ok=True)
     ctx = BuildContext(model=None, profile=profile, work_dir=work)
     try:
-        ctx.executable = build(pp, spec, make_target(ctx))
+        ctx.executable = build(pp, spec, make_target(ctx), post, output)
     except Exception as e:  # TVM raises its own error types
         lines = [ln for ln in str(e).strip().splitlines() if ln.strip()]
         raise BuildError(f"TVM failed to compile the preprocessing kernel: {lines[-1] if lines else e}") from None
@@ -156,7 +181,13 @@ def build_for_profile(pp: Preprocess, spec: TensorSpec, profile: DeviceProfile, 
 
 
 def build_in_worker(
-    pp: Preprocess, spec: TensorSpec, profile: DeviceProfile, work: Path, toolchain: CudaToolchain
+    pp: Preprocess,
+    spec: TensorSpec,
+    profile: DeviceProfile,
+    work: Path,
+    toolchain: CudaToolchain,
+    post: Postprocess | None = None,
+    output: TensorSpec | None = None,
 ) -> Path:
     """build_for_profile in a process with the CUDA toolchain's environment (cuda_worker.py says why)."""
     work.mkdir(parents=True, exist_ok=True)
@@ -166,6 +197,8 @@ def build_in_worker(
             {
                 "preprocess": pp.model_dump(mode="json"),
                 "input": spec.model_dump(mode="json"),
+                "postprocess": post.model_dump(mode="json") if post is not None else None,
+                "output": output.model_dump(mode="json") if output is not None else None,
                 "profile": profile.model_dump(mode="json"),
                 "work": str(work),
             }
@@ -201,7 +234,13 @@ def add_to_bundle(bundle: Path, out: Path, profile: DeviceProfile, work: Path) -
     kept = [a for a in manifest.artifacts if a.role != ROLE]
     files = {a.path: work / "bundle" / a.path for a in kept}
     files[LIBRARY] = build_in_worker(
-        manifest.preprocess, manifest.inputs[0], profile, work / "preprocess", resolve_toolchain(profile)
+        manifest.preprocess,
+        manifest.inputs[0],
+        profile,
+        work / "preprocess",
+        resolve_toolchain(profile),
+        manifest.postprocess,
+        manifest.outputs[0],
     )
     artifacts = [*kept, describe_artifact(files[LIBRARY], ROLE, LIBRARY)]
     manifest = manifest.model_copy(update={"artifacts": artifacts, "schema_version": 5})
@@ -217,6 +256,8 @@ def main(request_path: str) -> int:
             TensorSpec.model_validate(req["input"]),
             DeviceProfile.model_validate(req["profile"]),
             Path(req["work"]),
+            Postprocess.model_validate(req["postprocess"]) if req.get("postprocess") else None,
+            TensorSpec.model_validate(req["output"]) if req.get("output") else None,
         )
     except EdgeDeployError as e:
         print("error " + json.dumps({"message": e.message, "hint": e.hint}), flush=True)
