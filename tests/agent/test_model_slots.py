@@ -111,10 +111,19 @@ def test_each_slot_has_its_own_source_and_the_device_its_own(store: DeviceStore)
     assert store.slots() == ["default", "cam2"] and cam2.state()["current"] is None
     cam2.set_source(None)
     assert cam2.config().source is None and store.config().source == "file:/a.mp4"
-    # systemd mode: a slot is served by a unit of its own, named in agent.json, never by the default's
+    # systemd mode: a slot is served by a unit of its own, never by the default's: the instance of the template
+    # `agent install` makes (restarted without sudo through its own path unit and request file), unless agent.json
+    # names another (restarted through sudo only: its path unit, if any, is not one this agent knows)
+    from edgedeploy_agent.service import SystemdService, make_service
+
     agent("--root", str(store.root), "--json", "init", "--service", "systemd")
-    r = agent("--root", str(store.root), "--json", "stop", "--model", "cam2")
-    assert json.loads(r.out)["error"]["message"] == "model 'cam2' has no systemd unit to serve it", r.out
+    default, slot = make_service(store), make_service(cam2)
+    assert isinstance(default, SystemdService) and isinstance(slot, SystemdService)
+    assert (default.unit, default.path_unit) == ("edgedeploy-agent.service", "edgedeploy-agent-restart.path")
+    assert (slot.unit, slot.path_unit) == ("edgedeploy-agent@cam2.service", "edgedeploy-agent-restart@cam2.path")
+    store.update_config(models={"cam2": {"unit": "plates.service"}})
+    named = make_service(cam2)
+    assert isinstance(named, SystemdService) and (named.unit, named.path_unit) == ("plates.service", None)
 
 
 def test_reports_of_two_slots_share_the_spool_and_are_numbered_per_slot(store: DeviceStore) -> None:
@@ -220,3 +229,21 @@ def test_a_move_cut_at_every_step_is_finished_by_the_next_command(
         _check_migrated(store, current, state)
     assert cut > 8  # every step was cut once: releases, the link, the run files, the state
     _check_migrated(store, current, state)
+
+
+def test_a_slot_whose_unit_systemd_does_not_have_is_refused_with_the_install_hint(
+    store: DeviceStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A device installed before slot units: the deploy to a new slot stops at once with what to run, instead of a
+    restart that fails and a health check that waits for nothing. systemctl answers as systemd(1) does for a unit
+    it has no file for (tests/agent/fixtures/systemctl/not-found.txt): this machine has no systemd as PID 1."""
+    from edgedeploy_agent.service import SystemdService
+
+    shim = tmp_path / "bin" / "systemctl"
+    shim.parent.mkdir()
+    shim.write_text('#!/bin/sh\n[ "$1" = show ] && echo not-found\nexit 0\n')
+    shim.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{shim.parent}:{os.environ['PATH']}")
+    with pytest.raises(StateError, match="systemd has no unit edgedeploy-agent@cam2.service") as e:
+        SystemdService(store.for_slot("cam2"), "edgedeploy-agent@cam2.service").restart()
+    assert e.value.hint is not None and "edgedeploy agent install" in e.value.hint
