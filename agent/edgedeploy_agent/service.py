@@ -214,8 +214,8 @@ def write_restart_request(path: Path, text: str) -> None:
 def make_service(store: DeviceStore) -> Service:
     """The service that serves this store's model slot: each slot has its own process (or unit)."""
     cfg = store.config()
-    if cfg.service == "systemd":  # a slot whose unit agent.json does not name: the one `agent install` makes
-        return SystemdService(store, cfg.unit or slot_unit(store.slot))
+    if cfg.service == "systemd":
+        return SystemdService(store, cfg.unit)
     return ProcessService(store)
 
 

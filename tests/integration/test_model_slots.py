@@ -96,6 +96,26 @@ def test_two_models_pushed_health_checked_and_rolled_back_independently(
     r = cli("push", dev.name, str(v2_bundle), "--model", "../x", *dev.args())
     assert_one_line_error(r, 2, "--model '../x' is not a model name")
 
+    # logs and verify of one model: cam2's own log file and its own release, health and source
+    own = (dev.root / "logs" / "agent-cam2.log").read_text().splitlines()
+    r = cli("logs", dev.name, "--model", "cam2", "-n", "5", *dev.args())
+    assert r.code == 0 and r.out.splitlines() == own[-5:], r.out + r.err
+    assert r.out != cli("logs", dev.name, "-n", "5", *dev.args()).out  # the default model's log is another
+    r = cli("verify", dev.name, "--model", "cam2", "--json", *dev.args())
+    assert r.code == 0, r.out + r.err
+    checks = {c["name"]: c for c in json.loads(r.out)["checks"]}
+    assert checks["health"]["status"] == "ok" and checks["service"]["status"] == "ok", checks
+    assert agent("--root", str(dev.root), "--json", "stop", "--model", "cam2").code == 0
+    r = cli("verify", dev.name, "--model", "cam2", "--json", *dev.args())
+    checks = {c["name"]: c for c in json.loads(r.out)["checks"]}
+    assert checks["service"]["status"] != "ok" and "stopped" in checks["service"]["detail"], checks
+    r = cli("verify", dev.name, "--json", *dev.args())  # the default model serves on
+    checks = {c["name"]: c for c in json.loads(r.out)["checks"]}
+    assert r.code == 0 and checks["service"]["status"] == "ok", checks
+    for command in ("logs", "verify"):
+        assert_one_line_error(cli(command, dev.name, "--model", "cam9", *dev.args()), 4, "has no model 'cam9'")
+        assert_one_line_error(cli(command, dev.name, "--model", "Cam2", *dev.args()), 2, "is not a model name")
+
 
 @pytest.mark.sshd
 def test_a_device_from_before_model_slots_is_upgraded_in_place_by_a_push(
