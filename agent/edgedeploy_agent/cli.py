@@ -104,7 +104,6 @@ def _stored_config(store: DeviceStore) -> dict[str, Any]:
 
 
 def _init(store: DeviceStore, args: argparse.Namespace) -> dict[str, Any]:
-    base = _stored_config(store)  # as stored, unvalidated: `init --device-name` repairs a name now refused
     slot_source = _slot_source(store, args)  # `init --model NAME --source URI`
     changes = {
         k: v
@@ -125,11 +124,13 @@ def _init(store: DeviceStore, args: argparse.Namespace) -> dict[str, Any]:
     }
     if slot_source is None:
         changes.update(_source_changes(args))
-    try:
-        cfg = AgentConfig.model_validate({**base, **changes})
-    except ValidationError as e:
-        raise StateError(f"init: {config_error(e)}") from None
-    store.init(cfg)
+    with store.config_lock():  # agent.json's read-modify-write, one at a time (as update_config)
+        base = _stored_config(store)  # as stored, unvalidated: `init --device-name` repairs a name now refused
+        try:
+            cfg = AgentConfig.model_validate({**base, **changes})
+        except ValidationError as e:
+            raise StateError(f"init: {config_error(e)}") from None
+        store.init(cfg)
     if slot_source is not None:
         store.set_source(slot_source or None)
     BlobStore(store.root).init()

@@ -411,10 +411,11 @@ class Watcher:
         )
 
     def _activate(self, doc: DesiredDoc, base: dict[str, Any], act: Callable[[], dict[str, Any]]) -> None:
-        """act() under the device lock; its outcome (or why not) as the document's final status."""
+        """act() under the slot's lock (DeviceStore.exclusive); its outcome (or why not) as the document's final
+        status."""
         self._publish("activating", **base)
         try:
-            with self.store.exclusive("deploy"):
+            with self.slot_store.exclusive("deploy"):
                 result = act()
         except StateError as e:
             if "another deploy" in e.message:  # someone (a technician over SSH) holds the lock: try again later
