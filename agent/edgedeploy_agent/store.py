@@ -197,13 +197,12 @@ class DeviceStore:
         """Whether blobs may be removed now: True while no other transition (of another slot) uses blobs, and
         none starts until the block ends; False while one does (its verified, not yet linked blobs look unused:
         they are left for a later collection). Inside this store's `exclusive`, its shared blob lock is converted;
-        outside one (a caller holding no lock), the lock is taken exclusively."""
+        outside one (a caller holding no lock), it is taken shared first, as a transition does. Never waits for a
+        transition."""
         held = self._blob_lock
         if held is None:
-            self.root.mkdir(parents=True, exist_ok=True)
-            (self.root / "blobs").mkdir(exist_ok=True)
-            with _locked(self.root / "blobs" / ".lock", fcntl.LOCK_EX):
-                yield True
+            with self._blobs_in_use(), self.sole_blob_user() as sole:
+                yield sole
             return
         try:
             fcntl.flock(held.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
