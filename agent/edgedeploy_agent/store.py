@@ -179,11 +179,10 @@ class DeviceStore:
 
     @contextmanager
     def _blobs_in_use(self) -> Iterator[None]:
-        """The blob lock (ROOT/blobs/.lock), shared for a transition: the blobs it verifies and links into its
+        """The blob lock (ROOT/.blobs.lock), shared for a transition: the blobs it verifies and links into its
         release have one link (the store's) until then, which is what removal looks for (`sole_blob_user`)."""
-        path = self.root / "blobs" / ".lock"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with open(os.open(path, os.O_RDONLY | os.O_CREAT, 0o640), "rb") as f:
+        self.root.mkdir(parents=True, exist_ok=True)
+        with open(os.open(self.root / ".blobs.lock", os.O_RDONLY | os.O_CREAT, 0o640), "rb") as f:
             fcntl.flock(f.fileno(), fcntl.LOCK_SH)  # waited for: a removal holds it exclusively for milliseconds
             self._blob_lock = f
             try:
