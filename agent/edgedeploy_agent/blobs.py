@@ -186,7 +186,9 @@ class BlobSource:
         return None  # blobs stay until no release links them
 
     def remove_refused(self) -> None:
-        """Remove this bundle's blobs that no release links (shared ones stay)."""
+        """Remove this bundle's blobs that no release links (shared ones stay), unless another slot's transition
+        runs (it may use some: a verified blob it has not linked yet has one link too); then the next
+        collection removes the verified ones."""
         shas = [self.manifest_sha, *([self.signature_sha] if self.signature_sha else [])]
         for where in (self.blobs.path(self.manifest_sha), self.blobs.incoming / self.manifest_sha):
             try:
@@ -194,6 +196,7 @@ class BlobSource:
                 break
             except (OSError, ValueError):
                 continue  # no readable manifest: only its own blobs are known
-        for sha in shas:
-            if _SHA.match(sha):
-                self.blobs.remove_unused(sha)
+        with self.store.sole_blob_user() as sole:
+            for sha in shas if sole else ():
+                if _SHA.match(sha):
+                    self.blobs.remove_unused(sha)

@@ -83,13 +83,9 @@ def _gather_facts(store: DeviceStore, args: argparse.Namespace) -> dict[str, Any
 
 def _slot_facts(store: DeviceStore) -> dict[str, Any]:
     state = store.state()
-    try:
-        running: Optional[bool] = make_service(store).is_running()
-    except StateError:  # systemd mode, and no unit serves this slot
-        running = None
     return {
         "source": store.config().source,
-        "running": running,
+        "running": make_service(store).is_running(),
         "health": present_health(store.run_dir, read_health(store)),  # `dead` when its writer is gone
         "current": describe_release(store, state["current"]),
         "previous": state["previous"],
@@ -108,7 +104,6 @@ def _stored_config(store: DeviceStore) -> dict[str, Any]:
 
 
 def _init(store: DeviceStore, args: argparse.Namespace) -> dict[str, Any]:
-    base = _stored_config(store)  # as stored, unvalidated: `init --device-name` repairs a name now refused
     slot_source = _slot_source(store, args)  # `init --model NAME --source URI`
     changes = {
         k: v
@@ -129,11 +124,13 @@ def _init(store: DeviceStore, args: argparse.Namespace) -> dict[str, Any]:
     }
     if slot_source is None:
         changes.update(_source_changes(args))
-    try:
-        cfg = AgentConfig.model_validate({**base, **changes})
-    except ValidationError as e:
-        raise StateError(f"init: {config_error(e)}") from None
-    store.init(cfg)
+    with store.config_lock():  # agent.json's read-modify-write, one at a time (as update_config)
+        base = _stored_config(store)  # as stored, unvalidated: `init --device-name` repairs a name now refused
+        try:
+            cfg = AgentConfig.model_validate({**base, **changes})
+        except ValidationError as e:
+            raise StateError(f"init: {config_error(e)}") from None
+        store.init(cfg)
     if slot_source is not None:
         store.set_source(slot_source or None)
     BlobStore(store.root).init()
@@ -307,6 +304,7 @@ def _install_bundle(store: DeviceStore, args: argparse.Namespace) -> dict[str, A
 def _selftest(store: DeviceStore, args: argparse.Namespace) -> dict[str, Any]:
     from .selftest import run_selftest
 
+    store.require_slot()
     return run_selftest(store, camera_seconds=args.camera_seconds)
 
 
@@ -403,6 +401,7 @@ def _parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("selftest", help="check this device: runtime, GPU, camera, sensors, disk, keys, service")
     s.add_argument("--camera-seconds", type=float, default=5.0, help="how long to wait for camera frames")
+    model_arg(s, "the model slot whose release, health, source and service to check")
     s.set_defaults(fn=_selftest)
 
     s = sub.add_parser("logs", help="print the agent's log (journal in systemd mode), optionally followed")
@@ -525,8 +524,9 @@ def _logs(store: DeviceStore, args: argparse.Namespace) -> int:
     err: AgentError
     try:
         since = parse_since(args.since) if args.since else None
+        store.require_slot()
         cfg = store.config()
-        unit = (cfg.unit or None) if cfg.service == "systemd" else None  # a slot no unit serves: its log file
+        unit = cfg.unit if cfg.service == "systemd" else None
         return print_logs(store.log_path, unit, args.lines, since, args.follow, sys.stdout.buffer)
     except ValueError as e:
         err = StateError(str(e))

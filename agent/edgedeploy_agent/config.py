@@ -6,6 +6,7 @@ from typing import Literal, Optional
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from .names import DEFAULT_SLOT, DEVICE_NAME_PATTERN, DEVICE_NAME_RULE, check_extra_slots
+from .unit import slot_unit
 
 
 class ModelSlotConfig(BaseModel):
@@ -78,12 +79,18 @@ class AgentConfig(BaseModel):
 
     def for_slot(self, slot: str) -> "AgentConfig":
         """The configuration one slot's agent runs with: the slot's own source, unit and metrics port (none set:
-        none; unit "" then) over the device's."""
+        none; the unit then the slot's instance of the template `agent install` makes, unit.slot_unit) over the
+        device's."""
         if slot == DEFAULT_SLOT:
             return self
         own = self.models.get(slot) or ModelSlotConfig()
         return self.model_copy(
-            update={"source": own.source, "sources": [], "metrics_port": own.metrics_port, "unit": own.unit or ""}
+            update={
+                "source": own.source,
+                "sources": [],
+                "metrics_port": own.metrics_port,
+                "unit": own.unit or slot_unit(slot),
+            }
         )
 
     @model_validator(mode="after")

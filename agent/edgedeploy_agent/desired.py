@@ -5,8 +5,15 @@ edgedeploy/v1/desired/<device>  retained, written only by the controller: {"doc"
                                  pins (ROOT/trust/rollout/<key id>.pub). An empty message: no instruction.
 edgedeploy/v1/status/<device>   retained, written only by the device (the broker's ACL enforces both)
 
+Each model slot besides `default` has its own pair, one level down (slot_key):
+edgedeploy/v1/desired/<device>/<slot>, edgedeploy/v1/status/<device>/<slot>. So every slot's desired state is
+retained on its own (a document for one slot never replaces another's), with its own serials; the topics of
+`default` are those from before slots, which an agent from then still reads. The device's last will
+("offline") is on its own status topic only: MQTT takes one will per connection.
+
 The device refuses a desired document that is not signed by a pinned rollout key, names another
-device, has expired, or carries a serial below the highest it has acted on.
+device, is about another model slot than its topic's, has expired, or carries a serial below the highest
+it has acted on for that slot.
 
 Both sides read every message from the network the same way (`parse_message`): at most
 MAX_MESSAGE_BYTES, nested at most MAX_DEPTH deep (checked by a scan *before* json.loads, which would
@@ -26,7 +33,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from .bundle import canonical_json
 from .errors import AgentError
-from .names import DEFAULT_SLOT, DEVICE_NAME_PATTERN, SLOT_NAME_PATTERN
+from .names import DEFAULT_SLOT, DEVICE_NAME_PATTERN, SLOT_NAME_PATTERN, is_device_name, is_slot_name
 from .trust import TrustStore
 
 TOPIC_ROOT = "edgedeploy/v1"
@@ -77,12 +84,26 @@ def parse_message(payload: bytes, max_bytes: int = MAX_MESSAGE_BYTES, max_depth:
     return data
 
 
-def desired_topic(device: str) -> str:
-    return f"{TOPIC_ROOT}/desired/{device}"
+def slot_key(device: str, model: str = DEFAULT_SLOT) -> str:
+    """A device's model slot as topic levels: the device for `default` (its topics from before slots),
+    DEVICE/SLOT for another. The controller keys its retained statuses and serials by it too."""
+    return device if model == DEFAULT_SLOT else f"{device}/{model}"
 
 
-def status_topic(device: str) -> str:
-    return f"{TOPIC_ROOT}/status/{device}"
+def split_slot_key(key: str) -> Optional[tuple[str, str]]:
+    """Pure: (device, slot) of a slot_key, or None for levels that name no device's slot."""
+    device, sep, model = key.partition("/")
+    if not is_device_name(device) or (sep and (model == DEFAULT_SLOT or not is_slot_name(model))):
+        return None
+    return device, model if sep else DEFAULT_SLOT
+
+
+def desired_topic(device: str, model: str = DEFAULT_SLOT) -> str:
+    return f"{TOPIC_ROOT}/desired/{slot_key(device, model)}"
+
+
+def status_topic(device: str, model: str = DEFAULT_SLOT) -> str:
+    return f"{TOPIC_ROOT}/status/{slot_key(device, model)}"
 
 
 class DesiredRefused(AgentError):
@@ -155,8 +176,10 @@ def verify_desired(
     trust: TrustStore,
     serial_floor: Optional[int],
     now: Optional[_dt.datetime] = None,
+    model: str = DEFAULT_SLOT,
 ) -> Optional[DesiredDoc]:
-    """The verified document, or None for an empty message; DesiredRefused for anything not acceptable."""
+    """The verified document from the desired topic of model slot `model`, or None for an empty message;
+    DesiredRefused for anything not acceptable."""
     if not payload:
         return None
     claimed: Optional[int] = None
@@ -191,6 +214,8 @@ def verify_desired(
         raise DesiredRefused(f"desired-state signature by key {kid} does not match", serial=claimed) from None
     if doc.device != device:
         raise DesiredRefused(f"desired state is for device {doc.device[:80]!r}, this is {device!r}", serial=claimed)
+    if doc.model != model:
+        raise DesiredRefused(f"desired state is about model {doc.model}, on the topic of model {model}", serial=claimed)
     now = now or _dt.datetime.now(_dt.timezone.utc)
     expires = doc.expires if doc.expires.tzinfo else doc.expires.replace(tzinfo=_dt.timezone.utc)
     if expires <= now:
@@ -235,8 +260,9 @@ class StatusDoc(BaseModel):
     models: Optional[dict[str, Optional[str]]] = Field(default=None, max_length=64)
 
 
-def parse_status(payload: bytes, device: str) -> StatusDoc:
-    """A status message from the status topic of `device`: bounded, typed, naming that device; MessageError."""
+def parse_status(payload: bytes, device: str, model: str = DEFAULT_SLOT) -> StatusDoc:
+    """A status message from the status topic of `device`'s model slot `model`: bounded, typed, naming that
+    device (and, on a slot's own topic, that slot); MessageError."""
     data = parse_message(payload)
     try:
         status = StatusDoc.model_validate(data)
@@ -246,6 +272,8 @@ def parse_status(payload: bytes, device: str) -> StatusDoc:
         raise MessageError(f"status field {where[:64]}: {err['msg'][:200]}") from None
     if status.device != device:
         raise MessageError(f"status on the topic of {device!r} names device {status.device!r}")
+    if model != DEFAULT_SLOT and status.model != model:
+        raise MessageError(f"status on the topic of model {model!r} is about model {status.model!r}")
     return status
 
 

@@ -201,7 +201,9 @@ class Deployment:
         removed = self.store.prune([name, *state["previous"]], cfg.keep_releases)
         state["previous"] = [p for p in state["previous"] if p not in removed]
         self.store.save_state(state)
-        BlobStore(self.store.root).collect_garbage()
+        with self.store.sole_blob_user() as sole:
+            if sole:  # else another slot's transition may be linking blobs: the last one to end collects
+                BlobStore(self.store.root).collect_garbage()
         return {"outcome": "committed", "release": name, "previous": old, "health": health, "timings": self.timings}
 
     def _roll_back(self, transition: Transition, reason: str, timeout: float) -> Optional[str]:

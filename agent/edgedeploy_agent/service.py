@@ -22,7 +22,7 @@ from .errors import StateError
 from .heartbeat import BUILD_STATES, pid_alive
 from .names import DEFAULT_SLOT
 from .store import DeviceStore, utcnow
-from .unit import RESTART_PATH_UNIT, RESTART_REQUEST
+from .unit import restart_path_unit, restart_request, slot_unit
 
 log = logging.getLogger("edgedeploy_agent.service")
 
@@ -136,10 +136,14 @@ class SystemdService:
     """The systemd unit; with Type=notify, `systemctl restart` returns once READY=1 was sent.
 
     A process that is not root restarts the unit through the restart path unit when it is installed (the
-    watch service, under NoNewPrivileges=yes, cannot use sudo), else through the installer's sudoers rule."""
+    watch service, under NoNewPrivileges=yes, cannot use sudo), else through the installer's sudoers rule. A
+    model slot's path unit restarts the slot's unit that `agent install` made (unit.slot_unit); a unit that
+    agent.json names instead is restarted through sudo only."""
 
     def __init__(self, store: DeviceStore, unit: str, request_wait_s: float = 60.0) -> None:
         self.store, self.unit, self.request_wait_s = store, unit, request_wait_s
+        own = unit == slot_unit(store.slot)
+        self.path_unit = restart_path_unit(store.slot) if own else None
 
     def _systemctl(self, *args: str, privileged: bool = False) -> "subprocess.CompletedProcess[str]":
         # a non-root deploying login may restart/stop exactly this unit through the installer's sudoers rule
@@ -151,21 +155,29 @@ class SystemdService:
         return subprocess.run(argv, capture_output=True, text=True, timeout=60).stdout.strip()
 
     def _via_path_unit(self) -> bool:
-        return os.geteuid() != 0 and self._show("ActiveState", RESTART_PATH_UNIT) == "active"
+        return (
+            self.path_unit is not None and os.geteuid() != 0 and self._show("ActiveState", self.path_unit) == "active"
+        )
 
     def _request_restart(self) -> None:
         """Write the request the path unit watches, then wait until a new invocation of the unit started."""
         before = self._show("InvocationID")
-        write_restart_request(self.store.root / RESTART_REQUEST, f"{utcnow()} pid {os.getpid()}\n")
+        write_restart_request(self.store.root / restart_request(self.store.slot), f"{utcnow()} pid {os.getpid()}\n")
         deadline = time.monotonic() + self.request_wait_s
         while time.monotonic() < deadline:
             if self._show("InvocationID") not in ("", before):
                 return
             time.sleep(0.2)
         # not raised: the deploy's health check then fails with the old release still running, and rolls back
-        log.warning("%s did not restart %s within %.0f s", RESTART_PATH_UNIT, self.unit, self.request_wait_s)
+        log.warning("%s did not restart %s within %.0f s", self.path_unit, self.unit, self.request_wait_s)
 
     def restart(self) -> None:
+        if self._show("LoadState") == "not-found":
+            raise StateError(
+                f"systemd has no unit {self.unit} to serve model {self.store.slot!r}",
+                hint="run `edgedeploy agent install DEVICE` (it makes one unit per model in the inventory), or name "
+                f'the unit in agent.json: "models": {{"{self.store.slot}": {{"unit": "UNIT"}}}}',
+            )
         (self.store.run_dir / "health.json").unlink(missing_ok=True)
         if self._via_path_unit():
             self._request_restart()
@@ -203,11 +215,6 @@ def make_service(store: DeviceStore) -> Service:
     """The service that serves this store's model slot: each slot has its own process (or unit)."""
     cfg = store.config()
     if cfg.service == "systemd":
-        if not cfg.unit:
-            raise StateError(
-                f"model {store.slot!r} has no systemd unit to serve it",
-                hint=f'name its unit in agent.json: "models": {{"{store.slot}": {{"unit": "UNIT"}}}}',
-            )
         return SystemdService(store, cfg.unit)
     return ProcessService(store)
 

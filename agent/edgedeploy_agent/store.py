@@ -23,7 +23,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, BinaryIO, Optional
 
 from pydantic import ValidationError
 
@@ -75,6 +75,7 @@ class DeviceStore:
         self.state_path = self.slot_dir / "state.json"
         # the default slot keeps the log it always had
         self.log_path = self.logs / ("agent.log" if slot == DEFAULT_SLOT else f"agent-{slot}.log")
+        self._blob_lock: Optional[BinaryIO] = None  # held shared while this store's `exclusive` runs
 
     def for_slot(self, slot: str) -> "DeviceStore":
         return DeviceStore(self.root, slot)
@@ -134,10 +135,21 @@ class DeviceStore:
         return self.device_config().for_slot(self.slot)
 
     def update_config(self, **changes: Any) -> AgentConfig:
-        """Change agent.json's device-wide fields (the default slot's sources, the batch wait), validated."""
-        cfg = AgentConfig.model_validate({**self.device_config().model_dump(), **changes})
-        write_json_atomic(self.config_path, cfg.model_dump(mode="json"))
+        """Change agent.json's device-wide fields (the default slot's sources, the batch wait, every slot's
+        `models`), validated; one change at a time on the device (`config_lock`), so two slots' changes at once
+        (two pushes setting their sources) both land."""
+        with self.config_lock():
+            cfg = AgentConfig.model_validate({**self.device_config().model_dump(), **changes})
+            write_json_atomic(self.config_path, cfg.model_dump(mode="json"))
         return cfg
+
+    @contextmanager
+    def config_lock(self) -> Iterator[None]:
+        """The device-wide lock of agent.json's read-modify-write: waited for (a change takes milliseconds). Not the
+        transitions' lock: a config change never waits for a slot's deploy (an engine build takes minutes)."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        with _locked(self.root / ".config.lock", fcntl.LOCK_EX):
+            yield
 
     def set_source(self, source: Optional[str]) -> None:
         """This slot's one frame source (a slot besides `default` keeps its own in agent.json's `models`)."""
@@ -150,34 +162,77 @@ class DeviceStore:
 
     @contextmanager
     def exclusive(self, what: str) -> Iterator[None]:
-        """One deploy or rollback at a time on a device (two hosts, or two rollouts, may collide)."""
+        """One deploy, rollback or recovery at a time in a model slot (two hosts, or two rollouts, may collide);
+        slots do not wait for each other (one slot's TensorRT engine build takes minutes). The device lock
+        (ROOT/.lock) is held shared meanwhile: what changes the whole device (`device_exclusive`: the move of a
+        root from before slots) waits for every slot, and an agent from before per-slot locks, which takes the
+        device lock exclusively for its deploy, and this one refuse each other."""
+        self.slot_dir.mkdir(parents=True, exist_ok=True)
+        of = "" if self.slot == DEFAULT_SLOT else f" (model {self.slot})"
+        busy = StateError(
+            f"another deploy or rollback is running on this device{of}; {what} refused",
+            hint="wait for it to finish, then try again",
+        )
+        with _locked(self.root / ".lock", fcntl.LOCK_SH, busy), _locked(self.slot_dir / ".lock", fcntl.LOCK_EX, busy):
+            with self._blobs_in_use():
+                yield
+
+    @contextmanager
+    def _blobs_in_use(self) -> Iterator[None]:
+        """The blob lock (ROOT/.blobs.lock), shared for a transition: the blobs it verifies and links into its
+        release have one link (the store's) until then, which is what removal looks for (`sole_blob_user`)."""
         self.root.mkdir(parents=True, exist_ok=True)
-        # read-only: flock needs no write access, so the service user and a deploying login in its group share
-        # the lock whoever created it (the unit's UMask=0027 leaves the group no write access)
-        with open(os.open(self.root / ".lock", os.O_RDONLY | os.O_CREAT, 0o640), "rb") as f:
-            try:
-                fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                raise StateError(
-                    f"another deploy or rollback is running on this device; {what} refused",
-                    hint="wait for it to finish, then try again",
-                ) from None
+        with open(os.open(self.root / ".blobs.lock", os.O_RDONLY | os.O_CREAT, 0o640), "rb") as f:
+            fcntl.flock(f.fileno(), fcntl.LOCK_SH)  # waited for: a removal holds it exclusively for milliseconds
+            self._blob_lock = f
             try:
                 yield
             finally:
+                self._blob_lock = None
                 fcntl.flock(f.fileno(), fcntl.LOCK_UN)
 
+    @contextmanager
+    def sole_blob_user(self) -> Iterator[bool]:
+        """Whether blobs may be removed now: True while no other transition (of another slot) uses blobs, and
+        none starts until the block ends; False while one does (its verified, not yet linked blobs look unused:
+        they are left for a later collection). Inside this store's `exclusive`, its shared blob lock is converted;
+        outside one (a caller holding no lock), it is taken shared first, as a transition does. Never waits for a
+        transition."""
+        held = self._blob_lock
+        if held is None:
+            with self._blobs_in_use(), self.sole_blob_user() as sole:
+                yield sole
+            return
+        try:
+            fcntl.flock(held.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+            sole = True
+        except BlockingIOError:
+            sole = False  # a failed conversion may have given up the shared lock: taken again below
+        try:
+            yield sole
+        finally:
+            fcntl.flock(held.fileno(), fcntl.LOCK_SH)
+
+    @contextmanager
+    def device_exclusive(self, what: str) -> Iterator[None]:
+        """The whole device, while no slot's transition runs (refused while one does)."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        busy = StateError(f"a deploy or rollback is running on this device; {what} refused", hint="try again")
+        with _locked(self.root / ".lock", fcntl.LOCK_EX, busy):
+            yield
+
     def busy(self) -> bool:
-        """Whether a deploy, rollback or recovery holds `exclusive` now (probed with a shared lock)."""
-        lock = self.root / ".lock"
-        if not lock.exists():
-            return False
-        with open(lock) as f:
-            try:
-                fcntl.flock(f.fileno(), fcntl.LOCK_SH | fcntl.LOCK_NB)
-            except BlockingIOError:
-                return True
-            fcntl.flock(f.fileno(), fcntl.LOCK_UN)
+        """Whether a deploy, rollback or recovery of this slot holds `exclusive` now, or something the whole device
+        (probed with shared locks)."""
+        for lock in (self.slot_dir / ".lock", self.root / ".lock"):
+            if not lock.exists():
+                continue
+            with open(lock) as f:
+                try:
+                    fcntl.flock(f.fileno(), fcntl.LOCK_SH | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    return True
+                fcntl.flock(f.fileno(), fcntl.LOCK_UN)
         return False
 
     # --- state ------------------------------------------------------------------------------
@@ -276,6 +331,23 @@ class DeviceStore:
         return sorted(removed)
 
 
+@contextmanager
+def _locked(path: Path, how: int, busy: Optional[StateError] = None) -> Iterator[None]:
+    """flock(2) `how` on `path` for the block: refused with `busy` when it is held against it, else (busy None)
+    waited for. The file is opened read-only: flock needs no write access, so the service user and a deploying
+    login in its group share the lock whoever created it (the unit's UMask=0027 leaves the group no write access)."""
+    with open(os.open(path, os.O_RDONLY | os.O_CREAT, 0o640), "rb") as f:
+        try:
+            fcntl.flock(f.fileno(), how | (fcntl.LOCK_NB if busy is not None else 0))
+        except BlockingIOError:
+            assert busy is not None
+            raise busy from None
+        try:
+            yield
+        finally:
+            fcntl.flock(f.fileno(), fcntl.LOCK_UN)
+
+
 def point_link(link: Path, target: str) -> None:
     """Make `link` a symlink to `target` by rename(2): it names the old target or the new one, never neither."""
     tmp = link.with_name(f".{link.name}.tmp")
@@ -300,7 +372,8 @@ def migrate_layout(root: Path) -> bool:
     3. the running agent's pid file, health, heartbeat and report counter move (so it can be stopped and
        its report numbers continue);
     4. state.json is written into the slot (atomically), then the old one goes.
-    Under the device lock: a deploy of an older agent still running keeps the root until it ends."""
+    Under the device lock, exclusively (`device_exclusive`): a deploy still running (of any slot, or of an older
+    agent) keeps the root until it ends."""
     legacy_state = root / "state.json"
     if not legacy_state.is_file():
         return False
@@ -308,7 +381,7 @@ def migrate_layout(root: Path) -> bool:
     deadline = time.monotonic() + MIGRATION_LOCK_WAIT_S
     while True:
         try:
-            with store.exclusive("moving this device's release into models/default"):
+            with store.device_exclusive("moving this device's release into models/default"):
                 if not legacy_state.is_file():  # another command finished it while this one waited
                     return False
                 _migrate(root, store)

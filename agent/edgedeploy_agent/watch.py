@@ -6,11 +6,16 @@ messages to the main thread, which verifies them (desired.py), downloads what th
 (oci.py) and hands over to the existing deploy path (Deployment + BlobSource, under the device lock).
 Every step is reported on the device's retained status topic; the broker's last will says "offline".
 
+Each model slot has its own desired topic and status topic (desired.py), serial floor and last document;
+the main thread acts on one document at a time (a newer one for any slot pre-empts a download, which is
+resumed once the newer one is done).
+
 If the broker is away the device keeps its release and, every `poll_s`, tries again the last desired
 document it accepted and has not finished (its registry may still be reachable).
 
 ROOT/watch.json        broker, read-only registry endpoint, credentials file, TLS CA (watch-config writes it)
-ROOT/watch/state.json  the serial floor and the last accepted document, so a restart resumes
+ROOT/watch/state.json  the serial floor and the last accepted document (of `default`), so a restart resumes
+ROOT/watch/models/<slot>.json  the same for another model slot
 """
 
 import errno
@@ -38,6 +43,7 @@ from .desired import (
 from .durable import write_atomic
 from .errors import AgentError, HealthCheckFailed, StateError
 from .lifecycle import Deployment, rollback, watch_for_interruptions
+from .names import DEFAULT_SLOT, is_slot_name
 from .oci import DigestMismatch, OciPuller, Pulled, PullError, Ref, parse_ref
 from .service import HealthObjectives, make_service
 from .store import DeviceStore
@@ -90,26 +96,47 @@ def backoff_delay(attempt: int, low: float, high: float, rng: random.Random) -> 
 class Watcher:
     def __init__(self, store: DeviceStore, cfg: WatchConfig) -> None:
         self.store, self.cfg = store, cfg
-        # the model slot the document being acted on addresses (its status says that slot's release)
-        self.slot_store = store
+        # the model slot the document being acted on addresses: its status topic, release and serial floor
+        self.slot_store = store.for_slot(DEFAULT_SLOT)
         self.device = store.config().device_name
-        self.state_path = store.root / "watch" / "state.json"
         self.rng = random.Random()
         self.stop = threading.Event()
         self.wake = threading.Event()
         self.connected = threading.Event()
         self._lock = threading.Lock()
-        self._inbox: Optional[bytes] = None
-        self._unsaved: Optional[dict[str, Any]] = None  # the state a full disk kept off state.json
-        self._floor: Optional[int] = self._load().get("serial")  # every status says it (the controller's serials)
-        self._last_status = status_doc(self.device, "idle", release=self._release(), floor=self._floor)
+        self._inbox: dict[str, bytes] = {}  # the newest desired message of each slot not yet taken
+        self._unsaved: dict[str, dict[str, Any]] = {}  # per slot: the state a full disk kept off its file
+        # per slot: the serial floor every status says (the controller's serials), the last status (sent again
+        # on every connect) and its state and fields (the device's status is sent again when another slot's
+        # release changes: it names every slot's release)
+        self._floors: dict[str, Optional[int]] = {}
+        self._last_status: dict[str, bytes] = {}
+        self._last_fields: dict[str, tuple[str, dict[str, Any]]] = {}
         self.client: Any = None
+        for slot in self._known_slots():
+            self.slot_store = store.for_slot(slot)
+            self._floors[slot] = self._load().get("serial")
+            self._publish("idle")
+        self.slot_store = store.for_slot(DEFAULT_SLOT)
         self._ever_connected = False  # a connection's log line says "reconnected" after the first
 
     # --- persisted state ------------------------------------------------------------------------
+    def _known_slots(self) -> list[str]:
+        try:
+            return self.store.slots()
+        except AgentError:
+            return [DEFAULT_SLOT]
+
+    @property
+    def state_path(self) -> Path:
+        """The watch state of the slot acted on (`default` keeps the file it had before slots)."""
+        slot = self.slot_store.slot
+        folder = self.store.root / "watch"
+        return folder / "state.json" if slot == DEFAULT_SLOT else folder / "models" / f"{slot}.json"
+
     def _load(self) -> dict[str, Any]:
-        if self._unsaved is not None:
-            return dict(self._unsaved)
+        if self.slot_store.slot in self._unsaved:
+            return dict(self._unsaved[self.slot_store.slot])
         try:
             data = json.loads(self.state_path.read_text(encoding="utf-8"))
         except (FileNotFoundError, ValueError):
@@ -122,7 +149,8 @@ class Watcher:
         """state.json, durably; on a full disk the state is kept in memory (the floor holds for this process;
         a restart rereads the old file, whose floor is lower or equal, never higher) and the watch goes on:
         crashing here would crash-loop on every restart until someone freed space by hand."""
-        self._floor = data.get("serial")
+        slot = self.slot_store.slot
+        self._floors[slot] = data.get("serial")
         try:
             self.state_path.parent.mkdir(parents=True, exist_ok=True)
             write_atomic(self.state_path, json.dumps(data))
@@ -130,13 +158,13 @@ class Watcher:
             if e.errno not in (errno.ENOSPC, errno.EDQUOT):
                 raise
             log.warning("cannot write %s (%s): kept in memory until the disk has room", self.state_path, e)
-            self._unsaved = dict(data)
+            self._unsaved[slot] = dict(data)
         else:
-            self._unsaved = None
+            self._unsaved.pop(slot, None)
 
-    def _release(self) -> Optional[str]:
+    def _release(self, slot: Optional[str] = None) -> Optional[str]:
         try:
-            current: Optional[str] = self.slot_store.state()["current"]
+            current: Optional[str] = self.store.for_slot(slot or self.slot_store.slot).state()["current"]
             return current
         except AgentError:
             return None
@@ -156,11 +184,26 @@ class Watcher:
 
     # --- MQTT -----------------------------------------------------------------------------------
     def _publish(self, state: str, **fields: Any) -> None:
-        fields = {**self._slots(), **fields}
-        self._last_status = status_doc(self.device, state, release=self._release(), floor=self._floor, **fields)
+        """A status of the slot acted on, on its topic; another slot's also refreshes the device's status."""
+        slot = self.slot_store.slot
+        self._last_fields[slot] = (state, fields)
+        self._send(slot, state, fields)
+        if slot != DEFAULT_SLOT and DEFAULT_SLOT in self._last_fields:
+            self._send(DEFAULT_SLOT, *self._last_fields[DEFAULT_SLOT])
+
+    def _send(self, slot: str, state: str, fields: dict[str, Any]) -> None:
+        if slot != DEFAULT_SLOT:
+            fields = {"model": slot, **fields}  # a status on a slot's own topic always names it
+        self.slot_store, acted_on = self.store.for_slot(slot), self.slot_store
+        try:
+            fields = {**self._slots(), **fields}
+            doc = status_doc(self.device, state, release=self._release(), floor=self._floors.get(slot), **fields)
+        finally:
+            self.slot_store = acted_on
+        self._last_status[slot] = doc
         log.info("status %s %s", state, {k: v for k, v in fields.items() if k != "progress"})
         if self.client is not None and self.connected.is_set():
-            self.client.publish(status_topic(self.device), self._last_status, qos=1, retain=True)
+            self.client.publish(status_topic(self.device, slot), doc, qos=1, retain=True)
 
     def _make_client(self) -> Any:
         import paho.mqtt.client as mqtt
@@ -194,8 +237,9 @@ class Watcher:
         self._ever_connected = True
         self.connected.set()
         self._connects += 1
-        client.subscribe(desired_topic(self.device), qos=1)
-        client.publish(status_topic(self.device), self._last_status, qos=1, retain=True)
+        client.subscribe([(desired_topic(self.device), 1), (desired_topic(self.device) + "/+", 1)])
+        for slot, status in list(self._last_status.items()):
+            client.publish(status_topic(self.device, slot), status, qos=1, retain=True)
 
     def _on_disconnect(self, client: Any, userdata: Any, flags: Any, reason: Any, props: Any) -> None:
         was_connected = self.connected.is_set()
@@ -204,8 +248,13 @@ class Watcher:
             log.warning("lost the broker %s (%s): reconnecting", self.cfg.broker, reason)
 
     def _on_message(self, client: Any, userdata: Any, msg: Any) -> None:
+        topic, own = str(msg.topic), desired_topic(self.device)
+        slot = DEFAULT_SLOT if topic == own else topic[len(own) + 1 :]
+        if not (topic == own or (topic.startswith(own + "/") and slot != DEFAULT_SLOT and is_slot_name(slot))):
+            log.warning("desired state on topic %s ignored: it names no model slot of this device", topic[:200])
+            return
         with self._lock:
-            self._inbox = bytes(msg.payload)
+            self._inbox[slot] = bytes(msg.payload)
         self.wake.set()
 
     def _network(self) -> None:
@@ -217,16 +266,18 @@ class Watcher:
             # takes a will only with CONNECT, so a new release means a clean reconnect (no will fired). Its
             # serial floor may be older than the device's (not worth a reconnect: the broker's retained
             # desired document holds the newer serial, and the controller reads both)
-            will_release = self._release()
-            offline = status_doc(self.device, "offline", release=will_release, floor=self._floor)
+            will_release = self._release(DEFAULT_SLOT)
+            offline = status_doc(self.device, "offline", release=will_release, floor=self._floors.get(DEFAULT_SLOT))
             self.client.will_set(status_topic(self.device), offline, qos=1, retain=True)
             try:
                 self.client.connect(host, int(port), keepalive=self.cfg.keepalive_s)
                 while not self.stop.is_set():
                     if self.client.loop(timeout=0.5) != 0:
                         break
-                    if self.connected.is_set() and self._release() != will_release:
-                        log.info("reconnecting: the broker's last will must name release %s", self._release())
+                    if self.connected.is_set() and self._release(DEFAULT_SLOT) != will_release:
+                        log.info(
+                            "reconnecting: the broker's last will must name release %s", self._release(DEFAULT_SLOT)
+                        )
                         self.client.disconnect()
                         self.client.loop(timeout=0.5)  # sends DISCONNECT: the broker drops the old will
                         break
@@ -252,12 +303,11 @@ class Watcher:
                 fired = self.wake.wait(wait)
                 self.wake.clear()
                 with self._lock:
-                    payload, self._inbox = self._inbox, None
+                    inbox, self._inbox = self._inbox, {}
                 try:
-                    if payload is not None:
-                        self._handle(payload)
-                    elif not fired:
-                        self._retry_last()
+                    self._take(inbox)
+                    if inbox or not fired:
+                        self._retry_unfinished(skip=set(inbox))
                 except OSError as e:  # a full disk (or a failing one) is reported; the watch keeps running
                     if e.errno not in (errno.ENOSPC, errno.EDQUOT):
                         raise
@@ -268,16 +318,30 @@ class Watcher:
         finally:
             self.stop.set()
             if self.connected.is_set():
-                offline = status_doc(self.device, "offline", release=self._release(), floor=self._floor)
+                offline = status_doc(
+                    self.device, "offline", release=self._release(DEFAULT_SLOT), floor=self._floors.get(DEFAULT_SLOT)
+                )
                 self.client.publish(status_topic(self.device), offline, qos=1, retain=True).wait_for_publish(2)
                 self.client.disconnect()
             net.join(5)
         return 0
 
-    def _handle(self, payload: bytes) -> None:
+    def _take(self, inbox: dict[str, bytes]) -> None:
+        """Act on each slot's newest message; those a still newer message pre-empts go back to the inbox."""
+        items = list(inbox.items())
+        for i, (slot, payload) in enumerate(items):
+            if self.wake.is_set():
+                with self._lock:
+                    for later, data in items[i:]:
+                        self._inbox.setdefault(later, data)
+                return
+            self._handle(slot, payload)
+
+    def _handle(self, slot: str, payload: bytes) -> None:
+        self.slot_store = self.store.for_slot(slot)
         data = self._load()
         try:
-            doc = verify_desired(payload, self.device, rollout_trust(self.store.root), data.get("serial"))
+            doc = verify_desired(payload, self.device, rollout_trust(self.store.root), data.get("serial"), model=slot)
         except DesiredRefused as e:  # names the serial it refuses: the controller waiting for it stops at once
             self._publish(
                 "refused", code=e.code, message=e.message, **({} if e.serial is None else {"serial": e.serial})
@@ -285,7 +349,6 @@ class Watcher:
             return
         if doc is None:
             return  # empty retained message: no instruction
-        self.slot_store = self.store.for_slot(doc.model)
         done = data.get("done") or {}
         if done.get("serial") == doc.serial and done.get("state") in TERMINAL:
             self._publish(done["state"], **done.get("fields", {}))  # already acted on: say so again
@@ -294,11 +357,19 @@ class Watcher:
         self._save(data)
         self._apply(doc)
 
-    def _retry_last(self) -> None:
-        data = self._load()
-        if not data.get("last") or (data.get("done") or {}).get("serial") == data.get("serial"):
-            return
-        self._handle(data["last"].encode())
+    def _retry_unfinished(self, skip: set[str]) -> None:
+        """Each slot's last accepted document not finished (its registry was away, a newer document pre-empted
+        it, or another deploy held the lock), but those of `skip`, just acted on: again, until a newer message
+        comes."""
+        for slot in self._known_slots():
+            if slot in skip:
+                continue
+            if self.wake.is_set():
+                return
+            self.slot_store = self.store.for_slot(slot)
+            data = self._load()
+            if data.get("last") and (data.get("done") or {}).get("serial") != data.get("serial"):
+                self._handle(slot, data["last"].encode())
 
     def _apply(self, doc: DesiredDoc) -> None:
         base = {"rollout": doc.rollout, "ref": doc.ref, "serial": doc.serial, "wave": doc.wave}
@@ -340,10 +411,11 @@ class Watcher:
         )
 
     def _activate(self, doc: DesiredDoc, base: dict[str, Any], act: Callable[[], dict[str, Any]]) -> None:
-        """act() under the device lock; its outcome (or why not) as the document's final status."""
+        """act() under the slot's lock (DeviceStore.exclusive); its outcome (or why not) as the document's final
+        status."""
         self._publish("activating", **base)
         try:
-            with self.store.exclusive("deploy"):
+            with self.slot_store.exclusive("deploy"):
                 result = act()
         except StateError as e:
             if "another deploy" in e.message:  # someone (a technician over SSH) holds the lock: try again later

@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from edgedeploy_agent.agentlog import parse_since
+from edgedeploy_agent.names import DEFAULT_SLOT
 
 from .errors import InputError
 from .inventory import Inventory
@@ -17,19 +18,21 @@ from .remote.verify import Checkup, verify_device
 from .remote.wheelhouse import Wheelhouse, build_wheelhouse
 
 
-def verify(inv: Inventory, name: str, camera_seconds: float = 5.0) -> Checkup:
-    """Run the device's self-test (nothing on the device is stopped or changed)."""
+def verify(inv: Inventory, name: str, camera_seconds: float = 5.0, model: str = DEFAULT_SLOT) -> Checkup:
+    """Run the device's self-test about model slot `model` (nothing on the device is stopped or changed)."""
     dev = inv.get(name)
     with connected(dev, inv.known_hosts) as t:
-        return verify_device(t, dev, camera_seconds)
+        return verify_device(t, dev, camera_seconds, model=model)
 
 
-def verify_fleet(inv: Inventory, tag: str, camera_seconds: float = 5.0) -> FleetResult[Checkup]:
+def verify_fleet(
+    inv: Inventory, tag: str, camera_seconds: float = 5.0, model: str = DEFAULT_SLOT
+) -> FleetResult[Checkup]:
     """verify() on every device tagged `tag`, in parallel; an unreachable device is a failure of its own."""
     devices = inv.select(tag=tag)
     if not devices:
         raise InputError(f"no device in {inv.path} has tag {tag!r}", hint="see `edgedeploy devices list`")
-    return run_fleet(devices, lambda d: verify(inv, d.name, camera_seconds))
+    return run_fleet(devices, lambda d: verify(inv, d.name, camera_seconds, model))
 
 
 def device_logs(
@@ -41,15 +44,17 @@ def device_logs(
     since: str | None = None,
     follow: bool = False,
     io_timeout: float = 30.0,
+    model: str = DEFAULT_SLOT,
 ) -> None:
-    """Stream the agent's log; a dropped link is ConnectionFailed within about 2 x io_timeout."""
+    """Stream the log of model slot `model`'s agent; a dropped link is ConnectionFailed within about 2 x
+    io_timeout."""
     try:
         since_s = parse_since(since) if since else None
     except ValueError as e:
         raise InputError(str(e), hint="see edgedeploy logs --help") from None
     dev = inv.get(name)
     with connected(dev, inv.known_hosts, io_timeout=io_timeout) as t:
-        stream_logs(t, dev, lines, since_s, follow, out, err)
+        stream_logs(t, dev, lines, since_s, follow, out, err, model)
 
 
 def wheelhouse(out: Path, python: str, platform: str, extras: tuple[str, ...] = ()) -> Wheelhouse:

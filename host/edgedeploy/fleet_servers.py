@@ -133,7 +133,13 @@ def write_broker_files(
     write_secret(devices_pw, mosquitto_passwd_text(devices))
     write_secret(controller_pw, mosquitto_passwd_text({CONTROLLER: controller_password}))
     devices_acl, controller_acl = base / "acl", base / "acl-controller"
-    devices_acl.write_text(f"pattern read {TOPIC_ROOT}/desired/%u\npattern readwrite {TOPIC_ROOT}/status/%u\n")
+    # a device's own topics and, one level down, those of its model slots besides `default` (desired.py)
+    devices_acl.write_text(
+        "".join(
+            f"pattern read {TOPIC_ROOT}/desired/%u{slot}\npattern readwrite {TOPIC_ROOT}/status/%u{slot}\n"
+            for slot in ("", "/+")
+        )
+    )
     controller_acl.write_text(f"user {CONTROLLER}\ntopic readwrite edgedeploy/#\n")
     lines = [
         "per_listener_settings true",

@@ -13,7 +13,7 @@ from dataclasses import asdict, fields
 from pathlib import Path
 from typing import Any
 
-from edgedeploy_agent.desired import TERMINAL, DesiredHealth
+from edgedeploy_agent.desired import TERMINAL, DesiredHealth, slot_key
 from edgedeploy_agent.names import DEFAULT_SLOT
 
 from .errors import DeviceError, EdgeDeployError, InputError
@@ -23,7 +23,7 @@ from .remote.blobs import bundle_blobs
 from .remote.fleet import FleetResult, run_fleet
 from .remote.install_pull import PullOptions
 from .remote.mqtt import Controller, FleetConfig, desired_payload, last_status, load_fleet_config
-from .remote.mqtt_rollout import MqttRolloutRunner, PullPolicy, slot_release, status_facts
+from .remote.mqtt_rollout import MqttRolloutRunner, PullPolicy, read_slot_statuses, slot_release, status_facts
 from .remote.plan import HealthPolicy
 from .remote.rollout import DEFAULT_WAVES, RolloutState, Waves, new_rollout_id, plan_rollout
 from .remote.rollout_runner import Listener, device_log, prepare_resume, rollouts_dir
@@ -59,8 +59,8 @@ def rollout_via_mqtt(
     ref = published_ref(blobs)
     rid = new_rollout_id(blobs.manifest.bundle_id)
     with Controller(cfg.mqtt) as controller:
-        statuses = controller.read_statuses(names)
-        facts = {n: status_facts(statuses.get(n), model) for n in names}
+        statuses = read_slot_statuses(controller, names, model)
+        facts = {n: status_facts(statuses[n], model) for n in names}
         state = plan_rollout(
             rid, str(bundle.resolve()), blobs.manifest.release_name, names, facts,
             canary=waves.canary, wave=waves.wave, max_fail=waves.max_fail, concurrency=max(1, len(names)),
@@ -81,10 +81,10 @@ def rollout_via_mqtt(
 
 
 def releases_before(
-    names: list[str], statuses: dict[str, dict[str, Any]], model: str = DEFAULT_SLOT
+    names: list[str], statuses: dict[str, dict[str, Any] | None], model: str = DEFAULT_SLOT
 ) -> dict[str, str | None]:
-    """Pure: the release each device runs in model slot `model` by its retained status (None: no status, or an
-    unreadable one, which read_status gives no release)."""
+    """Pure: the release each device runs in model slot `model` by its retained status (slot_status; None: no
+    status, or an unreadable one, which read_status gives no release)."""
     return {n: slot_release(statuses.get(n), model) for n in names}
 
 
@@ -103,16 +103,18 @@ def resume_via_mqtt(
     cfg = load_fleet_config()
     with Controller(cfg.mqtt) as controller:
         # every device's retained status before the first next_serial: a serial above the floor it reports
-        controller.read_statuses(list(state.devices))
+        pull = state.options.get("pull") or {}
+        read_slot_statuses(controller, list(state.devices), pull.get("model", DEFAULT_SLOT))
         return _run(inv, prepare_resume(state), path, controller, listener)
 
 
-def fleet_status_via_mqtt(names: list[str], settle: float = 2.0) -> dict[str, dict[str, Any] | None]:
-    """Each device's retained status (None: it never reported)."""
+def fleet_status_via_mqtt(
+    names: list[str], settle: float = 2.0, model: str = DEFAULT_SLOT
+) -> dict[str, dict[str, Any] | None]:
+    """Each device's retained status about model slot `model` (slot_status; None: it never reported)."""
     cfg = load_fleet_config()
     with Controller(cfg.mqtt) as controller:
-        got = controller.read_statuses(names, settle)
-    return {n: got.get(n) for n in names}
+        return read_slot_statuses(controller, names, model, settle)
 
 
 def rollback_via_mqtt(
@@ -150,7 +152,7 @@ def rollback_via_mqtt(
     was: dict[str, str | None] = {}
     cancelled = threading.Event()
     with Controller(cfg.mqtt) as controller:
-        statuses = controller.read_statuses(names)
+        statuses = read_slot_statuses(controller, names, model)
         for n in names:
             target = before.get(n)
             if not target:
@@ -159,14 +161,14 @@ def rollback_via_mqtt(
                     f"nothing to roll back to: {n} {why} when rollout {rid} started", code="no-previous"
                 )
                 continue
-            was[n] = slot_release(statuses.get(n), model)
-            serials[n] = controller.next_serial(n)
+            was[n] = slot_release(statuses[n], model)
+            serials[n] = controller.next_serial(slot_key(n, model))
             payload = desired_payload(
                 key, n, "", target, f"rollback-{rid}", 0, serials[n], health=DesiredHealth(timeout_s=health_timeout),
                 expires_hours=cfg.rollout.expires_hours if cfg.rollout else 24, action="rollback", model=model,
             )  # fmt: skip
             try:
-                controller.publish_desired(n, payload)
+                controller.publish_desired(slot_key(n, model), payload)
             except EdgeDeployError as e:
                 refused[n] = e
         deadline = time.monotonic() + timeout
@@ -178,7 +180,9 @@ def rollback_via_mqtt(
             def done(st: dict[str, Any]) -> bool:
                 return st.get("serial") == serials[n] and st.get("state") in TERMINAL
 
-            st = controller.wait_status(n, done, deadline - time.monotonic(), cancelled=cancelled.is_set)
+            st = controller.wait_status(
+                slot_key(n, model), done, deadline - time.monotonic(), cancelled=cancelled.is_set
+            )
             if not done(st):
                 seen = last_status(st, serials[n])
                 raise DeviceError(f"no outcome from {n} within {timeout:.0f} s ({seen})", code="timeout")

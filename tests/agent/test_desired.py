@@ -18,11 +18,14 @@ from edgedeploy_agent.desired import (
     MAX_MESSAGE_CHARS,
     DesiredRefused,
     MessageError,
+    desired_topic,
     json_depth_exceeds,
     parse_message,
     parse_status,
     rollout_trust,
+    split_slot_key,
     status_doc,
+    status_topic,
     verify_desired,
 )
 from edgedeploy_agent.trust import TrustStore, key_id
@@ -217,9 +220,35 @@ def test_a_document_names_its_model_slot_and_one_without_it_is_about_default(
     trust, key = pinned
     old = verify_desired(message(key), "cam-01", trust, serial_floor=10)
     assert old is not None and old.model == "default" and "model" not in old.wire()
-    doc = verify_desired(message(key, model="cam2"), "cam-01", trust, serial_floor=10)
+    doc = verify_desired(message(key, model="cam2"), "cam-01", trust, serial_floor=10, model="cam2")
     assert doc is not None and doc.model == "cam2" and doc.wire()["model"] == "cam2"
     assert DesiredDoc.model_validate(doc.wire()) == doc
     for bad in ("../x", "Cam2", ""):
         with pytest.raises(DesiredRefused, match="malformed"):
             verify_desired(message(key, model=bad), "cam-01", trust, serial_floor=10)
+
+
+def test_each_model_slot_has_its_own_topics_and_a_document_must_be_about_its_topics_slot(
+    pinned: tuple[TrustStore, Ed25519PrivateKey],
+) -> None:
+    """`default` keeps the topics from before slots; another slot's are one level down, so each slot's desired
+    state is retained on its own. A document (or a status) about one slot on another slot's topic is refused."""
+    assert (desired_topic("cam-01"), status_topic("cam-01")) == (
+        "edgedeploy/v1/desired/cam-01",
+        "edgedeploy/v1/status/cam-01",
+    )
+    assert desired_topic("cam-01", "cam2") == "edgedeploy/v1/desired/cam-01/cam2"
+    assert status_topic("cam-01", "cam2") == "edgedeploy/v1/status/cam-01/cam2"
+    assert split_slot_key("cam-01") == ("cam-01", "default") and split_slot_key("cam-01/cam2") == ("cam-01", "cam2")
+    for bad in ("cam-01/default", "cam-01/Cam2", "cam-01/", "cam/01/x", "cam-01/a/b", "+", "cam-01/#"):
+        assert split_slot_key(bad) is None, bad
+    trust, key = pinned
+    for doc_model, topic_model in (("cam2", "default"), ("default", "cam2"), ("cam2", "cam3")):
+        over = {} if doc_model == "default" else {"model": doc_model}
+        with pytest.raises(DesiredRefused, match=f"about model {doc_model}, on the topic of model {topic_model}"):
+            verify_desired(message(key, **over), "cam-01", trust, serial_floor=10, model=topic_model)
+    about_cam2 = status_doc("cam-01", "idle", model="cam2")
+    assert parse_status(about_cam2, "cam-01", "cam2").model == "cam2"
+    for payload, model in ((about_cam2, "cam3"), (status_doc("cam-01", "idle"), "cam2")):
+        with pytest.raises(MessageError, match="on the topic of model"):
+            parse_status(payload, "cam-01", model)

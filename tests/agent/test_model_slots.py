@@ -111,10 +111,19 @@ def test_each_slot_has_its_own_source_and_the_device_its_own(store: DeviceStore)
     assert store.slots() == ["default", "cam2"] and cam2.state()["current"] is None
     cam2.set_source(None)
     assert cam2.config().source is None and store.config().source == "file:/a.mp4"
-    # systemd mode: a slot is served by a unit of its own, named in agent.json, never by the default's
+    # systemd mode: a slot is served by a unit of its own, never by the default's: the instance of the template
+    # `agent install` makes (restarted without sudo through its own path unit and request file), unless agent.json
+    # names another (restarted through sudo only: its path unit, if any, is not one this agent knows)
+    from edgedeploy_agent.service import SystemdService, make_service
+
     agent("--root", str(store.root), "--json", "init", "--service", "systemd")
-    r = agent("--root", str(store.root), "--json", "stop", "--model", "cam2")
-    assert json.loads(r.out)["error"]["message"] == "model 'cam2' has no systemd unit to serve it", r.out
+    default, slot = make_service(store), make_service(cam2)
+    assert isinstance(default, SystemdService) and isinstance(slot, SystemdService)
+    assert (default.unit, default.path_unit) == ("edgedeploy-agent.service", "edgedeploy-agent-restart.path")
+    assert (slot.unit, slot.path_unit) == ("edgedeploy-agent@cam2.service", "edgedeploy-agent-restart@cam2.path")
+    store.update_config(models={"cam2": {"unit": "plates.service"}})
+    named = make_service(cam2)
+    assert isinstance(named, SystemdService) and (named.unit, named.path_unit) == ("plates.service", None)
 
 
 def test_reports_of_two_slots_share_the_spool_and_are_numbered_per_slot(store: DeviceStore) -> None:
@@ -220,3 +229,106 @@ def test_a_move_cut_at_every_step_is_finished_by_the_next_command(
         _check_migrated(store, current, state)
     assert cut > 8  # every step was cut once: releases, the link, the run files, the state
     _check_migrated(store, current, state)
+
+
+def test_a_slot_whose_unit_systemd_does_not_have_is_refused_with_the_install_hint(
+    store: DeviceStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A device installed before slot units: the deploy to a new slot stops at once with what to run, instead of a
+    restart that fails and a health check that waits for nothing. systemctl answers as systemd(1) does for a unit
+    it has no file for (tests/agent/fixtures/systemctl/not-found.txt): this machine has no systemd as PID 1."""
+    from edgedeploy_agent.service import SystemdService
+
+    shim = tmp_path / "bin" / "systemctl"
+    shim.parent.mkdir()
+    shim.write_text('#!/bin/sh\n[ "$1" = show ] && echo not-found\nexit 0\n')
+    shim.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{shim.parent}:{os.environ['PATH']}")
+    with pytest.raises(StateError, match="systemd has no unit edgedeploy-agent@cam2.service") as e:
+        SystemdService(store.for_slot("cam2"), "edgedeploy-agent@cam2.service").restart()
+    assert e.value.hint is not None and "edgedeploy agent install" in e.value.hint
+
+
+def test_slots_transition_at_once_and_what_changes_the_whole_device_waits_for_all(
+    store: DeviceStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A deploy to one slot does not wait for another slot's (one slot's TensorRT engine build takes minutes); two
+    transitions of one slot refuse each other. The device lock (ROOT/.lock, which an agent from before per-slot
+    locks takes exclusively for its deploys) is held shared by every slot's transition: the move of a root from
+    before slots waits until none runs, and no transition starts while it (or an older agent's deploy) runs."""
+    cam2 = store.for_slot("cam2")
+    with cam2.exclusive("deploy"):
+        with store.exclusive("deploy"):
+            assert store.busy() and cam2.busy()
+        assert cam2.busy() and not store.busy()  # a cut-off transition of default is finished meanwhile
+        with pytest.raises(StateError, match=r"running on this device \(model cam2\); rollback refused"):
+            with cam2.exclusive("rollback"):
+                pass
+        with pytest.raises(StateError, match="a deploy or rollback is running on this device; move refused"):
+            with store.device_exclusive("move"):
+                pass
+        current, _ = _legacy(store, tmp_path)
+        monkeypatch.setattr("edgedeploy_agent.store.MIGRATION_LOCK_WAIT_S", 0.5)
+        with pytest.raises(StateError, match="a deploy or rollback is running"):
+            migrate_layout(store.root)
+        assert (store.root / "state.json").is_file() and store.current() is None  # not moved under cam2's deploy
+    assert migrate_layout(store.root) is True and store.current() == current
+    with store.device_exclusive("move"):
+        for slot in (store, cam2):
+            assert slot.busy()
+            with pytest.raises(StateError, match="another deploy or rollback is running on this device"):
+                with slot.exclusive("deploy"):
+                    pass
+
+
+def test_config_changes_are_one_at_a_time_on_the_device_and_never_wait_for_a_transition(store: DeviceStore) -> None:
+    """agent.json's read-modify-write holds the device's config lock: a second change (another process: two pushes
+    to two slots set their sources) waits for the first instead of writing over it; a slot's deploy in flight does
+    not hold it up."""
+    import subprocess
+    import time
+
+    from tests.helpers import BIN
+
+    argv = [str(BIN / "edgedeploy-agent"), "--root", str(store.root), "--json", "init", "--model", "cam2"]
+    with store.config_lock():
+        proc = subprocess.Popen([*argv, "--source", "file:/b.mp4"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        deadline = time.monotonic() + 60
+        while proc.poll() is None and not _waits_for_a_lock(proc.pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert proc.poll() is None and "cam2" not in store.device_config().models  # waiting for the lock
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    assert store.for_slot("cam2").config().source == "file:/b.mp4"
+    with store.exclusive("deploy"), store.for_slot("cam2").exclusive("deploy"):
+        r = agent(*argv[1:], "--source", "file:/c.mp4")
+        assert r.code == 0 and store.for_slot("cam2").config().source == "file:/c.mp4", r.err
+
+
+def _waits_for_a_lock(pid: int) -> bool:
+    """Whether process `pid` is blocked in flock(2): the kernel lists a waiter with `->` in /proc/locks."""
+    return any(
+        ln.split()[1] == "->" and ln.split()[5] == str(pid) for ln in Path("/proc/locks").read_text().splitlines()
+    )
+
+
+def test_blobs_another_slots_transition_may_be_linking_are_not_collected(store: DeviceStore, tmp_path: Path) -> None:
+    """A verified blob that no release links yet (one link) is what garbage collection removes, and what a deploy
+    in another slot has between verifying its blobs and linking them: a deploy that commits while another slot's
+    transition runs leaves the blobs; the next one with no other transition running collects them."""
+    from edgedeploy_agent.blobs import BlobStore
+
+    blobs = BlobStore(store.root)
+    blobs.init()
+    in_flight = blobs.path("ab" * 32)
+    in_flight.write_bytes(b"an artifact cam2 verified and has not linked yet")
+    cam2, svc = store.for_slot("cam2"), ScriptedService(store)
+    with cam2.exclusive("deploy"):
+        with store.exclusive("deploy"):
+            assert _deploy(store, svc, make_bundle(tmp_path / "1", version="1"))["outcome"] == "committed"
+            with store.sole_blob_user() as sole:
+                assert not sole
+        assert in_flight.is_file()
+    with store.exclusive("deploy"):
+        assert _deploy(store, svc, make_bundle(tmp_path / "2", version="2"))["outcome"] == "committed"
+    assert not in_flight.exists()

@@ -16,6 +16,10 @@ from edgedeploy_agent.unit import (
     FINISH_UNIT,
     RESTART_PATH_UNIT,
     RESTART_UNIT,
+    SLOT_RESTART_PATH_UNIT,
+    SLOT_RESTART_UNIT,
+    SLOT_TEMPLATES,
+    SLOT_UNIT,
     WATCH_UNIT,
     render_unit,
 )
@@ -194,3 +198,48 @@ def test_a_restart_request_is_group_writable_whatever_the_umask(tmp_path: Path) 
     finally:
         os.umask(old)
     assert request.read_text() == "two\n" and request.stat().st_mode & 0o777 == 0o660
+
+
+def test_slot_templates_are_the_default_units_for_the_instance_with_the_same_user_and_hardening() -> None:
+    """A model slot's units differ from the default's only in what names the slot (%i): the description, the
+    agent's `--model %i`, the unit the restart oneshot restarts and the request its path unit watches."""
+    argv = ["/opt/x/bin/edgedeploy-agent", "--root", "/srv/ed", "run"]
+    differ = ("#", "Description=", "ExecStart=", "PathChanged=", "Unit=")
+    for template, base in SLOT_TEMPLATES.items():
+        given = argv if template == SLOT_UNIT else None
+        slot_lines = render_unit(given, user="cam", root="/srv/ed", name=template).splitlines()
+        base_lines = render_unit(given, user="cam", root="/srv/ed", name=base).splitlines()
+        same = [ln for ln in base_lines if not ln.startswith(differ)]
+        assert [ln for ln in slot_lines if not ln.startswith(differ)] == same, template
+        assert len(same) > 5
+    unit = render_unit(argv, user="cam", root="/srv/ed", name=SLOT_UNIT)
+    assert "ExecStart=/opt/x/bin/edgedeploy-agent --root /srv/ed run --model %i\n" in unit
+    assert "User=cam\nGroup=cam" in unit and "NoNewPrivileges=yes" in unit and "ReadWritePaths=/srv/ed" in unit
+    oneshot = render_unit(root="/srv/ed", name=SLOT_RESTART_UNIT)
+    assert [ln for ln in oneshot.splitlines() if ln.startswith("ExecStart")] == [
+        "ExecStart=-/bin/systemctl reset-failed edgedeploy-agent@%i.service",
+        "ExecStart=/bin/systemctl restart --no-block edgedeploy-agent@%i.service",
+    ]
+    path = render_unit(root="/srv/ed", name=SLOT_RESTART_PATH_UNIT)
+    assert "PathChanged=/srv/ed/models/%i/run/restart-request\n" in path
+    assert "Unit=edgedeploy-agent-restart@%i.service\n" in path
+    with pytest.raises(ValueError, match="fixed command lines"):
+        render_unit(["/bin/sh", "-c", "id"], name=SLOT_RESTART_UNIT)
+
+
+def test_a_slots_units_verify_silently_as_instances_and_are_locked_down(analyze: str, tmp_path: Path) -> None:
+    """systemd-analyze loads each instance (edgedeploy-agent@cam2.service, ...) from its template, silently; a
+    broken template is caught (the check can fail); the instance scores as the default unit must."""
+    python = str(shutil.which("python3"))
+    argv = [python, "-m", "edgedeploy_agent", "--root", DEFAULT_ROOT, "run"]
+    for name in SLOT_TEMPLATES:
+        (tmp_path / name).write_text(render_unit(argv if name == SLOT_UNIT else None, name=name))
+    instances = [str(tmp_path / n.replace("@.", "@cam2.")) for n in SLOT_TEMPLATES]
+    p = subprocess.run([analyze, "verify", *instances], capture_output=True, text=True)
+    assert p.returncode == 0 and p.stdout == "" and p.stderr == "", p.stdout + p.stderr
+    assert _exposure(analyze, tmp_path / "edgedeploy-agent@cam2.service") <= MAX_EXPOSURE
+    assert _exposure(analyze, tmp_path / "edgedeploy-agent-restart@cam2.service") <= 2.0
+    template = tmp_path / SLOT_UNIT
+    template.write_text(template.read_text().replace("Restart=on-failure", "Restart=sometimes"))
+    p = subprocess.run([analyze, "verify", instances[0]], capture_output=True, text=True)
+    assert "sometimes" in p.stdout + p.stderr

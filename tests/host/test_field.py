@@ -54,6 +54,7 @@ def test_logs_argv_is_built_from_validated_values() -> None:
         "--follow",
     ]  # fmt: skip
     assert logs_argv(DEV, 1, None, False)[-2:] == ["--lines", "1"]
+    assert logs_argv(DEV, 1, None, False, "cam2")[-4:] == ["--lines", "1", "--model", "cam2"]
     for bad in (0, 10001):
         with pytest.raises(InputError, match="--lines"):
             logs_argv(DEV, bad, None, False)

@@ -80,7 +80,7 @@ def test_a_non_root_login_gets_the_group_and_a_sudoers_rule_for_this_unit_only(t
     spec = dataclasses.replace(_spec(tmp_path), login_user="deploy")
     work = tmp_path / "work"
     work.mkdir()
-    unit, sudoers, helpers = write_install_files(spec, work)
+    unit, sudoers, helpers, _ = write_install_files(spec, work)
     assert unit is not None and sudoers is not None
     rule = sudoers.read_text()
     assert rule.count("NOPASSWD") == 1 and rule.startswith("# installed") and "deploy ALL=(root) NOPASSWD:" in rule
@@ -245,3 +245,67 @@ def test_every_systemd_install_gets_restarts_without_sudo_and_the_finisher(tmp_p
     spaced = dataclasses.replace(spec, root="/srv/edge deploy")
     (tmp_path / "w2").mkdir()
     assert write_install_files(spaced, tmp_path / "w2").helpers == {}
+
+
+def test_each_model_slot_gets_its_unit_from_the_template_with_its_restart_path_and_sudoers_lines(
+    tmp_path: Path,
+) -> None:
+    """The inventory's model slots besides default: the templates installed once, per slot its unit enabled (its
+    first push starts it) and its restart path unit started; the login may restart exactly these units. A second
+    run plans nothing; a slot added later gets only its own steps."""
+    from edgedeploy.remote.install import write_install_files
+    from edgedeploy_agent.unit import SLOT_RESTART_PATH_UNIT, SLOT_RESTART_UNIT, SLOT_UNIT
+
+    spec = dataclasses.replace(_spec(tmp_path), login_user="deploy", slots=("cam2", "plates"))
+    work = tmp_path / "work"
+    work.mkdir()
+    files = write_install_files(spec, work)
+    assert set(files.slot_templates) == {SLOT_UNIT, SLOT_RESTART_UNIT, SLOT_RESTART_PATH_UNIT}
+    unit = files.slot_templates[SLOT_UNIT].read_text()
+    assert "ExecStart=/opt/edgedeploy/venv/bin/edgedeploy-agent --root /var/lib/edgedeploy run --model %i" in unit
+    assert "User=edgedeploy" in unit and "ProtectSystem=strict" in unit
+    steps = plan_install(parse_install_probe(FRESH_JETSON), spec, files)
+    names = [s.name for s in steps]
+    tail = names[names.index(f"install {SLOT_UNIT}") :]
+    assert tail == [
+        f"install {SLOT_UNIT}", f"install {SLOT_RESTART_UNIT}", f"install {SLOT_RESTART_PATH_UNIT}", "reload systemd",
+        "enable model cam2", "start edgedeploy-agent-restart@cam2.path",
+        "enable model plates", "start edgedeploy-agent-restart@plates.path",
+    ]  # fmt: skip
+    argv = {s.name: s.argv for s in steps}
+    assert argv["enable model cam2"] == ("systemctl", "enable", "edgedeploy-agent@cam2.service")
+    assert argv["start edgedeploy-agent-restart@cam2.path"] == (
+        "systemctl", "enable", "--now", "edgedeploy-agent-restart@cam2.path"
+    )  # fmt: skip
+    assert files.sudoers is not None
+    rule = files.sudoers.read_text()
+    for unit_name in ("edgedeploy-agent.service", "edgedeploy-agent@cam2.service", "edgedeploy-agent@plates.service"):
+        assert f"/usr/bin/systemctl restart {unit_name}," in rule and f"/bin/systemctl stop {unit_name}" in rule
+    assert "@.service" not in rule and "*" not in rule and rule.count("NOPASSWD") == 1
+
+    have = "".join(
+        f"unit_sha256:{n}={hashlib.sha256(f.read_bytes()).hexdigest()}\n" for n, f in files.slot_templates.items()
+    )
+    done = have + "slot_enabled:cam2=1\nslot_path_active:cam2=1\n"
+    again = [s.name for s in plan_install(parse_install_probe(FRESH_JETSON + done), spec, files)]
+    assert [n for n in again if "@" in n or "model" in n] == [
+        "enable model plates",
+        "start edgedeploy-agent-restart@plates.path",
+    ]
+    done += "slot_enabled:plates=1\nslot_path_active:plates=1\n"
+    again = [s.name for s in plan_install(parse_install_probe(FRESH_JETSON + done), spec, files)]
+    assert not [n for n in again if "@" in n or "model" in n]
+
+    # no slots: no template; a root a path unit cannot watch: the unit template alone, no restart path
+    (tmp_path / "w2").mkdir()
+    assert write_install_files(dataclasses.replace(spec, slots=()), tmp_path / "w2").slot_templates == {}
+    (tmp_path / "w3").mkdir()
+    spaced = write_install_files(dataclasses.replace(spec, root="/srv/edge deploy"), tmp_path / "w3")
+    assert set(spaced.slot_templates) == {SLOT_UNIT}
+    names = [
+        s.name
+        for s in plan_install(
+            parse_install_probe(FRESH_JETSON), dataclasses.replace(spec, root="/srv/edge deploy"), spaced
+        )
+    ]
+    assert "enable model cam2" in names and not [n for n in names if "restart@" in n]

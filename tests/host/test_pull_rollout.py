@@ -13,7 +13,7 @@ from edgedeploy.errors import InputError
 from edgedeploy.publish import oci_manifest, parse_registry
 from edgedeploy.remote.blobs import bundle_blobs
 from edgedeploy.remote.mqtt import desired_payload, last_status, load_fleet_config
-from edgedeploy.remote.mqtt_rollout import RateLimit, status_facts
+from edgedeploy.remote.mqtt_rollout import RateLimit, slot_status, status_facts
 from edgedeploy.remote.rollout import plan_rollout
 from edgedeploy.signing import generate_key, sign_bundle
 from edgedeploy_agent.desired import DesiredHealth, rollout_trust, verify_desired
@@ -166,3 +166,24 @@ def test_a_status_of_a_device_with_several_models_is_read_per_model() -> None:
     old = {"state": "committed", "release": "d1"}  # a device with one model, or an agent from before slots
     assert releases_before(["a", "b"], {"a": st, "b": old}, "cam2") == {"a": "c2", "b": None}
     assert releases_before(["a", "b"], {"a": st, "b": old}) == {"a": "d1", "b": "d1"}
+
+
+def test_a_models_own_status_is_read_with_the_devices_offline_or_unreadable_status() -> None:
+    """A slot's own retained status (its topic) is what the planner reads about it; the device's last will is on
+    the device's topic only, so a device offline is read as offline in every slot (with the slot's release),
+    an unreadable one as unreadable; a slot never addressed over MQTT is read from the device's `models`."""
+    device = {"state": "committed", "release": "d1", "models": {"default": "d1", "cam2": "c1"}}
+    cam2 = {"state": "committed", "release": "c2", "model": "cam2", "serial": 4}
+    statuses = {"a": device, "a/cam2": cam2, "b": device}
+    assert slot_status(statuses, "a") == device and slot_status(statuses, "a", "cam2") == cam2
+    assert slot_status(statuses, "b", "cam2") == device  # no own status: the device's names its release
+    facts = status_facts(slot_status(statuses, "b", "cam2"), "cam2")
+    assert not isinstance(facts, str) and (facts.current_release, facts.healthy_release) == ("c1", None)
+    statuses["a"] = {"state": "offline", "release": "d1"}
+    st = slot_status(statuses, "a", "cam2")
+    assert st == {**cam2, "state": "offline"}
+    facts = status_facts(st, "cam2")
+    assert not isinstance(facts, str) and (facts.running, facts.current_release) == (False, "c2")
+    statuses["a"] = {"state": "unreadable", "message": "too deep"}
+    assert isinstance(status_facts(slot_status(statuses, "a", "cam2"), "cam2"), str)
+    assert slot_status({}, "a", "cam2") is None

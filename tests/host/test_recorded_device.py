@@ -182,9 +182,10 @@ def test_agent_install_as_a_non_root_login_runs_root_steps_through_sudo(
     assert res["healthy"] and res["agent_command"] == f"{venv}/bin/edgedeploy-agent"
     assert Inventory.load(inv.path).get("cam-01").agent_command == f"{venv}/bin/edgedeploy-agent"
     first, *steps = t.runs
+    # the probe's arguments: the last one names the model slots besides default (none here)
     assert first == ("sh", "-c", PROBE, "sh", "python3.9", venv, ROOT, "edgedeploy", UNIT_PATH,
                      ".edgedeploy-install", "deploy", SUDOERS_PATH, "/usr/bin/python3.8",
-                     f"{venv}-system")  # fmt: skip
+                     f"{venv}-system", "")  # fmt: skip
     *planned, health, opencv = steps
     assert health == (
         "sudo",

@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import gzip
+import hashlib
+import os
 import platform
+import shlex
 import subprocess
 import sys
+import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,7 +27,28 @@ from tests.helpers import Cli, agent, require, require_sshd
 from tests.integration.arm64root import PreparedRoot, prepare_root
 from tests.integration.pullfleet import PullFleet, start_pull_fleet
 
-AGENT = str(Path(sys.executable).parent / "edgedeploy-agent")
+
+def _agent_command(venv_agent: Path, pythonpath: str | None) -> str:
+    """The agent the devices run over SSH. An SSH session starts with a clean environment, so with PYTHONPATH set
+    (a worktree run: `PYTHONPATH=$PWD/host:$PWD/agent`) the venv's console script would import the code of the
+    venv's editable install, not this tree's: a wrapper passes this run's PYTHONPATH on."""
+    if not pythonpath:
+        return str(venv_agent)
+    folder = (
+        Path(tempfile.gettempdir()) / "edgedeploy-test-agents" / hashlib.sha256(pythonpath.encode()).hexdigest()[:16]
+    )
+    folder.mkdir(parents=True, exist_ok=True)
+    wrapper = folder / "edgedeploy-agent"
+    text = f'#!/bin/sh\nPYTHONPATH={shlex.quote(pythonpath)} exec {shlex.quote(str(venv_agent))} "$@"\n'
+    if not wrapper.is_file() or wrapper.read_text() != text:
+        tmp = folder / f".edgedeploy-agent.{os.getpid()}"
+        tmp.write_text(text)
+        tmp.chmod(0o755)
+        os.replace(tmp, wrapper)
+    return str(wrapper)
+
+
+AGENT = _agent_command(Path(sys.executable).parent / "edgedeploy-agent", os.environ.get("PYTHONPATH"))
 
 
 @pytest.fixture

@@ -10,7 +10,10 @@ from pathlib import Path
 
 import pytest
 
+from edgedeploy.publish import publish
+from edgedeploy.remote.mqtt import Controller, MqttSettings, desired_payload
 from edgedeploy_agent.bundle import read_manifest
+from edgedeploy_agent.desired import TERMINAL, DesiredHealth, slot_key
 from edgedeploy_agent.heartbeat import pid_alive
 from tests.agent.doubles import lay_out_as_before_slots
 from tests.helpers import Cli, agent, assert_one_line_error
@@ -93,6 +96,26 @@ def test_two_models_pushed_health_checked_and_rolled_back_independently(
     r = cli("push", dev.name, str(v2_bundle), "--model", "../x", *dev.args())
     assert_one_line_error(r, 2, "--model '../x' is not a model name")
 
+    # logs and verify of one model: cam2's own log file and its own release, health and source
+    own = (dev.root / "logs" / "agent-cam2.log").read_text().splitlines()
+    r = cli("logs", dev.name, "--model", "cam2", "-n", "5", *dev.args())
+    assert r.code == 0 and r.out.splitlines() == own[-5:], r.out + r.err
+    assert r.out != cli("logs", dev.name, "-n", "5", *dev.args()).out  # the default model's log is another
+    r = cli("verify", dev.name, "--model", "cam2", "--json", *dev.args())
+    assert r.code == 0, r.out + r.err
+    checks = {c["name"]: c for c in json.loads(r.out)["checks"]}
+    assert checks["health"]["status"] == "ok" and checks["service"]["status"] == "ok", checks
+    assert agent("--root", str(dev.root), "--json", "stop", "--model", "cam2").code == 0
+    r = cli("verify", dev.name, "--model", "cam2", "--json", *dev.args())
+    checks = {c["name"]: c for c in json.loads(r.out)["checks"]}
+    assert checks["service"]["status"] != "ok" and "stopped" in checks["service"]["detail"], checks
+    r = cli("verify", dev.name, "--json", *dev.args())  # the default model serves on
+    checks = {c["name"]: c for c in json.loads(r.out)["checks"]}
+    assert r.code == 0 and checks["service"]["status"] == "ok", checks
+    for command in ("logs", "verify"):
+        assert_one_line_error(cli(command, dev.name, "--model", "cam9", *dev.args()), 4, "has no model 'cam9'")
+        assert_one_line_error(cli(command, dev.name, "--model", "Cam2", *dev.args()), 2, "is not a model name")
+
 
 @pytest.mark.sshd
 def test_a_device_from_before_model_slots_is_upgraded_in_place_by_a_push(
@@ -150,9 +173,11 @@ def test_a_pull_rollout_and_rollback_address_one_model(
     rollout(first, "--model", "cam2")
     rollout(second, "--model", "cam2")
     assert _health(dev.root, "cam2")[0] == r2 and _health(dev.root, "default") == default_before
-    status = json.loads(cli("status", "dev1", "--via", "mqtt", "--json", *fleet.args()).out)
+    status = json.loads(cli("status", "dev1", "--via", "mqtt", "--model", "cam2", "--json", *fleet.args()).out)
     st = status["devices"]["dev1"]
     assert st["model"] == "cam2" and st["release"] == r2 and st["models"] == {"default": r1, "cam2": r2}, st
+    st = json.loads(cli("status", "dev1", "--via", "mqtt", "--json", *fleet.args()).out)["devices"]["dev1"]
+    assert st.get("model", "default") == "default" and st["release"] == r1 and st["models"]["cam2"] == r2, st
 
     r = cli("rollback", "dev1", "--via", "mqtt", "--model", "cam2", "--json", *fleet.args(), timeout=240)
     assert r.code == 0, r.out + r.err + dev.log()
@@ -167,3 +192,58 @@ def _health(root: Path, slot: str) -> tuple[str, int]:
     health = json.loads((root / "models" / slot / "run" / "health.json").read_text())
     assert health["state"] in ("ready", "finished"), health
     return health["release"], health["pid"]
+
+
+@pytest.mark.fleet_servers
+def test_two_models_rolled_out_over_mqtt_while_the_device_was_away_both_converge(
+    cli: Cli, pull_fleet: PullFleet, mnist_bundle: Path, tmp_path: Path, hermetic: Path
+) -> None:
+    """Desired state is retained per model slot (a topic each): documents for two slots of one device, published
+    while its watch is down, are both on the broker when it comes back, and it deploys each into its slot (with
+    one retained document per device the second replaced the first). A document about one slot published on
+    another slot's topic is refused and changes nothing."""
+    fleet = pull_fleet
+    dev = fleet.devices["dev1"]
+    clip = json.loads(agent("--root", str(dev.root), "--json", "facts").out)["source"]
+    assert agent("--root", str(dev.root), "init", "--model", "cam2", "--source", clip).code == 0
+    bundles = [signed(cli, mnist_bundle, tmp_path / f"{n}.edb") for n in ("first", "second")]
+    refs = [
+        publish(b, f"{fleet.origin.address}/models/mnist", user=PUBLISHER[0], password=PUBLISHER[1]).ref
+        for b in bundles
+    ]
+    releases = [read_manifest(b).release_name for b in bundles]
+    settings = MqttSettings(
+        broker=fleet.broker.controller_address, password_file=str(hermetic / "config" / "mqtt-controller")
+    )
+    health = DesiredHealth(timeout_s=60)
+    slots = (("default", refs[0], releases[0]), ("cam2", refs[1], releases[1]))
+    with Controller(settings, client_id="test-controller") as c:
+        serials = {}
+        for model, ref, release in slots:
+            key = slot_key("dev1", model)
+            serials[key] = c.next_serial(key)
+            payload = desired_payload(
+                "rollout-1", "dev1", ref, release, f"r-{model}", 0, serials[key], health=health, model=model
+            )
+            c.publish_desired(key, payload)
+        fleet.start("dev1")
+        for model, _, release in slots:
+            key = slot_key("dev1", model)
+            st = c.wait_status(
+                key, lambda st, k=key: st.get("serial") == serials[k] and st.get("state") in TERMINAL, 240
+            )
+            assert (st.get("state"), st.get("release"), st.get("model", "default")) == ("committed", release, model), (
+                st,
+                dev.log(),
+            )
+        assert _health(dev.root, "default")[0] == releases[0] and _health(dev.root, "cam2")[0] == releases[1]
+
+        # cam2's document on the default slot's topic: refused there, neither slot changes
+        serial = c.next_serial("dev1")
+        c.publish_desired(
+            "dev1",
+            desired_payload("rollout-1", "dev1", refs[0], releases[0], "wrong", 0, serial, health=health, model="cam2"),
+        )
+        st = c.wait_status("dev1", lambda st: st.get("serial") == serial and st.get("state") in TERMINAL, 60)
+        assert st.get("state") == "refused" and "on the topic of model default" in st.get("message", ""), st
+    assert _health(dev.root, "default")[0] == releases[0] and _health(dev.root, "cam2")[0] == releases[1]

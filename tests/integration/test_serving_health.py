@@ -84,11 +84,11 @@ def test_a_killed_agent_shows_as_dead_at_once(cli: Cli, looping: Enrolled, mnist
 
 
 def disk_usage(root: Path) -> dict[str, int]:
-    """Every file under the device root except the agent's log, with its size."""
+    """Every file under the device root except the agent's log and its (empty) lock files, with its size."""
     return {
         str(p.relative_to(root)): p.stat().st_size
         for p in root.rglob("*")
-        if p.is_file() and p.name not in ("agent.log", ".lock")
+        if p.is_file() and p.name != "agent.log" and not p.name.endswith(".lock")
     }
 
 

@@ -8,9 +8,10 @@ from typing import Annotated
 import typer
 
 from edgedeploy_agent.agentlog import DEFAULT_LINES, MAX_LINES
+from edgedeploy_agent.names import DEFAULT_SLOT
 
 from ..inventory import Inventory
-from .options import POSITIVE, InventoryOpt, in_range
+from .options import POSITIVE, InventoryOpt, ModelOpt, in_range
 
 EXIT_INTERRUPTED = 130
 
@@ -31,11 +32,12 @@ def register(app: typer.Typer) -> None:
                 "--io-timeout", help="seconds of silence before the link is probed (and given up)", callback=POSITIVE
             ),
         ] = 30.0,
+        model: ModelOpt = DEFAULT_SLOT,
         inventory: InventoryOpt = None,
     ) -> None:
-        """Print the agent's log from the device: its last lines (--lines, --since), then with --follow the
-        new ones as they come. A link that drops is one line and exit 3, noticed within about twice
-        --io-timeout; Ctrl-C ends --follow (exit 130) and the device's side with it."""
+        """Print the agent's log from the device (--model NAME: that model slot's agent): its last lines (--lines,
+        --since), then with --follow the new ones as they come. A link that drops is one line and exit 3, noticed
+        within about twice --io-timeout; Ctrl-C ends --follow (exit 130) and the device's side with it."""
         from .. import field_api
 
         out, err = sys.stdout.buffer, sys.stderr.buffer
@@ -51,7 +53,7 @@ def register(app: typer.Typer) -> None:
         try:
             field_api.device_logs(
                 Inventory.load(inventory), device, emit, warn, lines=lines, since=since, follow=follow,
-                io_timeout=io_timeout,
+                io_timeout=io_timeout, model=model,
             )  # fmt: skip
         except KeyboardInterrupt:
             raise typer.Exit(EXIT_INTERRUPTED) from None

@@ -130,13 +130,14 @@ def register(app: typer.Typer) -> None:
         with --group TAG): one line per device, pulled in parallel; exit 0 when all answered, 5 when some did
         (partial), 1 when none did. With --via mqtt a device counts as answered when its retained status is
         there and not offline, refused, rolled-back or unreadable. A device with several models lists each;
-        --model NAME shows that one's state and latest report (the fleet table shows `default`).
+        --model NAME shows that one's state and latest report (the fleet table shows `default`); with --via
+        mqtt, each device's retained status about model NAME (its own status topic).
         """
         from .. import api
 
         inv = Inventory.load(inventory)
         if via == "mqtt":
-            _via_mqtt(api.select_devices(inv, [device] if device else None, group), group, json_)
+            _via_mqtt(api.select_devices(inv, [device] if device else None, group), group, json_, model)
             return
         if via != "ssh":
             raise InputError(f"--via must be ssh or mqtt, got {via!r}")
@@ -164,11 +165,11 @@ def register(app: typer.Typer) -> None:
         raise typer.Exit(fleet.exit_code)
 
 
-def _via_mqtt(names: list[str], group: str | None, json_: bool) -> None:
+def _via_mqtt(names: list[str], group: str | None, json_: bool, model: str) -> None:
     from .. import pull_api
     from ..remote.mqtt import UNREADABLE
 
-    statuses = pull_api.fleet_status_via_mqtt(names)
+    statuses = pull_api.fleet_status_via_mqtt(names, model=model)
     if json_:
         render.print_json({"devices": statuses})
     else:

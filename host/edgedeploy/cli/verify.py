@@ -6,10 +6,12 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from edgedeploy_agent.names import DEFAULT_SLOT
+
 from ..errors import InputError, error_code, fleet_exit_code
 from ..inventory import Inventory
 from . import render
-from .options import POSITIVE, InventoryOpt, JsonOpt
+from .options import POSITIVE, InventoryOpt, JsonOpt, ModelOpt
 
 if TYPE_CHECKING:
     from ..remote.fleet import FleetResult
@@ -41,13 +43,14 @@ def register(app: typer.Typer) -> None:
         camera_seconds: Annotated[
             float, typer.Option("--camera-seconds", help="how long to wait for camera frames", callback=POSITIVE)
         ] = 5.0,
+        model: ModelOpt = DEFAULT_SLOT,
         inventory: InventoryOpt = None,
         json_: JsonOpt = False,
     ) -> None:
         """Run the device's self-test through its agent: versions, TVM runtime, bundle vs CPU/GPU/driver,
         TensorRT engine cache, camera frames, power and thermal sensors, disk and spool, clock skew, pinned
-        keys, the service and the current release's health. Each line is ok, warning or failed with the fix;
-        the running service is not stopped.
+        keys, the service and the current release's health (--model NAME: that model slot's release, health,
+        source and service). Each line is ok, warning or failed with the fix; the running service is not stopped.
 
         Exit 0 when nothing failed (warnings allowed), 1 when a check failed. With --group: exit 0 when every
         device passed, 5 when some did (partial: others failed or were unreachable), 1 when none did.
@@ -60,14 +63,14 @@ def register(app: typer.Typer) -> None:
             raise InputError("say which device: verify DEVICE, or verify --group TAG")
         inv = Inventory.load(inventory)
         if device is not None:
-            checkup = field_api.verify(inv, device, camera_seconds)
+            checkup = field_api.verify(inv, device, camera_seconds, model)
             if json_:
                 render.print_json(checkup.as_dict())
             else:
                 _show(checkup)
             raise typer.Exit(1 if checkup.overall == FAILED else 0)
         assert group is not None
-        fleet = field_api.verify_fleet(inv, group, camera_seconds)
+        fleet = field_api.verify_fleet(inv, group, camera_seconds, model)
         failed = {n: {"code": error_code(e), "error": e.message} for n, e in sorted(fleet.failed.items())}
         if json_:
             render.print_json(

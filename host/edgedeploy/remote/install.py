@@ -13,14 +13,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 
+from edgedeploy_agent.names import DEFAULT_SLOT
 from edgedeploy_agent.unit import (
     FINISH_TIMER,
     FINISH_UNIT,
     HELPER_UNITS,
     RESTART_PATH_UNIT,
     RESTART_UNIT,
+    SLOT_RESTART_PATH_UNIT,
+    SLOT_TEMPLATES,
+    SLOT_UNIT,
     UNIT_NAME,
+    instance,
     render_unit,
+    slot_unit,
 )
 
 from ..cuda_backend import LIBRARY as CUDA_BACKEND
@@ -35,9 +41,10 @@ STAMP = ".edgedeploy-install"
 
 SUDOERS_PATH = "/etc/sudoers.d/edgedeploy"
 _PORTABLE_USER = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,31}")
-# Arguments arrive as $1..$8 (never spliced into the script text).
+# Arguments arrive as $1..$11 (never spliced into the script text); ${11}: the model slots besides default, each a
+# slot name (names.py: nothing a shell splits or expands), separated by spaces.
 PROBE = r"""
-py=$1; venv=$2; root=$3; user=$4; unit=$5; stamp=$6; login=$7; sudoers=$8; syspy=$9; sidecar=${10}
+py=$1; venv=$2; root=$3; user=$4; unit=$5; stamp=$6; login=$7; sudoers=$8; syspy=$9; sidecar=${10}; slots=${11}
 echo "uid=$(id -u)"
 echo "arch=$(uname -m)"
 command -v "$py" >/dev/null 2>&1 && echo "python=$("$py" -c 'import sys;print("%d.%d" % sys.version_info[:2])')"
@@ -60,8 +67,14 @@ id -nG "$login" 2>/dev/null | tr ' ' '\n' | grep -qx "$user" && echo "login_in_g
 # an NVIDIA driver (a Jetson's comes with L4T, the jetson line above): only then does the device need a CUDA backend
 /sbin/ldconfig -p 2>/dev/null | grep -q 'libcuda\.so\.1 ' && echo "cuda_driver=1"
 for u in edgedeploy-agent-restart.service edgedeploy-agent-restart.path edgedeploy-agent-finish.service \
-  edgedeploy-agent-finish.timer; do
+  edgedeploy-agent-finish.timer edgedeploy-agent@.service edgedeploy-agent-restart@.service \
+  edgedeploy-agent-restart@.path; do
   [ -f "/etc/systemd/system/$u" ] && echo "unit_sha256:$u=$(sha256sum "/etc/systemd/system/$u" | cut -d' ' -f1)"
+done
+# each model slot's units (instances of the templates): enabled, and the restart path unit running
+for s in $slots; do
+  systemctl is-enabled --quiet "edgedeploy-agent@$s.service" 2>/dev/null && echo "slot_enabled:$s=1"
+  systemctl is-active --quiet "edgedeploy-agent-restart@$s.path" 2>/dev/null && echo "slot_path_active:$s=1"
 done
 # JetPack's system Python (TensorRT's bindings and NVIDIA's GStreamer OpenCV live there) and the sidecar venv made
 # from it; TensorRT is looked up, not imported (seconds, and a crash without a driver)
@@ -113,7 +126,9 @@ class InstallFacts:
     system_gstreamer: bool = False
     sidecar_venv: bool = False  # the venv made from the system Python exists
     sidecar_polygraphy: bool = False  # ... with Polygraphy in it
-    helper_units_sha256: dict[str, str] = field(default_factory=dict)  # HELPER_UNITS installed, by name
+    helper_units_sha256: dict[str, str] = field(default_factory=dict)  # HELPER_UNITS, SLOT_TEMPLATES, by name
+    slots_enabled: frozenset[str] = frozenset()  # model slots whose units are enabled
+    slot_paths_active: frozenset[str] = frozenset()  # ... whose restart path units run
 
     @property
     def nvidia(self) -> bool:
@@ -148,6 +163,8 @@ def parse_install_probe(stdout: str) -> InstallFacts:
         sidecar_venv=kv.get("sidecar_venv") == "1",
         sidecar_polygraphy=kv.get("sidecar_polygraphy") == "1",
         helper_units_sha256={k.split(":", 1)[1]: v for k, v in kv.items() if k.startswith("unit_sha256:")},
+        slots_enabled=frozenset(k.split(":", 1)[1] for k in kv if k.startswith("slot_enabled:")),
+        slot_paths_active=frozenset(k.split(":", 1)[1] for k in kv if k.startswith("slot_path_active:")),
     )
 
 
@@ -185,6 +202,7 @@ class InstallSpec:
     cuda_backend_lib: Path | None = None  # libedgedeploy_cuda.so for the device's architecture
     system_python: str | None = None  # the system Python to probe (and, when it has what the agent lacks, to use)
     sidecar: bool = False  # decided from the probe: make the sidecar venv from system_python and point the agent at it
+    slots: tuple[str, ...] = ()  # the model slots besides `default` the inventory names: a unit each (systemd mode)
 
     @property
     def sidecar_venv(self) -> str:
@@ -202,8 +220,8 @@ class InstallSpec:
         return self.mode == "systemd" and self.login_user not in (None, "root")
 
     def sudoers_text(self) -> str:
-        """Lets the deploying login restart/stop/start (and reset the start limit of) the agent's unit, and nothing
-        else."""
+        """Lets the deploying login restart/stop/start (and reset the start limit of) the agent's units (one per model
+        slot), and nothing else."""
         # sudoers(5) escapes some characters with a backslash, treats '#' and whitespace specially and
         # differs between sudo versions; a mistake in this file grants root. So the login is refused unless
         # it is a POSIX portable user name (nothing to escape), and `visudo -cf` checks the file before use.
@@ -213,7 +231,10 @@ class InstallSpec:
                 hint="use a login made of letters, digits, '_', '.' and '-' (not starting with '-' or '.')",
             )
         verbs = ("restart", "stop", "start", "reset-failed")
-        cmds = ", ".join(f"{d}/systemctl {verb} {UNIT_NAME}" for d in ("/usr/bin", "/bin") for verb in verbs)
+        units = [slot_unit(slot) for slot in (DEFAULT_SLOT, *self.slots)]
+        cmds = ", ".join(
+            f"{d}/systemctl {verb} {unit}" for unit in units for d in ("/usr/bin", "/bin") for verb in verbs
+        )
         return f"# installed by edgedeploy agent install\n{self.login_user} ALL=(root) NOPASSWD: {cmds}\n"
 
     @property
@@ -226,12 +247,14 @@ class InstallSpec:
                     h.update(name.encode() + b"\0" + hashlib.sha256(z.read(name)).digest())
         return h.hexdigest()[:32]
 
-    def unit_text(self) -> str:
+    def unit_text(self, name: str = UNIT_NAME) -> str:
+        """The agent's unit, or its template for the other model slots (SLOT_UNIT)."""
         try:
             return render_unit(
                 exec_start=[f"{self.venv}/bin/edgedeploy-agent", "--root", self.root, "run"],
                 user=self.user,
                 root=self.root,
+                name=name,
             )
         except ValueError as e:
             raise InputError(
@@ -254,6 +277,7 @@ class InstallFiles(NamedTuple):
     unit: Path | None = None
     sudoers: Path | None = None
     helpers: dict[str, Path] = {}  # HELPER_UNITS by name
+    slot_templates: dict[str, Path] = {}  # SLOT_TEMPLATES by name, when the inventory names model slots
 
 
 NO_FILES = InstallFiles()
@@ -404,6 +428,28 @@ def _helper_units(facts: InstallFacts, spec: InstallSpec, files: InstallFiles) -
     return steps
 
 
+def _slot_units(facts: InstallFacts, spec: InstallSpec, files: InstallFiles) -> list[Step]:
+    """The templates that serve the model slots besides `default`, and per slot: its unit enabled (started by its
+    first push, as the default's) and its restart path unit enabled and started (docs/agent-service.md)."""
+    if spec.mode != "systemd" or not files.slot_templates:
+        return []
+    have = facts.helper_units_sha256
+    steps = [
+        Step(f"install {name}", put=(path, f"/etc/systemd/system/{name}"), root=True)
+        for name, path in files.slot_templates.items()
+        if have.get(name) != _sha256(path)
+    ]
+    if steps:
+        steps.append(Step("reload systemd", ("systemctl", "daemon-reload"), root=True))
+    for slot in spec.slots:
+        if slot not in facts.slots_enabled:
+            steps.append(Step(f"enable model {slot}", ("systemctl", "enable", instance(SLOT_UNIT, slot)), root=True))
+        if SLOT_RESTART_PATH_UNIT in files.slot_templates and slot not in facts.slot_paths_active:
+            path_unit = instance(SLOT_RESTART_PATH_UNIT, slot)
+            steps.append(Step(f"start {path_unit}", ("systemctl", "enable", "--now", path_unit), root=True))
+    return steps
+
+
 def unit_steps(unit_file: Path, unit_path: str, installed_sha256: str | None, label: str = "unit") -> list[Step]:
     """Install a systemd unit file at `unit_path`, reload systemd, enable the unit; nothing when the device
     already has these bytes there (`installed_sha256`, from the probe)."""
@@ -438,6 +484,7 @@ PLAN_PARTS: tuple[Planner, ...] = (
     _sudoers,
     _unit,
     _helper_units,
+    _slot_units,
 )
 
 
@@ -471,11 +518,18 @@ def write_install_files(spec: InstallSpec, work_dir: Path | None) -> InstallFile
     for name, text in rendered.items():
         (work_dir / name).write_text(text, encoding="utf-8")
         helpers[name] = work_dir / name
+    slot_templates = {}
+    for name in SLOT_TEMPLATES if spec.slots else ():
+        if name != SLOT_UNIT and not rendered:  # a root a path unit cannot watch: the unit alone
+            continue
+        text = spec.unit_text(name) if name == SLOT_UNIT else render_unit(user=spec.user, root=spec.root, name=name)
+        (work_dir / name).write_text(text, encoding="utf-8")
+        slot_templates[name] = work_dir / name
     sudoers_file = None
     if spec.grants_login:
         sudoers_file = work_dir / "edgedeploy.sudoers"
         sudoers_file.write_text(spec.sudoers_text(), encoding="utf-8")
-    return InstallFiles(unit_file, sudoers_file, helpers)
+    return InstallFiles(unit_file, sudoers_file, helpers, slot_templates)
 
 
 def run_probe(transport: Transport, spec: InstallSpec, extra: str = "") -> str:
@@ -483,7 +537,7 @@ def run_probe(transport: Transport, spec: InstallSpec, extra: str = "") -> str:
     with every option still asks the device once."""
     login = spec.login_user or "root"
     args = [spec.python, spec.venv, spec.root, spec.user, UNIT_PATH, STAMP, login, SUDOERS_PATH]
-    args += [spec.system_python or "", spec.sidecar_venv if spec.system_python else ""]
+    args += [spec.system_python or "", spec.sidecar_venv if spec.system_python else "", " ".join(spec.slots)]
     r = transport.run(["sh", "-c", PROBE + extra, "sh", *args], timeout=60)
     if r.exit_code != 0:
         raise DeviceError(f"install probe failed (exit {r.exit_code}): {r.stderr.strip()[-300:]}")

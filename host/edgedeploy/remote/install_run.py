@@ -73,6 +73,7 @@ def install_spec(dev: Device, options: InstallOptions, wheels: list[Path]) -> In
         system_site_packages=options.system_site_packages,
         offline=options.offline,
         source_args=tuple(dev.source_args()),
+        slots=tuple(sorted(dev.models)),
         login_user=dev.user,
         system_python=AUTO_SYSTEM_PYTHON if options.system_python == "auto" else options.system_python,
     )

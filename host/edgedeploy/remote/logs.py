@@ -5,20 +5,24 @@ from __future__ import annotations
 import json
 
 from edgedeploy_agent.agentlog import MAX_LINES
+from edgedeploy_agent.names import DEFAULT_SLOT
 
 from ..errors import DeviceError, InputError
 from ..inventory import Device
+from .execute import model_args
 from .transport import Sink, Transport
 from .verify import too_old
 
 _KEEP_STDERR = 1 << 16
 
 
-def logs_argv(device: Device, lines: int, since_s: float | None, follow: bool) -> list[str]:
-    """Pure: the agent command, as an argv list (every value validated or formatted here, never spliced)."""
+def logs_argv(device: Device, lines: int, since_s: float | None, follow: bool, model: str = DEFAULT_SLOT) -> list[str]:
+    """Pure: the agent command for the log of model slot `model`, as an argv list (every value validated or
+    formatted here, never spliced)."""
     if not 0 < lines <= MAX_LINES:
         raise InputError(f"--lines must be between 1 and {MAX_LINES}, got {lines}")
     argv = [device.agent_command, "--root", device.root, "--json", "logs", "--lines", str(int(lines))]
+    argv += model_args(model)
     if since_s is not None:
         argv += ["--since", f"{since_s:.0f}s"]
     return argv + (["--follow"] if follow else [])
@@ -50,8 +54,9 @@ def device_error(device: Device, code: int, stderr: bytes) -> DeviceError:
 
 
 def stream_logs(
-    transport: Transport, device: Device, lines: int, since_s: float | None, follow: bool, out: Sink, err: Sink
-) -> None:
+    transport: Transport, device: Device, lines: int, since_s: float | None, follow: bool, out: Sink, err: Sink,
+    model: str = DEFAULT_SLOT,
+) -> None:  # fmt: skip
     """Print the agent's log lines through `out` as they arrive; its warnings through `err` once it ends."""
     kept = bytearray()
 
@@ -59,7 +64,7 @@ def stream_logs(
         kept.extend(chunk)
         del kept[:-_KEEP_STDERR]
 
-    code = transport.stream(logs_argv(device, lines, since_s, follow), out, keep)
+    code = transport.stream(logs_argv(device, lines, since_s, follow, model), out, keep)
     if code != 0:
         raise device_error(device, code, bytes(kept))
     if kept.strip():

@@ -32,11 +32,11 @@ from edgedeploy_agent.desired import (
     DesiredDoc,
     DesiredHealth,
     MessageError,
-    desired_topic,
     parse_message,
     parse_status,
+    split_slot_key,
 )
-from edgedeploy_agent.names import DEFAULT_SLOT, is_device_name
+from edgedeploy_agent.names import DEFAULT_SLOT
 
 from ..errors import ConnectionFailed, InputError, validation_text
 from ..paths import config_dir
@@ -112,11 +112,12 @@ def desired_payload(
 UNREADABLE = "unreadable"  # the state the controller gives a device whose status message it cannot read
 
 
-def read_status(device: str, payload: bytes) -> dict[str, Any]:
-    """Pure: one status message -> the validated status as a dict (StatusDoc's fields that are set), or
-    {"state": "unreadable", ...} with the reason. Never raises on what a device can send."""
+def read_status(device: str, payload: bytes, model: str = DEFAULT_SLOT) -> dict[str, Any]:
+    """Pure: one status message (from the topic of `device`'s model slot `model`) -> the validated status as a
+    dict (StatusDoc's fields that are set), or {"state": "unreadable", ...} with the reason. Never raises on
+    what a device can send."""
     try:
-        return parse_status(payload, device).model_dump(exclude_none=True)
+        return parse_status(payload, device, model).model_dump(exclude_none=True)
     except MessageError as e:
         return {"device": device, "state": UNREADABLE, "code": UNREADABLE, "message": str(e)[:300]}
 
@@ -144,7 +145,10 @@ def desired_serial(payload: bytes) -> int | None:
 class Controller:
     """One MQTT session as the controller: reads every retained status (and the retained desired documents,
     for their serials), publishes desired state. Every message is bounded and validated before use: a
-    device whose status cannot be read is `unreadable`, and the session goes on for the others."""
+    device whose status cannot be read is `unreadable`, and the session goes on for the others.
+
+    Statuses, serials and desired state are per model slot, keyed by slot_key: the device's name for its
+    `default` slot, DEVICE/SLOT for another (each slot has its own topics, desired.py)."""
 
     def __init__(self, settings: MqttSettings, client_id: str | None = None) -> None:
         import paho.mqtt.client as mqtt
@@ -155,7 +159,7 @@ class Controller:
 
         self.settings = settings
         self.statuses: dict[str, dict[str, Any]] = {}
-        self.desired_serials: dict[str, int] = {}  # the serial of each device's retained desired document
+        self.desired_serials: dict[str, int] = {}  # the serial of each slot's retained desired document
         self._lock = threading.Lock()
         self.changed = threading.Condition(self._lock)  # any status changed
         self._device_changed: dict[str, threading.Condition] = {}  # one device's: a waiter wakes for its own only
@@ -187,7 +191,9 @@ class Controller:
             return
         # desired first: the broker sends retained messages in this order, so a device's desired serial is
         # known by the time its status arrives (next_serial)
-        client.subscribe([(f"{TOPIC_ROOT}/desired/+", 1), (f"{TOPIC_ROOT}/status/+", 1)])
+        client.subscribe(
+            [(f"{TOPIC_ROOT}/{kind}/{levels}", 1) for kind in ("desired", "status") for levels in ("+", "+/+")]
+        )
         self._connected.set()
 
     def _on_message(self, client: Any, userdata: Any, msg: Any) -> None:
@@ -197,36 +203,37 @@ class Controller:
             log.exception("MQTT message on %s not taken", str(msg.topic)[:200])
 
     def _take(self, topic: str, payload: bytes) -> None:
-        kind, _, device = topic[len(TOPIC_ROOT) + 1 :].partition("/")
-        if not is_device_name(device):
-            return  # not a topic of a device this controller can name (the broker's ACL admits no other)
+        kind, _, key = topic[len(TOPIC_ROOT) + 1 :].partition("/")
+        named = split_slot_key(key)
+        if named is None:
+            return  # not a topic of a device (slot) this controller can name (the broker's ACL admits no other)
         if kind == "desired":
             serial = desired_serial(payload) if payload else None
             if serial is not None:
                 with self._lock:
-                    self.desired_serials[device] = max(serial, self.desired_serials.get(device, 0))
+                    self.desired_serials[key] = max(serial, self.desired_serials.get(key, 0))
             return
         if kind != "status":
             return
         with self._lock:
             if payload:
-                self.statuses[device] = read_status(device, payload)
+                self.statuses[key] = read_status(named[0], payload, named[1])
             else:  # a cleared retained status: no status
-                self.statuses.pop(device, None)
+                self.statuses.pop(key, None)
             self.changed.notify_all()
-            if device in self._device_changed:
-                self._device_changed[device].notify_all()
+            if key in self._device_changed:
+                self._device_changed[key].notify_all()
 
-    def next_serial(self, device: str) -> int:
-        """The serial of the next desired document for `device`: one more than the highest of what the
-        device says it acted on (`floor`), its last status's document and the broker's retained desired
-        document for it, and than any this controller gave it. Per device and from what the fleet holds,
-        never from this host's clock (docs/fleet.md, "Serials of desired state")."""
+    def next_serial(self, key: str) -> int:
+        """The serial of the next desired document for a device's slot (`key`, slot_key): one more than the
+        highest of what the device says it acted on for that slot (`floor`), its last status's document and
+        the broker's retained desired document for it, and than any this controller gave it. Per slot and
+        from what the fleet holds, never from this host's clock (docs/fleet.md, "Serials of desired state")."""
         with self._lock:
-            st = self.statuses.get(device, {})
-            seen = [self.desired_serials.get(device, 0), st.get("floor") or 0, st.get("serial") or 0]
+            st = self.statuses.get(key, {})
+            seen = [self.desired_serials.get(key, 0), st.get("floor") or 0, st.get("serial") or 0]
             serial = max(seen) + 1
-            self.desired_serials[device] = serial  # taken: a second document for it goes higher
+            self.desired_serials[key] = serial  # taken: a second document for it goes higher
             return serial
 
     def __enter__(self) -> Controller:
@@ -257,7 +264,8 @@ class Controller:
             reset()
 
     def read_statuses(self, names: list[str], settle: float = 1.0) -> dict[str, dict[str, Any]]:
-        """Retained statuses of these devices: waits until all arrived, or `settle` s without news."""
+        """Retained statuses of these devices (or slots, by slot_key): waits until all arrived, or `settle` s
+        without news."""
         end = time.monotonic() + settle
         with self.changed:
             while not all(n in self.statuses for n in names):
@@ -266,11 +274,12 @@ class Controller:
                     break
             return {n: self.statuses[n] for n in names if n in self.statuses}
 
-    def publish_desired(self, device: str, payload: bytes, timeout: float = 30.0) -> None:
-        """Retained, QoS 1; returns once the broker acknowledged it (survives a broker restart)."""
+    def publish_desired(self, key: str, payload: bytes, timeout: float = 30.0) -> None:
+        """On the desired topic of a device's slot (`key`, slot_key), retained, QoS 1; returns once the broker
+        acknowledged it (survives a broker restart)."""
         end = time.monotonic() + timeout
         while True:
-            info = self.client.publish(desired_topic(device), payload, qos=1, retain=True)
+            info = self.client.publish(f"{TOPIC_ROOT}/desired/{key}", payload, qos=1, retain=True)
             try:
                 info.wait_for_publish(max(0.1, end - time.monotonic()))
                 if info.is_published():
@@ -278,16 +287,17 @@ class Controller:
             except RuntimeError:  # not connected right now: paho reconnects in its thread
                 pass
             if time.monotonic() >= end:
-                raise ConnectionFailed(f"MQTT broker {self.settings.broker} did not take the desired state of {device}")
+                raise ConnectionFailed(f"MQTT broker {self.settings.broker} did not take the desired state of {key}")
             time.sleep(0.2)
 
-    def wait_status(self, device: str, done: Any, timeout: float, cancelled: Any = lambda: False) -> dict[str, Any]:
-        """Wait until done(status) is true for this device; returns the last status (maybe not done)."""
+    def wait_status(self, key: str, done: Any, timeout: float, cancelled: Any = lambda: False) -> dict[str, Any]:
+        """Wait until done(status) is true for this device (slot, by slot_key); returns the last status (maybe
+        not done)."""
         end = time.monotonic() + timeout
         with self._lock:
-            cond = self._device_changed.setdefault(device, threading.Condition(self._lock))
+            cond = self._device_changed.setdefault(key, threading.Condition(self._lock))
             while True:
-                st = self.statuses.get(device, {})
+                st = self.statuses.get(key, {})
                 if done(st) or cancelled():
                     return st
                 left = end - time.monotonic()

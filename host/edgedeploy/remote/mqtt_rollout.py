@@ -5,6 +5,9 @@ its signed desired state (retained, QoS 1) at no more than `rate` per second, th
 status to say the outcome for that document's serial (a refusal names the serial too, and ends the
 wait at once); no outcome within the device timeout counts as a failure (the device keeps whatever it
 runs). Each document's serial is the device's own next one (Controller.next_serial).
+
+A rollout to a model slot besides `default` publishes on that slot's desired topic and waits on its status
+topic (desired.py); the device's own status says whether it is offline, and every slot's release.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from edgedeploy_agent.desired import TERMINAL, DesiredHealth
+from edgedeploy_agent.desired import TERMINAL, DesiredHealth, slot_key
 from edgedeploy_agent.names import DEFAULT_SLOT
 
 from ..errors import DeviceError
@@ -37,6 +40,28 @@ def slot_release(st: dict[str, Any] | None, model: str = DEFAULT_SLOT) -> str | 
     if (st.get("model") or DEFAULT_SLOT) == model:
         return st.get("release")
     return (st.get("models") or {}).get(model)
+
+
+def slot_status(statuses: dict[str, dict[str, Any]], device: str, model: str = DEFAULT_SLOT) -> dict[str, Any] | None:
+    """Pure: what the retained statuses (by slot_key) say about model slot `model` of `device`: the slot's own
+    status, said offline when the device's is (its last will is on the device's topic only), or unreadable
+    when that is; without a status of its own (never addressed over MQTT), the device's, which names every
+    slot's release."""
+    device_st, own = statuses.get(device), statuses.get(slot_key(device, model))
+    if model == DEFAULT_SLOT or own is None:
+        return device_st
+    if device_st and device_st.get("state") == UNREADABLE:
+        return device_st
+    if device_st and device_st.get("state") == "offline":
+        return {**own, "state": "offline"}
+    return own
+
+
+def read_slot_statuses(controller: Controller, names: list[str], model: str, settle: float = 1.0) -> dict[str, Any]:
+    """Each device's slot_status of `model` (None: no status); the slots' own statuses too, for their serials."""
+    keys = [*names, *(slot_key(n, model) for n in names if model != DEFAULT_SLOT)]
+    statuses = controller.read_statuses(keys, settle)
+    return {n: slot_status(statuses, n, model) for n in names}
 
 
 def status_facts(st: dict[str, Any] | None, model: str = DEFAULT_SLOT) -> DeviceFacts | str:
@@ -107,7 +132,8 @@ class MqttRolloutRunner(RolloutRunner):
     def _deliver(self, name: str) -> tuple[str, str, str | None]:
         wave = self.state.devices[name].wave
         h = self.health
-        serial = self.controller.next_serial(name)
+        key = slot_key(name, self.pull.model)
+        serial = self.controller.next_serial(key)
         payload = desired_payload(
             self.pull.key, name, self.pull.ref, self.state.release, self.state.id, wave, serial,
             health=DesiredHealth(
@@ -116,14 +142,14 @@ class MqttRolloutRunner(RolloutRunner):
             jitter_s=self.pull.jitter_s, expires_hours=self.pull.expires_hours, model=self.pull.model,
         )  # fmt: skip
         self.rate.wait()
-        self.controller.publish_desired(name, payload)
+        self.controller.publish_desired(key, payload)
         self._step(name, f"desired state published (serial {serial})")
         timeout = self.pull.jitter_s + self.pull.pull_timeout + h.timeout
 
         def done(st: dict[str, Any]) -> bool:
             return st.get("serial") == serial and st.get("state") in TERMINAL
 
-        st = self.controller.wait_status(name, done, timeout, cancelled=lambda: self._halt == "interrupted")
+        st = self.controller.wait_status(key, done, timeout, cancelled=lambda: self._halt == "interrupted")
         if not done(st):
             seen = last_status(st, serial)
             if self._halt == "interrupted":
@@ -143,5 +169,5 @@ class MqttRolloutRunner(RolloutRunner):
         )
 
     def _release_after_failure(self, name: str) -> str | None:
-        release = self.controller.statuses.get(name, {}).get("release")
+        release = self.controller.statuses.get(slot_key(name, self.pull.model), {}).get("release")
         return str(release) if release else None

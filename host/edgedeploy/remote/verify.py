@@ -7,12 +7,14 @@ import time
 from dataclasses import dataclass, replace
 from typing import Any
 
+from edgedeploy_agent.names import DEFAULT_SLOT
 from edgedeploy_agent.selftest import FAILED, OK, WARNING, Check, check_clock, worst
 
 from .. import __version__
 from ..errors import DeviceError
 from ..inventory import Device
 from .agent_client import AgentClient
+from .execute import model_args
 from .transport import Transport
 
 _RANK = {OK: 0, WARNING: 1, FAILED: 2}
@@ -63,12 +65,18 @@ def with_host_view(name: str, answer: dict[str, Any], sent: float, received: flo
 
 
 def verify_device(
-    transport: Transport, device: Device, camera_seconds: float = 5.0, host_version: str = __version__
+    transport: Transport,
+    device: Device,
+    camera_seconds: float = 5.0,
+    host_version: str = __version__,
+    model: str = DEFAULT_SLOT,
 ) -> Checkup:
+    """The device's self-test about model slot `model` (its release, health, source and service)."""
     client = AgentClient(transport, device)
     sent = time.time()
+    args = ("selftest", "--camera-seconds", f"{camera_seconds:g}", *model_args(model))
     try:
-        answer = client.call("selftest", "--camera-seconds", f"{camera_seconds:g}", timeout=120 + camera_seconds)
+        answer = client.call(*args, timeout=120 + camera_seconds)
     except DeviceError as e:
         raise too_old(e, device, "selftest") from None
     return with_host_view(device.name, answer, sent, time.time(), host_version)
