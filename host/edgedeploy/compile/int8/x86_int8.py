@@ -220,3 +220,179 @@ def pointwise_kernel(
     func = sch.mod["main"].without_attr("global_symbol")
     func = func.with_attr("tirx.is_scheduled", True).with_attr("edgedeploy.schedule", f"conv1x1-{kind.name}")
     return func.with_attr("op_pattern", 8)  # kOpaque: FuseOps must not merge it (and lose the schedule)
+
+
+# K x K convolutions (any kernel size, stride and padding): a sum over the taps of 1x1 convolutions on shifted
+# inputs, so the same intrinsic and the same 8 x L accumulator block apply. The activations are padded once
+# with their zero point and split into stride x stride phases, [C/K, s, s, Hq, Wq, K]: output pixel (y, x) reads
+# tap (i, j) at phase (i % s, j % s), position (y + i // s, x + j // s), so L consecutive output pixels of a row
+# read L consecutive packed pixels, one vector load, for every stride. Lanes run along an output row
+# (ceil(OW / L) blocks per row; the lanes past OW read padding and are not stored).
+
+
+@dataclass(frozen=True)
+class ConvShape:
+    """A K x K convolution's sizes and what its packed activations look like for one dot kind."""
+
+    n: int
+    c: int
+    o: int
+    h: int
+    w: int
+    kh: int
+    kw: int
+    stride: int
+    pad: tuple[int, int, int, int]  # top, left, bottom, right
+    lanes: int
+    depth: int
+
+    @property
+    def out_hw(self) -> tuple[int, int]:
+        top, left, bottom, right = self.pad
+        return (self.h + top + bottom - self.kh) // self.stride + 1, (
+            self.w + left + right - self.kw
+        ) // self.stride + 1
+
+    @property
+    def channel_blocks(self) -> int:
+        return -(-self.c // self.depth)
+
+    @property
+    def row_blocks(self) -> int:
+        return -(-self.out_hw[1] // self.lanes)
+
+    @property
+    def phase_hw(self) -> tuple[int, int]:
+        """Hq, Wq: every tap of every computed lane is inside, and so is the whole (padded-before) input."""
+        s, (oh, _), (top, left) = self.stride, self.out_hw, self.pad[:2]
+        hq = max(oh + (self.kh - 1) // s, -(-(top + self.h) // s))
+        wq = max(self.row_blocks * self.lanes + (self.kw - 1) // s, -(-(left + self.w) // s))
+        return hq, wq
+
+    @property
+    def packed_shape(self) -> tuple[int, ...]:
+        return (self.n, self.channel_blocks, self.stride, self.stride, *self.phase_hw, self.depth)
+
+
+def conv_shape(kind: DotKind, x_shape: tuple[int, ...], weight_shape: tuple[int, ...], attrs: Any) -> ConvShape:
+    n, c, h, w = x_shape
+    o, _, kh, kw = weight_shape
+    top, left, bottom, right = (int(p) for p in attrs.padding)
+    stride = int(attrs.strides[0])
+    return ConvShape(n, c, o, h, w, kh, kw, stride, (top, left, bottom, right), kind.lanes, kind.depth)
+
+
+def conv_eligible(kind: DotKind, attrs: Any, weight_shape: tuple[int, ...]) -> bool:
+    """An ungrouped NCHW convolution with square strides, no dilation and output channels in blocks of
+    ACCUMULATOR_ROWS (input channels that are no multiple of K are padded with zero weights)."""
+    strides = [int(s) for s in attrs.strides]
+    return (
+        weight_shape[0] % ACCUMULATOR_ROWS == 0
+        and int(attrs.groups) == 1
+        and strides[0] == strides[1]
+        and all(int(d) == 1 for d in attrs.dilation)
+        and len(attrs.padding) == 4
+    )
+
+
+def pack_conv_activations(bb: Any, x: Any, zx: int, kind: DotKind, shape: ConvShape) -> tuple[Any, int]:
+    """[N, C, H, W] int8/uint8 -> shape.packed_shape in the kind's operand type, padded with the zero point;
+    returns it and the zero point in that type."""
+    from tvm import relax
+
+    x, zx = _operand_type(bb, x, zx, kind)
+    s, (hq, wq), (top, left) = shape.stride, shape.phase_hw, shape.pad[:2]
+    cpad = shape.channel_blocks * shape.depth - shape.c
+    width = [0, 0, 0, cpad, top, s * hq - top - shape.h, left, s * wq - left - shape.w]
+    x = bb.emit(relax.op.nn.pad(x, width, pad_value=float(zx)))  # padded channels meet zero weights
+    x = bb.emit(relax.op.reshape(x, [shape.n, shape.channel_blocks, shape.depth, hq, s, wq, s]))
+    return bb.emit(relax.op.permute_dims(x, [0, 1, 4, 6, 3, 5, 2])), zx
+
+
+def _operand_type(bb: Any, x: Any, zx: int, kind: DotKind) -> tuple[Any, int]:
+    from tvm import relax
+
+    if kind.act_dtype == "uint8" and str(x.ty.dtype) == "int8":
+        wide = relax.op.add(relax.op.astype(x, "int16"), relax.const(128, "int16"))
+        return bb.emit(relax.op.astype(wide, "uint8")), zx + 128
+    if str(x.ty.dtype) != kind.act_dtype:
+        return bb.emit(relax.op.astype(x, kind.act_dtype)), zx
+    return x, zx
+
+
+def pack_conv_activations_numpy(x: np.ndarray, zx: int, kind: DotKind, shape: ConvShape) -> np.ndarray:
+    """What pack_conv_activations computes, in numpy (x already in the kind's operand type, zx likewise)."""
+    s, (hq, wq), (top, left) = shape.stride, shape.phase_hw, shape.pad[:2]
+    c = shape.channel_blocks * shape.depth
+    padded = np.full((shape.n, c, s * hq, s * wq), zx, kind.act_dtype)
+    padded[:, : shape.c, top : top + shape.h, left : left + shape.w] = x
+    blocks = padded.reshape(shape.n, shape.channel_blocks, shape.depth, hq, s, wq, s)
+    return np.ascontiguousarray(blocks.transpose(0, 1, 4, 6, 3, 5, 2))
+
+
+def pack_conv_weights(w: np.ndarray, kind: DotKind) -> np.ndarray:
+    """[O, C, KH, KW] int8 -> [O, C/K, KH, KW, K] in the kind's weight type (padded channels get 0)."""
+    o, c, kh, kw = w.shape
+    cb = -(-c // kind.depth)
+    padded = np.zeros((o, cb * kind.depth, kh, kw), np.int8)
+    padded[:, :c] = w
+    return np.ascontiguousarray(padded.reshape(o, cb, kind.depth, kh, kw).transpose(0, 1, 3, 4, 2)).astype(
+        kind.weight_dtype
+    )
+
+
+def conv_kernel(kind: DotKind, shape: ConvShape, zy: int, out_dtype: str, center: int | None = None) -> Any:
+    """The scheduled PrimFunc `(X packed, W packed, bias int32[O], mult float32[O]) -> Y[N, O, OH, OW]` with
+    Y = clip(round((acc + bias) * mult) + zy) in out_dtype, acc summed over the packed (zero point padded)
+    activations; the pointwise kernel's accumulator block, with the taps and phases as reduction loops. With
+    `center`, Y is that value minus `center` in float32, as pointwise_kernel's."""
+    from tvm import te, tirx
+    from tvm.s_tir import Schedule
+
+    register_intrinsics()
+    lanes, depth, s = kind.lanes, kind.depth, shape.stride
+    (oh, ow), cb, n, o = shape.out_hw, shape.channel_blocks, shape.n, shape.o
+    lo, hi = (0.0, 255.0) if out_dtype == "uint8" else (-128.0, 127.0)
+    x = te.placeholder(shape.packed_shape, kind.act_dtype, name="x")
+    wt = te.placeholder((o, cb, shape.kh, shape.kw, depth), kind.weight_dtype, name="w")
+    bias = te.placeholder((o,), "int32", name="bias")
+    mult = te.placeholder((o,), "float32", name="mult")
+    # reduction axes of extent 1 are left out: compute_at would not make loops for them
+    outer = [
+        te.reduce_axis((0, e), name) if e > 1 else None for e, name in ((cb, "rc"), (shape.kh, "ri"), (shape.kw, "rj"))
+    ]
+    rc, ri, rj = (a if a is not None else 0 for a in outer)
+    rk = te.reduce_axis((0, depth), "rk")
+
+    def tap(b: Any, f: Any, y: Any, q: Any, i: Any) -> Any:
+        pixel = x[b, rc, ri % s, rj % s, y + ri // s, q * lanes + i + rj // s, rk]
+        axes = [a for a in outer if a is not None]
+        return te.sum(pixel.astype("int32") * wt[f, rc, ri, rj, rk].astype("int32"), axis=[*axes, rk])
+
+    acc = te.compute((n, o, oh, shape.row_blocks, lanes), tap, name="acc")
+
+    def requantize(b: Any, f: Any, y: Any, v: Any) -> Any:
+        a = acc[b, f, y, v // lanes, v % lanes]
+        r = te.max(te.min(tirx.round((a + bias[f]).astype("float32") * mult[f]) + float(zy), hi), lo)
+        return r.astype(out_dtype) if center is None else r - float(center)
+
+    out = te.compute((n, o, oh, ow), requantize, name="requantize")
+    sch = Schedule(te.create_prim_func([x, wt, bias, mult, out]))
+    b, f, y, v = sch.get_loops(sch.get_sblock("requantize"))
+    fo, fi = sch.split(f, [None, ACCUMULATOR_ROWS])
+    vo, vi = sch.split(v, [None, lanes])
+    sch.reorder(b, fo, y, vo, fi, vi)
+    block = sch.get_sblock("acc")
+    sch.compute_at(block, vo)
+    taps = sum(a is not None for a in outer)
+    loops = sch.get_loops(block)
+    fa, ia, reduction, k = loops[-3 - taps], loops[-2 - taps], loops[-1 - taps : -1], loops[-1]
+    sch.reorder(*reduction, fa, ia, k)
+    sch.parallel(sch.fuse(b, fo, y, vo))
+    sch.vectorize(vi)
+    sch.decompose_reduction(block, reduction[0] if reduction else fa)
+    sch.tensorize(ia, kind.intrinsic)
+    sch.unroll(fa)
+    func = sch.mod["main"].without_attr("global_symbol")
+    func = func.with_attr("tirx.is_scheduled", True).with_attr("edgedeploy.schedule", f"conv-{kind.name}")
+    return func.with_attr("op_pattern", 8)  # kOpaque, as the pointwise kernel
