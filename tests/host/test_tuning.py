@@ -345,18 +345,17 @@ def test_tuned_fp32_bundle_uses_the_database_and_matches_onnxruntime(data_dir: P
 
 
 @pytest.mark.compile
-def test_resnet18_fp32_bundle_uses_its_cpu_database_and_matches_onnxruntime(tmp_path: Path) -> None:
-    """bench/resnet18_onnx.py's export finds profiles/tuning/cpu-x86_64/<graph digest>-fp32 (bench/int8_cpu.py's
-    ResNet-18) and its tuned kernels compute what onnxruntime computes."""
+def test_resnet18_fp32_bundle_computes_what_onnxruntime_computes(tmp_path: Path) -> None:
+    """bench/resnet18_onnx.py's export (bench/int8_cpu.py's ResNet-18): every convolution takes the cpu-direct-conv
+    kernel, so no tuning database is needed (the first one, 6 tuned kernels, matched none of them any more and
+    was deleted); the bundle computes what onnxruntime computes."""
     sys.path.insert(0, str(REPO / "bench"))
     from resnet18_onnx import export
 
     model = tmp_path / "resnet18.onnx"
     export(model, seed=0, tiled=True)
-    db = _database(model, "fp32")
     res = build(model, "cpu-x86_64", tmp_path / "r.edb", ModelCard(name="resnet18"))
-    tuning = res.manifest.provenance.options["tuning"]
-    assert tuning.startswith(f"cpu-x86_64/{db.name}: ") and "fused_conv2d" in tuning
+    assert "tuning" not in res.manifest.provenance.options
     m = extract_bundle(res.bundle, tmp_path / "rel")
     x = np.random.default_rng(0).uniform(-2, 2, (1, 3, 224, 224)).astype(np.float32)
     got = np.asarray(TvmRuntime(tmp_path / "rel", m).run([x])[0])

@@ -20,11 +20,15 @@ from edgedeploy.compile.int8.quantize import QuantizeOptions, quantizable_layers
 from edgedeploy.compile.int8.rewrite import rewrite_int8
 from edgedeploy.compile.int8.x86_int8 import (
     AVX2,
+    FLOAT_AVX2,
+    FLOAT_AVX512,
     VNNI,
     ConvShape,
     DotKind,
     conv_kernel,
     dot_kind,
+    float_conv_kernel,
+    float_kind,
     pack_activations_numpy,
     pack_conv_activations_numpy,
     pack_conv_weights,
@@ -59,6 +63,7 @@ def test_profiles_choose_their_dot_product() -> None:
     v4 = v3.model_copy(update={"compiler": v3.compiler.model_copy(update={"cpu_features": features})})
     assert dot_kind(v4) is VNNI
     assert dot_kind(get_profile("t4")) is None and dot_kind(get_profile("xavier-agx")) is None
+    assert (float_kind(v3), float_kind(v4), float_kind(get_profile("xavier-cpu"))) == (FLOAT_AVX2, FLOAT_AVX512, None)
 
 
 def _reference(x: np.ndarray, w: np.ndarray, bias: np.ndarray, mult: np.ndarray, zy: int, dtype: str) -> np.ndarray:
@@ -146,6 +151,48 @@ def test_conv_kernel_is_exact(
     want = np.round((acc + bias[None, :, None, None]).astype(np.float32) * mult[None, :, None, None]) + 7
     lo, hi = (0, 255) if out == "uint8" else (-128, 127)
     assert np.array_equal(y.numpy(), np.clip(want, lo, hi).astype(out))
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("kind", [FLOAT_AVX2, FLOAT_AVX512], ids=lambda k: k.name)
+@pytest.mark.parametrize(
+    "n,c,o,h,w,k,stride,pad",
+    [
+        (2, 5, 16, 11, 7, 3, 2, (1, 1, 1, 1)),
+        (1, 3, 8, 20, 20, 7, 2, (3, 3, 3, 3)),
+        (1, 64, 8, 9, 9, 3, 1, (1, 1, 1, 1)),
+    ],
+)
+def test_float_conv_kernel_matches_float64(
+    kind: DotKind, n: int, c: int, o: int, h: int, w: int, k: int, stride: int, pad: tuple[int, ...]
+) -> None:
+    """The same loop nest in float32: within float32 rounding of a float64 convolution, relative to the
+    output's scale (a tap, channel or row out of place is off by the scale itself)."""
+    _runnable(kind)
+    rng = np.random.default_rng(c + o + k)
+    x = rng.standard_normal((n, c, h, w)).astype(np.float32)
+    wf = rng.standard_normal((o, c, k, k)).astype(np.float32)
+    shape = ConvShape(n, c, o, h, w, k, k, stride, pad, kind.lanes, kind.depth)
+    lib = tvm.compile(
+        tvm.IRModule({"main": float_conv_kernel(kind, shape).with_attr("global_symbol", "main")}),
+        target=tvm.target.Target(TARGETS[AVX2 if kind is FLOAT_AVX2 else VNNI]),
+    )
+    dev = tvm.cpu()
+    args = [
+        tvm.runtime.tensor(a, dev)
+        for a in (pack_conv_activations_numpy(x, 0, kind, shape), pack_conv_weights(wf, kind))
+    ]
+    y = tvm.runtime.tensor(np.zeros((n, o, *shape.out_hw), np.float32), dev)
+    lib(*args, y)
+    want = np.zeros((n, o, *shape.out_hw))
+    top, left, bottom, right = pad
+    xp = np.pad(x.astype(np.float64), [(0, 0), (0, 0), (top, bottom), (left, right)])
+    oh, ow = shape.out_hw
+    for i in range(k):
+        for j in range(k):
+            patch = xp[:, :, i : i + stride * (oh - 1) + 1 : stride, j : j + stride * (ow - 1) + 1 : stride]
+            want += np.einsum("oc,nchw->nohw", wf[:, :, i, j].astype(np.float64), patch)
+    assert np.abs(y.numpy() - want).max() <= 1e-5 * np.abs(want).max()
 
 
 @pytest.fixture(scope="module")
@@ -330,3 +377,28 @@ def test_residual_network_convolutions_on_the_dot_product(kind: DotKind) -> None
     out_dq = next(n for n in qdq.graph.node if n.output[0] == "y")
     step = float(next(numpy_helper.to_array(i) for i in qdq.graph.initializer if i.name == out_dq.input[1]))
     assert np.abs(outputs[1] - want).max() <= step * 1.001
+
+
+@pytest.mark.compile
+def test_fp32_convolutions_on_the_direct_kernel_match_onnxruntime() -> None:
+    """The cpu-direct-conv stage on the same small ResNet in FP32: the 6 K x K, strided or padded convolutions
+    take float_conv_kernel (not the depthwise or the two 1x1 stride-1 ones); outputs within float32 rounding of
+    onnxruntime's, relative to the output's scale."""
+    import onnxruntime as ort
+
+    from edgedeploy.compile.cpu_conv import direct_convolutions
+
+    _runnable(FLOAT_AVX2)
+    model = _resnet_stages()
+    imported = relax.transform.DecomposeOpsForInference()(
+        from_onnx(model, shape_dict={"x": [1, 3, 30, 30]}, keep_params_in_input=False)
+    )
+    mod, count = direct_convolutions(imported, FLOAT_AVX2)
+    assert count == 6 and mod["main"].script().count("nn.conv2d") == 3
+    target = tvm.target.Target(TARGETS[AVX2])
+    with target:
+        ex = tvm.compile(mod, target=target, relax_pipeline=relax.get_default_pipeline(target))
+    x = np.random.default_rng(7).normal(0, 1, (1, 3, 30, 30)).astype(np.float32)
+    got = relax.VirtualMachine(ex, tvm.cpu())["main"](tvm.runtime.tensor(x)).numpy()
+    want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    assert np.abs(got - want).max() <= 1e-5 * np.abs(want).max()

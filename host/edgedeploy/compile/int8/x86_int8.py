@@ -45,6 +45,9 @@ class DotKind:
 VNNI = DotKind("avx512-vnni", "avx512_vnni", 16, 4, "uint8", "int8", "edgedeploy_vnni_16x4_u8vec_s8bcast")
 AVX2 = DotKind("avx2", "avx2", 8, 2, "int16", "int16", "edgedeploy_avx2_8x2_s16vec_s16bcast")
 ACCUMULATOR_ROWS = 8  # output channels per register block: 8 accumulators of L lanes
+# float32 convolutions on the same loop nest (conv kernels only, K = 1: an FMA of L pixels by one weight)
+FLOAT_AVX2 = DotKind("fp32-avx2", "avx2", 8, 1, "float32", "float32", "")
+FLOAT_AVX512 = DotKind("fp32-avx512", "avx512f", 16, 1, "float32", "float32", "")
 
 
 def dot_kind(profile: DeviceProfile) -> DotKind | None:
@@ -53,6 +56,14 @@ def dot_kind(profile: DeviceProfile) -> DotKind | None:
         return None
     features = set(profile.compiler.cpu_features)
     return next((k for k in (VNNI, AVX2) if k.cpu_flag in features), None)
+
+
+def float_kind(profile: DeviceProfile) -> DotKind | None:
+    """The widest float32 vector the profile's CPUs are guaranteed to have (its cpu_features), if any."""
+    if profile.arch != "x86_64" or profile.device != "cpu":
+        return None
+    features = set(profile.compiler.cpu_features)
+    return next((k for k in (FLOAT_AVX512, FLOAT_AVX2) if k.cpu_flag in features), None)
 
 
 @functools.cache
@@ -331,10 +342,11 @@ def pack_conv_activations_numpy(x: np.ndarray, zx: int, kind: DotKind, shape: Co
 
 
 def pack_conv_weights(w: np.ndarray, kind: DotKind) -> np.ndarray:
-    """[O, C, KH, KW] int8 -> [O, C/K, KH, KW, K] in the kind's weight type (padded channels get 0)."""
+    """[O, C, KH, KW] int8 (float32 for a float kind) -> [O, C/K, KH, KW, K] in the kind's weight type (padded
+    channels get 0)."""
     o, c, kh, kw = w.shape
     cb = -(-c // kind.depth)
-    padded = np.zeros((o, cb * kind.depth, kh, kw), np.int8)
+    padded = np.zeros((o, cb * kind.depth, kh, kw), w.dtype)
     padded[:, :c] = w
     return np.ascontiguousarray(padded.reshape(o, cb, kind.depth, kh, kw).transpose(0, 1, 3, 4, 2)).astype(
         kind.weight_dtype
@@ -347,52 +359,70 @@ def conv_kernel(kind: DotKind, shape: ConvShape, zy: int, out_dtype: str, center
     activations; the pointwise kernel's accumulator block, with the taps and phases as reduction loops. With
     `center`, Y is that value minus `center` in float32, as pointwise_kernel's."""
     from tvm import te, tirx
+
+    lo, hi = (0.0, 255.0) if out_dtype == "uint8" else (-128.0, 127.0)
+    bias = te.placeholder((shape.o,), "int32", name="bias")
+    mult = te.placeholder((shape.o,), "float32", name="mult")
+
+    def requantize(acc: Any, f: Any) -> Any:
+        r = te.max(te.min(tirx.round((acc + bias[f]).astype("float32") * mult[f]) + float(zy), hi), lo)
+        return r.astype(out_dtype) if center is None else r - float(center)
+
+    return _direct_conv(kind, shape, [bias, mult], requantize, f"conv-{kind.name}")
+
+
+def float_conv_kernel(kind: DotKind, shape: ConvShape) -> Any:
+    """The same loop nest in float32 (`kind` a FLOAT kind, K = 1): `(X packed, W packed) -> Y[N, O, OH, OW]`,
+    L lanes of one output row against a broadcast weight, an FMA per tap and input channel."""
+    return _direct_conv(kind, shape, [], lambda acc, f: acc, f"conv-{kind.name}")
+
+
+def _direct_conv(kind: DotKind, shape: ConvShape, extra: list[Any], epilogue: Any, schedule: str) -> Any:
+    """A K x K convolution over packed activations as a scheduled PrimFunc `(X, W, *extra) -> Y[N, O, OH, OW]`,
+    Y = epilogue(acc, output channel); integer kinds tensorize the lanes x K block with their intrinsic."""
+    from tvm import te
     from tvm.s_tir import Schedule
 
-    register_intrinsics()
     lanes, depth, s = kind.lanes, kind.depth, shape.stride
     (oh, ow), cb, n, o = shape.out_hw, shape.channel_blocks, shape.n, shape.o
-    lo, hi = (0.0, 255.0) if out_dtype == "uint8" else (-128.0, 127.0)
+    acc_dtype = "float32" if kind.act_dtype == "float32" else "int32"
     x = te.placeholder(shape.packed_shape, kind.act_dtype, name="x")
     wt = te.placeholder((o, cb, shape.kh, shape.kw, depth), kind.weight_dtype, name="w")
-    bias = te.placeholder((o,), "int32", name="bias")
-    mult = te.placeholder((o,), "float32", name="mult")
     # reduction axes of extent 1 are left out: compute_at would not make loops for them
     outer = [
         te.reduce_axis((0, e), name) if e > 1 else None for e, name in ((cb, "rc"), (shape.kh, "ri"), (shape.kw, "rj"))
     ]
-    rc, ri, rj = (a if a is not None else 0 for a in outer)
-    rk = te.reduce_axis((0, depth), "rk")
+    outer.append(te.reduce_axis((0, depth), "rk") if depth > 1 else None)
+    rc, ri, rj, rk = (a if a is not None else 0 for a in outer)
 
     def tap(b: Any, f: Any, y: Any, q: Any, i: Any) -> Any:
         pixel = x[b, rc, ri % s, rj % s, y + ri // s, q * lanes + i + rj // s, rk]
         axes = [a for a in outer if a is not None]
-        return te.sum(pixel.astype("int32") * wt[f, rc, ri, rj, rk].astype("int32"), axis=[*axes, rk])
+        return te.sum(pixel.astype(acc_dtype) * wt[f, rc, ri, rj, rk].astype(acc_dtype), axis=axes)
 
     acc = te.compute((n, o, oh, shape.row_blocks, lanes), tap, name="acc")
-
-    def requantize(b: Any, f: Any, y: Any, v: Any) -> Any:
-        a = acc[b, f, y, v // lanes, v % lanes]
-        r = te.max(te.min(tirx.round((a + bias[f]).astype("float32") * mult[f]) + float(zy), hi), lo)
-        return r.astype(out_dtype) if center is None else r - float(center)
-
-    out = te.compute((n, o, oh, ow), requantize, name="requantize")
-    sch = Schedule(te.create_prim_func([x, wt, bias, mult, out]))
-    b, f, y, v = sch.get_loops(sch.get_sblock("requantize"))
+    out = te.compute((n, o, oh, ow), lambda b, f, y, v: epilogue(acc[b, f, y, v // lanes, v % lanes], f), name="out")
+    sch = Schedule(te.create_prim_func([x, wt, *extra, out]))
+    b, f, y, v = sch.get_loops(sch.get_sblock("out"))
     fo, fi = sch.split(f, [None, ACCUMULATOR_ROWS])
     vo, vi = sch.split(v, [None, lanes])
     sch.reorder(b, fo, y, vo, fi, vi)
     block = sch.get_sblock("acc")
     sch.compute_at(block, vo)
-    taps = sum(a is not None for a in outer)
+    taps, inner = sum(a is not None for a in outer[:3]), int(depth > 1)
     loops = sch.get_loops(block)
-    fa, ia, reduction, k = loops[-3 - taps], loops[-2 - taps], loops[-1 - taps : -1], loops[-1]
-    sch.reorder(*reduction, fa, ia, k)
+    fa, ia = loops[-2 - taps - inner], loops[-1 - taps - inner]
+    reduction = loops[len(loops) - taps - inner : len(loops) - inner]
+    sch.reorder(*reduction, fa, ia, *loops[len(loops) - inner :])
     sch.parallel(sch.fuse(b, fo, y, vo))
     sch.vectorize(vi)
+    if acc_dtype == "float32":
+        sch.vectorize(ia)
     sch.decompose_reduction(block, reduction[0] if reduction else fa)
-    sch.tensorize(ia, kind.intrinsic)
+    if acc_dtype != "float32":
+        register_intrinsics()
+        sch.tensorize(ia, kind.intrinsic)
     sch.unroll(fa)
     func = sch.mod["main"].without_attr("global_symbol")
-    func = func.with_attr("tirx.is_scheduled", True).with_attr("edgedeploy.schedule", f"conv-{kind.name}")
+    func = func.with_attr("tirx.is_scheduled", True).with_attr("edgedeploy.schedule", schedule)
     return func.with_attr("op_pattern", 8)  # kOpaque, as the pointwise kernel
