@@ -23,12 +23,14 @@ from edgedeploy.compile.int8.x86_int8 import (
     FLOAT_AVX2,
     FLOAT_AVX512,
     VNNI,
+    VNNI_256,
     ConvShape,
     DotKind,
     conv_kernel,
     dot_kind,
     float_conv_kernel,
     float_kind,
+    for_row,
     pack_activations_numpy,
     pack_conv_activations_numpy,
     pack_conv_weights,
@@ -46,6 +48,7 @@ TARGETS = {
     AVX2: dict(get_profile("cpu-x86_64").compiler.target),
     VNNI: {"kind": "llvm", "mtriple": "x86_64-linux-gnu", "mcpu": "x86-64-v4", "mattr": ["+avx512vnni"]},
 }
+TARGETS[VNNI_256] = TARGETS[VNNI]
 MNV1_CARD = Path(__file__).resolve().parents[2] / "examples" / "cards" / "mobilenet_v1_0.25_224.toml"
 
 
@@ -64,6 +67,9 @@ def test_profiles_choose_their_dot_product() -> None:
     assert dot_kind(v4) is VNNI
     assert dot_kind(get_profile("t4")) is None and dot_kind(get_profile("xavier-agx")) is None
     assert (float_kind(v3), float_kind(v4), float_kind(get_profile("xavier-cpu"))) == (FLOAT_AVX2, FLOAT_AVX512, None)
+    # ResNet's 7-pixel rows take the half-width vectors, 14-pixel rows the full ones (as many lanes idle)
+    rows = [for_row(k, w) for k in (VNNI, FLOAT_AVX512, AVX2) for w in (7, 14)]
+    assert rows == [VNNI_256, VNNI, FLOAT_AVX2, FLOAT_AVX512, AVX2, AVX2]
 
 
 def _reference(x: np.ndarray, w: np.ndarray, bias: np.ndarray, mult: np.ndarray, zy: int, dtype: str) -> np.ndarray:
@@ -116,7 +122,7 @@ def _conv_reference(x: np.ndarray, w: np.ndarray, zx: int, stride: int, pad: tup
 
 
 @pytest.mark.compile
-@pytest.mark.parametrize("kind", [AVX2, VNNI], ids=lambda k: k.name)
+@pytest.mark.parametrize("kind", [AVX2, VNNI, VNNI_256], ids=lambda k: k.name)
 @pytest.mark.parametrize(
     "n,c,o,h,w,k,stride,pad,out",
     [

@@ -18,12 +18,12 @@ import tvm
 from tvm import relax
 
 from .int8.x86_int8 import (
-    FLOAT_AVX2,
     DotKind,
     conv_eligible,
     conv_shape,
     float_conv_kernel,
     float_kind,
+    for_row,
     pack_conv_activations,
     pack_conv_weights,
 )
@@ -51,10 +51,7 @@ class _DirectConv(relax.PyExprMutator):  # type: ignore[misc]
             return call
         if not conv_eligible(self.kind, a, w.shape):
             return call
-        # the lane count that wastes the fewest lanes on the output row (AVX-512's 16 on a 7-pixel row: 9)
-        kinds = sorted({self.kind, FLOAT_AVX2}, key=lambda k: -k.lanes)
-        ow = conv_shape(self.kind, tuple(int(d) for d in x.ty.shape), w.shape, a).out_hw[1]
-        kind = min(kinds, key=lambda k: -(-ow // k.lanes) * k.lanes)
+        kind = for_row(self.kind, conv_shape(self.kind, tuple(int(d) for d in x.ty.shape), w.shape, a).out_hw[1])
         shape = conv_shape(kind, tuple(int(d) for d in x.ty.shape), w.shape, a)
         packed, _ = pack_conv_activations(self.builder_, x, 0, kind, shape)
         gv = self.builder_.add_func(float_conv_kernel(kind, shape), f"conv_{kind.name.replace('-', '_')}")

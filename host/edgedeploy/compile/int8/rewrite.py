@@ -26,6 +26,7 @@ from .x86_int8 import (
     conv_kernel,
     conv_shape,
     dot_kind,
+    for_row,
     pack_activations,
     pack_conv_activations,
     pack_conv_weights,
@@ -297,8 +298,9 @@ class _Rewriter(relax.PyExprMutator):  # type: ignore[misc]
         """Any other convolution the profile's dot product takes (K x K, strided, padded; x86_int8.conv_kernel)
         and its requantize as one tensorized kernel."""
         assert self.dot is not None
-        dot, bb = self.dot, self.builder_
-        shape = conv_shape(dot, tuple(int(d) for d in xq.ty.shape), w.shape, attrs)
+        bb, x_shape = self.builder_, tuple(int(d) for d in xq.ty.shape)
+        dot = for_row(self.dot, conv_shape(self.dot, x_shape, w.shape, attrs).out_hw[1])
+        shape = conv_shape(dot, x_shape, w.shape, attrs)
         packed, z = pack_conv_activations(bb, xq, zx, dot, shape)
         total = (b_q.astype(np.int64) - z * w.reshape(shape.o, -1).astype(np.int64).sum(axis=1)).astype(np.int32)
         consts = [relax.const(pack_conv_weights(w, dot)), relax.const(total), relax.const(mult, "float32")]

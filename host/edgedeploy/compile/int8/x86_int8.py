@@ -48,6 +48,18 @@ ACCUMULATOR_ROWS = 8  # output channels per register block: 8 accumulators of L 
 # float32 convolutions on the same loop nest (conv kernels only, K = 1: an FMA of L pixels by one weight)
 FLOAT_AVX2 = DotKind("fp32-avx2", "avx2", 8, 1, "float32", "float32", "")
 FLOAT_AVX512 = DotKind("fp32-avx512", "avx512f", 16, 1, "float32", "float32", "")
+# vpdpbusd on ymm (AVX512-VL, which every VNNI profile has): for convolutions whose output rows are narrow
+VNNI_256 = DotKind("avx512-vnni-256", "avx512_vnni", 8, 4, "uint8", "int8", "edgedeploy_vnni_8x4_u8vec_s8bcast")
+_NARROW = {VNNI: VNNI_256, FLOAT_AVX512: FLOAT_AVX2}
+
+
+def for_row(kind: DotKind, width: int) -> DotKind:
+    """`kind`, or its half-width sibling when that leaves fewer lanes idle on an output row of `width` pixels
+    (ResNet's 7-pixel rows: 1 of 8 lanes idle against 9 of 16; Zen 4 runs a zmm instruction as two ymm ones)."""
+    narrow = _NARROW.get(kind)
+    if narrow is None or -(-width // narrow.lanes) * narrow.lanes >= -(-width // kind.lanes) * kind.lanes:
+        return kind
+    return narrow
 
 
 def dot_kind(profile: DeviceProfile) -> DotKind | None:
@@ -126,7 +138,24 @@ def register_intrinsics() -> None:
                 dtype="int32x8",
             )
 
-    for kind, impl in ((VNNI, vnni), (AVX2, avx2)):
+    @T.prim_func(s_tir=True)
+    def vnni_256(
+        A: T.Buffer((8, 4), "uint8", offset_factor=1),
+        B: T.Buffer((4,), "int8", offset_factor=1),
+        C: T.Buffer((8,), "int32", offset_factor=1),
+    ) -> None:
+        with T.sblock("root"):
+            T.reads(C[0:8], A[0:8, 0:4], B[0:4])
+            T.writes(C[0:8])
+            C[T.ramp(T.int32(0), 1, 8)] = T.call_llvm_pure_intrin(
+                T.llvm_lookup_intrinsic_id("llvm.x86.avx512.vpdpbusd.256"),
+                C.vload([0], "int32x8"),
+                A.vload([0, 0], "uint8x32"),
+                T.reinterpret(T.broadcast(T.reinterpret(B.vload([0], "int8x4"), dtype="int32"), 8), dtype="int8x32"),
+                dtype="int32x8",
+            )
+
+    for kind, impl in ((VNNI, vnni), (AVX2, avx2), (VNNI_256, vnni_256)):
         if TensorIntrin.get(kind.intrinsic, allow_missing=True) is None:
             TensorIntrin.register(kind.intrinsic, desc_for(kind), impl)
 
