@@ -408,3 +408,43 @@ def test_fp32_convolutions_on_the_direct_kernel_match_onnxruntime() -> None:
     got = relax.VirtualMachine(ex, tvm.cpu())["main"](tvm.runtime.tensor(x)).numpy()
     want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
     assert np.abs(got - want).max() <= 1e-5 * np.abs(want).max()
+
+
+@pytest.mark.compile
+def test_resnet18_int8_bundle_gives_the_exact_reference(data_dir: Path, tmp_path: Path) -> None:
+    """bench/int8_cpu.py's ResNet-18 INT8 bundle for cpu-x86_64 (all 20 convolutions on the AVX2 kernels, nothing
+    float) against compile/int8/qdq_reference.py on real photos: within one step of the output quantization,
+    the same top-1."""
+    import sys
+
+    from onnx import numpy_helper
+
+    from edgedeploy.api import build
+    from edgedeploy.build_store import host_file
+    from edgedeploy.compile.cards import ModelCard
+    from edgedeploy.compile.int8.build import Int8Config
+    from edgedeploy.compile.int8.qdq_reference import reference_outputs
+    from edgedeploy_agent.bundle import Preprocess, extract_bundle
+    from edgedeploy_agent.runtime.tvm import TvmRuntime
+
+    _runnable(AVX2)
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+    from resnet18_onnx import export
+
+    model = tmp_path / "resnet18.onnx"
+    export(model, seed=0, tiled=True)
+    pre = Preprocess(color="rgb", resize="center_crop", mean=[123.675, 116.28, 103.53], std=[58.395, 57.12, 57.375])
+    card = ModelCard(name="resnet18", preprocess=pre)
+    cfg = Int8Config(calibration=data_dir / "imagenet-sample", options=QuantizeOptions(samples=8))
+    res = build(model, "cpu-x86_64", tmp_path / "r.edb", card, int8=cfg)
+    assert res.manifest.quantization.float_in_runtime == []
+    m = extract_bundle(res.bundle, tmp_path / "rel")
+    qdq = onnx.load(host_file(m, "qdq-onnx", tmp_path / "rel"))
+    x = load_calibration(data_dir / "imagenet-sample", pre, m.inputs[0], 4, "evaluation")
+    rt = TvmRuntime(tmp_path / "rel", m)
+    got = np.concatenate([np.asarray(rt.run([x[i : i + 1]])[0]) for i in range(len(x))])
+    want = reference_outputs(qdq, x)[0]
+    out_dq = next(n for n in qdq.graph.node if n.output[0] == qdq.graph.output[0].name)
+    step = float(next(numpy_helper.to_array(i) for i in qdq.graph.initializer if i.name == out_dq.input[1]))
+    assert np.abs(got - want).max() <= step * 1.001
+    assert np.array_equal(got.argmax(axis=1), want.argmax(axis=1))
