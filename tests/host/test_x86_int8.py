@@ -1,5 +1,6 @@
-"""Tensorized INT8 1x1 convolutions on x86 (compile/int8/x86_int8.py): exact against numpy, and the same bytes as the
-float32-exact graph when they replace its pointwise convolutions in a real MobileNet."""
+"""Tensorized INT8 convolutions on x86 (compile/int8/x86_int8.py): exact against numpy, and the same bytes as the
+float32-exact graph when they replace its pointwise convolutions in a real MobileNet, or the K x K, strided and
+padded convolutions of a residual network."""
 
 from __future__ import annotations
 
@@ -19,10 +20,20 @@ from edgedeploy.compile.int8.quantize import QuantizeOptions, quantizable_layers
 from edgedeploy.compile.int8.rewrite import rewrite_int8
 from edgedeploy.compile.int8.x86_int8 import (
     AVX2,
+    FLOAT_AVX2,
+    FLOAT_AVX512,
     VNNI,
+    VNNI_256,
+    ConvShape,
     DotKind,
+    conv_kernel,
     dot_kind,
+    float_conv_kernel,
+    float_kind,
+    for_row,
     pack_activations_numpy,
+    pack_conv_activations_numpy,
+    pack_conv_weights,
     pack_weights,
     pointwise_kernel,
 )
@@ -37,6 +48,7 @@ TARGETS = {
     AVX2: dict(get_profile("cpu-x86_64").compiler.target),
     VNNI: {"kind": "llvm", "mtriple": "x86_64-linux-gnu", "mcpu": "x86-64-v4", "mattr": ["+avx512vnni"]},
 }
+TARGETS[VNNI_256] = TARGETS[VNNI]
 MNV1_CARD = Path(__file__).resolve().parents[2] / "examples" / "cards" / "mobilenet_v1_0.25_224.toml"
 
 
@@ -54,6 +66,10 @@ def test_profiles_choose_their_dot_product() -> None:
     v4 = v3.model_copy(update={"compiler": v3.compiler.model_copy(update={"cpu_features": features})})
     assert dot_kind(v4) is VNNI
     assert dot_kind(get_profile("t4")) is None and dot_kind(get_profile("xavier-agx")) is None
+    assert (float_kind(v3), float_kind(v4), float_kind(get_profile("xavier-cpu"))) == (FLOAT_AVX2, FLOAT_AVX512, None)
+    # ResNet's 7-pixel rows take the half-width vectors, 14-pixel rows the full ones (as many lanes idle)
+    rows = [for_row(k, w) for k in (VNNI, FLOAT_AVX512, AVX2) for w in (7, 14)]
+    assert rows == [VNNI_256, VNNI, FLOAT_AVX2, FLOAT_AVX512, AVX2, AVX2]
 
 
 def _reference(x: np.ndarray, w: np.ndarray, bias: np.ndarray, mult: np.ndarray, zy: int, dtype: str) -> np.ndarray:
@@ -87,6 +103,102 @@ def test_pointwise_kernel_is_exact(kind: DotKind, n: int, c: int, o: int, hw: in
     y = tvm.runtime.tensor(np.zeros((n, o, p), out), dev)
     lib(*args, y)
     assert np.array_equal(y.numpy(), _reference(x, w, bias, mult, 7, out))
+
+
+def _conv_reference(x: np.ndarray, w: np.ndarray, zx: int, stride: int, pad: tuple[int, ...]) -> np.ndarray:
+    """int64 sum over the taps of x padded with its zero point (top, left, bottom, right) times w."""
+    n, c, h, wd = x.shape
+    o, _, kh, kw = w.shape
+    top, left, bottom, right = pad
+    xp = np.full((n, c, h + top + bottom, wd + left + right), zx, np.int64)
+    xp[:, :, top : top + h, left : left + wd] = x
+    oh, ow = (xp.shape[2] - kh) // stride + 1, (xp.shape[3] - kw) // stride + 1
+    acc = np.zeros((n, o, oh, ow), np.int64)
+    for i in range(kh):
+        for j in range(kw):
+            patch = xp[:, :, i : i + stride * (oh - 1) + 1 : stride, j : j + stride * (ow - 1) + 1 : stride]
+            acc += np.einsum("oc,nchw->nohw", w[:, :, i, j].astype(np.int64), patch)
+    return acc
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("kind", [AVX2, VNNI, VNNI_256], ids=lambda k: k.name)
+@pytest.mark.parametrize(
+    "n,c,o,h,w,k,stride,pad,out",
+    [
+        (1, 16, 8, 9, 9, 3, 1, (1, 1, 1, 1), "uint8"),  # ResNet's 3x3 blocks, 9 pixels a row: a partial lane block
+        (2, 5, 16, 11, 7, 3, 2, (1, 1, 1, 1), "int8"),  # stride 2, channels no multiple of K, batch 2
+        (1, 3, 8, 20, 20, 7, 2, (3, 3, 3, 3), "uint8"),  # a ResNet stem: 7x7, stride 2, 3 channels
+        (1, 12, 16, 10, 10, 1, 2, (0, 0, 0, 0), "uint8"),  # a downsampling shortcut: 1x1, stride 2
+        (1, 8, 8, 7, 12, 3, 2, (0, 0, 1, 1), "uint8"),  # TF-SAME: asymmetric padding
+    ],
+)
+def test_conv_kernel_is_exact(
+    kind: DotKind, n: int, c: int, o: int, h: int, w: int, k: int, stride: int, pad: tuple[int, ...], out: str
+) -> None:
+    """K x K convolutions on the same dot products: full-range activations padded with a zero point, int8
+    weights; the compiled kernel's bytes equal numpy's int64 arithmetic."""
+    _runnable(kind)
+    rng = np.random.default_rng(c + o + h + k)
+    x = rng.integers(0, 256, (n, c, h, w)).astype(np.uint8)
+    zx = int(rng.integers(0, 256))
+    wq = rng.integers(-128, 128, (o, c, k, k)).astype(np.int8)
+    bias = rng.integers(-5000, 5000, o).astype(np.int32)
+    mult = (rng.random(o) * 2e-4).astype(np.float32)
+    shape = ConvShape(n, c, o, h, w, k, k, stride, pad, kind.lanes, kind.depth)
+    packed = pack_conv_activations_numpy(x.astype(kind.act_dtype), zx, kind, shape)
+    kernel = conv_kernel(kind, shape, 7, out).with_attr("global_symbol", "main")
+    lib = tvm.compile(tvm.IRModule({"main": kernel}), target=tvm.target.Target(TARGETS[kind]))
+    dev = tvm.cpu()
+    args = [tvm.runtime.tensor(a, dev) for a in (packed, pack_conv_weights(wq, kind), bias, mult)]
+    y = tvm.runtime.tensor(np.zeros((n, o, *shape.out_hw), out), dev)
+    lib(*args, y)
+    acc = _conv_reference(x, wq, zx, stride, pad)
+    want = np.round((acc + bias[None, :, None, None]).astype(np.float32) * mult[None, :, None, None]) + 7
+    lo, hi = (0, 255) if out == "uint8" else (-128, 127)
+    assert np.array_equal(y.numpy(), np.clip(want, lo, hi).astype(out))
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("kind", [FLOAT_AVX2, FLOAT_AVX512], ids=lambda k: k.name)
+@pytest.mark.parametrize(
+    "n,c,o,h,w,k,stride,pad",
+    [
+        (2, 5, 16, 11, 7, 3, 2, (1, 1, 1, 1)),
+        (1, 3, 8, 20, 20, 7, 2, (3, 3, 3, 3)),
+        (1, 64, 8, 9, 9, 3, 1, (1, 1, 1, 1)),
+    ],
+)
+def test_float_conv_kernel_matches_float64(
+    kind: DotKind, n: int, c: int, o: int, h: int, w: int, k: int, stride: int, pad: tuple[int, ...]
+) -> None:
+    """The same loop nest in float32: within float32 rounding of a float64 convolution, relative to the
+    output's scale (a tap, channel or row out of place is off by the scale itself)."""
+    _runnable(kind)
+    rng = np.random.default_rng(c + o + k)
+    x = rng.standard_normal((n, c, h, w)).astype(np.float32)
+    wf = rng.standard_normal((o, c, k, k)).astype(np.float32)
+    shape = ConvShape(n, c, o, h, w, k, k, stride, pad, kind.lanes, kind.depth)
+    lib = tvm.compile(
+        tvm.IRModule({"main": float_conv_kernel(kind, shape).with_attr("global_symbol", "main")}),
+        target=tvm.target.Target(TARGETS[AVX2 if kind is FLOAT_AVX2 else VNNI]),
+    )
+    dev = tvm.cpu()
+    args = [
+        tvm.runtime.tensor(a, dev)
+        for a in (pack_conv_activations_numpy(x, 0, kind, shape), pack_conv_weights(wf, kind))
+    ]
+    y = tvm.runtime.tensor(np.zeros((n, o, *shape.out_hw), np.float32), dev)
+    lib(*args, y)
+    want = np.zeros((n, o, *shape.out_hw))
+    top, left, bottom, right = pad
+    xp = np.pad(x.astype(np.float64), [(0, 0), (0, 0), (top, bottom), (left, right)])
+    oh, ow = shape.out_hw
+    for i in range(k):
+        for j in range(k):
+            patch = xp[:, :, i : i + stride * (oh - 1) + 1 : stride, j : j + stride * (ow - 1) + 1 : stride]
+            want += np.einsum("oc,nchw->nohw", wf[:, :, i, j].astype(np.float64), patch)
+    assert np.abs(y.numpy() - want).max() <= 1e-5 * np.abs(want).max()
 
 
 @pytest.fixture(scope="module")
@@ -188,3 +300,151 @@ def test_residual_add_keeps_8_bit_tensors_between_layers() -> None:
     out_dq = next(n for n in qdq.graph.node if n.output[0] == "y")
     step = float(next(numpy_helper.to_array(i) for i in qdq.graph.initializer if i.name == out_dq.input[1]))
     assert np.abs(got - want).max() <= step * 1.001
+
+
+def _resnet_stages() -> onnx.ModelProto:
+    """A ResNet in small: a 7x7 stride-2 stem (3 -> 16 channels), a depthwise 3x3 (float32-exact: it reads the
+    stem kernel's float32 output), a basic block at 64 channels (3x3 convolutions of K = 576 products, past
+    float32-exact), a downsampling block (3x3 stride 2 and a 1x1 stride-2 shortcut), a 1x1 convolution."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(5)
+    inits: list[onnx.TensorProto] = []
+    nodes: list[onnx.NodeProto] = []
+
+    def conv(x: str, y: str, cin: int, cout: int, k: int, stride: int = 1, groups: int = 1, relu: bool = True) -> str:
+        w = rng.normal(0, (2 / (cin // groups * k * k)) ** 0.5, (cout, cin // groups, k, k)).astype(np.float32)
+        inits.extend(
+            [
+                numpy_helper.from_array(w, f"{y}.w"),
+                numpy_helper.from_array(rng.normal(0, 0.1, cout).astype(np.float32), f"{y}.b"),
+            ]
+        )
+        attrs = {"strides": [stride, stride], "pads": [k // 2] * 4, "group": groups}
+        nodes.append(helper.make_node("Conv", [x, f"{y}.w", f"{y}.b"], [f"{y}.c" if relu else y], name=y, **attrs))
+        if relu:
+            nodes.append(helper.make_node("Relu", [f"{y}.c"], [y], name=f"{y}.relu"))
+        return y
+
+    def add_relu(a: str, b: str, y: str) -> str:
+        nodes.append(helper.make_node("Add", [a, b], [f"{y}.s"], name=f"{y}.add"))
+        nodes.append(helper.make_node("Relu", [f"{y}.s"], [y], name=f"{y}.relu"))
+        return y
+
+    x = conv("x", "stem", 3, 16, 7, stride=2)
+    x = conv(x, "dw", 16, 16, 3, groups=16)
+    x = conv(x, "widen", 16, 64, 1)
+    b = conv(conv(x, "b1.conv1", 64, 64, 3), "b1.conv2", 64, 64, 3, relu=False)
+    x = add_relu(b, x, "b1")
+    b = conv(conv(x, "b2.conv1", 64, 32, 3, stride=2), "b2.conv2", 32, 32, 3, relu=False)
+    x = add_relu(b, conv(x, "b2.down", 64, 32, 1, stride=2, relu=False), "b2")
+    conv(x, "y", 32, 16, 1, relu=False)
+    io = [
+        helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 3, 30, 30]),
+        helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 16, 8, 8]),
+    ]
+    graph = helper.make_graph(nodes, "resnet_stages", [io[0]], [io[1]], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("kind", [AVX2, VNNI], ids=lambda k: k.name)
+def test_residual_network_convolutions_on_the_dot_product(kind: DotKind) -> None:
+    """Every convolution but the depthwise one becomes a tensorized kernel (6 K x K, strided or padded ones and
+    2 pointwise ones; the stem's kernel writes the depthwise layer's float32 input); the compiled model's outputs
+    are the same bytes as without the kernels (float32-exact and int32 convolutions) and within one output step
+    of the exact INT8 reference."""
+    from onnx import numpy_helper
+
+    from edgedeploy.compile.int8.qdq_reference import reference_outputs
+
+    _runnable(kind)
+    rng = np.random.default_rng(6)
+    calib = rng.normal(0, 1, (16, 3, 30, 30)).astype(np.float32)
+    qdq = quantize_qdq(_resnet_stages(), calib, QuantizeOptions(samples=16)).model
+    imported = relax.transform.DecomposeOpsForInference()(
+        from_onnx(qdq, shape_dict={"x": [1, 3, 30, 30]}, keep_params_in_input=False)
+    )
+    target = tvm.target.Target(TARGETS[kind])
+    x = rng.normal(0, 1, (2, 1, 3, 30, 30)).astype(np.float32)
+    outputs = []
+    for dot in (None, kind):
+        mod, report = rewrite_int8(imported, quantizable_layers(qdq), float_exact=True, dot=dot)
+        assert report.float_left == []
+        script = mod["main"].script()
+        assert (script.count("int8_conv_"), script.count("int8_conv1x1")) == ((6, 2) if dot else (0, 0))
+        assert ('out_ty=R.Tensor((1, 16, 15, 15), dtype="float32")' in script) == (dot is not None)
+        with target:
+            ex = tvm.compile(mod, target=target, relax_pipeline=relax.get_default_pipeline(target))
+        vm = relax.VirtualMachine(ex, tvm.cpu())
+        outputs.append(np.concatenate([vm["main"](tvm.runtime.tensor(xi)).numpy() for xi in x]))
+    assert np.array_equal(outputs[0], outputs[1])
+    want = np.concatenate([reference_outputs(qdq, xi)[0] for xi in x])
+    out_dq = next(n for n in qdq.graph.node if n.output[0] == "y")
+    step = float(next(numpy_helper.to_array(i) for i in qdq.graph.initializer if i.name == out_dq.input[1]))
+    assert np.abs(outputs[1] - want).max() <= step * 1.001
+
+
+@pytest.mark.compile
+def test_fp32_convolutions_on_the_direct_kernel_match_onnxruntime() -> None:
+    """The cpu-direct-conv stage on the same small ResNet in FP32: the 6 K x K, strided or padded convolutions
+    take float_conv_kernel (not the depthwise or the two 1x1 stride-1 ones); outputs within float32 rounding of
+    onnxruntime's, relative to the output's scale."""
+    import onnxruntime as ort
+
+    from edgedeploy.compile.cpu_conv import direct_convolutions
+
+    _runnable(FLOAT_AVX2)
+    model = _resnet_stages()
+    imported = relax.transform.DecomposeOpsForInference()(
+        from_onnx(model, shape_dict={"x": [1, 3, 30, 30]}, keep_params_in_input=False)
+    )
+    mod, count = direct_convolutions(imported, FLOAT_AVX2)
+    assert count == 6 and mod["main"].script().count("nn.conv2d") == 3
+    target = tvm.target.Target(TARGETS[AVX2])
+    with target:
+        ex = tvm.compile(mod, target=target, relax_pipeline=relax.get_default_pipeline(target))
+    x = np.random.default_rng(7).normal(0, 1, (1, 3, 30, 30)).astype(np.float32)
+    got = relax.VirtualMachine(ex, tvm.cpu())["main"](tvm.runtime.tensor(x)).numpy()
+    want = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    assert np.abs(got - want).max() <= 1e-5 * np.abs(want).max()
+
+
+@pytest.mark.compile
+def test_resnet18_int8_bundle_gives_the_exact_reference(data_dir: Path, tmp_path: Path) -> None:
+    """bench/int8_cpu.py's ResNet-18 INT8 bundle for cpu-x86_64 (all 20 convolutions on the AVX2 kernels, nothing
+    float) against compile/int8/qdq_reference.py on real photos: within one step of the output quantization,
+    the same top-1."""
+    import sys
+
+    from onnx import numpy_helper
+
+    from edgedeploy.api import build
+    from edgedeploy.build_store import host_file
+    from edgedeploy.compile.cards import ModelCard
+    from edgedeploy.compile.int8.build import Int8Config
+    from edgedeploy.compile.int8.qdq_reference import reference_outputs
+    from edgedeploy_agent.bundle import Preprocess, extract_bundle
+    from edgedeploy_agent.runtime.tvm import TvmRuntime
+
+    _runnable(AVX2)
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+    from resnet18_onnx import export
+
+    model = tmp_path / "resnet18.onnx"
+    export(model, seed=0, tiled=True)
+    pre = Preprocess(color="rgb", resize="center_crop", mean=[123.675, 116.28, 103.53], std=[58.395, 57.12, 57.375])
+    card = ModelCard(name="resnet18", preprocess=pre)
+    cfg = Int8Config(calibration=data_dir / "imagenet-sample", options=QuantizeOptions(samples=8))
+    res = build(model, "cpu-x86_64", tmp_path / "r.edb", card, int8=cfg)
+    assert res.manifest.quantization.float_in_runtime == []
+    m = extract_bundle(res.bundle, tmp_path / "rel")
+    qdq = onnx.load(host_file(m, "qdq-onnx", tmp_path / "rel"))
+    x = load_calibration(data_dir / "imagenet-sample", pre, m.inputs[0], 4, "evaluation")
+    rt = TvmRuntime(tmp_path / "rel", m)
+    got = np.concatenate([np.asarray(rt.run([x[i : i + 1]])[0]) for i in range(len(x))])
+    want = reference_outputs(qdq, x)[0]
+    out_dq = next(n for n in qdq.graph.node if n.output[0] == qdq.graph.output[0].name)
+    step = float(next(numpy_helper.to_array(i) for i in qdq.graph.initializer if i.name == out_dq.input[1]))
+    assert np.abs(got - want).max() <= step * 1.001
+    assert np.array_equal(got.argmax(axis=1), want.argmax(axis=1))

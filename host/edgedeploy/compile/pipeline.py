@@ -33,6 +33,7 @@ PIPELINES: dict[str, tuple[str, ...]] = {
     "cpu": (
         "import-onnx",
         "decompose-for-inference",
+        "cpu-direct-conv",
         "apply-tuning",
         "compile-llvm",
         "export-library",
@@ -130,7 +131,7 @@ def pipeline_for(profile: DeviceProfile, precision: str = "fp32", frontend: str 
 
 def run_pipeline(ctx: BuildContext, stop_before: str | None = None) -> BuildContext:
     """Run the profile's stages on `ctx` (up to, not including, `stop_before` when given)."""
-    from . import tvm_backend  # noqa: F401  (register the TVM stages)
+    from . import cpu_conv, tvm_backend  # noqa: F401  (register the TVM stages)
     from .cuda import nhwc  # noqa: F401
     from .frontends.load import frontend_name
     from .int8 import rewrite  # noqa: F401

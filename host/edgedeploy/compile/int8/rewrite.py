@@ -10,6 +10,7 @@ and is reported by index and, where known, by ONNX node name.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,7 +20,20 @@ from tvm import relax
 
 from ..stage import BuildContext, stage
 from .quantize import quantizable_layers
-from .x86_int8 import DotKind, dot_kind, pack_activations, pack_weights, pointwise_eligible, pointwise_kernel
+from .x86_int8 import (
+    DotKind,
+    conv_eligible,
+    conv_kernel,
+    conv_shape,
+    dot_kind,
+    for_row,
+    pack_activations,
+    pack_conv_activations,
+    pack_conv_weights,
+    pack_weights,
+    pointwise_eligible,
+    pointwise_kernel,
+)
 
 _DQ = tvm.ir.Op.get("relax.dequantize")
 _CONV = tvm.ir.Op.get("relax.nn.conv2d")
@@ -32,7 +46,9 @@ _RESHAPE = tvm.ir.Op.get("relax.reshape")
 _MAX_POOL = tvm.ir.Op.get("relax.nn.max_pool2d")
 _PERMUTE = tvm.ir.Op.get("relax.permute_dims")
 _INT_RANGE = {"int8": (-128, 127), "uint8": (0, 255)}
-Pointwise = tuple[Any, np.ndarray, int]  # (integer input, int8 weights [O, C, 1, 1], input zero point)
+# what a tensorized x86 kernel needs: (integer input, int8 weights [O, C, KH, KW], input zero point, the
+# convolution's attributes, or None for a 1x1 stride-1 convolution: the pointwise kernel)
+Dot = tuple[Any, np.ndarray, int, Any]
 
 
 @dataclass
@@ -57,10 +73,10 @@ class _Rewriter(relax.PyExprMutator):  # type: ignore[misc]
         self.count = 0
         self.report = RewriteReport()
         # int32 accumulator (with zero-point term) -> (raw accumulator, correction, per-channel sx*sw, and what
-        # a tensorized x86 kernel needs when the layer is a 1x1 convolution it computes once requantized)
-        self.accumulators: dict[Any, tuple[Any, np.ndarray, np.ndarray, Pointwise | None]] = {}
-        # outputs of those kernels -> the call (to emit the same kernel with a float32 output for its consumer)
-        self.kernel_outputs: dict[Any, tuple[Any, list[Any], tuple[int, ...], int, str]] = {}
+        # a tensorized x86 kernel needs when the layer is a convolution it computes once requantized)
+        self.accumulators: dict[Any, tuple[Any, np.ndarray, np.ndarray, Dot | None]] = {}
+        # outputs of those kernels -> the same kernel with a float32 output, y - center, for its consumer
+        self.kernel_outputs: dict[Any, Callable[[int], Any]] = {}
 
     def _const(self, expr: Any) -> np.ndarray | None:
         """A constant, or quantize(constant) evaluated here (ORT leaves some weights quantized at run time)."""
@@ -152,9 +168,11 @@ class _Rewriter(relax.PyExprMutator):  # type: ignore[misc]
         w = _shift_weights(wq, zw, int(self._dq(call.args[1]).attrs.axis))
         o = w.shape[0]
         conv: dict[str, Any] = {"strides": a.strides, "dilation": a.dilation, "groups": int(a.groups)}
-        pointwise = None
+        dot = None
         if self.dot is not None and pointwise_eligible(self.dot, a, w.shape):
-            pointwise = (x_dq.args[0], w, int(zx.reshape(())))
+            dot = (x_dq.args[0], w, int(zx.reshape(())), None)
+        elif self.dot is not None and conv_eligible(self.dot, a, w.shape):
+            dot = (x_dq.args[0], w, int(zx.reshape(())), a)
         if self.float_exact and _exact_in_float32(w[0].size):
             # (x - zx) * w summed in float32 is exact (every partial sum is an integer below 2**24): the same
             # int32 accumulator on the FMA units, and the convolution pads with 0 itself, as an FP32 graph does
@@ -174,7 +192,7 @@ class _Rewriter(relax.PyExprMutator):  # type: ignore[misc]
             acc = self.builder_.emit(relax.op.nn.conv2d(xq, relax.const(w, "int8"), out_dtype="int32", **conv))
         corr = (-z * w.reshape(o, -1).astype(np.int64).sum(axis=1)).astype(np.int32).reshape(1, o, 1, 1)
         scale = (float(sx.reshape(())) * np.broadcast_to(sw.astype(np.float32).reshape(-1), (o,))).reshape(1, o, 1, 1)
-        return self._requant(acc, corr, scale.astype(np.float32), call, pointwise)
+        return self._requant(acc, corr, scale.astype(np.float32), call, dot)
 
     def _transposed_dq(self, expr: Any) -> Any:
         """dequantize(W) under a 2-D transposition: ONNX Gemm with transB=1 (a classifier) imports as
@@ -208,11 +226,9 @@ class _Rewriter(relax.PyExprMutator):  # type: ignore[misc]
         scale = float(sx.reshape(())) * np.broadcast_to(sw.astype(np.float32).reshape(-1), (n,))
         return self._requant(acc, corr, scale.astype(np.float32), call)
 
-    def _requant(
-        self, acc: Any, corr: np.ndarray, scale: np.ndarray, call: Any, pointwise: Pointwise | None = None
-    ) -> Any:
+    def _requant(self, acc: Any, corr: np.ndarray, scale: np.ndarray, call: Any, dot: Dot | None = None) -> Any:
         summed = self.builder_.emit(relax.op.add(acc, relax.const(corr, "int32")))
-        self.accumulators[summed] = (acc, corr, scale, pointwise)
+        self.accumulators[summed] = (acc, corr, scale, dot)
         out = relax.op.multiply(relax.op.astype(summed, "float32"), relax.const(scale, "float32"))
         dtype = str(call.ty.dtype)
         return out if dtype == "float32" else relax.op.astype(self.builder_.emit(out), dtype)
@@ -225,7 +241,7 @@ class _Rewriter(relax.PyExprMutator):  # type: ignore[misc]
         cast = self._bound(mul.args[0], _ASTYPE) if mul is not None else None
         if cast is None or cast.args[0] not in self.accumulators:
             return None
-        acc, corr, scale, pointwise = self.accumulators[cast.args[0]]
+        acc, corr, scale, dot = self.accumulators[cast.args[0]]
         bias = self._bias_int32(add.args[1]) if add is not None else (np.zeros(scale.size, np.int32), scale)
         sy, zy = self._const(q.args[1]), self._const(q.args[2])
         dtype = str(q.ty.dtype)
@@ -236,8 +252,10 @@ class _Rewriter(relax.PyExprMutator):  # type: ignore[misc]
         if b_q.size != flat_scale.size or not np.allclose(b_scale.reshape(-1), flat_scale, rtol=1e-5):
             return None
         mult = (flat_scale.astype(np.float32) / np.float32(sy.reshape(()))).astype(np.float32).reshape(scale.shape)
-        if pointwise is not None:
-            return self._pointwise(*pointwise, b_q, mult.reshape(-1), int(zy.reshape(())), dtype)
+        if dot is not None and dot[3] is None:
+            return self._pointwise(*dot[:3], b_q, mult.reshape(-1), int(zy.reshape(())), dtype)
+        if dot is not None:
+            return self._spatial(*dot, b_q, mult.reshape(-1), int(zy.reshape(())), dtype)
         total = (corr.reshape(-1).astype(np.int64) + b_q.astype(np.int64)).astype(np.int32).reshape(corr.shape)
         summed = self.builder_.emit(relax.op.add(acc, relax.const(total, "int32")))
         f = self.builder_.emit(relax.op.round(relax.op.multiply(relax.op.astype(summed, "float32"), relax.const(mult))))
@@ -271,8 +289,31 @@ class _Rewriter(relax.PyExprMutator):  # type: ignore[misc]
         consts = [relax.const(pack_weights(w, self.dot)), relax.const(total), relax.const(mult, "float32")]
         call = (packed, consts, (n, c, o, h, wd), zy, dtype)
         flat = self._kernel_call(*call)
-        self.kernel_outputs[flat] = call
+        self.kernel_outputs[flat] = lambda center: self._kernel_call(*call, center=center)
         return relax.op.reshape(flat, [n, o, h, wd])
+
+    def _spatial(
+        self, xq: Any, w: np.ndarray, zx: int, attrs: Any, b_q: np.ndarray, mult: np.ndarray, zy: int, dtype: str
+    ) -> Any:
+        """Any other convolution the profile's dot product takes (K x K, strided, padded; x86_int8.conv_kernel)
+        and its requantize as one tensorized kernel."""
+        assert self.dot is not None
+        bb, x_shape = self.builder_, tuple(int(d) for d in xq.ty.shape)
+        dot = for_row(self.dot, conv_shape(self.dot, x_shape, w.shape, attrs).out_hw[1])
+        shape = conv_shape(dot, x_shape, w.shape, attrs)
+        packed, z = pack_conv_activations(bb, xq, zx, dot, shape)
+        total = (b_q.astype(np.int64) - z * w.reshape(shape.o, -1).astype(np.int64).sum(axis=1)).astype(np.int32)
+        consts = [relax.const(pack_conv_weights(w, dot)), relax.const(total), relax.const(mult, "float32")]
+
+        def call(kernel: Any, out_dtype: str) -> Any:
+            gv = bb.add_func(kernel, f"int8_conv_{dot.name.replace('-', '_')}")
+            return bb.emit(
+                relax.call_tir(gv, [packed, *consts], relax.TensorType((shape.n, shape.o, *shape.out_hw), out_dtype))
+            )
+
+        y = call(conv_kernel(dot, shape, zy, dtype), dtype)
+        self.kernel_outputs[y] = lambda center: call(conv_kernel(dot, shape, zy, dtype, center=center), "float32")
+        return y
 
     def _kernel_call(
         self, packed: Any, consts: list[Any], shape: tuple[int, ...], zy: int, dtype: str, center: int | None = None
@@ -289,10 +330,11 @@ class _Rewriter(relax.PyExprMutator):  # type: ignore[misc]
         that kernel writes it directly (one kernel instead of two; the integer output goes if nothing else
         reads it, by dead-code elimination)."""
         reshaped = self._bound(xq, _RESHAPE)
-        call = self.kernel_outputs.get(reshaped.args[0]) if reshaped is not None else None
-        if call is None:
+        bound = self.lookup_binding(xq) if isinstance(xq, relax.Var) else None
+        make = self.kernel_outputs.get(reshaped.args[0] if reshaped is not None else bound)
+        if make is None:
             return relax.op.subtract(relax.op.astype(xq, "float32"), relax.const(float(z), "float32"))
-        return relax.op.reshape(self._kernel_call(*call, center=z), reshaped.args[1])
+        return make(z) if reshaped is None else relax.op.reshape(make(z), reshaped.args[1])
 
     def _bias_int32(self, expr: Any) -> tuple[np.ndarray, np.ndarray] | None:
         """(int32 values, scale) of a bias that is dequantize(int32 constant), possibly reshaped."""

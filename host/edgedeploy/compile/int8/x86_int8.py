@@ -45,6 +45,21 @@ class DotKind:
 VNNI = DotKind("avx512-vnni", "avx512_vnni", 16, 4, "uint8", "int8", "edgedeploy_vnni_16x4_u8vec_s8bcast")
 AVX2 = DotKind("avx2", "avx2", 8, 2, "int16", "int16", "edgedeploy_avx2_8x2_s16vec_s16bcast")
 ACCUMULATOR_ROWS = 8  # output channels per register block: 8 accumulators of L lanes
+# float32 convolutions on the same loop nest (conv kernels only, K = 1: an FMA of L pixels by one weight)
+FLOAT_AVX2 = DotKind("fp32-avx2", "avx2", 8, 1, "float32", "float32", "")
+FLOAT_AVX512 = DotKind("fp32-avx512", "avx512f", 16, 1, "float32", "float32", "")
+# vpdpbusd on ymm (AVX512-VL, which every VNNI profile has): for convolutions whose output rows are narrow
+VNNI_256 = DotKind("avx512-vnni-256", "avx512_vnni", 8, 4, "uint8", "int8", "edgedeploy_vnni_8x4_u8vec_s8bcast")
+_NARROW = {VNNI: VNNI_256, FLOAT_AVX512: FLOAT_AVX2}
+
+
+def for_row(kind: DotKind, width: int) -> DotKind:
+    """`kind`, or its half-width sibling when that leaves fewer lanes idle on an output row of `width` pixels
+    (ResNet's 7-pixel rows: 1 of 8 lanes idle against 9 of 16; Zen 4 runs a zmm instruction as two ymm ones)."""
+    narrow = _NARROW.get(kind)
+    if narrow is None or -(-width // narrow.lanes) * narrow.lanes >= -(-width // kind.lanes) * kind.lanes:
+        return kind
+    return narrow
 
 
 def dot_kind(profile: DeviceProfile) -> DotKind | None:
@@ -53,6 +68,14 @@ def dot_kind(profile: DeviceProfile) -> DotKind | None:
         return None
     features = set(profile.compiler.cpu_features)
     return next((k for k in (VNNI, AVX2) if k.cpu_flag in features), None)
+
+
+def float_kind(profile: DeviceProfile) -> DotKind | None:
+    """The widest float32 vector the profile's CPUs are guaranteed to have (its cpu_features), if any."""
+    if profile.arch != "x86_64" or profile.device != "cpu":
+        return None
+    features = set(profile.compiler.cpu_features)
+    return next((k for k in (FLOAT_AVX512, FLOAT_AVX2) if k.cpu_flag in features), None)
 
 
 @functools.cache
@@ -115,7 +138,24 @@ def register_intrinsics() -> None:
                 dtype="int32x8",
             )
 
-    for kind, impl in ((VNNI, vnni), (AVX2, avx2)):
+    @T.prim_func(s_tir=True)
+    def vnni_256(
+        A: T.Buffer((8, 4), "uint8", offset_factor=1),
+        B: T.Buffer((4,), "int8", offset_factor=1),
+        C: T.Buffer((8,), "int32", offset_factor=1),
+    ) -> None:
+        with T.sblock("root"):
+            T.reads(C[0:8], A[0:8, 0:4], B[0:4])
+            T.writes(C[0:8])
+            C[T.ramp(T.int32(0), 1, 8)] = T.call_llvm_pure_intrin(
+                T.llvm_lookup_intrinsic_id("llvm.x86.avx512.vpdpbusd.256"),
+                C.vload([0], "int32x8"),
+                A.vload([0, 0], "uint8x32"),
+                T.reinterpret(T.broadcast(T.reinterpret(B.vload([0], "int8x4"), dtype="int32"), 8), dtype="int8x32"),
+                dtype="int32x8",
+            )
+
+    for kind, impl in ((VNNI, vnni), (AVX2, avx2), (VNNI_256, vnni_256)):
         if TensorIntrin.get(kind.intrinsic, allow_missing=True) is None:
             TensorIntrin.register(kind.intrinsic, desc_for(kind), impl)
 
@@ -220,3 +260,198 @@ def pointwise_kernel(
     func = sch.mod["main"].without_attr("global_symbol")
     func = func.with_attr("tirx.is_scheduled", True).with_attr("edgedeploy.schedule", f"conv1x1-{kind.name}")
     return func.with_attr("op_pattern", 8)  # kOpaque: FuseOps must not merge it (and lose the schedule)
+
+
+# K x K convolutions (any kernel size, stride and padding): a sum over the taps of 1x1 convolutions on shifted
+# inputs, so the same intrinsic and the same 8 x L accumulator block apply. The activations are padded once
+# with their zero point and split into stride x stride phases, [C/K, s, s, Hq, Wq, K]: output pixel (y, x) reads
+# tap (i, j) at phase (i % s, j % s), position (y + i // s, x + j // s), so L consecutive output pixels of a row
+# read L consecutive packed pixels, one vector load, for every stride. Lanes run along an output row
+# (ceil(OW / L) blocks per row; the lanes past OW read padding and are not stored).
+
+
+@dataclass(frozen=True)
+class ConvShape:
+    """A K x K convolution's sizes and what its packed activations look like for one dot kind."""
+
+    n: int
+    c: int
+    o: int
+    h: int
+    w: int
+    kh: int
+    kw: int
+    stride: int
+    pad: tuple[int, int, int, int]  # top, left, bottom, right
+    lanes: int
+    depth: int
+
+    @property
+    def out_hw(self) -> tuple[int, int]:
+        top, left, bottom, right = self.pad
+        return (self.h + top + bottom - self.kh) // self.stride + 1, (
+            self.w + left + right - self.kw
+        ) // self.stride + 1
+
+    @property
+    def channel_blocks(self) -> int:
+        return -(-self.c // self.depth)
+
+    @property
+    def row_blocks(self) -> int:
+        return -(-self.out_hw[1] // self.lanes)
+
+    @property
+    def phase_hw(self) -> tuple[int, int]:
+        """Hq, Wq: every tap of every computed lane is inside, and so is the whole (padded-before) input."""
+        s, (oh, _), (top, left) = self.stride, self.out_hw, self.pad[:2]
+        hq = max(oh + (self.kh - 1) // s, -(-(top + self.h) // s))
+        wq = max(self.row_blocks * self.lanes + (self.kw - 1) // s, -(-(left + self.w) // s))
+        return hq, wq
+
+    @property
+    def packed_shape(self) -> tuple[int, ...]:
+        return (self.n, self.channel_blocks, self.stride, self.stride, *self.phase_hw, self.depth)
+
+
+def conv_shape(kind: DotKind, x_shape: tuple[int, ...], weight_shape: tuple[int, ...], attrs: Any) -> ConvShape:
+    n, c, h, w = x_shape
+    o, _, kh, kw = weight_shape
+    top, left, bottom, right = (int(p) for p in attrs.padding)
+    stride = int(attrs.strides[0])
+    return ConvShape(n, c, o, h, w, kh, kw, stride, (top, left, bottom, right), kind.lanes, kind.depth)
+
+
+def conv_eligible(kind: DotKind, attrs: Any, weight_shape: tuple[int, ...]) -> bool:
+    """An ungrouped NCHW convolution with square strides, no dilation and output channels in blocks of
+    ACCUMULATOR_ROWS (input channels that are no multiple of K are padded with zero weights)."""
+    strides = [int(s) for s in attrs.strides]
+    return (
+        weight_shape[0] % ACCUMULATOR_ROWS == 0
+        and int(attrs.groups) == 1
+        and strides[0] == strides[1]
+        and all(int(d) == 1 for d in attrs.dilation)
+        and len(attrs.padding) == 4
+    )
+
+
+def pack_conv_activations(bb: Any, x: Any, zx: int, kind: DotKind, shape: ConvShape) -> tuple[Any, int]:
+    """[N, C, H, W] int8/uint8 -> shape.packed_shape in the kind's operand type, padded with the zero point;
+    returns it and the zero point in that type."""
+    from tvm import relax
+
+    x, zx = _operand_type(bb, x, zx, kind)
+    s, (hq, wq), (top, left) = shape.stride, shape.phase_hw, shape.pad[:2]
+    cpad = shape.channel_blocks * shape.depth - shape.c
+    width = [0, 0, 0, cpad, top, s * hq - top - shape.h, left, s * wq - left - shape.w]
+    x = bb.emit(relax.op.nn.pad(x, width, pad_value=float(zx)))  # padded channels meet zero weights
+    x = bb.emit(relax.op.reshape(x, [shape.n, shape.channel_blocks, shape.depth, hq, s, wq, s]))
+    return bb.emit(relax.op.permute_dims(x, [0, 1, 4, 6, 3, 5, 2])), zx
+
+
+def _operand_type(bb: Any, x: Any, zx: int, kind: DotKind) -> tuple[Any, int]:
+    from tvm import relax
+
+    if kind.act_dtype == "uint8" and str(x.ty.dtype) == "int8":
+        wide = relax.op.add(relax.op.astype(x, "int16"), relax.const(128, "int16"))
+        return bb.emit(relax.op.astype(wide, "uint8")), zx + 128
+    if str(x.ty.dtype) != kind.act_dtype:
+        return bb.emit(relax.op.astype(x, kind.act_dtype)), zx
+    return x, zx
+
+
+def pack_conv_activations_numpy(x: np.ndarray, zx: int, kind: DotKind, shape: ConvShape) -> np.ndarray:
+    """What pack_conv_activations computes, in numpy (x already in the kind's operand type, zx likewise)."""
+    s, (hq, wq), (top, left) = shape.stride, shape.phase_hw, shape.pad[:2]
+    c = shape.channel_blocks * shape.depth
+    padded = np.full((shape.n, c, s * hq, s * wq), zx, kind.act_dtype)
+    padded[:, : shape.c, top : top + shape.h, left : left + shape.w] = x
+    blocks = padded.reshape(shape.n, shape.channel_blocks, shape.depth, hq, s, wq, s)
+    return np.ascontiguousarray(blocks.transpose(0, 1, 4, 6, 3, 5, 2))
+
+
+def pack_conv_weights(w: np.ndarray, kind: DotKind) -> np.ndarray:
+    """[O, C, KH, KW] int8 (float32 for a float kind) -> [O, C/K, KH, KW, K] in the kind's weight type (padded
+    channels get 0)."""
+    o, c, kh, kw = w.shape
+    cb = -(-c // kind.depth)
+    padded = np.zeros((o, cb * kind.depth, kh, kw), w.dtype)
+    padded[:, :c] = w
+    return np.ascontiguousarray(padded.reshape(o, cb, kind.depth, kh, kw).transpose(0, 1, 3, 4, 2)).astype(
+        kind.weight_dtype
+    )
+
+
+def conv_kernel(kind: DotKind, shape: ConvShape, zy: int, out_dtype: str, center: int | None = None) -> Any:
+    """The scheduled PrimFunc `(X packed, W packed, bias int32[O], mult float32[O]) -> Y[N, O, OH, OW]` with
+    Y = clip(round((acc + bias) * mult) + zy) in out_dtype, acc summed over the packed (zero point padded)
+    activations; the pointwise kernel's accumulator block, with the taps and phases as reduction loops. With
+    `center`, Y is that value minus `center` in float32, as pointwise_kernel's."""
+    from tvm import te, tirx
+
+    lo, hi = (0.0, 255.0) if out_dtype == "uint8" else (-128.0, 127.0)
+    bias = te.placeholder((shape.o,), "int32", name="bias")
+    mult = te.placeholder((shape.o,), "float32", name="mult")
+
+    def requantize(acc: Any, f: Any) -> Any:
+        r = te.max(te.min(tirx.round((acc + bias[f]).astype("float32") * mult[f]) + float(zy), hi), lo)
+        return r.astype(out_dtype) if center is None else r - float(center)
+
+    return _direct_conv(kind, shape, [bias, mult], requantize, f"conv-{kind.name}")
+
+
+def float_conv_kernel(kind: DotKind, shape: ConvShape) -> Any:
+    """The same loop nest in float32 (`kind` a FLOAT kind, K = 1): `(X packed, W packed) -> Y[N, O, OH, OW]`,
+    L lanes of one output row against a broadcast weight, an FMA per tap and input channel."""
+    return _direct_conv(kind, shape, [], lambda acc, f: acc, f"conv-{kind.name}")
+
+
+def _direct_conv(kind: DotKind, shape: ConvShape, extra: list[Any], epilogue: Any, schedule: str) -> Any:
+    """A K x K convolution over packed activations as a scheduled PrimFunc `(X, W, *extra) -> Y[N, O, OH, OW]`,
+    Y = epilogue(acc, output channel); integer kinds tensorize the lanes x K block with their intrinsic."""
+    from tvm import te
+    from tvm.s_tir import Schedule
+
+    lanes, depth, s = kind.lanes, kind.depth, shape.stride
+    (oh, ow), cb, n, o = shape.out_hw, shape.channel_blocks, shape.n, shape.o
+    acc_dtype = "float32" if kind.act_dtype == "float32" else "int32"
+    x = te.placeholder(shape.packed_shape, kind.act_dtype, name="x")
+    wt = te.placeholder((o, cb, shape.kh, shape.kw, depth), kind.weight_dtype, name="w")
+    # reduction axes of extent 1 are left out: compute_at would not make loops for them
+    outer = [
+        te.reduce_axis((0, e), name) if e > 1 else None for e, name in ((cb, "rc"), (shape.kh, "ri"), (shape.kw, "rj"))
+    ]
+    outer.append(te.reduce_axis((0, depth), "rk") if depth > 1 else None)
+    rc, ri, rj, rk = (a if a is not None else 0 for a in outer)
+
+    def tap(b: Any, f: Any, y: Any, q: Any, i: Any) -> Any:
+        pixel = x[b, rc, ri % s, rj % s, y + ri // s, q * lanes + i + rj // s, rk]
+        axes = [a for a in outer if a is not None]
+        return te.sum(pixel.astype(acc_dtype) * wt[f, rc, ri, rj, rk].astype(acc_dtype), axis=axes)
+
+    acc = te.compute((n, o, oh, shape.row_blocks, lanes), tap, name="acc")
+    out = te.compute((n, o, oh, ow), lambda b, f, y, v: epilogue(acc[b, f, y, v // lanes, v % lanes], f), name="out")
+    sch = Schedule(te.create_prim_func([x, wt, *extra, out]))
+    b, f, y, v = sch.get_loops(sch.get_sblock("out"))
+    fo, fi = sch.split(f, [None, ACCUMULATOR_ROWS])
+    vo, vi = sch.split(v, [None, lanes])
+    sch.reorder(b, fo, y, vo, fi, vi)
+    block = sch.get_sblock("acc")
+    sch.compute_at(block, vo)
+    taps, inner = sum(a is not None for a in outer[:3]), int(depth > 1)
+    loops = sch.get_loops(block)
+    fa, ia = loops[-2 - taps - inner], loops[-1 - taps - inner]
+    reduction = loops[len(loops) - taps - inner : len(loops) - inner]
+    sch.reorder(*reduction, fa, ia, *loops[len(loops) - inner :])
+    sch.parallel(sch.fuse(b, fo, y, vo))
+    sch.vectorize(vi)
+    if acc_dtype == "float32":
+        sch.vectorize(ia)
+    sch.decompose_reduction(block, reduction[0] if reduction else fa)
+    if acc_dtype != "float32":
+        register_intrinsics()
+        sch.tensorize(ia, kind.intrinsic)
+    sch.unroll(fa)
+    func = sch.mod["main"].without_attr("global_symbol")
+    func = func.with_attr("tirx.is_scheduled", True).with_attr("edgedeploy.schedule", schedule)
+    return func.with_attr("op_pattern", 8)  # kOpaque, as the pointwise kernel

@@ -378,9 +378,24 @@ def kernel_costs(mod: Any, target: Any, db: Path | None, runs: int = 5) -> dict[
     return {k: v * 1000 / runs for k, v in spent.items()}
 
 
+def outputs_agree(ref: Any, got: Any) -> bool:
+    """A tuned kernel's output against its default schedule's: integers byte for byte; floats within 1e-4 of
+    the output's largest magnitude (and rtol 1e-4). A float32 sum of K products taken in another order differs
+    by up to about K * 2**-24 * sum|terms| on every element, which a per-element relative tolerance misses on
+    elements near zero (ResNet-18's 3x3 convolutions, K = 1,152-4,608); an element a schedule got wrong or
+    never wrote is off by the output's own scale."""
+    import numpy as np
+
+    if ref.dtype.kind in "iub":
+        return bool(np.array_equal(ref, got))
+    finite = np.isfinite(ref)
+    scale = float(np.abs(ref[finite]).max()) if finite.any() else 0.0
+    return bool(np.allclose(got, ref, rtol=1e-4, atol=1e-4 * scale + 1e-6, equal_nan=True))
+
+
 def verify_database(db: Path, tasks: list[Any], target: Any) -> list[str]:
     """Run each task's tuned kernel and its default schedule on the same random inputs; drop the
-    records of every task whose outputs differ (bit-exact for integer outputs). Returns their names."""
+    records of every task whose outputs differ (`outputs_agree`). Returns their names."""
     import numpy as np
     import tvm
     from tvm.s_tir import meta_schedule as ms
@@ -400,9 +415,7 @@ def verify_database(db: Path, tasks: list[Any], target: Any) -> list[str]:
             arrays = [tvm.runtime.tensor(a, dev) for a in host]
             lib["main"](*arrays)
             outs.append(arrays[-1].numpy())
-        ref, got = outs
-        same = np.array_equal(ref, got) if ref.dtype.kind in "iub" else np.allclose(got, ref, rtol=1e-4, atol=1e-5)
-        if not same:
+        if not outputs_agree(*outs):
             bad.append((task.task_name, workload))
     if bad:
         rewrite_database(db, drop=[w for _, w in bad])
