@@ -14,7 +14,7 @@ reference (its integer kernels depend on the CPU; compile/int8/qdq_reference.py 
 Like with like: TVM's thread pool (TVM_NUM_THREADS) and onnxruntime's intra-op pool get the same thread
 count (--threads, default: every CPU of this machine); --tvm-spin sets how long TVM's idle workers spin before
 they sleep (TVM_THREAD_POOL_SPIN_COUNT; docs/int8.md: on an oversubscribed host 0 made TVM's medians 20-30x
-lower). The four peers run interleaved, one call each per round, so a noisy neighbour slows them alike; min
+lower). The peers run interleaved, one call each per round, so a noisy neighbour slows them alike; min
 and median per peer. The closing lines are the ratios the project's goal is stated in: TVM INT8 speed-up
 over TVM FP32, and TVM best / onnxruntime best (medians).
 
