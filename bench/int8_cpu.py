@@ -1,7 +1,7 @@
 """CPU latency, in one run and on the same inputs: TVM FP32 and INT8 bundles against onnxruntime FP32 and INT8.
 
     python bench/int8_cpu.py [--model mobilenet|resnet18|mnist|all] [--runs 50] [--threads N] [--tvm-spin N]
-                             [--profile cpu-x86_64] [--data ../shared/data]
+                             [--profile cpu-x86_64 [--profile cpu-x86_64-v4]] [--data ../shared/data]
 
 The default, `all`, measures MobileNetV1-0.25 and ResNet-18 (bench/resnet18_onnx.py's deterministic export,
 written to a temporary folder; it finds the same build cache and tuning databases every time). The bundles
@@ -14,9 +14,14 @@ reference (its integer kernels depend on the CPU; compile/int8/qdq_reference.py 
 Like with like: TVM's thread pool (TVM_NUM_THREADS) and onnxruntime's intra-op pool get the same thread
 count (--threads, default: every CPU of this machine); --tvm-spin sets how long TVM's idle workers spin before
 they sleep (TVM_THREAD_POOL_SPIN_COUNT; docs/int8.md: on an oversubscribed host 0 made TVM's medians 20-30x
-lower). The four peers run interleaved, one call each per round, so a noisy neighbour slows them alike; min
+lower). The peers run interleaved, one call each per round, so a noisy neighbour slows them alike; min
 and median per peer. The closing lines are the ratios the project's goal is stated in: TVM INT8 speed-up
 over TVM FP32, and TVM best / onnxruntime best (medians).
+
+Profiles: by default every x86-64 CPU profile whose cpu_features this machine's /proc/cpuinfo lists
+(built-in: cpu-x86_64, AVX2; cpu-x86_64-v4, AVX-512 with VNNI, where the CPU has it), each with its own bundles and
+tuning databases; all their TVM bundles and the two onnxruntime peers run in the same interleaved rounds, and
+the ratios are printed per profile.
 """
 
 from __future__ import annotations
@@ -42,8 +47,8 @@ from edgedeploy.compile.int8.build import Int8Config
 from edgedeploy.compile.int8.datasets import load_calibration
 from edgedeploy.compile.int8.quantize import QuantizeOptions
 from edgedeploy.compile.package import load_card
-from edgedeploy.profiles import get_profile
-from edgedeploy_agent.bundle import extract_bundle
+from edgedeploy.profiles import all_profiles, get_profile
+from edgedeploy_agent.bundle import cpu_flags, extract_bundle
 from edgedeploy_agent.runtime.tvm import TvmRuntime
 
 REPO = Path(__file__).resolve().parents[1]
@@ -74,7 +79,7 @@ RESNET18_CARD = {
         "std": [58.395, 57.12, 57.375],
     },
 }
-PEERS = ("TVM FP32 bundle", "TVM INT8 bundle", "onnxruntime FP32", "onnxruntime INT8 (QDQ)")
+ORT_PEERS = ("onnxruntime FP32", "onnxruntime INT8 (QDQ)")
 
 
 Peer = Callable[[np.ndarray], object]
@@ -103,53 +108,63 @@ def measure(name: str, args: argparse.Namespace, work: Path) -> None:
         model, card = work / spec.file, ModelCard.model_validate(RESNET18_CARD)
         export_resnet18(model, seed=0, tiled=True)
     cfg = Int8Config(calibration=args.data / spec.data, options=QuantizeOptions())
-    t = time.perf_counter()
-    fp32 = build(model, args.profile, work / f"{name}.fp32.edb", card)
-    int8 = build(model, args.profile, work / f"{name}.int8.edb", card, int8=cfg)
-    cached = f"cached: fp32 {fp32.cached}, int8 {int8.cached}"
-    print(f"{spec.file}: bundles ready in {time.perf_counter() - t:.1f} s ({cached})")
-    rel_f, rel_i = work / f"{name}.rf", work / f"{name}.ri"
-    mf, mi = extract_bundle(fp32.bundle, rel_f), extract_bundle(int8.bundle, rel_i)
-    tvm_f, tvm_i = TvmRuntime(rel_f, mf), TvmRuntime(rel_i, mi)
+    peers: dict[str, Peer] = {}
+    manifests = {}
+    for profile in args.profile:
+        t = time.perf_counter()
+        fp32 = build(model, profile, work / f"{name}.{profile}.fp32.edb", card)
+        int8 = build(model, profile, work / f"{name}.{profile}.int8.edb", card, int8=cfg)
+        cached = f"cached: fp32 {fp32.cached}, int8 {int8.cached}"
+        print(f"{spec.file} for {profile}: bundles ready in {time.perf_counter() - t:.1f} s ({cached})")
+        for label, res in (("FP32", fp32), ("INT8", int8)):
+            rel = work / f"{name}.{profile}.{label}"
+            m = extract_bundle(res.bundle, rel)
+            runtime = TvmRuntime(rel, m)
+            peers[f"TVM {label} {profile}"] = lambda x, r=runtime: r.run([x])
+            manifests[(profile, label)] = (m, rel)
+    mf, rel_f = manifests[(args.profile[0], "FP32")]
+    mi, rel_i = manifests[(args.profile[0], "INT8")]
     so = ort.SessionOptions()
     so.log_severity_level = 3
     so.intra_op_num_threads = args.threads
     ort_f = ort.InferenceSession(str(host_file(mf, "onnx-model", rel_f)), so, providers=["CPUExecutionProvider"])
     ort_i = ort.InferenceSession(str(host_file(mi, "qdq-onnx", rel_i)), so, providers=["CPUExecutionProvider"])
     inp = mf.inputs[0].name
+    peers[ORT_PEERS[0]] = lambda x: ort_f.run(None, {inp: x})
+    peers[ORT_PEERS[1]] = lambda x: ort_i.run(None, {inp: x})
     inputs = load_calibration(args.data / spec.data, card.preprocess, mf.inputs[0], 16, "evaluation")
     runs = args.runs
-    times = interleaved_ms(
-        dict(
-            zip(
-                PEERS,
-                (
-                    lambda x: tvm_f.run([x]),
-                    lambda x: tvm_i.run([x]),
-                    lambda x: ort_f.run(None, {inp: x}),
-                    lambda x: ort_i.run(None, {inp: x}),
-                ),
-                strict=True,
-            )
-        ),
-        inputs,
-        runs,
-    )
+    times = interleaved_ms(peers, inputs, runs)
     print(f"{spec.file}, batch 1, {runs} interleaved rounds, {args.threads} threads each")
-    for label, m in (("FP32", mf), ("INT8", mi)):
+    for (profile, label), (m, _) in manifests.items():
         db, _, names = m.provenance.options.get("tuning", "").partition(": ")
         used = f"{len(names.split(', '))} kernels from {db}" if names else "none (default schedules)"
-        print(f"  {label} bundle, kernels from a tuning database: {used}")
+        print(f"  {label} bundle for {profile}, kernels from a tuning database: {used}")
     med = {k: statistics.median(v) for k, v in times.items()}
-    print(f"  {'':24s} {'min':>9s}    {'median':>9s}")
+    width = max(len(k) for k in times)
+    print(f"  {'':{width}s} {'min':>9s}    {'median':>9s}")
     for k, v in times.items():
-        print(f"  {k:24s} {min(v):9.3f} ms {med[k]:9.3f} ms")
-    tvm_best, ort_best = min(med[PEERS[0]], med[PEERS[1]]), min(med[PEERS[2]], med[PEERS[3]])
-    print(f"  TVM INT8 speed-up over TVM FP32:          {med[PEERS[0]] / med[PEERS[1]]:6.2f}x   (goal >= 1.5)")
-    print(f"  onnxruntime INT8 speed-up over its FP32:  {med[PEERS[2]] / med[PEERS[3]]:6.2f}x")
-    print(f"  TVM FP32 / onnxruntime FP32 latency:      {med[PEERS[0]] / med[PEERS[2]]:6.2f}x")
-    print(f"  TVM INT8 / onnxruntime INT8 latency:      {med[PEERS[1]] / med[PEERS[3]]:6.2f}x")
-    print(f"  TVM best / onnxruntime best latency:      {tvm_best / ort_best:6.2f}x   (goal <= 1.0)")
+        print(f"  {k:{width}s} {min(v):9.3f} ms {med[k]:9.3f} ms")
+    ort_f_ms, ort_i_ms = med[ORT_PEERS[0]], med[ORT_PEERS[1]]
+    ort_best = min(ort_f_ms, ort_i_ms)
+    print(f"  onnxruntime INT8 speed-up over its FP32:  {ort_f_ms / ort_i_ms:6.2f}x")
+    for profile in args.profile:
+        f, i = med[f"TVM FP32 {profile}"], med[f"TVM INT8 {profile}"]
+        print(f"  {profile}:")
+        print(f"    TVM INT8 speed-up over TVM FP32:        {f / i:6.2f}x   (goal >= 1.5)")
+        print(f"    TVM FP32 / onnxruntime FP32 latency:    {f / ort_f_ms:6.2f}x")
+        print(f"    TVM INT8 / onnxruntime INT8 latency:    {i / ort_i_ms:6.2f}x")
+        print(f"    TVM best / onnxruntime best latency:    {min(f, i) / ort_best:6.2f}x   (goal <= 1.0)")
+
+
+def host_profiles() -> list[str]:
+    """The x86-64 CPU profiles whose cpu_features this machine has, by name (cpu-x86_64 first)."""
+    have = cpu_flags() or frozenset()
+    return [
+        name
+        for name, p in sorted(all_profiles().items())
+        if p.device == "cpu" and p.arch == "x86_64" and p.compiler.cpu_features and set(p.compiler.cpu_features) <= have
+    ]
 
 
 def main() -> None:
@@ -157,21 +172,29 @@ def main() -> None:
     ap.add_argument("--model", choices=[*sorted(MODELS), "all"], default="all")
     ap.add_argument("--runs", type=int, default=50)
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1)
-    ap.add_argument("--profile", default="cpu-x86_64", help="a CPU profile whose target this machine runs")
+    ap.add_argument(
+        "--profile",
+        action="append",
+        help="a CPU profile whose target this machine runs (repeatable; default: every x86-64 one its CPU has)",
+    )
     ap.add_argument("--tvm-spin", type=int, help="TVM_THREAD_POOL_SPIN_COUNT (TVM's default when not given)")
     ap.add_argument("--data", type=Path, default=REPO.parent / "shared" / "data")
     args = ap.parse_args()
     if args.threads < 1 or args.runs < 1:
         raise SystemExit("--threads and --runs must be at least 1")
+    args.profile = args.profile or host_profiles()
+    if not args.profile:
+        raise SystemExit("this machine's CPU has the features of no built-in x86-64 profile: name one with --profile")
     os.environ["TVM_NUM_THREADS"] = str(args.threads)  # read when TVM's thread pool starts: before any run
     if args.tvm_spin is not None:
         os.environ["TVM_THREAD_POOL_SPIN_COUNT"] = str(args.tvm_spin)
     spin = os.environ.get("TVM_THREAD_POOL_SPIN_COUNT", "TVM's default")
     logging.disable(logging.WARNING)
     ort.set_default_logger_severity(3)
-    target = get_profile(args.profile).compiler.target
     load = ", ".join(Path("/proc/loadavg").read_text().split()[:3]) if Path("/proc/loadavg").exists() else "?"
-    print(f"profile {args.profile}, target {dict(target)}; TVM pool spin count {spin}; load average {load}")
+    for profile in args.profile:
+        print(f"profile {profile}, target {dict(get_profile(profile).compiler.target)}")
+    print(f"TVM pool spin count {spin}; load average {load}")
     with tempfile.TemporaryDirectory() as tmp:
         for name in ("mobilenet", "resnet18") if args.model == "all" else (args.model,):
             measure(name, args, Path(tmp))

@@ -8,6 +8,7 @@ from edgedeploy.profiles import all_profiles, get_profile
 
 EXPECTED = {
     "cpu-x86_64": ("x86_64", None),
+    "cpu-x86_64-v4": ("x86_64", None),
     "t4": ("x86_64", 75),
     "xavier-agx": ("aarch64", 72),
     "xavier-nx": ("aarch64", 72),
@@ -40,6 +41,25 @@ def test_the_xavier_cpu_profile_promises_what_carmel_has() -> None:
     xavier = (Path(__file__).parents[1] / "agent" / "fixtures" / "cpuinfo-carmel.txt").read_text()
     features = set(re.search(r"^Features\s*:(.*)$", xavier, re.M).group(1).split())  # type: ignore[union-attr]
     assert set(p.compiler.cpu_features) <= features and "asimddp" not in features
+
+
+@pytest.mark.parametrize("name", ["cpu-x86_64", "cpu-x86_64-v4"])
+def test_the_x86_profiles_promise_what_their_llvm_target_uses(name: str) -> None:
+    """Every instruction set LLVM may use for the profile's target is in its cpu_features (/proc/cpuinfo names),
+    so the agent refuses a CPU without it; the v4 profile's bundles get the VNNI 1x1 INT8 kernels."""
+    import tvm
+    from tvm.target import codegen
+
+    from edgedeploy.compile.int8.x86_int8 import AVX2, VNNI, dot_kind
+
+    p = get_profile(name)
+    llvm = {str(f) for f in codegen.llvm_get_cpu_features(tvm.target.Target(p.compiler.target))}
+    cpuinfo = {"sse3": "pni", "lzcnt": "abm", "bmi": "bmi1", "avx512vnni": "avx512_vnni"}
+    isa = {"sse3", "ssse3", "sse4.1", "sse4.2", "popcnt", "avx", "avx2", "fma", "f16c", "bmi", "bmi2", "lzcnt"}
+    isa |= {"movbe", "avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl", "avx512vnni"}
+    needed = {cpuinfo.get(f, f.replace(".", "_")) for f in llvm & isa}
+    assert needed <= set(p.compiler.cpu_features)
+    assert ("avx512f" in llvm, dot_kind(p)) == ((False, AVX2) if name == "cpu-x86_64" else (True, VNNI))
 
 
 def test_user_profiles_are_added_and_validated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -37,10 +37,11 @@ from edgedeploy.compile.tuning.apply import (
 from edgedeploy.compile.tuning.common import allocate_trials
 from edgedeploy.compile.tuning.key import tuning_key
 from edgedeploy.compile.tuning.metaschedule import open_database, tunable_tasks
-from edgedeploy_agent.bundle import Preprocess, extract_bundle, read_manifest
+from edgedeploy.profiles import get_profile
+from edgedeploy_agent.bundle import Preprocess, cpu_flags, extract_bundle, read_manifest
 from edgedeploy_agent.runtime import load_runtime
 from edgedeploy_agent.runtime.tvm import TvmRuntime
-from tests.helpers import Cli, assert_one_line_error
+from tests.helpers import Cli, assert_one_line_error, require
 from tests.leftovers import stop_tree
 
 REPO = Path(__file__).resolve().parents[2]
@@ -312,8 +313,8 @@ def test_trials_follow_measured_time() -> None:
     assert allocate_trials({}, 100) == {} and allocate_trials(costs, 0) == {}
 
 
-def _database(model: Path, precision: str) -> Path:
-    db = database_dir("cpu-x86_64", tuning_key(load_onnx(model), precision), REPO / "profiles" / "tuning")
+def _database(model: Path, precision: str, profile: str = "cpu-x86_64") -> Path:
+    db = database_dir(profile, tuning_key(load_onnx(model), precision), REPO / "profiles" / "tuning")
     assert has_database(db), f"no stored {precision} database for {model.name} at {db} (profiles/tuning is committed)"
     return db
 
@@ -364,15 +365,22 @@ def test_resnet18_fp32_bundle_computes_what_onnxruntime_computes(tmp_path: Path)
 
 
 @pytest.mark.compile
-def test_tuned_int8_bundle_uses_the_database_and_agrees_with_the_reference(data_dir: Path, tmp_path: Path) -> None:
-    """The default quantization (the one the database was tuned for) on the whole evaluation half."""
+@pytest.mark.parametrize("profile", ["cpu-x86_64", "cpu-x86_64-v4"])
+def test_tuned_int8_bundle_uses_the_database_and_agrees_with_the_reference(
+    data_dir: Path, tmp_path: Path, profile: str
+) -> None:
+    """The default quantization (the one the database was tuned for) on the whole evaluation half; each x86
+    profile with its own database (v4: AVX-512 code and the VNNI 1x1 kernels, where this CPU runs them)."""
+    needs = get_profile(profile).compiler.cpu_features
+    lacks = sorted(set(needs) - (cpu_flags() or frozenset()))
+    require("CPU_AVX512_VNNI", f"this CPU lacks {', '.join(lacks)}" if lacks else None)
     model = data_dir / "models" / "mobilenet_v1_0.25_224.onnx"
-    db = _database(model, "int8")
+    db = _database(model, "int8", profile)
     images = data_dir / "imagenet-sample"
     cfg = Int8Config(calibration=images, eval_data=images, options=QuantizeOptions())
-    res = build(model, "cpu-x86_64", tmp_path / "i.edb", load_card(MNV1_CARD), int8=cfg)
+    res = build(model, profile, tmp_path / "i.edb", load_card(MNV1_CARD), int8=cfg)
     tuning = read_manifest(res.bundle).provenance.options["tuning"]
-    assert tuning.startswith(f"cpu-x86_64/{db.name}: ") and "fused_conv2d" in tuning
+    assert tuning.startswith(f"{profile}/{db.name}: ") and "fused_conv2d" in tuning
     ev = evaluate(res.bundle, images, load_card(MNV1_CARD))
     assert ev["split"] == "evaluation" and ev["images"] == 230
     # Not 100 %: the bundle requantizes with a float32 multiplier, the exact reference in exact arithmetic, and
