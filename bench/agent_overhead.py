@@ -41,7 +41,9 @@ TARGET = 0.15
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--frames", type=int, default=300)
-    ap.add_argument("--data", type=Path, default=REPO.parent / "shared" / "data")
+    ap.add_argument(
+        "--data", type=Path, default=Path(os.environ.get("EDGEDEPLOY_DATA", REPO.parent / "shared" / "data"))
+    )
     args = ap.parse_args()
     labels = (args.data / "labels" / "imagenet_labels_1001.txt").read_text().splitlines()
     card = ModelCard(

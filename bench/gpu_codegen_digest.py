@@ -22,7 +22,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-DATA = Path(os.environ.get("EDGEDEPLOY_DATA", "/work/shared/data"))
+DATA = Path(os.environ.get("EDGEDEPLOY_DATA", Path(__file__).resolve().parents[2] / "shared" / "data"))
 MODEL = DATA / "models" / "mobilenet_v1_0.25_224.onnx"
 CASES = {f"{p}-{prec}": (p, prec, "") for p in ("h200", "t4", "xavier-agx") for prec in ("fp32", "fp16", "int8")}
 CASES["h200-int8-mma"] = ("h200", "int8", "int8_mma=1")

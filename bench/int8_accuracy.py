@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import tempfile
 import time
 from pathlib import Path
@@ -57,7 +58,9 @@ def ort_default(model: Path, calib: np.ndarray, symmetric: bool) -> onnx.ModelPr
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--data", type=Path, default=REPO.parent / "shared" / "data")
+    ap.add_argument(
+        "--data", type=Path, default=Path(os.environ.get("EDGEDEPLOY_DATA", REPO.parent / "shared" / "data"))
+    )
     ap.add_argument("--samples", type=int, default=128)
     ap.add_argument("--model", choices=("mobilenet", "mnist", "all"), default="all")
     ap.add_argument("--symmetric-only", action="store_true", help="only the symmetric (TensorRT-kind) recipes")

@@ -178,7 +178,9 @@ def main() -> None:
         help="a CPU profile whose target this machine runs (repeatable; default: every x86-64 one its CPU has)",
     )
     ap.add_argument("--tvm-spin", type=int, help="TVM_THREAD_POOL_SPIN_COUNT (TVM's default when not given)")
-    ap.add_argument("--data", type=Path, default=REPO.parent / "shared" / "data")
+    ap.add_argument(
+        "--data", type=Path, default=Path(os.environ.get("EDGEDEPLOY_DATA", REPO.parent / "shared" / "data"))
+    )
     args = ap.parse_args()
     if args.threads < 1 or args.runs < 1:
         raise SystemExit("--threads and --runs must be at least 1")

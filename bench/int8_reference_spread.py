@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 from pathlib import Path
 
 import numpy as np
@@ -54,7 +55,9 @@ def compare(a: np.ndarray, b: np.ndarray, chunk: int) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--data", type=Path, default=REPO.parent / "shared" / "data")
+    ap.add_argument(
+        "--data", type=Path, default=Path(os.environ.get("EDGEDEPLOY_DATA", REPO.parent / "shared" / "data"))
+    )
     ap.add_argument("--samples", type=int, default=128)
     ap.add_argument("--chunk", type=int, default=8)
     args = ap.parse_args()
