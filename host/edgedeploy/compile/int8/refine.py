@@ -18,8 +18,10 @@ change:
    (`LayerStats`) and each step costs one small matrix product, whatever the number of pixels.
 3. **Empirical bias correction**: the bias then absorbs the mean output error of that layer, per channel.
 
-A layer keeps nearest rounding when learned rounding does not lower its reconstruction error, or when the
-calibration data has too few rows for its fan-in (the covariance would be fitted, not estimated).
+A layer keeps nearest rounding unless learned rounding lowers its reconstruction error on input windows it
+was not fitted on (`held_out_gain`: fitted on the even calibration images and scored on the odd ones, and the
+other way round), or when the calibration data has too few rows for its fan-in (the covariance would be
+fitted, not estimated).
 `refine_qdq` returns one `LayerChoice` per refined layer, which the build prints.
 """
 
