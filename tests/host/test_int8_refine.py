@@ -18,6 +18,7 @@ from edgedeploy.compile.int8.refine import (
     adaround,
     center_relu6,
     fake_quant,
+    held_out_gain,
     layer_stats,
     mse_clip,
     reconstruction_error,
@@ -68,13 +69,31 @@ def test_learned_rounding_beats_nearest_on_a_small_conv() -> None:
     assert np.isclose(direct, after, rtol=1e-3)
 
 
+def test_learned_rounding_is_kept_only_when_it_holds_on_unseen_windows() -> None:
+    """held_out_gain fits on one half of the images and scores on the other: positive where the weight
+    rounding error meets correlated inputs (what learned rounding fixes), negative where the halves disagree
+    (a fit to one half's input error, here a gain of 1.05 against 0.95)."""
+    rng = np.random.default_rng(7)
+    z = rng.normal(0, 1, (32, 3, 10, 10))
+    xf = np.einsum("cd,ndhw->nchw", rng.normal(0, 1, (32, 3)), z) + 0.05 * rng.normal(0, 1, (32, 32, 10, 10))
+    xf = xf.astype(np.float32)
+    node = helper.make_node("Conv", ["x", "w"], ["y"])
+    w = rng.normal(0, 0.1, (1, 16, 32))
+    scale = np.abs(w).max(axis=2, keepdims=True) / 7  # coarse weights: rounding matters
+    same = [layer_stats(xf[i::2], xf[i::2], node, (1, 1), 1).centered() for i in (0, 1)]
+    assert held_out_gain(w, scale, same, 1.0) > 20
+    apart = [layer_stats(xf[i::2] * g, xf[i::2], node, (1, 1), 1).centered() for i, g in ((0, 1.05), (1, 0.95))]
+    assert held_out_gain(w, scale, apart, 1.0) < 0
+
+
 def _relu6_model() -> onnx.ModelProto:
-    """conv 3x3 → ReLU6 → conv 1x1 (unpadded: centred) → ReLU6 → conv 3x3 padded (its input is not centred)."""
+    """conv 3x3 → ReLU6 → conv 1x1 (unpadded) → ReLU6 → conv 3x3 padded (centred through an explicit Pad)."""
     rng = np.random.default_rng(2)
     inits = [
         numpy_helper.from_array(rng.normal(0, 0.5, (8, 3, 3, 3)).astype(np.float32), "w0"),
         numpy_helper.from_array(rng.normal(0, 0.1, 8).astype(np.float32), "b0"),
         numpy_helper.from_array(rng.normal(0, 0.3, (8, 8, 1, 1)).astype(np.float32), "w1"),
+        numpy_helper.from_array(rng.normal(0, 0.1, 8).astype(np.float32), "b1"),
         numpy_helper.from_array(rng.normal(0, 0.3, (4, 8, 3, 3)).astype(np.float32), "w2"),
         numpy_helper.from_array(rng.normal(0, 0.1, 4).astype(np.float32), "b2"),
         numpy_helper.from_array(np.float32(0), "lo"),
@@ -83,7 +102,7 @@ def _relu6_model() -> onnx.ModelProto:
     nodes = [
         helper.make_node("Conv", ["x", "w0", "b0"], ["c0"], name="conv0", pads=[1, 1, 1, 1]),
         helper.make_node("Clip", ["c0", "lo", "hi"], ["a0"], name="relu0"),
-        helper.make_node("Conv", ["a0", "w1"], ["c1"], name="conv1"),
+        helper.make_node("Conv", ["a0", "w1", "b1"], ["c1"], name="conv1"),
         helper.make_node("Clip", ["c1", "lo", "hi"], ["a1"], name="relu1"),
         helper.make_node("Conv", ["a1", "w2", "b2"], ["y"], name="conv2", pads=[1, 1, 1, 1]),
     ]
@@ -101,12 +120,70 @@ def _ort(model: onnx.ModelProto, x: np.ndarray) -> np.ndarray:
 def test_centred_relu6_keeps_the_float_function() -> None:
     model = _relu6_model()
     x = np.random.default_rng(3).normal(0, 1, (4, 3, 12, 12)).astype(np.float32)
-    centred, names = center_relu6(model)
-    assert names == ["relu0"]  # relu1 feeds a padded conv: shifting it would change the border
+    centred, names, pads = center_relu6(model)
+    # relu1 feeds a padded conv: its padding becomes a Pad with the shifted zero, so the border stays right
+    assert names == ["relu0", "relu1"] and pads == ["conv2_centred_pad"]
     np.testing.assert_allclose(_ort(centred, x), _ort(model, x), atol=1e-4)
-    clip = next(n for n in centred.graph.node if n.name == "relu0")
     bounds = {t.name: numpy_helper.to_array(t) for t in centred.graph.initializer}
-    assert (float(bounds[clip.input[1]]), float(bounds[clip.input[2]])) == (-3.0, 3.0)
+    for relu in names:
+        clip = next(n for n in centred.graph.node if n.name == relu)
+        assert (float(bounds[clip.input[1]]), float(bounds[clip.input[2]])) == (-3.0, 3.0)
+    pad = next(n for n in centred.graph.node if n.op_type == "Pad")
+    conv2 = next(n for n in centred.graph.node if n.name == "conv2")
+    assert float(bounds[pad.input[2]]) == -3.0 and list(bounds[pad.input[1]]) == [0, 0, 1, 1, 0, 0, 1, 1]
+    assert conv2.input[0] == pad.output[0] and not any(p for a in conv2.attribute if a.name == "pads" for p in a.ints)
+
+
+def test_relu6_before_an_average_pool_is_centred_through_it() -> None:
+    """ReLU6 → AveragePool → conv (MobileNet's head): the pool's mean shifts with its input, so the conv after
+    it takes the compensation; a ReLU6 read by anything else (here a Softmax) stays as it is."""
+    rng = np.random.default_rng(6)
+    inits = [
+        numpy_helper.from_array(rng.normal(0, 0.5, (8, 3, 1, 1)).astype(np.float32), "w0"),
+        numpy_helper.from_array(rng.normal(0, 0.1, 8).astype(np.float32), "b0"),
+        numpy_helper.from_array(rng.normal(0, 0.3, (5, 8, 1, 1)).astype(np.float32), "w1"),
+        numpy_helper.from_array(np.float32(0), "lo"),
+        numpy_helper.from_array(np.float32(6), "hi"),
+    ]
+    nodes = [
+        helper.make_node("Conv", ["x", "w0", "b0"], ["c0"], name="conv0"),
+        helper.make_node("Clip", ["c0", "lo", "hi"], ["a0"], name="relu0"),
+        helper.make_node("AveragePool", ["a0"], ["p0"], name="pool", kernel_shape=[4, 4], strides=[4, 4]),
+        helper.make_node("Conv", ["p0", "w1"], ["y"], name="logits"),
+    ]
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, 3, 8, 8])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, None)
+    model = helper.make_model(
+        helper.make_graph(nodes, "head", [x], [y], inits), opset_imports=[helper.make_opsetid("", 13)]
+    )
+    feed = rng.normal(0, 2, (4, 3, 8, 8)).astype(np.float32)
+    centred, names, pads = center_relu6(model)
+    assert names == ["relu0"] and pads == []
+    np.testing.assert_allclose(_ort(centred, feed), _ort(model, feed), atol=1e-4)
+    model.graph.node.append(helper.make_node("Softmax", ["a0"], ["s"], name="other"))
+    model.graph.output.append(helper.make_tensor_value_info("s", TensorProto.FLOAT, None))
+    assert center_relu6(model)[1] == []
+
+
+def test_centring_pad_is_quantized_with_its_input_scale() -> None:
+    """The Pad's output Q/DQ use the Clip's scale: the border is the integer an interior ReLU6 zero becomes."""
+    rng = np.random.default_rng(5)
+    calib = rng.normal(0, 1, (32, 3, 12, 12)).astype(np.float32)
+    rep = quantize_qdq(_relu6_model(), calib, QuantizeOptions(symmetric_activations=True))
+    g = rep.model.graph
+    producer = {o: n for n in g.node for o in n.output}
+    pad = next(n for n in g.node if n.op_type == "Pad")
+    dq_in = producer[pad.input[0]]
+    q_out = next(n for n in g.node if pad.output[0] in n.input)
+    dq_out = next(n for n in g.node if q_out.output[0] in n.input)
+    assert dq_in.op_type == "DequantizeLinear" and q_out.op_type == "QuantizeLinear"
+    assert q_out.input[1] == dq_out.input[1] == dq_in.input[1]
+    # the relu1 output of 0 (centred: -3) and the border give the same integer in the exact reference
+    conv2_in = next(n for n in g.node if n.name == "conv2").input[0]
+    g.output.append(onnx.ValueInfoProto(name=conv2_in))
+    border = QdqReference(rep.model).run({"x": calib[:2]})[1]
+    scale = float(numpy_helper.to_array(next(t for t in g.initializer if t.name == q_out.input[1])))
+    assert np.all(border[:, :, 0, :] == border.min()) and np.isclose(border.min(), -127 * scale)
 
 
 def test_symmetric_qdq_stays_tensorrt_kind_and_refined_is_closer_to_fp32() -> None:

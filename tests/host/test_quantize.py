@@ -47,6 +47,17 @@ def test_split_is_deterministic_and_disjoint(data_dir: Path) -> None:
     assert all(split_of(p.name) == "calibration" for p in cal)
 
 
+def test_a_build_without_eval_data_calibrates_on_the_half_eval_skips(data_dir: Path) -> None:
+    """`build --calibration DIR` then `eval --data DIR` (split auto: the evaluation half) must not score
+    photos the build calibrated on: the build reads the calibration half whether or not it evaluates."""
+    from edgedeploy.compile.int8.build import Int8Config
+
+    folder = data_dir / "imagenet-sample"
+    assert Int8Config(calibration=folder).splits() == ("calibration", "all")
+    assert Int8Config(calibration=folder, eval_data=folder).splits() == ("calibration", "evaluation")
+    assert Int8Config(calibration=folder, eval_data=data_dir / "mnist").splits() == ("calibration", "all")
+
+
 def test_calibration_from_images_video_and_npy(data_dir: Path, tmp_path: Path) -> None:
     imgs = load_calibration(data_dir / "imagenet-sample", MNV1_PRE, MNV1_SPEC, 4)
     assert imgs.shape == (4, 3, 224, 224) and imgs.dtype == np.float32

@@ -43,9 +43,12 @@ class Int8Config:
     label_offset: int = 0
 
     def splits(self) -> tuple[Split, Split]:
-        """(calibration split, evaluation split): halves only when both read the same folder."""
+        """(calibration split, evaluation split): calibration always reads the calibration half (all of a
+        source without halves), so a later `edgedeploy eval` on the same folder, which skips that half, scores
+        only photos the build never saw; evaluation reads the other half of the same folder, or all of
+        another."""
         same = self.eval_data is not None and self.eval_data.resolve() == self.calibration.resolve()
-        return ("calibration", "evaluation") if same else ("all", "all")
+        return ("calibration", "evaluation" if same else "all")
 
     def describe(self) -> dict[str, Any]:
         o = self.options

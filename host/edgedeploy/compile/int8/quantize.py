@@ -24,7 +24,7 @@ from onnx import numpy_helper
 from ...errors import InputError, ModelError
 from .equalize import correct_bias, cross_layer_equalize
 from .graph_prep import prepare_float_model
-from .refine import center_relu6, refine_qdq
+from .refine import center_relu6, pad_in_quantized_domain, refine_qdq
 
 Method = Literal["minmax", "entropy", "percentile"]
 QUANTIZABLE = ("Conv", "Gemm", "MatMul", "ConvTranspose")
@@ -178,10 +178,10 @@ def run_tensors(model: onnx.ModelProto, inputs: np.ndarray, names: list[str]) ->
     import onnxruntime as ort
 
     m = onnx.ModelProto.FromString(model.SerializeToString())
-    have = {o.name for o in m.graph.output}
-    for n in names:
-        if n not in have:
-            m.graph.output.append(onnx.ValueInfoProto(name=n))
+    outputs = {o.name: o for o in m.graph.output}
+    del m.graph.output[:]
+    m.graph.output.extend(outputs.get(n, onnx.ValueInfoProto(name=n)) for n in dict.fromkeys(names))
+    _prune(m.graph)
     so = ort.SessionOptions()
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL  # keep the named tensors
     sess = ort.InferenceSession(m.SerializeToString(), so, providers=["CPUExecutionProvider"])
@@ -192,6 +192,23 @@ def run_tensors(model: onnx.ModelProto, inputs: np.ndarray, names: list[str]) ->
         for k, r in enumerate(res):
             outs[k].append(r)
     return [np.concatenate(o) for o in outs]
+
+
+def _prune(g: onnx.GraphProto) -> None:
+    """Keep only the nodes and initializers the graph's outputs depend on (the refinement asks for early
+    layers of the whole model); a graph with subgraphs (If, Loop) is left whole."""
+    if any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for n in g.node for a in n.attribute):
+        return
+    needed, keep = {o.name for o in g.output}, []
+    for node in reversed(g.node):
+        if needed.intersection(node.output):
+            keep.append(node)
+            needed.update(node.input)
+    del g.node[:]
+    g.node.extend(reversed(keep))
+    needed.update(i.name for i in g.input)  # an initializer listed as an input (IR < 4) stays
+    for t in [t for t in g.initializer if t.name not in needed]:
+        g.initializer.remove(t)
 
 
 def quantize_qdq(
@@ -218,14 +235,16 @@ def quantize_qdq(
     if options.equalize:
         model, pairs = cross_layer_equalize(model)
     choices: list[str] = []
+    pads: list[str] = []
     if options.refines and options.symmetric_activations:
-        model, centred = center_relu6(model)
+        model, centred, pads = center_relu6(model)
         choices += [f"{name}: ReLU6 output centred on 0 (range -3..3, all 8 bits)" for name in centred]
     if options.bias_correction and not options.refines:  # the refinement corrects biases itself
         model = correct_bias(
             model, lambda m, names: run_tensors(m, inputs, names), frozenset(exclude), options.per_channel
         )
-    qdq = _ort_quantize(model, inputs, options, exclude + tail)
+    qdq = _ort_quantize(model, inputs, options, exclude + tail + pads)
+    pad_in_quantized_domain(qdq, pads)
     if options.refines:
         # MSE clipping replaces minmax ranges only: an entropy or percentile range is the user's choice
         clip = options.symmetric_activations and options.method == "minmax"

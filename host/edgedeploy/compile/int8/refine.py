@@ -18,8 +18,10 @@ change:
    (`LayerStats`) and each step costs one small matrix product, whatever the number of pixels.
 3. **Empirical bias correction**: the bias then absorbs the mean output error of that layer, per channel.
 
-A layer keeps nearest rounding when learned rounding does not lower its reconstruction error, or when the
-calibration data has too few rows for its fan-in (the covariance would be fitted, not estimated).
+A layer keeps nearest rounding unless learned rounding lowers its reconstruction error on input windows it
+was not fitted on (`held_out_gain`: fitted on the even calibration images and scored on the odd ones, and the
+other way round), or when the calibration data has too few rows for its fan-in (the covariance would be
+fitted, not estimated).
 `refine_qdq` returns one `LayerChoice` per refined layer, which the build prints.
 """
 
@@ -90,6 +92,13 @@ class LayerStats:
             self.qf - _outer(self.mq, self.mf),
             self.ff - _outer(self.mf, self.mf),
         )
+
+
+def merge_stats(a: LayerStats, b: LayerStats) -> LayerStats:
+    """The moments of the union of two disjoint sets of input windows."""
+    n = a.rows + b.rows
+    mean = {k: (getattr(a, k) * a.rows + getattr(b, k) * b.rows) / n for k in ("qq", "qf", "ff", "mq", "mf")}
+    return LayerStats(**mean, rows=n)
 
 
 def _outer(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -176,6 +185,19 @@ def adaround(
         v -= lr * (m / (1 - 0.9 ** (it + 1))) / (np.sqrt(s2 / (1 - 0.999 ** (it + 1))) + 1e-8)
     h = np.clip(1 / (1 + np.exp(-v)) * 1.2 - 0.1, 0, 1)
     return np.asarray(np.clip(base + (h >= 0.5), -QMAX, QMAX))
+
+
+def held_out_gain(
+    w: np.ndarray, scale: np.ndarray, covs: list[tuple[np.ndarray, np.ndarray, np.ndarray]], lam: float
+) -> float:
+    """How much learned rounding lowers the reconstruction error on windows it was not fitted on, in percent
+    of nearest rounding's error: fitted on each half of the calibration images, scored on the other."""
+    near = np.clip(np.rint(w / scale), -QMAX, QMAX) * scale
+    before = after = 0.0
+    for fit, test in ((covs[0], covs[1]), (covs[1], covs[0])):
+        before += reconstruction_error(near, w, test)
+        after += reconstruction_error(adaround(w, scale, fit, lam=lam) * scale, w, test)
+    return 0.0 if before == 0 else 100.0 * (1.0 - after / before)
 
 
 @dataclass
@@ -311,7 +333,11 @@ def refine_qdq(
         sample = _spread(inputs, max(16, -(-WINDOWS // per_image)))
         xq = run(qdq, sample, [conv.node.input[0]])[0]
         xf = run(fp, sample, [conv.x_float])[0]
-        stats = layer_stats(xq, xf, conv.node, kernel, groups)
+        halves = (
+            layer_stats(xq[0::2], xf[0::2], conv.node, kernel, groups),
+            layer_stats(xq[1::2], xf[1::2], conv.node, kernel, groups),
+        )
+        stats = merge_stats(*halves)
         cov = stats.centered()
         w = conv.w_float.reshape(groups, o // groups, -1)
         w_scale = numpy_helper.to_array(inits[conv.w_scale]).astype(np.float64)
@@ -320,11 +346,17 @@ def refine_qdq(
         err_near = reconstruction_error(nearest * scale, w, cov)
         q, detail, err = nearest, "nearest rounding", err_near
         if learn_rounding and stats.rows >= 8 * w.shape[2]:
-            learned = adaround(w, scale, cov, lam=lam)
-            err_learned = reconstruction_error(learned * scale, w, cov)
-            if err_learned < err_near:
+            gain = held_out_gain(w, scale, [h.centered() for h in halves], lam)
+            if gain > 0:
+                learned = adaround(w, scale, cov, lam=lam)
+                err = reconstruction_error(learned * scale, w, cov)
                 flipped = float(np.mean(learned != nearest)) * 100
-                q, detail, err = learned, f"learned rounding ({flipped:.1f}% of weights flipped)", err_learned
+                q, detail = (
+                    learned,
+                    f"learned rounding ({flipped:.1f}% of weights flipped, held-out error -{gain:.0f}%)",
+                )
+            else:
+                detail = f"nearest rounding (learned rounding: held-out error +{-gain:.0f}%)"
         elif learn_rounding:
             detail = f"nearest rounding ({stats.rows} rows for fan-in {w.shape[2]})"
         # the bias takes the mean output error: b' = b + w·E[xf] - wq·E[xq]
@@ -343,26 +375,30 @@ def refine_qdq(
     return choices
 
 
-def center_relu6(model: onnx.ModelProto) -> tuple[onnx.ModelProto, list[str]]:
-    """Shift each ReLU6 output that only feeds unpadded convolutions (MobileNet's depthwise → pointwise) to be
-    centred on zero: Conv(bias b - c) → Clip(-c, 6 - c) → Conv(bias b' + c·ΣW), c = 3. The float model
-    computes the same (no padding, so every input pixel is shifted), and a symmetric int8 scale then covers
-    [-3, 3] instead of [-6, 6]: these activations get all 8 bits. Returns the new model and the Clip nodes."""
+def center_relu6(model: onnx.ModelProto) -> tuple[onnx.ModelProto, list[str], list[str]]:
+    """Shift each ReLU6 output that only feeds convolutions (directly or through an average pool) to be
+    centred on zero: Conv(bias b - c) → Clip(-c, 6 - c) → Conv(bias b' + c·ΣW), c = 3. A convolution that
+    pads gets its padding as an explicit `Pad` with the shifted zero, -c, before it (and no padding of its
+    own), so every input pixel, border included, is shifted and the float model computes the same. A
+    symmetric int8 scale then covers [-3, 3] instead of [-6, 6]: these activations get all 8 bits. Returns
+    the new model, the Clip nodes and the Pad nodes it added (`pad_in_quantized_domain` ties each to the
+    Clip's scale after quantization)."""
     model = onnx.ModelProto.FromString(model.SerializeToString())
     g = model.graph
     inits = {t.name: t for t in g.initializer}
     producer = {o: n for n in g.node for o in n.output}
     cons = _consumers(g)
-    centred = []
-    for act in g.node:
+    centred: list[str] = []
+    pads: list[str] = []
+    for act in list(g.node):
         if act.op_type != "Clip" or len(act.input) < 3 or not all(i in inits for i in act.input[1:3]):
             continue
         lo, hi = (float(numpy_helper.to_array(inits[i])) for i in act.input[1:3])
         src = producer.get(act.input[0])
-        users = cons.get(act.output[0], [])
         if lo != 0.0 or hi <= 0 or src is None or not _biased_conv(src, inits) or len(cons[act.input[0]]) != 1:
             continue
-        if not users or not all(_unpadded_conv(u, act.output[0], inits) for u in users):
+        convs = _shifted_convs(act.output[0], cons, inits)
+        if not convs:
             continue
         c = hi / 2
         b = numpy_helper.to_array(inits[src.input[2]])
@@ -374,7 +410,7 @@ def center_relu6(model: onnx.ModelProto) -> tuple[onnx.ModelProto, list[str]]:
             act.input[k] = name
             if not any(old.name in n.input for n in g.node):
                 g.initializer.remove(old)
-        for u in users:
+        for u in convs:
             w = numpy_helper.to_array(inits[u.input[1]])
             shift = (c * w.astype(np.float64).sum(axis=(1, 2, 3))).astype(w.dtype)
             if len(u.input) > 2 and u.input[2]:
@@ -385,19 +421,93 @@ def center_relu6(model: onnx.ModelProto) -> tuple[onnx.ModelProto, list[str]]:
                 g.initializer.append(numpy_helper.from_array(shift, name))
                 del u.input[2:]
                 u.input.append(name)
+            if _pads(u):
+                pads.append(_explicit_pad(g, u, -c, w.dtype))
         centred.append(act.name)
-    return model, centred
+    return model, centred, pads
+
+
+def pad_in_quantized_domain(qdq: onnx.ModelProto, pads: list[str]) -> None:
+    """Give each centring `Pad` (left float by the quantizer: DQ → Pad → Q) the quantization of its input:
+    its output's Q/DQ take the input's scale and zero point, so the pad value is the integer the shifted
+    zero quantizes to, the border is exactly what an interior ReLU6 zero becomes, and the range refinement
+    moves both with one scale. Unused scale initializers are removed."""
+    g = qdq.graph
+    producer = {o: n for n in g.node for o in n.output}
+    cons = _consumers(g)
+    for n in g.node:
+        if n.op_type != "Pad" or n.name not in pads:
+            continue
+        dq = producer.get(n.input[0])
+        if dq is None or dq.op_type != "DequantizeLinear":
+            continue
+        for q in cons.get(n.output[0], []):
+            if q.op_type != "QuantizeLinear":
+                continue
+            for node in [q, *(d for d in cons.get(q.output[0], []) if d.op_type == "DequantizeLinear")]:
+                node.input[1:3] = dq.input[1:3]
+    used = {i for n in g.node for i in n.input}
+    for t in [t for t in g.initializer if t.name not in used]:
+        g.initializer.remove(t)
+
+
+def _conv_pads(n: onnx.NodeProto) -> list[int]:
+    return [int(p) for a in n.attribute if a.name == "pads" for p in a.ints]
+
+
+def _pads(n: onnx.NodeProto) -> bool:
+    """Whether a convolution or pool pads its input (explicitly or with auto_pad SAME_*)."""
+    auto = next((a.s for a in n.attribute if a.name == "auto_pad"), b"NOTSET")
+    return auto.startswith(b"SAME") or any(_conv_pads(n))
+
+
+def _explicit_pad(g: onnx.GraphProto, conv: onnx.NodeProto, value: float, dtype: np.dtype) -> str:
+    """Move `conv`'s padding into a `Pad` node before it that pads with `value`; returns the Pad's name."""
+    p = _conv_pads(conv)
+    half = len(p) // 2
+    name = f"{conv.name}_centred_pad"
+    both = [0, 0, *p[:half], 0, 0, *p[half:]]  # N, C, then the spatial axes: begins, then ends
+    g.initializer.append(numpy_helper.from_array(np.asarray(both, np.int64), f"{name}_pads"))
+    g.initializer.append(numpy_helper.from_array(np.asarray(value, dtype), f"{name}_value"))
+    out = f"{conv.input[0]}_{name}"
+    node = onnx.helper.make_node("Pad", [conv.input[0], f"{name}_pads", f"{name}_value"], [out], name=name)
+    g.node.insert(list(g.node).index(conv), node)
+    conv.input[0] = out
+    for a in conv.attribute:
+        if a.name == "pads":
+            del a.ints[:]
+            a.ints.extend([0] * len(p))
+    return name
+
+
+def _shifted_convs(
+    tensor: str, cons: dict[str, list[onnx.NodeProto]], inits: dict[str, onnx.TensorProto]
+) -> list[onnx.NodeProto]:
+    """The convolutions that read `tensor` directly or through unpadded average pools (the mean of shifted
+    values is the shifted mean), or [] when anything else reads it."""
+    found = []
+    for u in cons.get(tensor, []):
+        if u.op_type in ("AveragePool", "GlobalAveragePool") and not _pads(u):
+            after = _shifted_convs(u.output[0], cons, inits)
+            if not after:
+                return []
+            found += after
+        elif _plain_conv(u, tensor, inits):
+            found.append(u)
+        else:
+            return []
+    return found
 
 
 def _biased_conv(n: onnx.NodeProto, inits: dict[str, onnx.TensorProto]) -> bool:
     return n.op_type == "Conv" and len(n.input) > 2 and n.input[2] in inits
 
 
-def _unpadded_conv(n: onnx.NodeProto, tensor: str, inits: dict[str, onnx.TensorProto]) -> bool:
-    """A 2-D Conv reading `tensor` as its data input, with constant weights and no padding at all."""
+def _plain_conv(n: onnx.NodeProto, tensor: str, inits: dict[str, onnx.TensorProto]) -> bool:
+    """A 2-D Conv reading `tensor` as its data input, with constant weights and explicit (or no) padding."""
     if n.op_type != "Conv" or n.input[0] != tensor or tensor in n.input[1:] or n.input[1] not in inits:
         return False
     attrs = {a.name: onnx.helper.get_attribute_value(a) for a in n.attribute}
     auto = attrs.get("auto_pad", b"NOTSET")
     auto = auto.decode() if isinstance(auto, bytes) else auto
-    return auto in ("NOTSET", "VALID") and not any(attrs.get("pads", [])) and len(inits[n.input[1]].dims) == 4
+    return auto in ("NOTSET", "VALID") and len(inits[n.input[1]].dims) == 4
