@@ -134,6 +134,7 @@ def measure(name: str, args: argparse.Namespace, work: Path) -> None:
     peers[ORT_PEERS[1]] = lambda x: ort_i.run(None, {inp: x})
     inputs = load_calibration(args.data / spec.data, card.preprocess, mf.inputs[0], 16, "evaluation")
     runs = args.runs
+    print_agreement(peers, inputs)
     times = interleaved_ms(peers, inputs, runs)
     print(f"{spec.file}, batch 1, {runs} interleaved rounds, {args.threads} threads each")
     for (profile, label), (m, _) in manifests.items():
@@ -155,6 +156,23 @@ def measure(name: str, args: argparse.Namespace, work: Path) -> None:
         print(f"    TVM FP32 / onnxruntime FP32 latency:    {f / ort_f_ms:6.2f}x")
         print(f"    TVM INT8 / onnxruntime INT8 latency:    {i / ort_i_ms:6.2f}x")
         print(f"    TVM best / onnxruntime best latency:    {min(f, i) / ort_best:6.2f}x   (goal <= 1.0)")
+
+
+def print_agreement(peers: dict[str, Peer], inputs: np.ndarray) -> None:
+    """The second look at what is timed: each peer's top-1 on the same inputs against onnxruntime FP32's (a
+    fast but wrong bundle shows here; INT8 peers agree less, by their quantization)."""
+
+    def top1(fn: Peer) -> np.ndarray:
+        return np.array([int(np.argmax(np.asarray(_first(fn(x[None]))))) for x in inputs])
+
+    ref = top1(peers[ORT_PEERS[0]])
+    shown = ", ".join(f"{k} {np.mean(top1(fn) == ref):.0%}" for k, fn in peers.items() if k != ORT_PEERS[0])
+    print(f"  top-1 agreement with onnxruntime FP32 on the {len(inputs)} inputs: {shown}")
+
+
+def _first(out: object) -> object:
+    """The first output of a peer's call (TVM and onnxruntime both return a list)."""
+    return out[0] if isinstance(out, list | tuple) else out
 
 
 def host_profiles() -> list[str]:
