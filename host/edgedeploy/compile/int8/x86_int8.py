@@ -80,7 +80,7 @@ def float_kind(profile: DeviceProfile) -> DotKind | None:
 
 @functools.cache
 def register_intrinsics() -> None:
-    """Register both tensor intrinsics with TVM (once per process)."""
+    """Register the tensor intrinsics with TVM (once per process)."""
     from tvm.s_tir import TensorIntrin
     from tvm.script import tirx as T
 
@@ -103,24 +103,32 @@ def register_intrinsics() -> None:
 
         return desc
 
-    @T.prim_func(s_tir=True)
-    def vnni(
-        A: T.Buffer((16, 4), "uint8", offset_factor=1),
-        B: T.Buffer((4,), "int8", offset_factor=1),
-        C: T.Buffer((16,), "int32", offset_factor=1),
-    ) -> None:
-        with T.sblock("root"):
-            T.reads(C[0:16], A[0:16, 0:4], B[0:4])
-            T.writes(C[0:16])
-            # LLVM 20 declares the byte operands as <64 x i8> (older LLVMs: <16 x i32>); no local variables here:
-            # each would become a heap workspace allocation per tile inside the parallel loop
-            C[T.ramp(T.int32(0), 1, 16)] = T.call_llvm_pure_intrin(
-                T.llvm_lookup_intrinsic_id("llvm.x86.avx512.vpdpbusd.512"),
-                C.vload([0], "int32x16"),
-                A.vload([0, 0], "uint8x64"),
-                T.reinterpret(T.broadcast(T.reinterpret(B.vload([0], "int8x4"), dtype="int32"), 16), dtype="int8x64"),
-                dtype="int32x16",
-            )
+    def vnni_for(kind: DotKind) -> Any:
+        """vpdpbusd on L lanes (zmm for 16, ymm for 8): L x 4 uint8 activations, 4 int8 weights broadcast."""
+        lanes, width = kind.lanes, kind.lanes * 32
+        intrinsic, acc_t, a_t = f"llvm.x86.avx512.vpdpbusd.{width}", f"int32x{lanes}", f"uint8x{lanes * 4}"
+        b_t = f"int8x{lanes * 4}"
+
+        @T.prim_func(s_tir=True)
+        def vnni(
+            A: T.Buffer((lanes, 4), "uint8", offset_factor=1),
+            B: T.Buffer((4,), "int8", offset_factor=1),
+            C: T.Buffer((lanes,), "int32", offset_factor=1),
+        ) -> None:
+            with T.sblock("root"):
+                T.reads(C[0:lanes], A[0:lanes, 0:4], B[0:4])
+                T.writes(C[0:lanes])
+                # LLVM 20 declares the byte operands as <64 x i8> (older LLVMs: <16 x i32>); no local variables
+                # here: each would become a heap workspace allocation per tile inside the parallel loop
+                C[T.ramp(T.int32(0), 1, lanes)] = T.call_llvm_pure_intrin(
+                    T.llvm_lookup_intrinsic_id(intrinsic),
+                    C.vload([0], acc_t),
+                    A.vload([0, 0], a_t),
+                    T.reinterpret(T.broadcast(T.reinterpret(B.vload([0], "int8x4"), dtype="int32"), lanes), dtype=b_t),
+                    dtype=acc_t,
+                )
+
+        return vnni
 
     @T.prim_func(s_tir=True)
     def avx2(
@@ -138,24 +146,7 @@ def register_intrinsics() -> None:
                 dtype="int32x8",
             )
 
-    @T.prim_func(s_tir=True)
-    def vnni_256(
-        A: T.Buffer((8, 4), "uint8", offset_factor=1),
-        B: T.Buffer((4,), "int8", offset_factor=1),
-        C: T.Buffer((8,), "int32", offset_factor=1),
-    ) -> None:
-        with T.sblock("root"):
-            T.reads(C[0:8], A[0:8, 0:4], B[0:4])
-            T.writes(C[0:8])
-            C[T.ramp(T.int32(0), 1, 8)] = T.call_llvm_pure_intrin(
-                T.llvm_lookup_intrinsic_id("llvm.x86.avx512.vpdpbusd.256"),
-                C.vload([0], "int32x8"),
-                A.vload([0, 0], "uint8x32"),
-                T.reinterpret(T.broadcast(T.reinterpret(B.vload([0], "int8x4"), dtype="int32"), 8), dtype="int8x32"),
-                dtype="int32x8",
-            )
-
-    for kind, impl in ((VNNI, vnni), (AVX2, avx2), (VNNI_256, vnni_256)):
+    for kind, impl in ((VNNI, vnni_for(VNNI)), (AVX2, avx2), (VNNI_256, vnni_for(VNNI_256))):
         if TensorIntrin.get(kind.intrinsic, allow_missing=True) is None:
             TensorIntrin.register(kind.intrinsic, desc_for(kind), impl)
 
