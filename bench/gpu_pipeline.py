@@ -30,6 +30,7 @@ import json
 import os
 import tempfile
 import time
+import traceback
 from pathlib import Path
 from typing import Any
 
@@ -210,10 +211,15 @@ def main() -> None:
     result: dict[str, Any] = {"bs1": [], "bs64": []}
     with tempfile.TemporaryDirectory() as tmp:
         for b in bundles:
-            if b.stem.endswith(".bs1"):
-                result["bs1"] += batch1(b, videos, Path(tmp))
-            else:
-                result["bs64"].append(batch64(b, Path(tmp)))
+            try:  # one bundle that fails (a first run on new code) leaves the others' rows
+                if b.stem.endswith(".bs1"):
+                    result["bs1"] += batch1(b, videos, Path(tmp))
+                else:
+                    result["bs64"].append(batch64(b, Path(tmp)))
+            except Exception:
+                print(f"{b.name}: FAILED", flush=True)
+                traceback.print_exc()
+                result.setdefault("failed", []).append(b.name)
     print("| bundle | video | path | fps | preprocess | infer | postprocess | kernel | frames copied |")
     print("|---|---|---|---|---|---|---|---|---|")
     for r in result["bs1"]:
@@ -267,6 +273,8 @@ def main() -> None:
         )
     if args.json:
         args.json.write_text(json.dumps(result, indent=1))
+    if result.get("failed"):
+        raise SystemExit(f"failed: {', '.join(result['failed'])}")
 
 
 if __name__ == "__main__":
