@@ -91,6 +91,13 @@ def test_two_models_pushed_health_checked_and_rolled_back_independently(
     r = cli("status", dev.name, "--model", "cam2", "--json", *dev.args())
     facts = json.loads(r.out)["facts"]
     assert facts["model"] == "cam2" and facts["current_release"] == v1 and set(facts["models"]) == {"default", "cam2"}
+    r = cli("status", "--json", *dev.args())  # the fleet: each model's newest report
+    latest = json.loads(r.out)["devices"][dev.name]["latest_by_model"]
+    assert r.code == 0 and {m: x["slot"] for m, x in latest.items()} == {"default": "default", "cam2": "cam2"}
+    r = cli("status", *dev.args())  # the fleet table: a row per model
+    assert r.code == 0 and f"{dev.name}/cam2" in r.out and r.out.count(v1) == 2, r.out
+    r = cli("status", "--model", "cam9", *dev.args())
+    assert r.code == 0 and "NO MODEL" in r.out and v1 not in r.out, r.out
     r = cli("rollback", dev.name, "--model", "cam9", *dev.args())
     assert_one_line_error(r, 4, "has no model 'cam9' (models: default, cam2)")
     r = cli("push", dev.name, str(v2_bundle), "--model", "../x", *dev.args())

@@ -100,6 +100,17 @@ ModelOpt = Annotated[
         "--model", help="which of the device's models (model slot; `default` unless named)", callback=_model_name
     ),
 ]
+
+
+def _model_filter(ctx: typer.Context, param: typer.CallbackParam, value: str | None) -> str | None:
+    return None if value is None else _model_name(ctx, param, value)
+
+
+ModelFilterOpt = Annotated[
+    str | None,
+    typer.Option("--model", help="only this model of each device (model slot; every model unless named)",
+                 callback=_model_filter),
+]  # fmt: skip
 SourceOpt = Annotated[
     list[Path] | None,
     typer.Option(

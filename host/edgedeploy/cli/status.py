@@ -11,7 +11,7 @@ from edgedeploy_agent.names import DEFAULT_SLOT
 from ..errors import InputError, fleet_exit_code
 from ..inventory import Inventory
 from . import render
-from .options import InventoryOpt, JsonOpt, ModelOpt
+from .options import InventoryOpt, JsonOpt, ModelFilterOpt
 
 if TYPE_CHECKING:
     from ..remote.status import DeviceStatus
@@ -81,36 +81,60 @@ def show_report(device: str, r: dict[str, Any]) -> None:
     )
 
 
-def fleet_row(name: str, st: DeviceStatus) -> list[Any]:
+def fleet_rows(name: str, st: DeviceStatus, model: str | None = None) -> list[list[Any]]:
+    """One row per model on the device (`NAME` for its default model, `NAME/SLOT` for the others; a device with
+    one model is one row, as before slots), or only `model`'s row: each with that model's own state, release and
+    reports."""
     f = st.facts
-    r = st.reports[-1] if st.reports else None
+    slots = sorted(f.models, key=lambda s: (s != DEFAULT_SLOT, s)) if f.models else [DEFAULT_SLOT]
+    if model is not None:
+        if model not in slots:
+            return [[name, "NO MODEL", f"no model {model!r} (models: {', '.join(slots)})", "", "", "", "", "", ""]]
+        slots = [model]
+    rows = []
+    for slot in slots:
+        m = f.models.get(slot)
+        health, release = (m.health_state, m.current_release) if m else (f.health_state, f.current_release)
+        mine = [r for r in st.reports if r.get("slot", DEFAULT_SLOT) == slot]
+        new = sum(1 for r in st.new_reports if r.get("slot", DEFAULT_SLOT) == slot)
+        label = name if slot == DEFAULT_SLOT else f"{name}/{slot}"
+        rows.append(_row(label, health, release, mine, new))
+    return rows
+
+
+def _row(label: str, health: str | None, release: str | None, reports: list[dict[str, Any]], new: int) -> list[Any]:
+    r = reports[-1] if reports else None
     infer = (r or {}).get("latency_ms", {}).get("infer") if r else None
     power = (r or {}).get("power") or {}
     temps = (r or {}).get("temperatures_c") or {}
     camera = "-" if not r or r.get("camera_up") is None else ("up" if r["camera_up"] else "DOWN")
     fps = f"{r['fps']:.1f}" if r else "-"
     if r and r.get("batch"):  # several sources: all of them
-        latest = latest_per_source(st.reports)
+        latest = latest_per_source(reports)
         camera = f"{sum(1 for x in latest if x.get('camera_up'))}/{len(latest)} up"
         fps = f"{r['batch']['aggregate_fps']:.1f}"
     return [
-        name,
-        f.health_state or "not started",
-        f.current_release or "-",
+        label,
+        health or "not started",
+        release or "-",
         fps,
         f"{infer['p50']:.2f}/{infer['p99']:.2f}" if infer else "-",
         camera,
         power.get("mean_watts") if power.get("status") == "measured" else "n/a",
         f"{max(temps.values()):.1f}" if temps else "-",
-        len(st.new_reports),
+        new,
     ]
 
 
 def _summary(st: DeviceStatus) -> dict[str, Any]:
+    latest: dict[str, Any] = {}
+    for r in st.reports:  # the newest report of each model
+        latest[r.get("slot", DEFAULT_SLOT)] = r
     return {
         "facts": st.facts.__dict__,
         "new_reports": len(st.new_reports),
         "latest": st.reports[-1] if st.reports else None,
+        "latest_by_model": latest,
     }
 
 
@@ -120,7 +144,7 @@ def register(app: typer.Typer) -> None:
         device: Annotated[str | None, typer.Argument(help="device name; leave out for the whole fleet")] = None,
         group: Annotated[str | None, typer.Option("--group", help="only devices with this tag")] = None,
         via: Annotated[str, typer.Option(help="ssh: ask each device; mqtt: read the retained statuses")] = "ssh",
-        model: ModelOpt = DEFAULT_SLOT,
+        model: ModelFilterOpt = None,
         inventory: InventoryOpt = None,
         json_: JsonOpt = False,
     ) -> None:
@@ -129,23 +153,22 @@ def register(app: typer.Typer) -> None:
         With a DEVICE: its detail (an error exits with its own code: 3 unreachable, 4 refused). Without (or
         with --group TAG): one line per device, pulled in parallel; exit 0 when all answered, 5 when some did
         (partial), 1 when none did. With --via mqtt a device counts as answered when its retained status is
-        there and not offline, refused, rolled-back or unreadable. A device with several models lists each;
-        --model NAME shows that one's state and latest report (the fleet table shows `default`); with --via
-        mqtt, each device's retained status about model NAME (its own status topic).
+        there and not offline, refused, rolled-back or unreadable. A device with several models lists each (the
+        fleet table: a row per model, NAME/MODEL); --model NAME shows only that model's state and latest report
+        (`default` unless named); with --via mqtt, each device's retained status about model NAME (its own
+        status topic).
         """
         from .. import api
 
         inv = Inventory.load(inventory)
         if via == "mqtt":
-            _via_mqtt(api.select_devices(inv, [device] if device else None, group), group, json_, model)
+            _via_mqtt(api.select_devices(inv, [device] if device else None, group), group, json_, model or DEFAULT_SLOT)
             return
         if via != "ssh":
             raise InputError(f"--via must be ssh or mqtt, got {via!r}")
         if device is not None and group is None:
-            _one(inv, device, json_, model)
+            _one(inv, device, json_, model or DEFAULT_SLOT)
             return
-        if model != DEFAULT_SLOT:
-            raise InputError("--model needs one DEVICE (the fleet table shows each device's default model)")
         fleet = api.fleet_status(inv, tag=group)
         if json_:
             render.print_json(
@@ -155,7 +178,7 @@ def register(app: typer.Typer) -> None:
                 }
             )
         else:
-            rows = [fleet_row(n, st) for n, st in sorted(fleet.succeeded.items())]
+            rows = [row for n, st in sorted(fleet.succeeded.items()) for row in fleet_rows(n, st, model)]
             rows += [[n, "UNREACHABLE", e.message, "", "", "", "", "", ""] for n, e in sorted(fleet.failed.items())]
             render.table(
                 f"fleet{' ' + group if group else ''}: {len(fleet.succeeded)} ok, {len(fleet.failed)} failed",
