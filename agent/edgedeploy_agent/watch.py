@@ -96,8 +96,6 @@ def backoff_delay(attempt: int, low: float, high: float, rng: random.Random) -> 
 class Watcher:
     def __init__(self, store: DeviceStore, cfg: WatchConfig) -> None:
         self.store, self.cfg = store, cfg
-        # the model slot the document being acted on addresses: its status topic, release and serial floor
-        self.slot_store = store.for_slot(DEFAULT_SLOT)
         self.device = store.config().device_name
         self.rng = random.Random()
         self.stop = threading.Event()
@@ -114,10 +112,8 @@ class Watcher:
         self._last_fields: dict[str, tuple[str, dict[str, Any]]] = {}
         self.client: Any = None
         for slot in self._known_slots():
-            self.slot_store = store.for_slot(slot)
-            self._floors[slot] = self._load().get("serial")
-            self._publish("idle")
-        self.slot_store = store.for_slot(DEFAULT_SLOT)
+            self._floors[slot] = self._load(slot).get("serial")
+            self._publish(slot, "idle")
         self._ever_connected = False  # a connection's log line says "reconnected" after the first
 
     # --- persisted state ------------------------------------------------------------------------
@@ -127,65 +123,62 @@ class Watcher:
         except AgentError:
             return [DEFAULT_SLOT]
 
-    @property
-    def state_path(self) -> Path:
-        """The watch state of the slot acted on (`default` keeps the file it had before slots)."""
-        slot = self.slot_store.slot
+    def state_path(self, slot: str) -> Path:
+        """The watch state of model slot `slot` (`default` keeps the file it had before slots)."""
         folder = self.store.root / "watch"
         return folder / "state.json" if slot == DEFAULT_SLOT else folder / "models" / f"{slot}.json"
 
-    def _load(self) -> dict[str, Any]:
-        if self.slot_store.slot in self._unsaved:
-            return dict(self._unsaved[self.slot_store.slot])
+    def _load(self, slot: str) -> dict[str, Any]:
+        if slot in self._unsaved:
+            return dict(self._unsaved[slot])
         try:
-            data = json.loads(self.state_path.read_text(encoding="utf-8"))
+            data = json.loads(self.state_path(slot).read_text(encoding="utf-8"))
         except (FileNotFoundError, ValueError):
             data = None
         if not isinstance(data, dict):
             return {"serial": None, "last": None, "done": None}
         return data
 
-    def _save(self, data: dict[str, Any]) -> None:
+    def _save(self, slot: str, data: dict[str, Any]) -> None:
         """state.json, durably; on a full disk the state is kept in memory (the floor holds for this process;
         a restart rereads the old file, whose floor is lower or equal, never higher) and the watch goes on:
         crashing here would crash-loop on every restart until someone freed space by hand."""
-        slot = self.slot_store.slot
         self._floors[slot] = data.get("serial")
+        path = self.state_path(slot)
         try:
-            self.state_path.parent.mkdir(parents=True, exist_ok=True)
-            write_atomic(self.state_path, json.dumps(data))
+            path.parent.mkdir(parents=True, exist_ok=True)
+            write_atomic(path, json.dumps(data))
         except OSError as e:
             if e.errno not in (errno.ENOSPC, errno.EDQUOT):
                 raise
-            log.warning("cannot write %s (%s): kept in memory until the disk has room", self.state_path, e)
+            log.warning("cannot write %s (%s): kept in memory until the disk has room", path, e)
             self._unsaved[slot] = dict(data)
         else:
             self._unsaved.pop(slot, None)
 
-    def _release(self, slot: Optional[str] = None) -> Optional[str]:
+    def _release(self, slot: str) -> Optional[str]:
         try:
-            current: Optional[str] = self.store.for_slot(slot or self.slot_store.slot).state()["current"]
+            current: Optional[str] = self.store.for_slot(slot).state()["current"]
             return current
         except AgentError:
             return None
 
-    def _slots(self) -> dict[str, Any]:
+    def _slots(self, slot: str) -> dict[str, Any]:
         """On a device with several model slots: the slot the status is about, and every slot's release."""
         try:
             slots = self.store.slots()
             if len(slots) == 1:
                 return {}
             return {
-                "model": self.slot_store.slot,
+                "model": slot,
                 "models": {s: self.store.for_slot(s).state()["current"] for s in slots},
             }
         except AgentError:
             return {}
 
     # --- MQTT -----------------------------------------------------------------------------------
-    def _publish(self, state: str, **fields: Any) -> None:
-        """A status of the slot acted on, on its topic; another slot's also refreshes the device's status."""
-        slot = self.slot_store.slot
+    def _publish(self, slot: str, state: str, **fields: Any) -> None:
+        """A status of model slot `slot`, on its topic; another slot's also refreshes the device's status."""
         self._last_fields[slot] = (state, fields)
         self._send(slot, state, fields)
         if slot != DEFAULT_SLOT and DEFAULT_SLOT in self._last_fields:
@@ -194,12 +187,8 @@ class Watcher:
     def _send(self, slot: str, state: str, fields: dict[str, Any]) -> None:
         if slot != DEFAULT_SLOT:
             fields = {"model": slot, **fields}  # a status on a slot's own topic always names it
-        self.slot_store, acted_on = self.store.for_slot(slot), self.slot_store
-        try:
-            fields = {**self._slots(), **fields}
-            doc = status_doc(self.device, state, release=self._release(), floor=self._floors.get(slot), **fields)
-        finally:
-            self.slot_store = acted_on
+        fields = {**self._slots(slot), **fields}
+        doc = status_doc(self.device, state, release=self._release(slot), floor=self._floors.get(slot), **fields)
         self._last_status[slot] = doc
         log.info("status %s %s", state, {k: v for k, v in fields.items() if k != "progress"})
         if self.client is not None and self.connected.is_set():
@@ -304,15 +293,9 @@ class Watcher:
                 self.wake.clear()
                 with self._lock:
                     inbox, self._inbox = self._inbox, {}
-                try:
-                    self._take(inbox)
-                    if inbox or not fired:
-                        self._retry_unfinished(skip=set(inbox))
-                except OSError as e:  # a full disk (or a failing one) is reported; the watch keeps running
-                    if e.errno not in (errno.ENOSPC, errno.EDQUOT):
-                        raise
-                    log.warning("disk full: %s", e)
-                    self._publish("refused", code="no-space", message=f"the device root is full: {e}")
+                self._take(inbox)
+                if inbox or not fired:
+                    self._retry_unfinished(skip=set(inbox))
                 if end is not None and time.monotonic() >= end:
                     break
         finally:
@@ -338,23 +321,33 @@ class Watcher:
             self._handle(slot, payload)
 
     def _handle(self, slot: str, payload: bytes) -> None:
-        self.slot_store = self.store.for_slot(slot)
-        data = self._load()
+        """Act on a desired document of model slot `slot`; a full disk (or a failing one) is that slot's refusal,
+        and the watch keeps running."""
+        try:
+            self._act_on(slot, payload)
+        except OSError as e:
+            if e.errno not in (errno.ENOSPC, errno.EDQUOT):
+                raise
+            log.warning("disk full: %s", e)
+            self._publish(slot, "refused", code="no-space", message=f"the device root is full: {e}")
+
+    def _act_on(self, slot: str, payload: bytes) -> None:
+        data = self._load(slot)
         try:
             doc = verify_desired(payload, self.device, rollout_trust(self.store.root), data.get("serial"), model=slot)
         except DesiredRefused as e:  # names the serial it refuses: the controller waiting for it stops at once
             self._publish(
-                "refused", code=e.code, message=e.message, **({} if e.serial is None else {"serial": e.serial})
+                slot, "refused", code=e.code, message=e.message, **({} if e.serial is None else {"serial": e.serial})
             )
             return
         if doc is None:
             return  # empty retained message: no instruction
         done = data.get("done") or {}
         if done.get("serial") == doc.serial and done.get("state") in TERMINAL:
-            self._publish(done["state"], **done.get("fields", {}))  # already acted on: say so again
+            self._publish(slot, done["state"], **done.get("fields", {}))  # already acted on: say so again
             return
         data.update(serial=doc.serial, last=payload.decode())
-        self._save(data)
+        self._save(slot, data)
         self._apply(doc)
 
     def _retry_unfinished(self, skip: set[str]) -> None:
@@ -366,8 +359,7 @@ class Watcher:
                 continue
             if self.wake.is_set():
                 return
-            self.slot_store = self.store.for_slot(slot)
-            data = self._load()
+            data = self._load(slot)
             if data.get("last") and (data.get("done") or {}).get("serial") != data.get("serial"):
                 self._handle(slot, data["last"].encode())
 
@@ -385,7 +377,7 @@ class Watcher:
         self._activate(doc, base, lambda: self._deploy(doc, manifest_sha, signature_sha))
 
     def _deploy(self, doc: DesiredDoc, manifest_sha: str, signature_sha: Optional[str]) -> dict[str, Any]:
-        store = self.slot_store
+        store = self.store.for_slot(doc.model)
         source = BlobSource(store, manifest_sha, signature_sha)
         state = store.state()
         if state["previous"] and source.read()[0].release_name == state["previous"][0]:
@@ -399,7 +391,7 @@ class Watcher:
 
     def _roll_back_to(self, doc: DesiredDoc) -> dict[str, Any]:
         """A fleet rollback: back to `doc.release`, what this device ran before the rollout it undoes."""
-        store = self.slot_store
+        store = self.store.for_slot(doc.model)
         state = store.state()
         if state["current"] == doc.release:  # e.g. its new release failed health and it went back by itself
             return {"outcome": "unchanged", "release": doc.release, "previous": doc.release}
@@ -413,13 +405,13 @@ class Watcher:
     def _activate(self, doc: DesiredDoc, base: dict[str, Any], act: Callable[[], dict[str, Any]]) -> None:
         """act() under the slot's lock (DeviceStore.exclusive); its outcome (or why not) as the document's final
         status."""
-        self._publish("activating", **base)
+        self._publish(doc.model, "activating", **base)
         try:
-            with self.slot_store.exclusive("deploy"):
+            with self.store.for_slot(doc.model).exclusive("deploy"):
                 result = act()
         except StateError as e:
             if "another deploy" in e.message:  # someone (a technician over SSH) holds the lock: try again later
-                self._publish("downloading", **base, code=e.code, message=e.message)
+                self._publish(doc.model, "downloading", **base, code=e.code, message=e.message)
                 return
             self._finish(doc, "refused", base, code=e.code, message=e.message)
         except HealthCheckFailed as e:
@@ -446,10 +438,10 @@ class Watcher:
         def progress(done: int, total: int) -> None:
             if time.monotonic() - last[0] >= 1.0:
                 last[0] = time.monotonic()
-                self._publish("downloading", **base, progress={"bytes": done, "total": total})
+                self._publish(doc.model, "downloading", **base, progress={"bytes": done, "total": total})
 
         attempt = mismatches = 0
-        self._publish("downloading", **base, progress={"bytes": 0, "total": None})
+        self._publish(doc.model, "downloading", **base, progress={"bytes": 0, "total": None})
         while not self.stop.is_set():
             try:
                 pulled = self._pull_unless_preempted(puller, ref, progress)
@@ -473,7 +465,7 @@ class Watcher:
                 self._finish(doc, "refused", base, code="no-space", message=f"the device root is full: {e}")
                 return None
             # the status says why until a retry makes progress: what the controller quotes when it stops waiting
-            self._publish("downloading", **base, code=err.code, message=err.message)
+            self._publish(doc.model, "downloading", **base, code=err.code, message=err.message)
             attempt += 1
             if self.wake.wait(backoff_delay(attempt, self.cfg.backoff_min_s, self.cfg.backoff_max_s, self.rng)):
                 return None  # a newer message: the main loop takes it (and may resume this download)
@@ -508,10 +500,10 @@ class Watcher:
         return pulled
 
     def _finish(self, doc: DesiredDoc, state: str, base: dict[str, Any], **fields: Any) -> None:
-        data = self._load()
+        data = self._load(doc.model)
         data["done"] = {"serial": doc.serial, "state": state, "fields": {**base, **fields}}
-        self._save(data)
-        self._publish(state, **base, **fields)
+        self._save(doc.model, data)
+        self._publish(doc.model, state, **base, **fields)
 
 
 def run_watch(store: DeviceStore, max_seconds: Optional[float] = None) -> int:

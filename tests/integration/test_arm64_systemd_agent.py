@@ -21,6 +21,7 @@ import signal
 import subprocess
 import time
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -175,9 +176,9 @@ class ArmDevice:
         cmd = ["ssh", *opts, "-p", str(self.container.port), f"{LOGIN}@127.0.0.1", "--", shlex.join(argv)]
         return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
 
-    def unit(self) -> dict[str, str]:
+    def unit(self, name: str = UNIT) -> dict[str, str]:
         props = "ActiveState,SubState,MainPID,NRestarts,StatusText,Result,WatchdogTimestampMonotonic,WatchdogUSec"
-        out = self.container.exec(["systemctl", "show", UNIT, "-p", props]).stdout
+        out = self.container.exec(["systemctl", "show", name, "-p", props]).stdout
         return dict(line.split("=", 1) for line in out.splitlines() if "=" in line)
 
     def facts(self, cli: Cli) -> dict[str, Any]:
@@ -218,11 +219,7 @@ def arm(
         # a fresh device: enroll pins the host key, then finds no agent to initialise
         r = cli("devices", "enroll", dev.name, "--yes", *dev.args())
         assert r.code == 4 and "edgedeploy-agent not found on the device" in r.err, r.err
-        install = [
-            "agent", "install", dev.name, "--python", "python3.9", "--venv", VENV,
-            "--runtime-lib", str(arm64_root.runtime_lib), "--json", *dev.args(),
-        ]  # fmt: skip
-        r = timed("agent install", lambda: cli(*install, timeout=1200))
+        r = timed("agent install", lambda: cli(*install_argv(dev), timeout=1200))
         assert r.code == 0, r.err
         dev.install = json.loads(r.out)
         c.exec(["rm", "/etc/sudoers.d/00-bootstrap"])  # from now on: only what the installer granted
@@ -472,26 +469,81 @@ def test_a_push_cut_off_mid_activation_is_finished_by_the_device(
     assert f["current_release"] == release and f["healthy_release"] == release, f
 
 
+# --- model slots: a second model in its own instance of the template unit ------------------------------
+
+
+@contextmanager
+def bootstrap_grant(arm: ArmDevice) -> Iterator[None]:
+    """The technician's sudo grant, given back for an `agent install`, then taken away again."""
+    grant = arm.container.merged / "etc/sudoers.d/00-bootstrap"
+    grant.write_text(f"{LOGIN} ALL=(ALL) NOPASSWD: ALL\n")
+    grant.chmod(0o440)
+    try:
+        yield
+    finally:
+        grant.unlink()
+
+
+def install_argv(arm: ArmDevice, *extra: str) -> list[str]:
+    return [
+        "agent", "install", arm.name, "--python", "python3.9", "--venv", VENV,
+        "--runtime-lib", str(arm.prepared.runtime_lib), *extra, "--json", *arm.args(),
+    ]  # fmt: skip
+
+
+@in_container
+def test_a_second_model_is_served_by_its_own_instance_of_the_template_unit(
+    arm: ArmDevice, cli: Cli, bundles: dict[str, Path]
+) -> None:
+    """Issue 36's model slots under a real systemd: the inventory names a second model, `agent install` again
+    instantiates the shipped templates for it, and `push --model cam2` starts edgedeploy-agent@cam2.service
+    (Type=notify, the service user, `--model cam2`) while the default model's agent serves on; the login may
+    restart the slot's unit (the installer's sudoers rule names it) and `status` shows both models."""
+    c = arm.container
+    with open(arm.inventory, "a", encoding="utf-8") as f:
+        f.write(f"\n[devices.{arm.name}.models.cam2]\n")  # no source: the second agent idles
+    with bootstrap_grant(arm):
+        r = timed("agent install (model cam2)", lambda: cli(*install_argv(arm), timeout=1200))
+    assert r.code == 0, r.err
+    changed = json.loads(r.out)["changed"]
+    assert "enable model cam2" in changed, changed
+    slot_unit = "edgedeploy-agent@cam2.service"
+    default = arm.unit()
+    bundle = bundles["mnist-xavier-cpu"]
+    try:
+        r = timed("push --model cam2", lambda: push(cli, arm, bundle, "--model", "cam2"))
+        assert r.code == 0 and json.loads(r.out)["model"] == "cam2", r.out + r.err
+        u = arm.unit(slot_unit)
+        assert (u["ActiveState"], u["SubState"]) == ("active", "running") and u["StatusText"].startswith("serving"), u
+        assert c.exec(["ps", "-o", "user=", "-p", u["MainPID"]]).stdout.strip() == "edgedeploy"
+        argv = c.exec(["cat", f"/proc/{u['MainPID']}/cmdline"]).stdout.split("\0")
+        assert argv[argv.index("--model") + 1] == "cam2", argv
+        assert arm.unit()["MainPID"] == default["MainPID"]  # the default model's agent was not touched
+        restart = arm.ssh("sudo", "-n", "systemctl", "restart", slot_unit)
+        assert restart.returncode == 0, restart.stderr
+        restarted = lambda: (a := arm.unit(slot_unit))["MainPID"] not in ("0", u["MainPID"]) and a  # noqa: E731
+        assert wait_for("cam2 restarted", restarted, timeout=120)
+        r = cli("status", arm.name, *arm.args(), timeout=300)
+        release = read_manifest(bundle).release_name
+        assert r.code == 0 and f"model cam2: {release}, agent ready" in r.out, r.out + r.err
+    finally:
+        c.exec(["systemctl", "stop", slot_unit], check=False)
+
+
 # --- pull rollouts: the watch service deploys, the restart path unit restarts the inference unit --------
 
 
 def install_for_pull(cli: Cli, arm: ArmDevice, fleet: PullFleet) -> dict[str, Any]:
     """`agent install --mqtt` by a technician with the bootstrap grant (given back for it, then taken away)."""
-    grant = arm.container.merged / "etc/sudoers.d/00-bootstrap"
-    grant.write_text(f"{LOGIN} ALL=(ALL) NOPASSWD: ALL\n")
-    grant.chmod(0o440)
-    try:
-        install = [
-            "agent", "install", arm.name, "--python", "python3.9", "--venv", VENV,
-            "--runtime-lib", str(arm.prepared.runtime_lib), "--mqtt", fleet.broker.address,
-            "--registry", fleet.cache.url, "--broker-passwd", str(fleet.broker.base / "passwd"), "--json", *arm.args(),
-        ]  # fmt: skip
+    install = install_argv(
+        arm, "--mqtt", fleet.broker.address, "--registry", fleet.cache.url, "--broker-passwd",
+        str(fleet.broker.base / "passwd"),
+    )  # fmt: skip
+    with bootstrap_grant(arm):
         r = timed("agent install --mqtt", lambda: cli(*install, timeout=1200))
         assert r.code == 0, r.err
         again = timed("agent install --mqtt again", lambda: cli(*install, timeout=1200))
         assert again.code == 0 and json.loads(again.out)["changed"] == [], again.out + again.err
-    finally:
-        grant.unlink()
     assert fleet.broker.proc is not None
     fleet.broker.proc.send_signal(signal.SIGHUP)  # mosquitto reads its password file again
     return dict(json.loads(r.out))
