@@ -21,7 +21,7 @@ from .durable import write_json_atomic
 from .errors import StateError
 from .heartbeat import BUILD_STATES, pid_alive
 from .names import DEFAULT_SLOT
-from .store import DeviceStore, utcnow
+from .store import DeviceStore, make_dirs, utcnow
 from .unit import restart_path_unit, restart_request, slot_unit
 
 log = logging.getLogger("edgedeploy_agent.service")
@@ -103,7 +103,7 @@ class ProcessService:
         self.stop()
         (self.store.run_dir / "health.json").unlink(missing_ok=True)
         for d in (self.store.logs, self.store.run_dir):
-            d.mkdir(parents=True, exist_ok=True)
+            make_dirs(d)
         log = open(self.store.log_path, "ab")
         try:
             stamp = utcnow()  # every line the agent writes starts with its time (agentlog.py)

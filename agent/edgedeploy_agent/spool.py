@@ -23,7 +23,7 @@ from typing import Any, Optional
 from .durable import write_atomic, write_json_atomic
 from .names import DEFAULT_SLOT
 from .report import Report
-from .store import DeviceStore
+from .store import DeviceStore, make_dirs
 
 DEFAULT_SPOOL_MAX_BYTES = 64 << 20
 
@@ -31,7 +31,7 @@ DEFAULT_SPOOL_MAX_BYTES = 64 << 20
 class Spool:
     def __init__(self, store: DeviceStore, max_bytes: int = DEFAULT_SPOOL_MAX_BYTES) -> None:
         self.dir, self.max_bytes, self.slot = store.spool, max_bytes, store.slot
-        store.run_dir.mkdir(parents=True, exist_ok=True)
+        make_dirs(store.run_dir)
         self._seq_path = store.run_dir / "report_seq"
         self._dropped_path = store.run_dir / "spool_dropped"
         self.seq = self._last_seq()

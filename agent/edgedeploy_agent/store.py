@@ -19,6 +19,7 @@ import fcntl
 import json
 import os
 import shutil
+import stat
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -91,7 +92,7 @@ class DeviceStore:
     def ensure_slot(self) -> None:
         """Create this slot's folders and empty state (a first push to a new model name does)."""
         for d in (self.releases, self.run_dir):
-            d.mkdir(parents=True, exist_ok=True)
+            make_dirs(d)
         if not self.state_path.exists():
             write_json_atomic(self.state_path, self._empty_state())
 
@@ -167,7 +168,7 @@ class DeviceStore:
         (ROOT/.lock) is held shared meanwhile: what changes the whole device (`device_exclusive`: the move of a
         root from before slots) waits for every slot, and an agent from before per-slot locks, which takes the
         device lock exclusively for its deploy, and this one refuse each other."""
-        self.slot_dir.mkdir(parents=True, exist_ok=True)
+        make_dirs(self.slot_dir)
         of = "" if self.slot == DEFAULT_SLOT else f" (model {self.slot})"
         busy = StateError(
             f"another deploy or rollback is running on this device{of}; {what} refused",
@@ -331,6 +332,25 @@ class DeviceStore:
         return sorted(removed)
 
 
+def make_dirs(path: Path) -> None:
+    """mkdir -p `path`, each folder it makes with its parent folder's group write bit (and setgid). In systemd mode
+    the agent root is the service user's, group-writable and setgid (`agent install`), so that the deploying login
+    in the group writes there too; a folder made later (a new model slot's, by a push over SSH or by the watch
+    service) would otherwise get its maker's umask (a login's 022, the units' UMask=0027) and lock the other out."""
+    missing = []
+    while not path.is_dir():
+        missing.append(path)
+        path = path.parent
+    for d in reversed(missing):
+        try:
+            d.mkdir()
+        except FileExistsError:
+            continue  # made meanwhile by another process
+        parent = os.stat(d.parent).st_mode
+        if parent & stat.S_IWGRP:
+            os.chmod(d, stat.S_IMODE(os.stat(d).st_mode) | stat.S_IRWXG | (parent & stat.S_ISGID))
+
+
 @contextmanager
 def _locked(path: Path, how: int, busy: Optional[StateError] = None) -> Iterator[None]:
     """flock(2) `how` on `path` for the block: refused with `busy` when it is held against it, else (busy None)
@@ -393,7 +413,7 @@ def migrate_layout(root: Path) -> bool:
 
 
 def _migrate(root: Path, store: DeviceStore) -> None:
-    store.run_dir.mkdir(parents=True, exist_ok=True)
+    make_dirs(store.run_dir)
     old_releases = root / "releases"
     if old_releases.is_dir():
         if not store.releases.exists():

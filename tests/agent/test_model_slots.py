@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import stat
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -164,6 +165,28 @@ def _check_migrated(store: DeviceStore, current: str, state: bytes) -> None:
     assert len(list(store.releases.iterdir())) == 2
     assert (store.run_dir / "agent.pid").read_text() == "12345\n" and (store.run_dir / "report_seq").read_text() == "7"
     assert not any((root / "run" / n).exists() for n in LEGACY_RUN_FILES)
+
+
+def test_a_new_slot_is_shared_with_the_group_as_the_installed_root_is(store: DeviceStore) -> None:
+    """In systemd mode the root is group-writable and setgid (`agent install`) for the service user and the
+    deploying login: a slot made later by either (umask 022 or the units' 0027) must stay writable by the other.
+    Found by the arm64 systemd test: a push by the login made models/cam2/run 2755, and the slot's agent could
+    not write its health there."""
+    for d in (store.root, store.root / "models"):
+        os.chmod(d, 0o2770)
+    old = os.umask(0o022)
+    try:
+        cam2, cam3 = store.for_slot("cam2"), store.for_slot("cam3")
+        with cam2.exclusive("test"):  # a push makes the slot's folder for its lock first
+            cam2.ensure_slot()
+        os.chmod(store.root / "models", 0o755)  # a root that is not shared (process mode): the umask decides
+        cam3.ensure_slot()
+    finally:
+        os.umask(old)
+    for d in (cam2.slot_dir, cam2.releases, cam2.run_dir):
+        assert stat.S_IMODE(d.stat().st_mode) == 0o2775, (d, oct(d.stat().st_mode))
+    for d in (cam3.slot_dir, cam3.releases, cam3.run_dir):
+        assert stat.S_IMODE(d.stat().st_mode) == 0o755, (d, oct(d.stat().st_mode))
 
 
 def test_a_root_from_before_slots_is_moved_into_the_default_slot(store: DeviceStore, tmp_path: Path) -> None:
