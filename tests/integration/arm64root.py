@@ -335,7 +335,8 @@ def set_up_disk(merged: Path, public_key: str, frames: Path) -> None:
     (systemd / "emulated-cpuinfo.service").write_text(EMULATED_CPUINFO_UNIT)
     (systemd / "multi-user.target.wants").mkdir(exist_ok=True)
     (systemd / "multi-user.target.wants/emulated-cpuinfo.service").symlink_to("../emulated-cpuinfo.service")
-    for unit in (UNIT, "edgedeploy-agent-watch.service"):  # the watch service deploys too (pull rollouts)
+    # the watch service deploys too (pull rollouts); the template's drop-in is every model slot's instance's
+    for unit in (UNIT, "edgedeploy-agent-watch.service", "edgedeploy-agent@.service"):
         (systemd / f"{unit}.d").mkdir(exist_ok=True)
         (systemd / f"{unit}.d/emulated-cpuinfo.conf").write_text(EMULATED_CPUINFO_DROPIN)
     (merged / "srv/frames").mkdir(parents=True, exist_ok=True)
