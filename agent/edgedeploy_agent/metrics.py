@@ -15,7 +15,9 @@ class MetricsError(AgentError):
 
 class PrometheusExporter:
     """Gauges updated once per report window (the hot path is never touched), labelled with the bundle, the
-    model and the source: an agent with several sources writes one report per source per window."""
+    model, the model slot on the device (`push --model`) and the source: an agent with several sources writes one
+    report per source per window; each slot's agent has its own endpoint (its metrics_port), and the slot label
+    keeps two slots' series apart where one Prometheus scrapes both (they may run the same model)."""
 
     def __init__(self, port: int, addr: str = "127.0.0.1") -> None:
         try:
@@ -26,7 +28,7 @@ class PrometheusExporter:
                 hint="install the agent with the agent-metrics extra, or unset metrics_port",
             ) from None
         self.registry = prom.CollectorRegistry()
-        labels = ["bundle", "model", "source"]
+        labels = ["bundle", "model", "slot", "source"]
 
         def gauge(name: str, doc: str, extra: tuple[str, ...] = ()) -> Any:
             return prom.Gauge(name, doc, [*labels, *extra], registry=self.registry)
@@ -45,7 +47,7 @@ class PrometheusExporter:
         self.server, self.thread = prom.start_http_server(port, addr=addr, registry=self.registry)
 
     def update(self, r: Report) -> None:
-        lab = {"bundle": r.bundle_id, "model": r.model, "source": r.source}
+        lab = {"bundle": r.bundle_id, "model": r.model, "slot": r.slot, "source": r.source}
         for stage, lat in r.latency_ms.items():
             for q in ("p50", "p95", "p99"):
                 self.latency.labels(stage=stage, quantile=q, **lab).set(getattr(lat, q))

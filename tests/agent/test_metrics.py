@@ -39,10 +39,11 @@ def test_prometheus_endpoint_on_localhost_only() -> None:
                 temperatures_c={"CPU-therm": 41.5},
             )
         )
-        # a second source of the same agent: its own series, the first source's untouched
+        # another source (of another model slot's agent, on the same scrape): its own series, the first untouched
         exp.update(
             make_report(
                 2,
+                slot="cam2",
                 bundle_id="b1",
                 model="m",
                 source="file:/data/b.mp4",
@@ -56,7 +57,7 @@ def test_prometheus_endpoint_on_localhost_only() -> None:
     finally:
         exp.close()
     # (labels print sorted: quantile and the rest between model and source, zone after it)
-    cam, b = 'source="v4l2:/dev/video0"', 'source="file:/data/b.mp4"'
+    cam, b = 'slot="default",source="v4l2:/dev/video0"', 'slot="cam2",source="file:/data/b.mp4"'
     assert f'edgedeploy_stage_latency_ms{{bundle="b1",model="m",quantile="p50",{cam},stage="infer"}} 2.0' in text
     assert f'edgedeploy_stage_latency_ms{{bundle="b1",model="m",quantile="p50",{b},stage="infer"}} 5.0' in text
     assert f'edgedeploy_frame_latency_ms{{bundle="b1",model="m",quantile="p50",{b}}} 8.0' in text
