@@ -33,6 +33,7 @@ from .x86_int8 import (
     pack_weights,
     pointwise_eligible,
     pointwise_kernel,
+    residual_add_kernel,
 )
 
 _DQ = tvm.ir.Op.get("relax.dequantize")
@@ -118,6 +119,8 @@ class _Rewriter(relax.PyExprMutator):  # type: ignore[misc]
             fused = self._fuse_requantize(call)
             if fused is None:
                 fused = self._integer_max_pool(call)
+            if fused is None and self.dot is not None:
+                fused = self._residual_add(call)
             return call if fused is None else fused
         if call.op not in (_CONV, _MATMUL):
             return call
@@ -276,6 +279,28 @@ class _Rewriter(relax.PyExprMutator):  # type: ignore[misc]
         if any(a is None or b is None or a.shape != b.shape or not np.array_equal(a, b) for a, b in pairs):
             return None
         return relax.Call(pool.op, [dq.args[0]], pool.attrs)
+
+    def _residual_add(self, q: Any) -> Any:
+        """quantize(dequantize(a) + dequantize(b)) of two 8-bit tensors of one shape, per-tensor scales (a
+        residual connection) -> one vectorized kernel with the same arithmetic (x86_int8.residual_add_kernel)."""
+        add = self._bound(q.args[0], _ADD)
+        operands = [self._dq(a) for a in add.args] if add is not None else []
+        if add is None or str(add.ty.dtype) != "float32" or len(operands) != 2 or None in operands:
+            return None
+        found = [(self._const(d.args[1]), self._const(d.args[2])) for d in operands]
+        found.append((self._const(q.args[1]), self._const(q.args[2])))
+        params = [(s, z) for s, z in found if s is not None and z is not None and s.size == 1 and z.size == 1]
+        ints = [d.args[0] for d in operands]
+        dtypes = [str(t.ty.dtype) for t in ints] + [str(q.ty.dtype)]
+        if any(not isinstance(d, tvm.tirx.IntImm) for t in ints for d in t.ty.shape):
+            return None  # a symbolic (batch) dimension
+        shapes = {tuple(int(d) for d in t.ty.shape) for t in ints}
+        if len(params) != 3 or any(d not in _INT_RANGE for d in dtypes) or len(shapes) != 1:
+            return None
+        spec = [(d, float(s.reshape(())), int(z.reshape(()))) for d, (s, z) in zip(dtypes, params, strict=True)]
+        shape = shapes.pop()
+        gv = self.builder_.add_func(residual_add_kernel(shape, *spec), "int8_residual_add")
+        return relax.call_tir(gv, ints, relax.TensorType(shape, dtypes[2]))
 
     def _pointwise(
         self, xq: Any, w: np.ndarray, zx: int, b_q: np.ndarray, mult: np.ndarray, zy: int, dtype: str

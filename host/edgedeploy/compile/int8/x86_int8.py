@@ -446,3 +446,52 @@ def _direct_conv(kind: DotKind, shape: ConvShape, extra: list[Any], epilogue: An
     func = sch.mod["main"].without_attr("global_symbol")
     func = func.with_attr("tirx.is_scheduled", True).with_attr("edgedeploy.schedule", schedule)
     return func.with_attr("op_pattern", 8)  # kOpaque, as the pointwise kernel
+
+
+# The residual add between 8-bit layers, quantize(dequantize(a) + dequantize(b)): Relax legalizes it into one
+# kernel that TVM leaves unscheduled on CPUs, each step a full-size float32 buffer allocated per call (ResNet-18:
+# 0.1-0.3 ms an add at 28x28x128). The same arithmetic, step for step (what the legalized dequantize, add and
+# quantize compute: float32((int32) q - z) * s, the sum, round(x / s) + z, clipped), as one pass over the
+# elements in vectors of RESIDUAL_LANES; the same bytes (tests/host/test_x86_int8.py checks every input pair).
+# 128 lanes (a few registers each): with 16-64, the 64x56x56 adds ran 6x slower (0.3 ms against 0.05; their
+# tensors are 49 pages each, so likely loads waiting on 4K-aliased stores; 128x28x28 ran fast with any width)
+RESIDUAL_LANES = 128
+
+
+def residual_add_kernel(
+    shape: tuple[int, ...], a: tuple[str, float, int], b: tuple[str, float, int], y: tuple[str, float, int]
+) -> Any:
+    """The scheduled PrimFunc `(A, B) -> Y` of `shape`, each operand given as (dtype, scale, zero point):
+    Y = clip(round((float32(A - za) * sa + float32(B - zb) * sb) / sy) + zy) in Y's dtype."""
+    from tvm import te, tirx
+    from tvm.s_tir import Schedule
+
+    def dequantize(t: Any, scale: float, zero: int) -> Any:
+        def f(*i: Any) -> Any:
+            v = t(*i).astype("int32")
+            return (v - zero if zero else v).astype("float32") * tirx.const(scale, "float32")
+
+        return te.compute(shape, f, name=f"dq_{t.name}")
+
+    xa, xb = te.placeholder(shape, a[0], name="a"), te.placeholder(shape, b[0], name="b")
+    da, db = dequantize(xa, *a[1:]), dequantize(xb, *b[1:])
+    total = te.compute(shape, lambda *i: da(*i) + db(*i), name="sum")
+    out_dtype, sy, zy = y
+    lo, hi = (0.0, 255.0) if out_dtype == "uint8" else (-128.0, 127.0)
+
+    def quantize(*i: Any) -> Any:
+        r = tirx.round(total(*i) / tirx.const(sy, "float32"))
+        return te.max(te.min(r + float(zy) if zy else r, hi), lo).astype(out_dtype)
+
+    out = te.compute(shape, quantize, name="quantized")
+    sch = Schedule(te.create_prim_func([xa, xb, out]))
+    for name in ("dq_a", "dq_b", "sum"):
+        sch.compute_inline(sch.get_sblock(name))
+    flat = sch.fuse(*sch.get_loops(sch.get_sblock("quantized")))
+    size = int(np.prod(shape))
+    lanes = next((n for n in (RESIDUAL_LANES, 64, 32, 16, 8) if size % n == 0), 1)
+    if lanes > 1:
+        sch.vectorize(sch.split(flat, [None, lanes])[1])
+    func = sch.mod["main"].without_attr("global_symbol")
+    func = func.with_attr("tirx.is_scheduled", True).with_attr("edgedeploy.schedule", "residual-add")
+    return func.with_attr("op_pattern", 8)  # kOpaque, as the convolution kernels
