@@ -31,6 +31,7 @@ from edgedeploy.compile.int8.x86_int8 import (
     float_conv_kernel,
     float_kind,
     for_row,
+    max_pool_kernel,
     pack_activations_numpy,
     pack_conv_activations_numpy,
     pack_conv_weights,
@@ -348,6 +349,39 @@ def test_residual_add_kernel_gives_the_legalized_bytes(
         got = tvm.runtime.tensor(np.zeros(shape, y[0]))
         lib["main"](tvm.runtime.tensor(xa), tvm.runtime.tensor(xb), got)
         assert np.array_equal(got.numpy(), want)
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("kind", [AVX2, VNNI], ids=lambda k: k.name)
+@pytest.mark.parametrize(
+    "shape, dtype, size, stride, pad",
+    [
+        ((1, 8, 28, 28), "uint8", 3, 2, (1, 1, 1, 1)),  # ResNet's stem pool, in small
+        ((2, 3, 9, 11), "int8", 3, 2, (1, 1, 1, 1)),  # odd sizes, batch 2, signed (pads with -128)
+        ((1, 4, 8, 8), "uint8", 2, 2, (0, 0, 0, 0)),
+        ((1, 4, 7, 10), "int8", 3, 1, (0, 1, 2, 1)),  # stride 1, asymmetric padding
+    ],
+)
+def test_max_pool_kernel_gives_relax_bytes(
+    kind: DotKind, shape: tuple[int, int, int, int], dtype: str, size: int, stride: int, pad: tuple[int, ...]
+) -> None:
+    """max_pool_kernel against Relax's legalized max_pool2d on the same 8-bit input: the same bytes."""
+    _runnable(kind)
+    target = tvm.target.Target(TARGETS[kind])
+    lo, hi = (0, 256) if dtype == "uint8" else (-128, 128)
+    x = np.random.default_rng(sum(shape)).integers(lo, hi, shape).astype(dtype)
+    bb = relax.BlockBuilder()
+    vx = relax.Var("x", relax.TensorType(shape, dtype))
+    with bb.function("main", [vx]):
+        bb.emit_func_output(bb.emit(relax.op.nn.max_pool2d(vx, size, stride, pad)))
+    with target:
+        ex = tvm.compile(bb.get(), target=target, relax_pipeline=relax.get_default_pipeline(target))
+    want = relax.VirtualMachine(ex, tvm.cpu())["main"](tvm.runtime.tensor(x)).numpy()
+    kernel = max_pool_kernel(shape, dtype, (size, size), (stride, stride), pad).with_attr("global_symbol", "main")
+    lib = tvm.compile(tvm.IRModule({"main": kernel}), target=target)
+    got = tvm.runtime.tensor(np.zeros(want.shape, dtype))
+    lib["main"](tvm.runtime.tensor(x), got)
+    assert np.array_equal(got.numpy(), want)
 
 
 def _resnet_stages() -> onnx.ModelProto:

@@ -27,6 +27,7 @@ from .x86_int8 import (
     conv_shape,
     dot_kind,
     for_row,
+    max_pool_kernel,
     pack_activations,
     pack_conv_activations,
     pack_conv_weights,
@@ -278,7 +279,30 @@ class _Rewriter(relax.PyExprMutator):  # type: ignore[misc]
         pairs = [(self._const(a), self._const(b)) for a, b in zip(dq.args[1:3], q.args[1:3], strict=True)]
         if any(a is None or b is None or a.shape != b.shape or not np.array_equal(a, b) for a, b in pairs):
             return None
-        return relax.Call(pool.op, [dq.args[0]], pool.attrs)
+        kernel = self._max_pool_kernel(dq.args[0], pool.attrs) if self.dot is not None else None
+        if kernel is None:
+            return relax.Call(pool.op, [dq.args[0]], pool.attrs)
+        gv = self.builder_.add_func(kernel, "int8_max_pool")
+        return relax.call_tir(gv, [dq.args[0]], q.ty)
+
+    @staticmethod
+    def _max_pool_kernel(x: Any, a: Any) -> Any:
+        """x86: x86_int8.max_pool_kernel for an NCHW pool with static shapes, no dilation, no ceil mode."""
+        shape = x.ty.shape
+        if (
+            a.layout != "NCHW"
+            or a.out_layout != "NCHW"
+            or bool(a.ceil_mode)
+            or any(int(d) != 1 for d in a.dilation)
+            or len(shape) != 4
+            or any(not isinstance(d, tvm.tirx.IntImm) for d in shape)
+            or len(a.padding) != 4
+        ):
+            return None
+        n, c, h, w = (int(d) for d in shape)
+        (kh, kw), (sh, sw) = (int(k) for k in a.pool_size), (int(s) for s in a.strides)
+        pad = tuple(int(p) for p in a.padding)
+        return max_pool_kernel((n, c, h, w), str(x.ty.dtype), (kh, kw), (sh, sw), pad)
 
     def _residual_add(self, q: Any) -> Any:
         """quantize(dequantize(a) + dequantize(b)) of two 8-bit tensors of one shape, per-tensor scales (a
