@@ -133,7 +133,7 @@ def _conv_reference(x: np.ndarray, w: np.ndarray, zx: int, stride: int, pad: tup
         (1, 3, 8, 20, 20, 7, 2, (3, 3, 3, 3), "uint8"),  # a ResNet stem: 7x7, stride 2, 3 channels
         (1, 12, 16, 10, 10, 1, 2, (0, 0, 0, 0), "uint8"),  # a downsampling shortcut: 1x1, stride 2
         (1, 8, 8, 7, 12, 3, 2, (0, 0, 1, 1), "uint8"),  # TF-SAME: asymmetric padding
-        (1, 8, 32, 7, 7, 3, 1, (1, 1, 1, 1), "int8"),  # 7-pixel rows: ymm blocks of 16 channels (accumulator_rows)
+        (1, 8, 32, 7, 7, 3, 1, (1, 1, 1, 1), "int8"),  # 7-pixel rows: ymm blocks of 16 channels (register_block)
     ],
 )
 def test_conv_kernel_is_exact(

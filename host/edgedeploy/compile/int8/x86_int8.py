@@ -62,12 +62,18 @@ def for_row(kind: DotKind, width: int) -> DotKind:
     return narrow
 
 
-def accumulator_rows(kind: DotKind, channels: int) -> int:
-    """Output channels per register block of the K x K kernels: ACCUMULATOR_ROWS, or 16 for ymm vpdpbusd when
-    the channels split so. Zen 4 issues two ymm vpdpbusd a cycle, each waiting on its accumulator's last one:
-    8 accumulators left the 7- and 56-pixel-row layers of ResNet-18 latency-bound (16: 10 % faster on layer 4's)."""
-    rows = 2 * ACCUMULATOR_ROWS if kind == VNNI_256 else ACCUMULATOR_ROWS
-    return rows if channels % rows == 0 else ACCUMULATOR_ROWS
+def register_block(kind: DotKind, channels: int, row_blocks: int) -> tuple[int, int]:
+    """The K x K kernels' register block: (output channels, L-pixel blocks of one output row) it accumulates.
+    ACCUMULATOR_ROWS x 1 by default. ymm vpdpbusd: 16 channels where they split so; Zen 4 issues two a cycle,
+    each waiting on its accumulator's previous one, and 8 accumulators left ResNet-18's 56- and 7-pixel-row
+    layers latency-bound (16: 5-7 % faster; on zmm no gain). AVX2 (16 registers: 16 accumulators spill): 4
+    channels x 2 pixel blocks where the row has an even number of blocks, each broadcast weight used twice
+    (ResNet-18's 28- and 14-pixel rows: 7-16 % faster)."""
+    if kind == VNNI_256 and channels % (2 * ACCUMULATOR_ROWS) == 0:
+        return 2 * ACCUMULATOR_ROWS, 1
+    if kind == AVX2 and row_blocks % 2 == 0 and channels % (ACCUMULATOR_ROWS // 2) == 0:
+        return ACCUMULATOR_ROWS // 2, 2
+    return ACCUMULATOR_ROWS, 1
 
 
 def dot_kind(profile: DeviceProfile) -> DotKind | None:
@@ -432,16 +438,26 @@ def _direct_conv(kind: DotKind, shape: ConvShape, extra: list[Any], epilogue: An
     out = te.compute((n, o, oh, ow), lambda b, f, y, v: epilogue(acc[b, f, y, v // lanes, v % lanes], f), name="out")
     sch = Schedule(te.create_prim_func([x, wt, *extra, out]))
     b, f, y, v = sch.get_loops(sch.get_sblock("out"))
-    fo, fi = sch.split(f, [None, accumulator_rows(kind, o)])
-    vo, vi = sch.split(v, [None, lanes])
-    sch.reorder(b, fo, y, vo, fi, vi)
+    rows, blocks = register_block(kind, o, shape.row_blocks)
+    fo, fi = sch.split(f, [None, rows])
+    if blocks > 1:
+        vo, vp, vi = sch.split(v, [None, blocks, lanes])
+        sch.reorder(b, fo, y, vo, fi, vp, vi)
+    else:
+        vo, vi = sch.split(v, [None, lanes])
+        sch.reorder(b, fo, y, vo, fi, vi)
     block = sch.get_sblock("acc")
     sch.compute_at(block, vo)
     taps, inner = sum(a is not None for a in outer[:3]), int(depth > 1)
     loops = sch.get_loops(block)
-    fa, ia = loops[-2 - taps - inner], loops[-1 - taps - inner]
+    # the accumulator block's loops: channels, (pixel blocks,) lanes, then the taps and K
+    first = len(loops) - taps - inner - 2 - int(blocks > 1)
+    spatial = loops[first : len(loops) - taps - inner]
+    fa, ia = spatial[0], spatial[-1]
     reduction = loops[len(loops) - taps - inner : len(loops) - inner]
-    sch.reorder(*reduction, fa, ia, *loops[len(loops) - inner :])
+    sch.reorder(*reduction, *spatial, *loops[len(loops) - inner :])
+    if blocks > 1:
+        sch.unroll(spatial[1])
     sch.parallel(sch.fuse(b, fo, y, vo))
     sch.vectorize(vi)
     if acc_dtype == "float32":
