@@ -31,11 +31,13 @@ from edgedeploy.compile.int8.x86_int8 import (
     float_conv_kernel,
     float_kind,
     for_row,
+    max_pool_kernel,
     pack_activations_numpy,
     pack_conv_activations_numpy,
     pack_conv_weights,
     pack_weights,
     pointwise_kernel,
+    residual_add_kernel,
 )
 from edgedeploy.compile.tuning.metaschedule import scheduled_kernels, tunable_tasks
 from edgedeploy.profiles import get_profile
@@ -131,6 +133,7 @@ def _conv_reference(x: np.ndarray, w: np.ndarray, zx: int, stride: int, pad: tup
         (1, 3, 8, 20, 20, 7, 2, (3, 3, 3, 3), "uint8"),  # a ResNet stem: 7x7, stride 2, 3 channels
         (1, 12, 16, 10, 10, 1, 2, (0, 0, 0, 0), "uint8"),  # a downsampling shortcut: 1x1, stride 2
         (1, 8, 8, 7, 12, 3, 2, (0, 0, 1, 1), "uint8"),  # TF-SAME: asymmetric padding
+        (1, 8, 32, 7, 7, 3, 1, (1, 1, 1, 1), "int8"),  # 7-pixel rows: ymm blocks of 16 channels (register_block)
     ],
 )
 def test_conv_kernel_is_exact(
@@ -300,6 +303,85 @@ def test_residual_add_keeps_8_bit_tensors_between_layers() -> None:
     out_dq = next(n for n in qdq.graph.node if n.output[0] == "y")
     step = float(next(numpy_helper.to_array(i) for i in qdq.graph.initializer if i.name == out_dq.input[1]))
     assert np.abs(got - want).max() <= step * 1.001
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("kind", [AVX2, VNNI], ids=lambda k: k.name)
+@pytest.mark.parametrize(
+    "a, b, y",
+    [
+        (("uint8", 0.27962536, 116), ("uint8", 0.14428876, 133), ("uint8", 0.14472289, 0)),
+        (("uint8", 0.037805967, 0), ("int8", 0.10048359, -3), ("int8", 0.0570848, 7)),
+        (("int8", 0.5, 0), ("int8", 0.25, 0), ("uint8", 0.75, 128)),  # ties: x / s is k + 0.5 for many pairs
+    ],
+)
+def test_residual_add_kernel_gives_the_legalized_bytes(
+    kind: DotKind, a: tuple[str, float, int], b: tuple[str, float, int], y: tuple[str, float, int]
+) -> None:
+    """residual_add_kernel against what Relax legalizes quantize(dequantize(a) + dequantize(b)) into, on every
+    pair of 8-bit inputs (and a shape whose size is no multiple of the vector): the same bytes."""
+    from tvm.script import relax as R
+
+    _runnable(kind)
+    target = tvm.target.Target(TARGETS[kind])
+    for shape in ((1, 64, 32, 32), (1, 3, 5, 7)):
+        grid = np.stack(np.meshgrid(np.arange(256), np.arange(256), indexing="ij")).reshape(2, -1)
+        size = int(np.prod(shape))
+        pairs = np.resize(grid, (2, size))
+        shift = [-128 if t[0] == "int8" else 0 for t in (a, b)]
+        xa, xb = ((p + d).astype(t[0]).reshape(shape) for p, d, t in zip(pairs, shift, (a, b), strict=True))
+
+        bb = relax.BlockBuilder()
+        va, vb = relax.Var("a", R.Tensor(shape, a[0])), relax.Var("b", R.Tensor(shape, b[0]))
+        with bb.function("main", [va, vb]):
+            dq = [
+                relax.op.dequantize(v, relax.const(t[1], "float32"), relax.const(t[2], t[0]))
+                for v, t in ((va, a), (vb, b))
+            ]
+            s = relax.op.add(*dq)
+            q = relax.op.quantize(s, relax.const(y[1], "float32"), relax.const(y[2], y[0]), out_dtype=y[0])
+            bb.emit_func_output(bb.emit(q))
+        with target:
+            ex = tvm.compile(bb.get(), target=target, relax_pipeline=relax.get_default_pipeline(target))
+        want = relax.VirtualMachine(ex, tvm.cpu())["main"](tvm.runtime.tensor(xa), tvm.runtime.tensor(xb)).numpy()
+        kernel = residual_add_kernel(shape, a, b, y).with_attr("global_symbol", "main")
+        lib = tvm.compile(tvm.IRModule({"main": kernel}), target=target)
+        got = tvm.runtime.tensor(np.zeros(shape, y[0]))
+        lib["main"](tvm.runtime.tensor(xa), tvm.runtime.tensor(xb), got)
+        assert np.array_equal(got.numpy(), want)
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("kind", [AVX2, VNNI], ids=lambda k: k.name)
+@pytest.mark.parametrize(
+    "shape, dtype, size, stride, pad",
+    [
+        ((1, 8, 28, 28), "uint8", 3, 2, (1, 1, 1, 1)),  # ResNet's stem pool, in small
+        ((2, 3, 9, 11), "int8", 3, 2, (1, 1, 1, 1)),  # odd sizes, batch 2, signed (pads with -128)
+        ((1, 4, 8, 8), "uint8", 2, 2, (0, 0, 0, 0)),
+        ((1, 4, 7, 10), "int8", 3, 1, (0, 1, 2, 1)),  # stride 1, asymmetric padding
+    ],
+)
+def test_max_pool_kernel_gives_relax_bytes(
+    kind: DotKind, shape: tuple[int, int, int, int], dtype: str, size: int, stride: int, pad: tuple[int, ...]
+) -> None:
+    """max_pool_kernel against Relax's legalized max_pool2d on the same 8-bit input: the same bytes."""
+    _runnable(kind)
+    target = tvm.target.Target(TARGETS[kind])
+    lo, hi = (0, 256) if dtype == "uint8" else (-128, 128)
+    x = np.random.default_rng(sum(shape)).integers(lo, hi, shape).astype(dtype)
+    bb = relax.BlockBuilder()
+    vx = relax.Var("x", relax.TensorType(shape, dtype))
+    with bb.function("main", [vx]):
+        bb.emit_func_output(bb.emit(relax.op.nn.max_pool2d(vx, size, stride, pad)))
+    with target:
+        ex = tvm.compile(bb.get(), target=target, relax_pipeline=relax.get_default_pipeline(target))
+    want = relax.VirtualMachine(ex, tvm.cpu())["main"](tvm.runtime.tensor(x)).numpy()
+    kernel = max_pool_kernel(shape, dtype, (size, size), (stride, stride), pad).with_attr("global_symbol", "main")
+    lib = tvm.compile(tvm.IRModule({"main": kernel}), target=target)
+    got = tvm.runtime.tensor(np.zeros(want.shape, dtype))
+    lib["main"](tvm.runtime.tensor(x), got)
+    assert np.array_equal(got.numpy(), want)
 
 
 def _resnet_stages() -> onnx.ModelProto:

@@ -27,12 +27,14 @@ from .x86_int8 import (
     conv_shape,
     dot_kind,
     for_row,
+    max_pool_kernel,
     pack_activations,
     pack_conv_activations,
     pack_conv_weights,
     pack_weights,
     pointwise_eligible,
     pointwise_kernel,
+    residual_add_kernel,
 )
 
 _DQ = tvm.ir.Op.get("relax.dequantize")
@@ -118,6 +120,8 @@ class _Rewriter(relax.PyExprMutator):  # type: ignore[misc]
             fused = self._fuse_requantize(call)
             if fused is None:
                 fused = self._integer_max_pool(call)
+            if fused is None and self.dot is not None:
+                fused = self._residual_add(call)
             return call if fused is None else fused
         if call.op not in (_CONV, _MATMUL):
             return call
@@ -275,7 +279,52 @@ class _Rewriter(relax.PyExprMutator):  # type: ignore[misc]
         pairs = [(self._const(a), self._const(b)) for a, b in zip(dq.args[1:3], q.args[1:3], strict=True)]
         if any(a is None or b is None or a.shape != b.shape or not np.array_equal(a, b) for a, b in pairs):
             return None
-        return relax.Call(pool.op, [dq.args[0]], pool.attrs)
+        kernel = self._max_pool_kernel(dq.args[0], pool.attrs) if self.dot is not None else None
+        if kernel is None:
+            return relax.Call(pool.op, [dq.args[0]], pool.attrs)
+        gv = self.builder_.add_func(kernel, "int8_max_pool")
+        return relax.call_tir(gv, [dq.args[0]], q.ty)
+
+    @staticmethod
+    def _max_pool_kernel(x: Any, a: Any) -> Any:
+        """x86: x86_int8.max_pool_kernel for an NCHW pool with static shapes, no dilation, no ceil mode."""
+        shape = x.ty.shape
+        if (
+            a.layout != "NCHW"
+            or a.out_layout != "NCHW"
+            or bool(a.ceil_mode)
+            or any(int(d) != 1 for d in a.dilation)
+            or len(shape) != 4
+            or any(not isinstance(d, tvm.tirx.IntImm) for d in shape)
+            or len(a.padding) != 4
+        ):
+            return None
+        n, c, h, w = (int(d) for d in shape)
+        (kh, kw), (sh, sw) = (int(k) for k in a.pool_size), (int(s) for s in a.strides)
+        pad = tuple(int(p) for p in a.padding)
+        return max_pool_kernel((n, c, h, w), str(x.ty.dtype), (kh, kw), (sh, sw), pad)
+
+    def _residual_add(self, q: Any) -> Any:
+        """quantize(dequantize(a) + dequantize(b)) of two 8-bit tensors of one shape, per-tensor scales (a
+        residual connection) -> one vectorized kernel with the same arithmetic (x86_int8.residual_add_kernel)."""
+        add = self._bound(q.args[0], _ADD)
+        operands = [self._dq(a) for a in add.args] if add is not None else []
+        if add is None or str(add.ty.dtype) != "float32" or len(operands) != 2 or None in operands:
+            return None
+        found = [(self._const(d.args[1]), self._const(d.args[2])) for d in operands]
+        found.append((self._const(q.args[1]), self._const(q.args[2])))
+        params = [(s, z) for s, z in found if s is not None and z is not None and s.size == 1 and z.size == 1]
+        ints = [d.args[0] for d in operands]
+        dtypes = [str(t.ty.dtype) for t in ints] + [str(q.ty.dtype)]
+        if any(not isinstance(d, tvm.tirx.IntImm) for t in ints for d in t.ty.shape):
+            return None  # a symbolic (batch) dimension
+        shapes = {tuple(int(d) for d in t.ty.shape) for t in ints}
+        if len(params) != 3 or any(d not in _INT_RANGE for d in dtypes) or len(shapes) != 1:
+            return None
+        spec = [(d, float(s.reshape(())), int(z.reshape(()))) for d, (s, z) in zip(dtypes, params, strict=True)]
+        shape = shapes.pop()
+        gv = self.builder_.add_func(residual_add_kernel(shape, *spec), "int8_residual_add")
+        return relax.call_tir(gv, ints, relax.TensorType(shape, dtypes[2]))
 
     def _pointwise(
         self, xq: Any, w: np.ndarray, zx: int, b_q: np.ndarray, mult: np.ndarray, zy: int, dtype: str

@@ -62,6 +62,20 @@ def for_row(kind: DotKind, width: int) -> DotKind:
     return narrow
 
 
+def register_block(kind: DotKind, channels: int, row_blocks: int) -> tuple[int, int]:
+    """The K x K kernels' register block: (output channels, L-pixel blocks of one output row) it accumulates.
+    ACCUMULATOR_ROWS x 1 by default. ymm vpdpbusd: 16 channels where they split so; Zen 4 issues two a cycle,
+    each waiting on its accumulator's previous one, and 8 accumulators left ResNet-18's 56- and 7-pixel-row
+    layers latency-bound (16: 5-7 % faster; on zmm no gain). AVX2 (16 registers: 16 accumulators spill): 4
+    channels x 2 pixel blocks where the row has an even number of blocks, each broadcast weight used twice
+    (ResNet-18's 28- and 14-pixel rows: 7-16 % faster)."""
+    if kind == VNNI_256 and channels % (2 * ACCUMULATOR_ROWS) == 0:
+        return 2 * ACCUMULATOR_ROWS, 1
+    if kind == AVX2 and row_blocks % 2 == 0 and channels % (ACCUMULATOR_ROWS // 2) == 0:
+        return ACCUMULATOR_ROWS // 2, 2
+    return ACCUMULATOR_ROWS, 1
+
+
 def dot_kind(profile: DeviceProfile) -> DotKind | None:
     """The best 8-bit dot product the profile's CPUs are guaranteed to have (its cpu_features), if any."""
     if profile.arch != "x86_64" or profile.device != "cpu":
@@ -424,16 +438,26 @@ def _direct_conv(kind: DotKind, shape: ConvShape, extra: list[Any], epilogue: An
     out = te.compute((n, o, oh, ow), lambda b, f, y, v: epilogue(acc[b, f, y, v // lanes, v % lanes], f), name="out")
     sch = Schedule(te.create_prim_func([x, wt, *extra, out]))
     b, f, y, v = sch.get_loops(sch.get_sblock("out"))
-    fo, fi = sch.split(f, [None, ACCUMULATOR_ROWS])
-    vo, vi = sch.split(v, [None, lanes])
-    sch.reorder(b, fo, y, vo, fi, vi)
+    rows, blocks = register_block(kind, o, shape.row_blocks)
+    fo, fi = sch.split(f, [None, rows])
+    if blocks > 1:
+        vo, vp, vi = sch.split(v, [None, blocks, lanes])
+        sch.reorder(b, fo, y, vo, fi, vp, vi)
+    else:
+        vo, vi = sch.split(v, [None, lanes])
+        sch.reorder(b, fo, y, vo, fi, vi)
     block = sch.get_sblock("acc")
     sch.compute_at(block, vo)
     taps, inner = sum(a is not None for a in outer[:3]), int(depth > 1)
     loops = sch.get_loops(block)
-    fa, ia = loops[-2 - taps - inner], loops[-1 - taps - inner]
+    # the accumulator block's loops: channels, (pixel blocks,) lanes, then the taps and K
+    first = len(loops) - taps - inner - 2 - int(blocks > 1)
+    spatial = loops[first : len(loops) - taps - inner]
+    fa, ia = spatial[0], spatial[-1]
     reduction = loops[len(loops) - taps - inner : len(loops) - inner]
-    sch.reorder(*reduction, fa, ia, *loops[len(loops) - inner :])
+    sch.reorder(*reduction, *spatial, *loops[len(loops) - inner :])
+    if blocks > 1:
+        sch.unroll(spatial[1])
     sch.parallel(sch.fuse(b, fo, y, vo))
     sch.vectorize(vi)
     if acc_dtype == "float32":
@@ -446,3 +470,97 @@ def _direct_conv(kind: DotKind, shape: ConvShape, extra: list[Any], epilogue: An
     func = sch.mod["main"].without_attr("global_symbol")
     func = func.with_attr("tirx.is_scheduled", True).with_attr("edgedeploy.schedule", schedule)
     return func.with_attr("op_pattern", 8)  # kOpaque, as the pointwise kernel
+
+
+# The residual add between 8-bit layers, quantize(dequantize(a) + dequantize(b)): Relax legalizes it into one
+# kernel that TVM leaves unscheduled on CPUs, each step a full-size float32 buffer allocated per call (ResNet-18:
+# 0.1-0.3 ms an add at 28x28x128). The same arithmetic, step for step (what the legalized dequantize, add and
+# quantize compute: float32((int32) q - z) * s, the sum, round(x / s) + z, clipped), as one pass over the
+# elements in vectors of RESIDUAL_LANES; the same bytes (tests/host/test_x86_int8.py checks every input pair).
+# 128 lanes (a few registers each): with 16-64, the 64x56x56 adds ran 6x slower (0.3 ms against 0.05; their
+# tensors are 49 pages each, so likely loads waiting on 4K-aliased stores; 128x28x28 ran fast with any width)
+RESIDUAL_LANES = 128
+
+
+def residual_add_kernel(
+    shape: tuple[int, ...], a: tuple[str, float, int], b: tuple[str, float, int], y: tuple[str, float, int]
+) -> Any:
+    """The scheduled PrimFunc `(A, B) -> Y` of `shape`, each operand given as (dtype, scale, zero point):
+    Y = clip(round((float32(A - za) * sa + float32(B - zb) * sb) / sy) + zy) in Y's dtype."""
+    from tvm import te, tirx
+    from tvm.s_tir import Schedule
+
+    def dequantize(t: Any, scale: float, zero: int) -> Any:
+        def f(*i: Any) -> Any:
+            v = t(*i).astype("int32")
+            return (v - zero if zero else v).astype("float32") * tirx.const(scale, "float32")
+
+        return te.compute(shape, f, name=f"dq_{t.name}")
+
+    xa, xb = te.placeholder(shape, a[0], name="a"), te.placeholder(shape, b[0], name="b")
+    da, db = dequantize(xa, *a[1:]), dequantize(xb, *b[1:])
+    total = te.compute(shape, lambda *i: da(*i) + db(*i), name="sum")
+    out_dtype, sy, zy = y
+    lo, hi = (0.0, 255.0) if out_dtype == "uint8" else (-128.0, 127.0)
+
+    def quantize(*i: Any) -> Any:
+        r = tirx.round(total(*i) / tirx.const(sy, "float32"))
+        return te.max(te.min(r + float(zy) if zy else r, hi), lo).astype(out_dtype)
+
+    out = te.compute(shape, quantize, name="quantized")
+    sch = Schedule(te.create_prim_func([xa, xb, out]))
+    for name in ("dq_a", "dq_b", "sum"):
+        sch.compute_inline(sch.get_sblock(name))
+    flat = sch.fuse(*sch.get_loops(sch.get_sblock("quantized")))
+    size = int(np.prod(shape))
+    lanes = next((n for n in (RESIDUAL_LANES, 64, 32, 16, 8) if size % n == 0), 1)
+    if lanes > 1:
+        sch.vectorize(sch.split(flat, [None, lanes])[1])
+    func = sch.mod["main"].without_attr("global_symbol")
+    func = func.with_attr("tirx.is_scheduled", True).with_attr("edgedeploy.schedule", "residual-add")
+    return func.with_attr("op_pattern", 8)  # kOpaque, as the convolution kernels
+
+
+def max_pool_kernel(
+    shape: tuple[int, int, int, int], dtype: str, kernel: tuple[int, int], stride: tuple[int, int], pad: tuple[int, ...]
+) -> Any:
+    """An NCHW max pool of 8-bit integers as a scheduled PrimFunc `(X) -> Y`, separable: the max over the
+    window's rows for one output row (a vector along the input row), then over its columns. Relax's legalized
+    max_pool2d pads the whole input into a buffer of its own each call (ResNet-18's stem output: 832 KB,
+    0.25 ms a run in the model). Integers and max: exact in any order; the padding is the type's minimum, as
+    there (every window holds an input pixel, so it never wins)."""
+    from tvm import te, tirx
+    from tvm.s_tir import Schedule
+
+    n, c, h, w = shape
+    (kh, kw), (sh, sw), (top, left, bottom, right) = kernel, stride, pad
+    oh, ow = (h + top + bottom - kh) // sh + 1, (w + left + right - kw) // sw + 1
+    x = te.placeholder(shape, dtype, name="x")
+    low = tirx.min_value(dtype)
+
+    def window_max(values: list[Any]) -> Any:
+        out = values[0]
+        for v in values[1:]:
+            out = te.max(out, v)
+        return out
+
+    def rows(b: Any, f: Any, y: Any, u: Any) -> Any:
+        taps = [(sh * y + i - top, i) for i in range(kh)]
+        return window_max([tirx.if_then_else(tirx.all(r >= 0, r < h), x[b, f, r, u], low) for r, _ in taps])
+
+    row_max = te.compute((n, c, oh, w), rows, name="rows")
+
+    def cols(b: Any, f: Any, y: Any, v: Any) -> Any:
+        taps = [sw * v + j - left for j in range(kw)]
+        return window_max([tirx.if_then_else(tirx.all(u >= 0, u < w), row_max[b, f, y, u], low) for u in taps])
+
+    out = te.compute((n, c, oh, ow), cols, name="out")
+    sch = Schedule(te.create_prim_func([x, out]))
+    b, f, y, v = sch.get_loops(sch.get_sblock("out"))
+    sch.parallel(sch.fuse(b, f))
+    sch.compute_at(sch.get_sblock("rows"), y)
+    sch.vectorize(sch.get_loops(sch.get_sblock("rows"))[-1])
+    sch.vectorize(v)
+    func = sch.mod["main"].without_attr("global_symbol")
+    func = func.with_attr("tirx.is_scheduled", True).with_attr("edgedeploy.schedule", "max-pool")
+    return func.with_attr("op_pattern", 8)  # kOpaque, as the convolution kernels
