@@ -31,10 +31,12 @@ from edgedeploy.compile.int8.x86_int8 import (
     float_conv_kernel,
     float_kind,
     for_row,
+    matvec_kernel,
     max_pool_kernel,
     pack_activations_numpy,
     pack_conv_activations_numpy,
     pack_conv_weights,
+    pack_matvec_weights,
     pack_weights,
     pointwise_kernel,
     residual_add_kernel,
@@ -105,6 +107,29 @@ def test_pointwise_kernel_is_exact(kind: DotKind, n: int, c: int, o: int, hw: in
     y = tvm.runtime.tensor(np.zeros((n, o, p), out), dev)
     lib(*args, y)
     assert np.array_equal(y.numpy(), _reference(x, w, bias, mult, 7, out))
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("target", [AVX2, VNNI], ids=lambda k: k.name)
+@pytest.mark.parametrize("n,c,o,out", [(1, 256, 1001, "uint8"), (2, 64, 24, "int8"), (1, 2, 33, "int8")])
+def test_matvec_kernel_is_exact(target: DotKind, n: int, c: int, o: int, out: str) -> None:
+    """The one-pixel kernel (a classifier; lanes over output channels, AVX2's vpmaddwd on every x86 profile):
+    output channels that are no multiple of the lanes (MobileNet's 1001), batch 2, a single input channel
+    block, compiled for either target: its bytes equal numpy's int64 arithmetic."""
+    _runnable(target)
+    rng = np.random.default_rng(n * c + o)
+    x = rng.integers(0, 256, (n, c, 1, 1)).astype(np.uint8)
+    w = rng.integers(-128, 128, (o, c, 1, 1)).astype(np.int8)
+    bias = rng.integers(-5000, 5000, o).astype(np.int32)
+    mult = (rng.random(o) * 2e-3).astype(np.float32)
+    kernel = matvec_kernel(n, c, o, 7, out).with_attr("global_symbol", "main")
+    lib = tvm.compile(tvm.IRModule({"main": kernel}), target=tvm.target.Target(TARGETS[target]))
+    dev = tvm.cpu()
+    packed = x.reshape(n, c // 2, 2).astype(np.int16)
+    args = [tvm.runtime.tensor(a, dev) for a in (packed, pack_matvec_weights(w), bias, mult)]
+    y = tvm.runtime.tensor(np.zeros((n, o), out), dev)
+    lib(*args, y)
+    assert np.array_equal(y.numpy(), _reference(x, w, bias, mult, 7, out).reshape(n, o))
 
 
 def _conv_reference(x: np.ndarray, w: np.ndarray, zx: int, stride: int, pad: tuple[int, ...]) -> np.ndarray:
@@ -217,9 +242,9 @@ def mobilenet_qdq(data_dir: Path) -> tuple[onnx.ModelProto, np.ndarray]:
 def test_mobilenet_pointwise_layers_on_the_dot_product(
     mobilenet_qdq: tuple[onnx.ModelProto, np.ndarray], kind: DotKind
 ) -> None:
-    """All 13 pointwise convolutions of MobileNetV1 become the tensorized kernel; the compiled model gives the
-    same bytes as the float32-exact graph on real images; tuning skips those kernels and the manifest's
-    'kernels from a database' does not count them."""
+    """All 13 pointwise convolutions of MobileNetV1 become the tensorized kernel, the classifier the matrix-vector
+    kernel; the compiled model gives the same bytes as the float32-exact graph on real images; tuning skips
+    those kernels and the manifest's 'kernels from a database' does not count them."""
     _runnable(kind)
     qdq, images = mobilenet_qdq
     name = qdq.graph.input[0].name
@@ -234,6 +259,7 @@ def test_mobilenet_pointwise_layers_on_the_dot_product(
         kernels = [gv.name_hint for gv in mod.get_global_vars() if gv.name_hint.startswith("int8_conv1x1")]
         calls = mod["main"].script().count("int8_conv1x1")
         assert (len(kernels) > 0, calls) == ((True, 13) if dot else (False, 0))
+        assert mod["main"].script().count("int8_matvec") == (1 if dot else 0)  # the 256 -> 1001 classifier
         with target:
             if dot:
                 fused = relax.get_pipeline("zero")(mod)

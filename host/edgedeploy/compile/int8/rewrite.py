@@ -27,10 +27,13 @@ from .x86_int8 import (
     conv_shape,
     dot_kind,
     for_row,
+    matvec_eligible,
+    matvec_kernel,
     max_pool_kernel,
     pack_activations,
     pack_conv_activations,
     pack_conv_weights,
+    pack_matvec_weights,
     pack_weights,
     pointwise_eligible,
     pointwise_kernel,
@@ -49,8 +52,10 @@ _MAX_POOL = tvm.ir.Op.get("relax.nn.max_pool2d")
 _PERMUTE = tvm.ir.Op.get("relax.permute_dims")
 _INT_RANGE = {"int8": (-128, 127), "uint8": (0, 255)}
 # what a tensorized x86 kernel needs: (integer input, int8 weights [O, C, KH, KW], input zero point, the
-# convolution's attributes, or None for a 1x1 stride-1 convolution: the pointwise kernel)
+# convolution's attributes, or None for a 1x1 stride-1 convolution: the pointwise kernel, or MATVEC for a 1x1
+# convolution of one pixel: the matrix-vector kernel)
 Dot = tuple[Any, np.ndarray, int, Any]
+MATVEC = "matvec"
 
 
 @dataclass
@@ -172,8 +177,11 @@ class _Rewriter(relax.PyExprMutator):  # type: ignore[misc]
         w = _shift_weights(wq, zw, int(self._dq(call.args[1]).attrs.axis))
         o = w.shape[0]
         conv: dict[str, Any] = {"strides": a.strides, "dilation": a.dilation, "groups": int(a.groups)}
-        dot = None
-        if self.dot is not None and pointwise_eligible(self.dot, a, w.shape):
+        dot: Dot | None = None
+        x_shape = tuple(int(d) for d in x_dq.args[0].ty.shape)
+        if self.dot is not None and matvec_eligible(a, w.shape, x_shape):
+            dot = (x_dq.args[0], w, int(zx.reshape(())), MATVEC)
+        elif self.dot is not None and pointwise_eligible(self.dot, a, w.shape):
             dot = (x_dq.args[0], w, int(zx.reshape(())), None)
         elif self.dot is not None and conv_eligible(self.dot, a, w.shape):
             dot = (x_dq.args[0], w, int(zx.reshape(())), a)
@@ -256,6 +264,8 @@ class _Rewriter(relax.PyExprMutator):  # type: ignore[misc]
         if b_q.size != flat_scale.size or not np.allclose(b_scale.reshape(-1), flat_scale, rtol=1e-5):
             return None
         mult = (flat_scale.astype(np.float32) / np.float32(sy.reshape(()))).astype(np.float32).reshape(scale.shape)
+        if dot is not None and isinstance(dot[3], str):
+            return self._matvec(*dot[:3], b_q, mult.reshape(-1), int(zy.reshape(())), dtype)
         if dot is not None and dot[3] is None:
             return self._pointwise(*dot[:3], b_q, mult.reshape(-1), int(zy.reshape(())), dtype)
         if dot is not None:
@@ -340,6 +350,18 @@ class _Rewriter(relax.PyExprMutator):  # type: ignore[misc]
         flat = self._kernel_call(*call)
         self.kernel_outputs[flat] = lambda center: self._kernel_call(*call, center=center)
         return relax.op.reshape(flat, [n, o, h, wd])
+
+    def _matvec(self, xq: Any, w: np.ndarray, zx: int, b_q: np.ndarray, mult: np.ndarray, zy: int, dtype: str) -> Any:
+        """A 1x1 convolution of one pixel (a classifier) and its requantize as one kernel whose lanes run over the
+        output channels (x86_int8.matvec_kernel); any channel count, the weights padded with zero rows."""
+        n, c = (int(d) for d in list(xq.ty.shape)[:2])
+        o = w.shape[0]
+        x = self.builder_.emit(relax.op.reshape(relax.op.astype(xq, "int16"), [n, c // 2, 2]))
+        total = (b_q.astype(np.int64) - zx * w.reshape(o, -1).astype(np.int64).sum(axis=1)).astype(np.int32)
+        consts = [relax.const(pack_matvec_weights(w)), relax.const(total), relax.const(mult, "float32")]
+        gv = self.builder_.add_func(matvec_kernel(n, c, o, zy, dtype), "int8_matvec_avx2")
+        y = self.builder_.emit(relax.call_tir(gv, [x, *consts], relax.TensorType((n, o), dtype)))
+        return relax.op.reshape(y, [n, o, 1, 1])
 
     def _spatial(
         self, xq: Any, w: np.ndarray, zx: int, attrs: Any, b_q: np.ndarray, mult: np.ndarray, zy: int, dtype: str

@@ -246,13 +246,27 @@ def pointwise_kernel(
         return y.astype(out_dtype) if center is None else y - float(center)
 
     # flat pixels (the caller reshapes to [N, O, H, W], free in Relax): keeps q // L affine for compute_at
-    out = te.compute((n, o, p), requantize, name="requantize")
+    ragged = p % lanes != 0 and kind.cpu_flag == VNNI.cpu_flag
+    if ragged:
+        # pixels that are no multiple of L on AVX-512: the requantize on whole blocks into a local 8 x L tile,
+        # then the tile stored under the predicate. Requantized under it, the accumulators' q // L, q % L did
+        # not simplify and were read with gathers: 128->128 at 14x14, 2.8 us per pixel block against 1.3 at
+        # 16x16 (1.9 with the tile). AVX2 has neither the gathers nor masked stores: the tile made it slower.
+        tile = te.compute((n, o, blocks * lanes), requantize, name="tile")
+        out = te.compute((n, o, p), lambda b, f, q: tile[b, f, q], name="requantize")
+    else:
+        out = te.compute((n, o, p), requantize, name="requantize")
     sch = Schedule(te.create_prim_func([x, wt, bias, mult, out]))
     # output loops: (n, o/8, pixel blocks) in parallel, then 8 channels x L pixels from the accumulators
     b, f, q = sch.get_loops(sch.get_sblock("requantize"))
     fo, fi = sch.split(f, [None, ACCUMULATOR_ROWS])
     po, pi = sch.split(q, [None, lanes])
     sch.reorder(b, fo, po, fi, pi)
+    if ragged:
+        tile_block = sch.get_sblock("tile")
+        sch.compute_at(tile_block, po)
+        sch.set_scope(tile_block, 0, "local")
+        sch.vectorize(sch.get_loops(tile_block)[-1])
     block = sch.get_sblock("acc")
     sch.compute_at(block, po)
     fa, ia, r, k = sch.get_loops(block)[-4:]
@@ -564,3 +578,87 @@ def max_pool_kernel(
     func = sch.mod["main"].without_attr("global_symbol")
     func = func.with_attr("tirx.is_scheduled", True).with_attr("edgedeploy.schedule", "max-pool")
     return func.with_attr("op_pattern", 8)  # kOpaque, as the convolution kernels
+
+
+# A 1x1 convolution of a single pixel (a classifier after global pooling, MobileNet's 256 -> 1001) is a matrix-
+# vector product: the pointwise kernel's lanes run over pixels and would leave all but one idle. Here the lanes
+# run over output channels instead: the weights are the vector operand, packed [O/L, C/K, L, K] (zero rows up to
+# a multiple of MATVEC_ROWS x L, so any O fits), and K input channels of the pixel are broadcast. The avx2
+# intrinsic (vpmaddwd, int16 x int16) serves every x86 profile: both operands are signed after widening, which
+# vpdpbusd's uint8 x int8 would not allow with the weights as the vector.
+MATVEC_ROWS = 4  # independent accumulators (L output channels each) per step of the input channels
+
+
+def matvec_eligible(attrs: Any, weight_shape: tuple[int, ...], x_shape: tuple[int, ...]) -> bool:
+    """A 1x1, unpadded, ungrouped NCHW convolution of a 1x1 input whose channels split into AVX2's K-blocks."""
+    o, c, kh, kw = weight_shape
+    return (
+        (kh, kw) == (1, 1)
+        and tuple(x_shape[2:]) == (1, 1)
+        and int(attrs.groups) == 1
+        and all(int(d) == 1 for d in attrs.dilation)
+        and not any(int(p) for p in attrs.padding)
+        and c % AVX2.depth == 0
+    )
+
+
+def matvec_blocks(o: int) -> int:
+    """Output-channel blocks of L lanes the packed weights hold (a multiple of MATVEC_ROWS)."""
+    step = MATVEC_ROWS * AVX2.lanes
+    return -(-o // step) * MATVEC_ROWS
+
+
+def pack_matvec_weights(w: np.ndarray) -> np.ndarray:
+    """[O, C, 1, 1] int8 -> [O/L, C/K, L, K] int16 with zero rows past O."""
+    o, c = w.shape[:2]
+    lanes, depth, blocks = AVX2.lanes, AVX2.depth, matvec_blocks(o)
+    padded = np.zeros((blocks * lanes, c), np.int16)
+    padded[:o] = w.reshape(o, c)
+    return np.ascontiguousarray(padded.reshape(blocks, lanes, c // depth, depth).transpose(0, 2, 1, 3))
+
+
+def matvec_kernel(n: int, c: int, o: int, zy: int, out_dtype: str) -> Any:
+    """The scheduled PrimFunc `(X int16[N, C/K, K], W packed, bias int32[O], mult float32[O]) -> Y[N, O]` with
+    Y = clip(round((acc + bias) * mult) + zy) in out_dtype, the pointwise kernel's requantize."""
+    from tvm import te, tirx
+    from tvm.s_tir import Schedule
+
+    register_intrinsics()
+    kind, rows = AVX2, MATVEC_ROWS
+    lanes, depth, blocks, cb = kind.lanes, kind.depth, matvec_blocks(o), c // kind.depth
+    lo, hi = (0.0, 255.0) if out_dtype == "uint8" else (-128.0, 127.0)
+    x = te.placeholder((n, cb, depth), kind.act_dtype, name="x")
+    wt = te.placeholder((blocks, cb, lanes, depth), kind.weight_dtype, name="w")
+    bias = te.placeholder((o,), "int32", name="bias")
+    mult = te.placeholder((o,), "float32", name="mult")
+    rc, rk = te.reduce_axis((0, cb), "rc"), te.reduce_axis((0, depth), "rk")
+    acc = te.compute(
+        (n, blocks, lanes),
+        lambda b, q, i: te.sum(wt[q, rc, i, rk].astype("int32") * x[b, rc, rk].astype("int32"), axis=[rc, rk]),
+        name="acc",
+    )
+
+    def requantize(b: Any, f: Any) -> Any:
+        v = tirx.round((acc[b, f // lanes, f % lanes] + bias[f]).astype("float32") * mult[f]) + float(zy)
+        return te.max(te.min(v, hi), lo).astype(out_dtype)
+
+    out = te.compute((n, o), requantize, name="requantize")
+    sch = Schedule(te.create_prim_func([x, wt, bias, mult, out]))
+    b, f = sch.get_loops(sch.get_sblock("requantize"))
+    fo, fi = sch.split(f, [None, rows * lanes])
+    block = sch.get_sblock("acc")
+    sch.compute_at(block, fo)
+    if cb > 1:
+        qa, ia, r, k = sch.get_loops(block)[-4:]
+        sch.reorder(r, qa, ia, k)
+    else:  # compute_at makes no loop of extent 1
+        qa, ia, k = sch.get_loops(block)[-3:]
+        r = qa
+    sch.parallel(sch.fuse(b, fo))
+    sch.vectorize(fi)
+    sch.decompose_reduction(block, r)
+    sch.tensorize(ia, kind.intrinsic)
+    sch.unroll(qa)
+    func = sch.mod["main"].without_attr("global_symbol")
+    func = func.with_attr("tirx.is_scheduled", True).with_attr("edgedeploy.schedule", f"matvec-{kind.name}")
+    return func.with_attr("op_pattern", 8)  # kOpaque, as the pointwise kernel
