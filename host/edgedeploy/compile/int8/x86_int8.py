@@ -449,7 +449,19 @@ def _direct_conv(kind: DotKind, shape: ConvShape, extra: list[Any], epilogue: An
         return te.sum(pixel.astype(acc_dtype) * wt[f, rc, ri, rj, rk].astype(acc_dtype), axis=axes)
 
     acc = te.compute((n, o, oh, shape.row_blocks, lanes), tap, name="acc")
-    out = te.compute((n, o, oh, ow), lambda b, f, y, v: epilogue(acc[b, f, y, v // lanes, v % lanes], f), name="out")
+
+    def result(b: Any, f: Any, y: Any, v: Any) -> Any:
+        return epilogue(acc[b, f, y, v // lanes, v % lanes], f)
+
+    # rows that are no multiple of L on AVX-512: the epilogue on whole blocks into a local tile, stored under the
+    # predicate, as pointwise_kernel's (under it, the accumulators were read with gathers: ResNet-18's 28- and
+    # 14-pixel rows)
+    ragged = ow % lanes != 0 and kind.cpu_flag == VNNI.cpu_flag
+    if ragged:
+        tile = te.compute((n, o, oh, shape.row_blocks * lanes), result, name="tile")
+        out = te.compute((n, o, oh, ow), lambda b, f, y, v: tile[b, f, y, v], name="out")
+    else:
+        out = te.compute((n, o, oh, ow), result, name="out")
     sch = Schedule(te.create_prim_func([x, wt, *extra, out]))
     b, f, y, v = sch.get_loops(sch.get_sblock("out"))
     rows, blocks = register_block(kind, o, shape.row_blocks)
@@ -460,6 +472,11 @@ def _direct_conv(kind: DotKind, shape: ConvShape, extra: list[Any], epilogue: An
     else:
         vo, vi = sch.split(v, [None, lanes])
         sch.reorder(b, fo, y, vo, fi, vi)
+    if ragged:
+        tile_block = sch.get_sblock("tile")
+        sch.compute_at(tile_block, vo)
+        sch.set_scope(tile_block, 0, "local")
+        sch.vectorize(sch.get_loops(tile_block)[-1])
     block = sch.get_sblock("acc")
     sch.compute_at(block, vo)
     taps, inner = sum(a is not None for a in outer[:3]), int(depth > 1)
