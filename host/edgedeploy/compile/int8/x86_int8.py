@@ -283,9 +283,10 @@ def pointwise_kernel(
 
 # K x K convolutions (any kernel size, stride and padding): a sum over the taps of 1x1 convolutions on shifted
 # inputs, so the same intrinsic and the same 8 x L accumulator block apply. The activations are padded once
-# with their zero point and split into stride x stride phases, [C/K, s, s, Hq, Wq, K]: output pixel (y, x) reads
-# tap (i, j) at phase (i % s, j % s), position (y + i // s, x + j // s), so L consecutive output pixels of a row
-# read L consecutive packed pixels, one vector load, for every stride. Lanes run along an output row
+# with their zero point and split into stride x stride phases, [C/K, s, s, Hq, Wq, K] (only the phases the taps
+# read: ConvShape.phases): output pixel (y, x) reads tap (i, j) at phase (i % s, j % s), position
+# (y + i // s, x + j // s), so L consecutive output pixels of a row read L consecutive packed pixels, one vector
+# load, for every stride. Lanes run along an output row
 # (ceil(OW / L) blocks per row; the lanes past OW read padding and are not stored).
 
 
@@ -329,8 +330,14 @@ class ConvShape:
         return hq, wq
 
     @property
+    def phases(self) -> tuple[int, int]:
+        """The stride phases the taps read: tap (i, j) reads (i % s, j % s), so min(s, KH) x min(s, KW) (a 1x1
+        stride-2 shortcut reads one of four; packing the other three cost ResNet-18 ~0.25 ms)."""
+        return min(self.stride, self.kh), min(self.stride, self.kw)
+
+    @property
     def packed_shape(self) -> tuple[int, ...]:
-        return (self.n, self.channel_blocks, self.stride, self.stride, *self.phase_hw, self.depth)
+        return (self.n, self.channel_blocks, *self.phases, *self.phase_hw, self.depth)
 
 
 def conv_shape(kind: DotKind, x_shape: tuple[int, ...], weight_shape: tuple[int, ...], attrs: Any) -> ConvShape:
@@ -365,6 +372,8 @@ def pack_conv_activations(bb: Any, x: Any, zx: int, kind: DotKind, shape: ConvSh
     width = [0, 0, 0, cpad, top, s * hq - top - shape.h, left, s * wq - left - shape.w]
     x = bb.emit(relax.op.nn.pad(x, width, pad_value=float(zx)))  # padded channels meet zero weights
     x = bb.emit(relax.op.reshape(x, [shape.n, shape.channel_blocks, shape.depth, hq, s, wq, s]))
+    if shape.phases != (s, s):
+        x = bb.emit(relax.op.strided_slice(x, axes=[4, 6], begin=[0, 0], end=list(shape.phases)))
     return bb.emit(relax.op.permute_dims(x, [0, 1, 4, 6, 3, 5, 2])), zx
 
 
@@ -385,7 +394,8 @@ def pack_conv_activations_numpy(x: np.ndarray, zx: int, kind: DotKind, shape: Co
     c = shape.channel_blocks * shape.depth
     padded = np.full((shape.n, c, s * hq, s * wq), zx, kind.act_dtype)
     padded[:, : shape.c, top : top + shape.h, left : left + shape.w] = x
-    blocks = padded.reshape(shape.n, shape.channel_blocks, shape.depth, hq, s, wq, s)
+    ph, pw = shape.phases
+    blocks = padded.reshape(shape.n, shape.channel_blocks, shape.depth, hq, s, wq, s)[:, :, :, :, :ph, :, :pw]
     return np.ascontiguousarray(blocks.transpose(0, 1, 4, 6, 3, 5, 2))
 
 
