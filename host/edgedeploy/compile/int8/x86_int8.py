@@ -216,6 +216,15 @@ def pack_weights(w: np.ndarray, kind: DotKind) -> np.ndarray:
     return w.reshape(o, c // kind.depth, kind.depth).astype(kind.weight_dtype)
 
 
+def scheduled(sch: Any, name: str) -> Any:
+    """A kernel's scheduled PrimFunc, ready for a Relax call_tir: marked scheduled (no default schedule over it),
+    named in kernel listings (`edgedeploy.schedule`), and kOpaque (op_pattern 8) so that FuseOps never merges it
+    with a neighbour and loses the schedule."""
+    func = sch.mod["main"].without_attr("global_symbol")
+    func = func.with_attr("tirx.is_scheduled", True).with_attr("edgedeploy.schedule", name)
+    return func.with_attr("op_pattern", 8)
+
+
 def pointwise_kernel(
     kind: DotKind, n: int, c: int, o: int, h: int, w: int, zy: int, out_dtype: str, center: int | None = None
 ) -> Any:
@@ -276,9 +285,7 @@ def pointwise_kernel(
     sch.decompose_reduction(block, r)
     sch.tensorize(ia, kind.intrinsic)
     sch.unroll(fa)
-    func = sch.mod["main"].without_attr("global_symbol")
-    func = func.with_attr("tirx.is_scheduled", True).with_attr("edgedeploy.schedule", f"conv1x1-{kind.name}")
-    return func.with_attr("op_pattern", 8)  # kOpaque: FuseOps must not merge it (and lose the schedule)
+    return scheduled(sch, f"conv1x1-{kind.name}")
 
 
 # K x K convolutions (any kernel size, stride and padding): a sum over the taps of 1x1 convolutions on shifted
@@ -508,9 +515,7 @@ def _direct_conv(kind: DotKind, shape: ConvShape, extra: list[Any], epilogue: An
         register_intrinsics()
         sch.tensorize(ia, kind.intrinsic)
     sch.unroll(fa)
-    func = sch.mod["main"].without_attr("global_symbol")
-    func = func.with_attr("tirx.is_scheduled", True).with_attr("edgedeploy.schedule", schedule)
-    return func.with_attr("op_pattern", 8)  # kOpaque, as the pointwise kernel
+    return scheduled(sch, schedule)
 
 
 # The residual add between 8-bit layers, quantize(dequantize(a) + dequantize(b)): Relax legalizes it into one
@@ -557,9 +562,7 @@ def residual_add_kernel(
     lanes = next((n for n in (RESIDUAL_LANES, 64, 32, 16, 8) if size % n == 0), 1)
     if lanes > 1:
         sch.vectorize(sch.split(flat, [None, lanes])[1])
-    func = sch.mod["main"].without_attr("global_symbol")
-    func = func.with_attr("tirx.is_scheduled", True).with_attr("edgedeploy.schedule", "residual-add")
-    return func.with_attr("op_pattern", 8)  # kOpaque, as the convolution kernels
+    return scheduled(sch, "residual-add")
 
 
 def max_pool_kernel(
@@ -602,9 +605,7 @@ def max_pool_kernel(
     sch.compute_at(sch.get_sblock("rows"), y)
     sch.vectorize(sch.get_loops(sch.get_sblock("rows"))[-1])
     sch.vectorize(v)
-    func = sch.mod["main"].without_attr("global_symbol")
-    func = func.with_attr("tirx.is_scheduled", True).with_attr("edgedeploy.schedule", "max-pool")
-    return func.with_attr("op_pattern", 8)  # kOpaque, as the convolution kernels
+    return scheduled(sch, "max-pool")
 
 
 # A 1x1 convolution of a single pixel (a classifier after global pooling, MobileNet's 256 -> 1001) is a matrix-
@@ -686,6 +687,4 @@ def matvec_kernel(n: int, c: int, o: int, zy: int, out_dtype: str) -> Any:
     sch.decompose_reduction(block, r)
     sch.tensorize(ia, kind.intrinsic)
     sch.unroll(qa)
-    func = sch.mod["main"].without_attr("global_symbol")
-    func = func.with_attr("tirx.is_scheduled", True).with_attr("edgedeploy.schedule", f"matvec-{kind.name}")
-    return func.with_attr("op_pattern", 8)  # kOpaque, as the pointwise kernel
+    return scheduled(sch, f"matvec-{kind.name}")
