@@ -21,6 +21,7 @@ from tvm import relax
 from ..stage import BuildContext, stage
 from .quantize import quantizable_layers
 from .x86_int8 import (
+    AVX2,
     DotKind,
     conv_eligible,
     conv_kernel,
@@ -56,6 +57,13 @@ _INT_RANGE = {"int8": (-128, 127), "uint8": (0, 255)}
 # convolution of one pixel: the matrix-vector kernel)
 Dot = tuple[Any, np.ndarray, int, Any]
 MATVEC = "matvec"
+
+
+def _kernel_constants(packed: np.ndarray, w: np.ndarray, z: int, b_q: np.ndarray, mult: np.ndarray) -> list[Any]:
+    """An integer kernel's constant operands: its packed weights, the bias with the input zero point folded in
+    (b - z * sum of the output channel's weights, int32: the kernels sum raw 8-bit products), the multipliers."""
+    total = (b_q.astype(np.int64) - z * w.reshape(w.shape[0], -1).astype(np.int64).sum(axis=1)).astype(np.int32)
+    return [relax.const(packed), relax.const(total), relax.const(mult, "float32")]
 
 
 @dataclass
@@ -264,7 +272,7 @@ class _Rewriter(relax.PyExprMutator):  # type: ignore[misc]
         if b_q.size != flat_scale.size or not np.allclose(b_scale.reshape(-1), flat_scale, rtol=1e-5):
             return None
         mult = (flat_scale.astype(np.float32) / np.float32(sy.reshape(()))).astype(np.float32).reshape(scale.shape)
-        if dot is not None and isinstance(dot[3], str):
+        if dot is not None and dot[3] is MATVEC:
             return self._matvec(*dot[:3], b_q, mult.reshape(-1), int(zy.reshape(())), dtype)
         if dot is not None and dot[3] is None:
             return self._pointwise(*dot[:3], b_q, mult.reshape(-1), int(zy.reshape(())), dtype)
@@ -344,8 +352,7 @@ class _Rewriter(relax.PyExprMutator):  # type: ignore[misc]
         n, c, h, wd = (int(d) for d in xq.ty.shape)
         o = w.shape[0]
         packed, z = pack_activations(self.builder_, xq, zx, self.dot)
-        total = (b_q.astype(np.int64) - z * w.reshape(o, -1).astype(np.int64).sum(axis=1)).astype(np.int32)
-        consts = [relax.const(pack_weights(w, self.dot)), relax.const(total), relax.const(mult, "float32")]
+        consts = _kernel_constants(pack_weights(w, self.dot), w, z, b_q, mult)
         call = (packed, consts, (n, c, o, h, wd), zy, dtype)
         flat = self._kernel_call(*call)
         self.kernel_outputs[flat] = lambda center: self._kernel_call(*call, center=center)
@@ -355,10 +362,9 @@ class _Rewriter(relax.PyExprMutator):  # type: ignore[misc]
         """A 1x1 convolution of one pixel (a classifier) and its requantize as one kernel whose lanes run over the
         output channels (x86_int8.matvec_kernel); any channel count, the weights padded with zero rows."""
         n, c = (int(d) for d in list(xq.ty.shape)[:2])
-        o = w.shape[0]
-        x = self.builder_.emit(relax.op.reshape(relax.op.astype(xq, "int16"), [n, c // 2, 2]))
-        total = (b_q.astype(np.int64) - zx * w.reshape(o, -1).astype(np.int64).sum(axis=1)).astype(np.int32)
-        consts = [relax.const(pack_matvec_weights(w)), relax.const(total), relax.const(mult, "float32")]
+        o, depth = w.shape[0], AVX2.depth
+        x = self.builder_.emit(relax.op.reshape(relax.op.astype(xq, "int16"), [n, c // depth, depth]))
+        consts = _kernel_constants(pack_matvec_weights(w), w, zx, b_q, mult)
         gv = self.builder_.add_func(matvec_kernel(n, c, o, zy, dtype), "int8_matvec_avx2")
         y = self.builder_.emit(relax.call_tir(gv, [x, *consts], relax.TensorType((n, o), dtype)))
         return relax.op.reshape(y, [n, o, 1, 1])
@@ -373,8 +379,7 @@ class _Rewriter(relax.PyExprMutator):  # type: ignore[misc]
         dot = for_row(self.dot, conv_shape(self.dot, x_shape, w.shape, attrs).out_hw[1])
         shape = conv_shape(dot, x_shape, w.shape, attrs)
         packed, z = pack_conv_activations(bb, xq, zx, dot, shape)
-        total = (b_q.astype(np.int64) - z * w.reshape(shape.o, -1).astype(np.int64).sum(axis=1)).astype(np.int32)
-        consts = [relax.const(pack_conv_weights(w, dot)), relax.const(total), relax.const(mult, "float32")]
+        consts = _kernel_constants(pack_conv_weights(w, dot), w, z, b_q, mult)
 
         def call(kernel: Any, out_dtype: str) -> Any:
             gv = bb.add_func(kernel, f"int8_conv_{dot.name.replace('-', '_')}")

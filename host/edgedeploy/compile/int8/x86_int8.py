@@ -225,19 +225,59 @@ def scheduled(sch: Any, name: str) -> Any:
     return func.with_attr("op_pattern", 8)
 
 
+def clip_range(dtype: str) -> tuple[float, float]:
+    """The values an 8-bit integer type holds, as the float32 bounds a requantize clips to."""
+    return (0.0, 255.0) if dtype == "uint8" else (-128.0, 127.0)
+
+
+def requantized(acc: Any, bias: Any, mult: Any, f: Any, zy: int, out_dtype: str, center: int | None = None) -> Any:
+    """Every integer kernel's epilogue for output channel `f`: clip(round((acc + bias[f]) * mult[f]) + zy) in
+    out_dtype (uint8 or int8), QLinearConv's arithmetic; with `center`, that value minus `center` in float32 (what
+    a float32-exact convolution reads, see int8/rewrite.py)."""
+    from tvm import te, tirx
+
+    lo, hi = clip_range(out_dtype)
+    y = te.max(te.min(tirx.round((acc + bias[f]).astype("float32") * mult[f]) + float(zy), hi), lo)
+    return y.astype(out_dtype) if center is None else y - float(center)
+
+
+def _output(
+    kind: DotKind, extent: int, shape: tuple[Any, ...], tile_shape: tuple[Any, ...], value: Any, name: str
+) -> tuple[Any, bool]:
+    """The output stage `name` = value(*index), and whether it goes through a tile: where the lanes run along an
+    `extent` that is no multiple of L on AVX-512, value fills a local tile of whole L-blocks (`tile_shape`),
+    stored under the predicate (_tile_at). Computed under the predicate, the accumulators' v // L, v % L did not
+    simplify and were read with gathers (pointwise 128->128 at 14x14: 2.8 us per pixel block against 1.3 at
+    16x16, 1.9 with the tile; ResNet-18's 28- and 14-pixel rows). AVX2 has neither the gathers nor masked stores:
+    the tile made it slower there."""
+    from tvm import te
+
+    if extent % kind.lanes == 0 or kind.cpu_flag != VNNI.cpu_flag:
+        return te.compute(shape, value, name=name), False
+    tile = te.compute(tile_shape, value, name="tile")
+    return te.compute(shape, lambda *i: tile(*i), name=name), True
+
+
+def _tile_at(sch: Any, loop: Any) -> None:
+    """_output's tile computed per block of `loop`, in registers, vectorized."""
+    tile = sch.get_sblock("tile")
+    sch.compute_at(tile, loop)
+    sch.set_scope(tile, 0, "local")
+    sch.vectorize(sch.get_loops(tile)[-1])
+
+
 def pointwise_kernel(
     kind: DotKind, n: int, c: int, o: int, h: int, w: int, zy: int, out_dtype: str, center: int | None = None
 ) -> Any:
     """The scheduled PrimFunc `(X packed, W packed, bias int32[O], mult float32[O]) -> Y[N, O, H * W]` with
     Y = clip(round((acc + bias) * mult) + zy) in out_dtype (uint8 or int8); with `center`, Y is that value
     minus `center` in float32 (what a float32-exact convolution reads, see int8/rewrite.py)."""
-    from tvm import te, tirx
+    from tvm import te
     from tvm.s_tir import Schedule
 
     register_intrinsics()
     lanes, depth, p = kind.lanes, kind.depth, h * w
     blocks, cb = -(-p // lanes), c // depth
-    lo, hi = (0.0, 255.0) if out_dtype == "uint8" else (-128.0, 127.0)
     x = te.placeholder((n, cb, blocks, lanes, depth), kind.act_dtype, name="x")
     wt = te.placeholder((o, cb, depth), kind.weight_dtype, name="w")
     bias = te.placeholder((o,), "int32", name="bias")
@@ -250,32 +290,18 @@ def pointwise_kernel(
     )
 
     def requantize(b: Any, f: Any, q: Any) -> Any:
-        v = tirx.round((acc[b, f, q // lanes, q % lanes] + bias[f]).astype("float32") * mult[f]) + float(zy)
-        y = te.max(te.min(v, hi), lo)
-        return y.astype(out_dtype) if center is None else y - float(center)
+        return requantized(acc[b, f, q // lanes, q % lanes], bias, mult, f, zy, out_dtype, center)
 
     # flat pixels (the caller reshapes to [N, O, H, W], free in Relax): keeps q // L affine for compute_at
-    ragged = p % lanes != 0 and kind.cpu_flag == VNNI.cpu_flag
-    if ragged:
-        # pixels that are no multiple of L on AVX-512: the requantize on whole blocks into a local 8 x L tile,
-        # then the tile stored under the predicate. Requantized under it, the accumulators' q // L, q % L did
-        # not simplify and were read with gathers: 128->128 at 14x14, 2.8 us per pixel block against 1.3 at
-        # 16x16 (1.9 with the tile). AVX2 has neither the gathers nor masked stores: the tile made it slower.
-        tile = te.compute((n, o, blocks * lanes), requantize, name="tile")
-        out = te.compute((n, o, p), lambda b, f, q: tile[b, f, q], name="requantize")
-    else:
-        out = te.compute((n, o, p), requantize, name="requantize")
+    out, tiled = _output(kind, p, (n, o, p), (n, o, blocks * lanes), requantize, "requantize")
     sch = Schedule(te.create_prim_func([x, wt, bias, mult, out]))
     # output loops: (n, o/8, pixel blocks) in parallel, then 8 channels x L pixels from the accumulators
     b, f, q = sch.get_loops(sch.get_sblock("requantize"))
     fo, fi = sch.split(f, [None, ACCUMULATOR_ROWS])
     po, pi = sch.split(q, [None, lanes])
     sch.reorder(b, fo, po, fi, pi)
-    if ragged:
-        tile_block = sch.get_sblock("tile")
-        sch.compute_at(tile_block, po)
-        sch.set_scope(tile_block, 0, "local")
-        sch.vectorize(sch.get_loops(tile_block)[-1])
+    if tiled:
+        _tile_at(sch, po)
     block = sch.get_sblock("acc")
     sch.compute_at(block, po)
     fa, ia, r, k = sch.get_loops(block)[-4:]
@@ -423,15 +449,13 @@ def conv_kernel(kind: DotKind, shape: ConvShape, zy: int, out_dtype: str, center
     Y = clip(round((acc + bias) * mult) + zy) in out_dtype, acc summed over the packed (zero point padded)
     activations; the pointwise kernel's accumulator block, with the taps and phases as reduction loops. With
     `center`, Y is that value minus `center` in float32, as pointwise_kernel's."""
-    from tvm import te, tirx
+    from tvm import te
 
-    lo, hi = (0.0, 255.0) if out_dtype == "uint8" else (-128.0, 127.0)
     bias = te.placeholder((shape.o,), "int32", name="bias")
     mult = te.placeholder((shape.o,), "float32", name="mult")
 
     def requantize(acc: Any, f: Any) -> Any:
-        r = te.max(te.min(tirx.round((acc + bias[f]).astype("float32") * mult[f]) + float(zy), hi), lo)
-        return r.astype(out_dtype) if center is None else r - float(center)
+        return requantized(acc, bias, mult, f, zy, out_dtype, center)
 
     return _direct_conv(kind, shape, [bias, mult], requantize, f"conv-{kind.name}")
 
@@ -470,15 +494,7 @@ def _direct_conv(kind: DotKind, shape: ConvShape, extra: list[Any], epilogue: An
     def result(b: Any, f: Any, y: Any, v: Any) -> Any:
         return epilogue(acc[b, f, y, v // lanes, v % lanes], f)
 
-    # rows that are no multiple of L on AVX-512: the epilogue on whole blocks into a local tile, stored under the
-    # predicate, as pointwise_kernel's (under it, the accumulators were read with gathers: ResNet-18's 28- and
-    # 14-pixel rows)
-    ragged = ow % lanes != 0 and kind.cpu_flag == VNNI.cpu_flag
-    if ragged:
-        tile = te.compute((n, o, oh, shape.row_blocks * lanes), result, name="tile")
-        out = te.compute((n, o, oh, ow), lambda b, f, y, v: tile[b, f, y, v], name="out")
-    else:
-        out = te.compute((n, o, oh, ow), result, name="out")
+    out, tiled = _output(kind, ow, (n, o, oh, ow), (n, o, oh, shape.row_blocks * lanes), result, "out")
     sch = Schedule(te.create_prim_func([x, wt, *extra, out]))
     b, f, y, v = sch.get_loops(sch.get_sblock("out"))
     rows, blocks = register_block(kind, o, shape.row_blocks)
@@ -489,11 +505,8 @@ def _direct_conv(kind: DotKind, shape: ConvShape, extra: list[Any], epilogue: An
     else:
         vo, vi = sch.split(v, [None, lanes])
         sch.reorder(b, fo, y, vo, fi, vi)
-    if ragged:
-        tile_block = sch.get_sblock("tile")
-        sch.compute_at(tile_block, vo)
-        sch.set_scope(tile_block, 0, "local")
-        sch.vectorize(sch.get_loops(tile_block)[-1])
+    if tiled:
+        _tile_at(sch, vo)
     block = sch.get_sblock("acc")
     sch.compute_at(block, vo)
     taps, inner = sum(a is not None for a in outer[:3]), int(depth > 1)
@@ -547,7 +560,7 @@ def residual_add_kernel(
     da, db = dequantize(xa, *a[1:]), dequantize(xb, *b[1:])
     total = te.compute(shape, lambda *i: da(*i) + db(*i), name="sum")
     out_dtype, sy, zy = y
-    lo, hi = (0.0, 255.0) if out_dtype == "uint8" else (-128.0, 127.0)
+    lo, hi = clip_range(out_dtype)
 
     def quantize(*i: Any) -> Any:
         r = tirx.round(total(*i) / tirx.const(sy, "float32"))
@@ -648,13 +661,12 @@ def pack_matvec_weights(w: np.ndarray) -> np.ndarray:
 def matvec_kernel(n: int, c: int, o: int, zy: int, out_dtype: str) -> Any:
     """The scheduled PrimFunc `(X int16[N, C/K, K], W packed, bias int32[O], mult float32[O]) -> Y[N, O]` with
     Y = clip(round((acc + bias) * mult) + zy) in out_dtype, the pointwise kernel's requantize."""
-    from tvm import te, tirx
+    from tvm import te
     from tvm.s_tir import Schedule
 
     register_intrinsics()
     kind, rows = AVX2, MATVEC_ROWS
     lanes, depth, blocks, cb = kind.lanes, kind.depth, matvec_blocks(o), c // kind.depth
-    lo, hi = (0.0, 255.0) if out_dtype == "uint8" else (-128.0, 127.0)
     x = te.placeholder((n, cb, depth), kind.act_dtype, name="x")
     wt = te.placeholder((blocks, cb, lanes, depth), kind.weight_dtype, name="w")
     bias = te.placeholder((o,), "int32", name="bias")
@@ -667,8 +679,7 @@ def matvec_kernel(n: int, c: int, o: int, zy: int, out_dtype: str) -> Any:
     )
 
     def requantize(b: Any, f: Any) -> Any:
-        v = tirx.round((acc[b, f // lanes, f % lanes] + bias[f]).astype("float32") * mult[f]) + float(zy)
-        return te.max(te.min(v, hi), lo).astype(out_dtype)
+        return requantized(acc[b, f // lanes, f % lanes], bias, mult, f, zy, out_dtype)
 
     out = te.compute((n, o), requantize, name="requantize")
     sch = Schedule(te.create_prim_func([x, wt, bias, mult, out]))
