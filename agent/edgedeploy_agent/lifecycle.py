@@ -25,7 +25,6 @@ from .blobs import BlobStore, FileSource
 from .bundle import Manifest, check_compatible
 from .errors import AgentError, HealthCheckFailed, SourceUnavailable, StateError
 from .gpu import probe_cuda
-from .names import DEFAULT_SLOT
 from .service import HealthObjectives, NoFrames, Service, read_health, slot_args, wait_healthy
 from .store import DeviceStore, utcnow
 from .trust import TrustStore, check_trust
@@ -189,10 +188,8 @@ class Deployment:
                 ) from None
             raise HealthCheckFailed(
                 f"bundle {name} failed its health check: {reason}; device is back on {back or 'no bundle'}",
-                hint="see the agent's log: `edgedeploy logs DEVICE"
-                + ("" if self.store.slot == DEFAULT_SLOT else f" --model {self.store.slot}")
-                + "` (on the device, the journal in systemd mode, else ROOT/logs/"
-                + f"{self.store.log_path.name})",
+                hint=f"see the agent's log: `{' '.join(['edgedeploy logs DEVICE', *slot_args(self.store)])}` (on "
+                f"the device, the journal in systemd mode, else ROOT/logs/{self.store.log_path.name})",
             ) from None
         self.timings["health_wait_s"] = round(time.monotonic() - t, 3)
         build_s = (health.get("runtime") or {}).get("build_s")

@@ -521,8 +521,7 @@ def test_a_second_model_is_served_by_its_own_instance_of_the_template_unit(
         assert arm.unit()["MainPID"] == default["MainPID"]  # the default model's agent was not touched
         restart = arm.ssh("sudo", "-n", "systemctl", "restart", slot_unit)
         assert restart.returncode == 0, restart.stderr
-        restarted = lambda: (a := arm.unit(slot_unit))["MainPID"] not in ("0", u["MainPID"]) and a  # noqa: E731
-        assert wait_for("cam2 restarted", restarted, timeout=120)
+        assert wait_for("cam2 restarted", lambda: arm.unit(slot_unit)["MainPID"] not in ("0", u["MainPID"]), 120)
         r = cli("status", arm.name, *arm.args(), timeout=300)
         release = read_manifest(bundle).release_name
         assert r.code == 0 and f"model cam2: {release}, agent ready" in r.out, r.out + r.err

@@ -39,6 +39,11 @@ def source_text(r: dict[str, Any]) -> str:
     )
 
 
+def of_model(reports: list[dict[str, Any]], slot: str) -> list[dict[str, Any]]:
+    """The reports of model slot `slot` (a report from before slots is the default model's)."""
+    return [r for r in reports if r.get("slot", DEFAULT_SLOT) == slot]
+
+
 def latest_per_source(reports: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The newest report of each source the agent serves now: the newest report's own and, for a multi-source
     agent (its `batch` says how many sources it serves), the newest of each of the others before it."""
@@ -86,7 +91,7 @@ def fleet_rows(name: str, st: DeviceStatus, model: str | None = None) -> list[li
     one model is one row, as before slots), or only `model`'s row: each with that model's own state, release and
     reports."""
     f = st.facts
-    slots = sorted(f.models, key=lambda s: (s != DEFAULT_SLOT, s)) if f.models else [DEFAULT_SLOT]
+    slots = list(f.models) or [DEFAULT_SLOT]  # the agent lists `default` first
     if model is not None:
         if model not in slots:
             return [[name, "NO MODEL", f"no model {model!r} (models: {', '.join(slots)})", "", "", "", "", "", ""]]
@@ -95,10 +100,8 @@ def fleet_rows(name: str, st: DeviceStatus, model: str | None = None) -> list[li
     for slot in slots:
         m = f.models.get(slot)
         health, release = (m.health_state, m.current_release) if m else (f.health_state, f.current_release)
-        mine = [r for r in st.reports if r.get("slot", DEFAULT_SLOT) == slot]
-        new = sum(1 for r in st.new_reports if r.get("slot", DEFAULT_SLOT) == slot)
         label = name if slot == DEFAULT_SLOT else f"{name}/{slot}"
-        rows.append(_row(label, health, release, mine, new))
+        rows.append(_row(label, health, release, of_model(st.reports, slot), len(of_model(st.new_reports, slot))))
     return rows
 
 
@@ -127,9 +130,7 @@ def _row(label: str, health: str | None, release: str | None, reports: list[dict
 
 
 def _summary(st: DeviceStatus) -> dict[str, Any]:
-    latest: dict[str, Any] = {}
-    for r in st.reports:  # the newest report of each model
-        latest[r.get("slot", DEFAULT_SLOT)] = r
+    latest = {r.get("slot", DEFAULT_SLOT): r for r in st.reports}  # the newest report of each model
     return {
         "facts": st.facts.__dict__,
         "new_reports": len(st.new_reports),
@@ -229,7 +230,7 @@ def _one(inv: Inventory, device: str, json_: bool, model: str) -> None:
 
     st = api.status(inv, device, model=model)
     f = st.facts
-    reports = [r for r in st.reports if r.get("slot", DEFAULT_SLOT) == model]
+    reports = of_model(st.reports, model)
     if json_:
         render.print_json(
             {"device": device, "facts": f.__dict__, "new_reports": st.new_reports, "reports_total": len(st.reports)}
