@@ -94,6 +94,11 @@ def test_two_models_pushed_health_checked_and_rolled_back_independently(
     r = cli("status", "--json", *dev.args())  # the fleet: each model's newest report
     latest = json.loads(r.out)["devices"][dev.name]["latest_by_model"]
     assert r.code == 0 and {m: x["slot"] for m, x in latest.items()} == {"default": "default", "cam2": "cam2"}
+    for model, expected in (("cam2", {"cam2"}), ("cam9", set())):  # --model keeps that model's reports only
+        r = cli("status", "--json", "--model", model, *dev.args())
+        entry = json.loads(r.out)["devices"][dev.name]
+        assert r.code == 0 and set(entry["latest_by_model"]) == expected and entry["has_model"] == bool(expected)
+        assert (entry["latest"] or {}).get("slot") == (model if expected else None), entry
     r = cli("status", *dev.args())  # the fleet table: a row per model
     assert r.code == 0 and f"{dev.name}/cam2" in r.out and r.out.count(v1) == 2, r.out
     r = cli("status", "--model", "cam9", *dev.args())

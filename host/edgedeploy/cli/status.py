@@ -86,12 +86,16 @@ def show_report(device: str, r: dict[str, Any]) -> None:
     )
 
 
+def models_of(st: DeviceStatus) -> list[str]:
+    """The device's model slots, `default` first as the agent lists them (one before slots: `default`)."""
+    return list(st.facts.models) or [DEFAULT_SLOT]
+
+
 def fleet_rows(name: str, st: DeviceStatus, model: str | None = None) -> list[list[Any]]:
     """One row per model on the device (`NAME` for its default model, `NAME/SLOT` for the others; a device with
     one model is one row, as before slots), or only `model`'s row: each with that model's own state, release and
     reports."""
-    f = st.facts
-    slots = list(f.models) or [DEFAULT_SLOT]  # the agent lists `default` first
+    f, slots = st.facts, models_of(st)
     if model is not None:
         if model not in slots:
             return [[name, "NO MODEL", f"no model {model!r} (models: {', '.join(slots)})", "", "", "", "", "", ""]]
@@ -129,14 +133,24 @@ def _row(label: str, health: str | None, release: str | None, reports: list[dict
     ]
 
 
-def _summary(st: DeviceStatus) -> dict[str, Any]:
-    latest = {r.get("slot", DEFAULT_SLOT): r for r in st.reports}  # the newest report of each model
-    return {
+def _summary(st: DeviceStatus, model: str | None = None) -> dict[str, Any]:
+    """A device's entry in `status --json` of the fleet: every model's newest report, or only `model`'s (with
+    `has_model` false and no report when the device has no such model, as the table's NO MODEL row)."""
+    reports, new = (
+        (st.reports, st.new_reports)
+        if model is None
+        else (of_model(st.reports, model), of_model(st.new_reports, model))
+    )
+    latest = {r.get("slot", DEFAULT_SLOT): r for r in reports}  # the newest report of each model
+    summary = {
         "facts": st.facts.__dict__,
-        "new_reports": len(st.new_reports),
-        "latest": st.reports[-1] if st.reports else None,
+        "new_reports": len(new),
+        "latest": reports[-1] if reports else None,
         "latest_by_model": latest,
     }
+    if model is not None:
+        summary |= {"model": model, "has_model": model in models_of(st)}
+    return summary
 
 
 def register(app: typer.Typer) -> None:
@@ -174,7 +188,7 @@ def register(app: typer.Typer) -> None:
         if json_:
             render.print_json(
                 {
-                    "devices": {n: _summary(st) for n, st in sorted(fleet.succeeded.items())},
+                    "devices": {n: _summary(st, model) for n, st in sorted(fleet.succeeded.items())},
                     "failed": {n: {"error": e.message, "hint": e.hint} for n, e in sorted(fleet.failed.items())},
                 }
             )
