@@ -220,6 +220,13 @@ def test_runtime_frame_path_matches_run_and_reuses_its_buffers(data_dir: Path, f
         rt.load_frames(lent)
         assert np.array_equal(rt.loaded_input(), preprocess(frame, manifest.preprocess, manifest.inputs[0]))
     assert len(rt._staging) == 1  # nothing more was staged
+    # a batch the caller drops is given back (a camera that changed resolution leaves no lent buffers behind)
+    small = rt.frame_batch(120, 160)
+    assert len(rt._lent) == 3
+    del batch, other, lent, staged_batch
+    assert [x.shape for x in rt._lent.values()] == [small.shape]
+    del small
+    assert rt._lent == {}
     with pytest.raises(ValueError, match=r"the model takes uint8 \(1, H, W, 3\)"):
         rt.load_frames(frames[0].astype(np.float32))
 
@@ -275,7 +282,7 @@ def test_the_loop_on_lent_frame_buffers_and_the_device_top_k_predicts_as_the_cpu
     device = _loop_predictions(rt, manifest, video, tmp_path / "device", lend=True)
     assert len(device) == len(video_frames(data_dir, "bikes.mp4", 1))
     assert device == _loop_predictions(plain, manifest, video, tmp_path / "host", lend=False)
-    assert len(rt._staging) == 1 and len(rt._lent) == 3
+    assert len(rt._staging) == 1 and rt._lent == {}  # the capture's lent buffers were given back when it closed
 
 
 @pytest.mark.compile
@@ -299,6 +306,8 @@ def test_a_batch_of_sources_preprocessed_on_the_device_predicts_as_the_cpu_path(
     (tmp_path / "a.mp4").symlink_to(data_dir / "video" / "bigbuckbunny.mp4")
     uris = [f"file:{tmp_path / 'a.mp4'}", f"file:{tmp_path / 'b.avi'}"]
 
+    lent: list[int] = []  # how many frame batches the runtime had lent when the loop ended (while it lives)
+
     def predictions(runtime: TvmRuntime, root: Path) -> dict[str, list]:
         store = DeviceStore(root)
         cfg = AgentConfig(device_name="t", report_interval_s=1e9, sources=uris, idle_baseline_s=0.0)
@@ -307,6 +316,7 @@ def test_a_batch_of_sources_preprocessed_on_the_device_predicts_as_the_cpu_path(
         loop = MultiSourceLoop(runtime, manifest, [], cfg, Spool(store), NoPowerSensor(), "t", health_frames=3)
         try:
             loop.serve(sources)  # to the end: every frame of each, whatever the calls held
+            lent.append(len(runtime._lent))
         finally:
             for s in sources:
                 s.close()
@@ -317,7 +327,23 @@ def test_a_batch_of_sources_preprocessed_on_the_device_predicts_as_the_cpu_path(
         rdir, manifest.model_copy(update={"artifacts": [a for a in manifest.artifacts if a.role != "tvm-preprocess"]})
     )
     device = predictions(rt, tmp_path / "device")
-    assert rt.top_k_on_device and len(rt._lent) == 1 and not rt._staging  # the batch went whole, once lent
+    assert rt.top_k_on_device and lent == [1] and not rt._staging  # the batch went whole, once lent
+    assert rt._lent == {}  # and was given back with the loop
     assert [[p["frame"] for p in device[u]] for u in uris] == [list(range(len(frames)))] * 2
     assert device[uris[0]] != device[uris[1]]
     assert device == predictions(plain, tmp_path / "host")
+
+
+def test_the_device_buffer_of_a_resolution_goes_with_its_last_lent_batch() -> None:
+    """On a GPU every lent batch of one resolution shares one device buffer: it is freed with the last of them."""
+    from edgedeploy_agent.runtime.tvm import _given_back, _Lent
+
+    hd, vga = (1, 720, 1280, 3), (1, 480, 640, 3)
+    lent = {1: _Lent(hd, "h1", "d-hd"), 2: _Lent(hd, "h2", "d-hd"), 3: _Lent(vga, "h3", "d-vga")}
+    device_frames = {hd: "d-hd", vga: "d-vga"}
+    _given_back(lent, device_frames, 1)
+    assert set(lent) == {2, 3} and set(device_frames) == {hd, vga}
+    _given_back(lent, device_frames, 2)
+    assert set(lent) == {3} and set(device_frames) == {vga}
+    _given_back(lent, device_frames, 2)  # twice (or never lent): nothing more happens
+    assert set(lent) == {3} and set(device_frames) == {vga}

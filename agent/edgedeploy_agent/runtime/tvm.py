@@ -14,6 +14,7 @@ GPU bundles need a CUDA backend beside it, one of two (config `cuda_backend`):
 import ctypes
 import dataclasses
 import importlib.util
+import weakref
 from pathlib import Path
 from typing import Any, Optional
 
@@ -174,7 +175,7 @@ class TvmRuntime:
         self._inputs: list[_Staged] = [self._staged(s.shape, s.dtype) for s in manifest.inputs] if gpu_or_frames else []
         # preprocess.py writes here when it runs on the CPU for a GPU bundle: run() then has no host copy to make
         self.input_array: Optional[np.ndarray] = self._inputs[0].array if target.device == "cuda" else None
-        self._lent: dict[int, _Staged] = {}  # data address -> a frame batch this runtime lent (frame_batch)
+        self._lent: dict[int, _Lent] = {}  # data address -> a frame batch lent (frame_batch) and not yet dropped
         self._device_frames: dict[tuple[int, ...], Any] = {}  # frame batch shape -> the device buffer they go to
         self._staging: dict[tuple[int, ...], _Staged] = {}  # crop shape -> where other arrays' crop is copied
         self._taps: dict[tuple[int, int, int, int], tuple[Any, Any]] = {}  # crop box -> the device tap tables
@@ -227,18 +228,21 @@ class TvmRuntime:
     def frame_batch(self, height: int, width: int) -> np.ndarray:
         """A new page-locked uint8 batch (N, height, width, 3), N the model's batch: a caller that fills it (a
         decoder, a batcher) and hands it to load_frames saves the host copy. Each call lends another; all of one
-        resolution share one device buffer (load_frames waits until its copy is done)."""
+        resolution share one device buffer (load_frames waits until its copy is done). A batch the caller drops
+        is given back: its memory, and its resolution's device buffer with the last of them, are freed (a camera
+        that changes resolution does not keep the old one's buffers)."""
         shape = (self._manifest.inputs[0].shape[0], height, width, 3)
         if self._manifest_device == "cuda":
             host = self._alloc(shape, "uint8", self._pinned, None)
             device = self._device_frames.get(shape)
             if device is None:
                 device = self._device_frames[shape] = self._alloc(shape, "uint8", self._device, None)
-            staged = _Staged(host, np.from_dlpack(host), device)
         else:
-            staged = self._staged(shape, "uint8")
-        self._lent[staged.array.ctypes.data] = staged
-        return staged.array
+            host = device = self._alloc(shape, "uint8", self._device, None)
+        array = np.from_dlpack(host)  # keeps `host` alive as long as the caller holds it (or a view of it)
+        self._lent[array.ctypes.data] = _Lent(shape, host, device)
+        weakref.finalize(array, _given_back, self._lent, self._device_frames, array.ctypes.data)
+        return array
 
     def load_frames(self, frames: np.ndarray) -> None:
         """uint8 BGR frames (N, H, W, 3), N the model's batch (or one frame (H, W, 3) for a batch of one), to the
@@ -260,13 +264,15 @@ class TvmRuntime:
         if frames.dtype != np.uint8 or frames.ndim != 4 or frames.shape[0] != batch or frames.shape[3] != 3:
             raise ValueError(f"frames {frames.dtype} {list(frames.shape)}: the model takes uint8 ({batch}, H, W, 3)")
         box = crop_box(frames.shape[1], frames.shape[2], self._manifest.preprocess)
-        staged = self._lent.get(frames.ctypes.data)
-        if staged is None or staged.array.shape != frames.shape:  # not a buffer frame_batch lent
+        lent = self._lent.get(frames.ctypes.data)
+        if lent is not None and lent.shape == frames.shape:  # a buffer frame_batch lent
+            staged = _Staged(lent.host, frames, lent.device)
+        else:
             top, left, height, width = box
             region = frames[:, top : top + height, left : left + width]
-            staged = self._staging.get(region.shape)
-            if staged is None:
-                staged = self._staging[region.shape] = self._staged(region.shape, "uint8")
+            if region.shape not in self._staging:
+                self._staging[region.shape] = self._staged(region.shape, "uint8")
+            staged = self._staging[region.shape]
             np.copyto(staged.array, region)
             box = (0, 0, height, width)
         if staged.device is not staged.host:
@@ -377,6 +383,23 @@ class _Staged:
     host: Any
     array: np.ndarray
     device: Any
+
+
+@dataclasses.dataclass(frozen=True)
+class _Lent:
+    """A frame batch lent by frame_batch: its shape, page-locked host memory and the device buffer it goes to."""
+
+    shape: tuple[int, ...]
+    host: Any
+    device: Any
+
+
+def _given_back(lent: dict[int, _Lent], device_frames: dict[tuple[int, ...], Any], address: int) -> None:
+    """The borrower dropped a frame batch: forget it and, with the last batch of its shape, that shape's device
+    buffer (run by weakref.finalize, so it holds the dictionaries, not the runtime)."""
+    gone = lent.pop(address, None)
+    if gone is not None and all(x.shape != gone.shape for x in list(lent.values())):
+        device_frames.pop(gone.shape, None)
 
 
 def _check_wheel_driver(driver_api: str) -> None:
