@@ -39,7 +39,7 @@ import numpy as np
 
 from edgedeploy_agent.bundle import extract_bundle, load_labels
 from edgedeploy_agent.config import AgentConfig
-from edgedeploy_agent.loop import InferenceLoop, class_scores, frame_buffers, top_k
+from edgedeploy_agent.loop import InferenceLoop, class_scores, frame_buffers, labelled, top_k
 from edgedeploy_agent.preprocess import preprocess
 from edgedeploy_agent.runtime.tvm import TvmRuntime
 from edgedeploy_agent.sources.capture import open_source
@@ -106,9 +106,11 @@ def agreement(cpu: TvmRuntime, gpu: TvmRuntime, manifest: Any, video: Path) -> d
         worst = max(worst, float(np.abs(gpu.loaded_input() - x).max()))
         tops, (b,) = gpu.run_loaded_top(outputs=True)
         changed += int(np.argmax(a) != np.argmax(b))
-        host = [c for c, _, _ in top_k(b, manifest, [])]  # on the same outputs: what the device's top k replaces
-        top_differs += int(host != [int(c) for c in tops[0, 1]])
-        score_diff = max(score_diff, float(np.abs(class_scores(b, manifest.postprocess)[host] - tops[0, 0]).max()))
+        # on the same outputs, as the agent reports them (labelled: class indices less the card's label_offset)
+        host, device = top_k(b, manifest, []), labelled(tops[0, 1], tops[0, 0], manifest, [])
+        top_differs += int([c for c, _, _ in host] != [c for c, _, _ in device])
+        raw = [c + manifest.postprocess.label_offset for c, _, _ in host]  # output indices
+        score_diff = max(score_diff, float(np.abs(class_scores(b, manifest.postprocess)[raw] - tops[0, 0]).max()))
         frames += 1
     cap.release()
     return {

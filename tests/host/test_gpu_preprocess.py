@@ -10,6 +10,7 @@ CUDA's __fmul_rn/__fadd_rn; the bench prints the max |difference| and the fracti
 from __future__ import annotations
 
 import shutil
+import sys
 from pathlib import Path
 
 import cv2
@@ -347,3 +348,21 @@ def test_the_device_buffer_of_a_resolution_goes_with_its_last_lent_batch() -> No
     assert set(lent) == {3} and set(device_frames) == {vga}
     _given_back(lent, device_frames, 2)  # twice (or never lent): nothing more happens
     assert set(lent) == {3} and set(device_frames) == {vga}
+
+
+@pytest.mark.compile
+def test_the_gpu_bench_compares_the_device_top_k_as_the_agent_reports_it(data_dir: Path, frames_release: tuple) -> None:
+    """bench/gpu_pipeline.py's agreement check, on a card with a label offset (MobileNet's background class): the
+    device's top k, labelled as the agent labels it, against top_k on the same outputs (it had compared label
+    indices with output indices and reported every MobileNet frame as differing)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+    from gpu_pipeline import agreement
+
+    from edgedeploy_agent.runtime.tvm import TvmRuntime
+
+    rdir, manifest = frames_release
+    manifest = manifest.model_copy(update={"postprocess": manifest.postprocess.model_copy(update={"label_offset": 1})})
+    plain = manifest.model_copy(update={"artifacts": [a for a in manifest.artifacts if a.role != "tvm-preprocess"]})
+    got = agreement(TvmRuntime(rdir, plain), TvmRuntime(rdir, manifest), manifest, data_dir / "video" / "bikes.mp4")
+    assert got["frames"] > 0 and got["max_abs_input_diff"] == 0 and got["top1_changed"] == 0
+    assert got["top_k_classes_differ"] == 0 and got["max_abs_top_k_score_diff"] <= 1e-12, got
