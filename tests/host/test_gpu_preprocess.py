@@ -336,18 +336,24 @@ def test_a_batch_of_sources_preprocessed_on_the_device_predicts_as_the_cpu_path(
 
 
 def test_the_device_buffer_of_a_resolution_goes_with_its_last_lent_batch() -> None:
-    """On a GPU every lent batch of one resolution shares one device buffer: it is freed with the last of them."""
+    """On a GPU every lent batch of one resolution shares one device buffer (of its crop box): it is freed with
+    the last of them."""
     from edgedeploy_agent.runtime.tvm import _given_back, _Lent
 
     hd, vga = (1, 720, 1280, 3), (1, 480, 640, 3)
-    lent = {1: _Lent(hd, "h1", "d-hd"), 2: _Lent(hd, "h2", "d-hd"), 3: _Lent(vga, "h3", "d-vga")}
-    device_frames = {hd: "d-hd", vga: "d-vga"}
+    hd_box, vga_box = (1, 630, 630, 3), (1, 420, 420, 3)
+    lent = {
+        1: _Lent(hd, "h1", "d-hd", hd_box, None),
+        2: _Lent(hd, "h2", "d-hd", hd_box, None),
+        3: _Lent(vga, "h3", "d-vga", vga_box, None),
+    }
+    device_frames = {hd_box: "d-hd", vga_box: "d-vga"}
     _given_back(lent, device_frames, 1)
-    assert set(lent) == {2, 3} and set(device_frames) == {hd, vga}
+    assert set(lent) == {2, 3} and set(device_frames) == {hd_box, vga_box}
     _given_back(lent, device_frames, 2)
-    assert set(lent) == {3} and set(device_frames) == {vga}
+    assert set(lent) == {3} and set(device_frames) == {vga_box}
     _given_back(lent, device_frames, 2)  # twice (or never lent): nothing more happens
-    assert set(lent) == {3} and set(device_frames) == {vga}
+    assert set(lent) == {3} and set(device_frames) == {vga_box}
 
 
 @pytest.mark.compile

@@ -25,6 +25,7 @@ from ..bundle import Manifest, check_compatible
 from ..errors import RuntimeLoadError
 from ..gpu import probe_cuda, version_tuple
 from ..preprocess import crop_box, resize_taps
+from .cuda_copy import Memcpy3D, box_params, load_box_copy
 
 _DEVICE_TYPE = {"cpu": 1, "cuda": 2, "cuda_host": 3}  # DLPack device types (cuda_host: page-locked memory)
 _POOLED_ALLOCATOR = 2
@@ -176,6 +177,8 @@ class TvmRuntime:
         # preprocess.py writes here when it runs on the CPU for a GPU bundle: run() then has no host copy to make
         self.input_array: Optional[np.ndarray] = self._inputs[0].array if target.device == "cuda" else None
         self._lent: dict[int, _Lent] = {}  # data address -> a frame batch lent (frame_batch) and not yet dropped
+        # a lent batch's crop box goes to the GPU alone (cuda_copy.py); without the driver's copy, through staging
+        self._box_copy, self.box_copy_failure = load_box_copy() if target.device == "cuda" else (None, None)
         self._device_frames: dict[tuple[int, ...], Any] = {}  # frame batch shape -> the device buffer they go to
         self._staging: dict[tuple[int, ...], _Staged] = {}  # crop shape -> where other arrays' crop is copied
         self._taps: dict[tuple[int, int, int, int], tuple[Any, Any]] = {}  # crop box -> the device tap tables
@@ -227,20 +230,25 @@ class TvmRuntime:
 
     def frame_batch(self, height: int, width: int) -> np.ndarray:
         """A new page-locked uint8 batch (N, height, width, 3), N the model's batch: a caller that fills it (a
-        decoder, a batcher) and hands it to load_frames saves the host copy. Each call lends another; all of one
-        resolution share one device buffer (load_frames waits until its copy is done). A batch the caller drops
-        is given back: its memory, and its resolution's device buffer with the last of them, are freed (a camera
-        that changes resolution does not keep the old one's buffers)."""
+        decoder, a batcher) and hands it to load_frames saves the host copy, and on a GPU only its crop box is
+        copied to the device. Each call lends another; all of one resolution share one device buffer
+        (load_frames waits until its copy is done). A batch the caller drops is given back: its memory, and its
+        resolution's device buffer with the last of them, are freed (a camera that changes resolution does not
+        keep the old one's buffers)."""
         shape = (self._manifest.inputs[0].shape[0], height, width, 3)
+        box = crop_box(height, width, self._manifest.preprocess)
         if self._manifest_device == "cuda":
             host = self._alloc(shape, "uint8", self._pinned, None)
-            device = self._device_frames.get(shape)
+            region = (shape[0], box[2], box[3], 3)
+            device = self._device_frames.get(region)
             if device is None:
-                device = self._device_frames[shape] = self._alloc(shape, "uint8", self._device, None)
+                device = self._device_frames[region] = self._alloc(region, "uint8", self._device, None)
+            params = box_params(host.data_ptr(), device.data_ptr(), shape, box)
         else:
             host = device = self._alloc(shape, "uint8", self._device, None)
+            region, params = shape, None
         array = np.from_dlpack(host)  # keeps `host` alive as long as the caller holds it (or a view of it)
-        self._lent[array.ctypes.data] = _Lent(shape, host, device)
+        self._lent[array.ctypes.data] = _Lent(shape, host, device, region, params)
         weakref.finalize(array, _given_back, self._lent, self._device_frames, array.ctypes.data)
         return array
 
@@ -255,29 +263,40 @@ class TvmRuntime:
 
     def upload_frames(self, frames: np.ndarray) -> tuple["_Staged", tuple[int, int, int, int]]:
         """The frames' part that preprocessing reads, copied to the device (asynchronously); returns its buffers
-        and the crop box in them. A batch from frame_batch (or one frame of a batch-1 one) goes whole (no host
-        copy); any other array has its crop box copied into a page-locked buffer first (a 720p frame
-        centre-cropped to 87.5 %: 43 % of its bytes)."""
+        and the crop box in them. A batch from frame_batch (or one frame of a batch-1 one) has its crop box copied
+        from where it is, by the driver (no host copy; on a CPU nothing is copied); any other array has its crop
+        box copied into a page-locked buffer first, which then goes whole (a 720p frame centre-cropped to 87.5 %:
+        43 % of its bytes)."""
         if frames.ndim == 3:
             frames = frames[None]
         batch = self._manifest.inputs[0].shape[0]
         if frames.dtype != np.uint8 or frames.ndim != 4 or frames.shape[0] != batch or frames.shape[3] != 3:
             raise ValueError(f"frames {frames.dtype} {list(frames.shape)}: the model takes uint8 ({batch}, H, W, 3)")
-        box = crop_box(frames.shape[1], frames.shape[2], self._manifest.preprocess)
+        top, left, height, width = box = crop_box(frames.shape[1], frames.shape[2], self._manifest.preprocess)
         lent = self._lent.get(frames.ctypes.data)
-        if lent is not None and lent.shape == frames.shape:  # a buffer frame_batch lent
-            staged = _Staged(lent.host, frames, lent.device)
-        else:
-            top, left, height, width = box
-            region = frames[:, top : top + height, left : left + width]
-            if region.shape not in self._staging:
-                self._staging[region.shape] = self._staged(region.shape, "uint8")
-            staged = self._staging[region.shape]
-            np.copyto(staged.array, region)
-            box = (0, 0, height, width)
+        if lent is not None and lent.shape == frames.shape:
+            if lent.params is None:  # a CPU's preprocessing reads the batch where it is
+                return _Staged(lent.host, frames, lent.device), box
+            if self._copy_box(lent.params):
+                return _Staged(lent.host, frames, lent.device), (0, 0, height, width)
+        region = frames[:, top : top + height, left : left + width]
+        if region.shape not in self._staging:
+            self._staging[region.shape] = self._staged(region.shape, "uint8")
+        staged = self._staging[region.shape]
+        np.copyto(staged.array, region)
         if staged.device is not staged.host:
             self._copy(staged.host, staged.device)
-        return staged, box
+        return staged, (0, 0, height, width)
+
+    def _copy_box(self, params: Memcpy3D) -> bool:
+        """Queue the driver's copy of a lent batch's crop box; False when there is none or it failed (then the
+        caller stages the box, and box_copy_failure says why for describe())."""
+        if self._box_copy is None:
+            return False
+        if self._box_copy(params):
+            return True
+        self.box_copy_failure = self._box_copy.failure
+        return False
 
     def synchronize(self) -> None:
         """Wait for what this runtime queued on the device."""
@@ -362,6 +381,8 @@ class TvmRuntime:
             "cuda_backend": self._cuda_backend,
             "frames_on_device": self.frames_on_device,  # preprocessing by the bundle's kernel (load_frames)
             "top_k_on_device": self.top_k_on_device,  # postprocessing by its postprocess function
+            # how a lent frame batch's crop box reaches the GPU: the driver's copy, or why it is staged instead
+            "frame_box_copy": (self.box_copy_failure or "cuMemcpy3DAsync") if self._manifest_device == "cuda" else None,
             "gpu": dataclasses.asdict(self._gpu) if self._gpu else None,
             "loaded_tvm_libraries": loaded_tvm_libraries(),
         }
@@ -387,19 +408,22 @@ class _Staged:
 
 @dataclasses.dataclass(frozen=True)
 class _Lent:
-    """A frame batch lent by frame_batch: its shape, page-locked host memory and the device buffer it goes to."""
+    """A frame batch lent by frame_batch: its shape, page-locked host memory, the device buffer its crop box goes
+    to (on a CPU the batch itself), that buffer's shape and the driver's copy of the box (None on a CPU)."""
 
     shape: tuple[int, ...]
     host: Any
     device: Any
+    device_shape: tuple[int, ...]
+    params: Optional[Memcpy3D]
 
 
 def _given_back(lent: dict[int, _Lent], device_frames: dict[tuple[int, ...], Any], address: int) -> None:
     """The borrower dropped a frame batch: forget it and, with the last batch of its shape, that shape's device
     buffer (run by weakref.finalize, so it holds the dictionaries, not the runtime)."""
     gone = lent.pop(address, None)
-    if gone is not None and all(x.shape != gone.shape for x in list(lent.values())):
-        device_frames.pop(gone.shape, None)
+    if gone is not None and all(x.device_shape != gone.device_shape for x in list(lent.values())):
+        device_frames.pop(gone.device_shape, None)
 
 
 def _check_wheel_driver(driver_api: str) -> None:

@@ -1,0 +1,104 @@
+"""The crop box of a page-locked frame batch to the GPU in one copy: only the bytes preprocessing reads.
+
+TVM's copy (`runtime.TVMTensorCopyFromTo`) takes contiguous tensors only, so a lent frame batch went whole: a
+1280x720 frame is 2.76 MB, its centre crop (87.5 % of the short side, 630x630) 1.19 MB. `cuMemcpy3DAsync` from
+the CUDA driver (libcuda.so.1, which every CUDA backend runs on, the wheel's through libcudart and
+edgedeploy's directly) copies a box of rows of each frame of the batch at once: pitch W*3 bytes in, w*3 out.
+
+It is queued on the legacy default stream, the one TVM's runtime uses here (both backends): in order with the
+preprocessing kernel after it. The driver API needs the primary context current on the calling thread; a
+thread that has not yet made a CUDA call gets it made current here (as the runtime API would do).
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+MEMORYTYPE_HOST, MEMORYTYPE_DEVICE = 1, 2
+ERROR_INVALID_CONTEXT = 201
+
+
+class Memcpy3D(ctypes.Structure):
+    """CUDA_MEMCPY3D (cuda.h; 200 bytes on 64-bit Linux, the same on JetPack 5's CUDA 11.4 and CUDA 13)."""
+
+    _fields_ = [
+        ("srcXInBytes", ctypes.c_size_t),
+        ("srcY", ctypes.c_size_t),
+        ("srcZ", ctypes.c_size_t),
+        ("srcLOD", ctypes.c_size_t),
+        ("srcMemoryType", ctypes.c_int),
+        ("srcHost", ctypes.c_void_p),
+        ("srcDevice", ctypes.c_uint64),
+        ("srcArray", ctypes.c_void_p),
+        ("reserved0", ctypes.c_void_p),
+        ("srcPitch", ctypes.c_size_t),
+        ("srcHeight", ctypes.c_size_t),
+        ("dstXInBytes", ctypes.c_size_t),
+        ("dstY", ctypes.c_size_t),
+        ("dstZ", ctypes.c_size_t),
+        ("dstLOD", ctypes.c_size_t),
+        ("dstMemoryType", ctypes.c_int),
+        ("dstHost", ctypes.c_void_p),
+        ("dstDevice", ctypes.c_uint64),
+        ("dstArray", ctypes.c_void_p),
+        ("reserved1", ctypes.c_void_p),
+        ("dstPitch", ctypes.c_size_t),
+        ("dstHeight", ctypes.c_size_t),
+        ("WidthInBytes", ctypes.c_size_t),
+        ("Height", ctypes.c_size_t),
+        ("Depth", ctypes.c_size_t),
+    ]
+
+
+def box_params(host: int, device: int, shape: tuple[int, ...], box: tuple[int, int, int, int]) -> Memcpy3D:
+    """The copy of crop box (top, left, height, width) of each frame of a uint8 batch `shape` (N, H, W, C) at
+    host address `host` into a dense (N, height, width, C) device buffer at `device`."""
+    n, frame_height, frame_width, channels = shape
+    top, left, height, width = box
+    if not (0 <= top and top + height <= frame_height and 0 <= left and left + width <= frame_width):
+        raise ValueError(f"crop box {box} is not inside frames of {frame_height}x{frame_width}")
+    p = Memcpy3D()
+    p.srcXInBytes, p.srcY, p.srcMemoryType, p.srcHost = left * channels, top, MEMORYTYPE_HOST, host
+    p.srcPitch, p.srcHeight = frame_width * channels, frame_height
+    p.dstMemoryType, p.dstDevice, p.dstPitch, p.dstHeight = MEMORYTYPE_DEVICE, device, width * channels, height
+    p.WidthInBytes, p.Height, p.Depth = width * channels, height, n
+    return p
+
+
+class BoxCopy:
+    """cuMemcpy3DAsync on prepared parameters; after a failure it says why (`failure`) and callers copy another
+    way (the caller's fallback: the box through a page-locked staging buffer, as for frames it did not lend)."""
+
+    def __init__(self, library: str = "libcuda.so.1") -> None:
+        self.failure: str | None = None
+        cuda = ctypes.CDLL(library)
+        self._copy = cuda.cuMemcpy3DAsync_v2
+        self._copy.argtypes = [ctypes.POINTER(Memcpy3D), ctypes.c_void_p]
+        self._copy.restype = ctypes.c_int
+        self._retain = cuda.cuDevicePrimaryCtxRetain
+        self._retain.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_int]
+        self._set_current = cuda.cuCtxSetCurrent
+        self._set_current.argtypes = [ctypes.c_void_p]
+
+    def __call__(self, params: Memcpy3D, device_id: int = 0) -> bool:
+        """Queue the copy; False (and `failure` set) when the driver refused it."""
+        if self.failure is not None:
+            return False
+        rc = self._copy(ctypes.byref(params), None)
+        if rc == ERROR_INVALID_CONTEXT:  # this thread's first CUDA call: the primary context, as cudart does
+            context = ctypes.c_void_p()
+            if self._retain(ctypes.byref(context), device_id) == 0 and self._set_current(context) == 0:
+                rc = self._copy(ctypes.byref(params), None)
+        if rc != 0:
+            self.failure = f"cuMemcpy3DAsync failed with CUresult {rc}"
+            return False
+        return True
+
+
+def load_box_copy() -> tuple[BoxCopy | None, str | None]:
+    """(the driver's box copy, None), or (None, why not)."""
+    try:
+        return BoxCopy(), None
+    except (OSError, AttributeError) as e:
+        return None, f"no cuMemcpy3DAsync from libcuda.so.1: {e}"
+

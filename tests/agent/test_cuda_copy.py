@@ -1,0 +1,59 @@
+"""The crop box copy's parameters (runtime/cuda_copy.py): the CUDA_MEMCPY3D layout of cuda.h and, applied with the
+driver's documented semantics (below, in numpy), the box of every frame of a batch, densely in the device buffer.
+The copy itself needs a GPU: bench/gpu_pipeline.py checks every preprocessed frame against preprocess.py there."""
+
+from __future__ import annotations
+
+import ctypes
+
+import numpy as np
+import pytest
+
+from edgedeploy_agent.bundle import Preprocess
+from edgedeploy_agent.preprocess import crop_box
+from edgedeploy_agent.runtime.cuda_copy import BoxCopy, Memcpy3D, box_params, load_box_copy
+
+
+def test_the_parameters_have_cuda_h_layout() -> None:
+    """Offsets as cuda.h's CUDA_MEMCPY3D has them on 64-bit Linux (a C program's offsetof, CUDA 13 headers)."""
+    offsets = {"srcMemoryType": 32, "srcHost": 40, "srcPitch": 72, "srcHeight": 80, "dstXInBytes": 88,
+               "dstMemoryType": 120, "dstDevice": 136, "dstPitch": 160, "dstHeight": 168, "WidthInBytes": 176,
+               "Height": 184, "Depth": 192}  # fmt: skip
+    assert ctypes.sizeof(Memcpy3D) == 200
+    assert {name: getattr(Memcpy3D, name).offset for name in offsets} == offsets
+
+
+def apply(p: Memcpy3D, src: np.ndarray, dst: np.ndarray) -> None:
+    """cuMemcpy3D on host byte arrays: Depth slices of Height rows of WidthInBytes bytes, each side at its own
+    pitch and slice height (srcHost / dstDevice taken as offsets into `src` / `dst`)."""
+    for z in range(p.Depth):
+        for y in range(p.Height):
+            s = (p.srcHost or 0) + ((p.srcZ + z) * p.srcHeight + p.srcY + y) * p.srcPitch + p.srcXInBytes
+            d = p.dstDevice + ((p.dstZ + z) * p.dstHeight + p.dstY + y) * p.dstPitch + p.dstXInBytes
+            dst[d : d + p.WidthInBytes] = src[s : s + p.WidthInBytes]
+
+
+@pytest.mark.parametrize("shape", [(1, 72, 128, 3), (3, 27, 64, 3), (2, 64, 48, 3)], ids=str)
+def test_the_copy_gives_each_frames_crop_box(shape: tuple[int, int, int, int]) -> None:
+    frames = np.random.default_rng(0).integers(0, 256, shape, dtype=np.uint8)
+    box = top, left, height, width = crop_box(shape[1], shape[2], Preprocess(resize="center_crop", crop_fraction=0.875))
+    assert (height, width) != shape[1:3]  # a real crop
+    device = np.zeros((shape[0], height, width, 3), np.uint8)
+    p = box_params(0, 0, shape, box)
+    assert (p.srcMemoryType, p.dstMemoryType) == (1, 2)  # host to device
+    apply(p, frames.reshape(-1), device.reshape(-1))
+    assert np.array_equal(device, frames[:, top : top + height, left : left + width])
+
+
+def test_a_box_outside_the_frames_is_refused() -> None:
+    with pytest.raises(ValueError, match="not inside frames of 72x128"):
+        box_params(0, 0, (1, 72, 128, 3), (10, 0, 72, 72))
+
+
+def test_without_the_driver_there_is_no_box_copy_and_a_reason() -> None:
+    copy, why = load_box_copy()
+    if copy is not None:
+        pytest.skip("this machine has a CUDA driver")
+    assert why is not None and "libcuda.so.1" in why
+    with pytest.raises(OSError):
+        BoxCopy("libcuda-that-is-not-there.so.1")
