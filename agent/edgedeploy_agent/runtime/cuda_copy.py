@@ -101,4 +101,3 @@ def load_box_copy() -> tuple[BoxCopy | None, str | None]:
         return BoxCopy(), None
     except (OSError, AttributeError) as e:
         return None, f"no cuMemcpy3DAsync from libcuda.so.1: {e}"
-

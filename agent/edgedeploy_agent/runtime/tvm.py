@@ -184,6 +184,13 @@ class TvmRuntime:
         self._taps: dict[tuple[int, int, int, int], tuple[Any, Any]] = {}  # crop box -> the device tap tables
         # the postprocess function's (N, 2, k) result: scores, then classes (float64), one small copy back
         self._top = self._staged(top_shape(manifest), "float64") if self._postprocess is not None else None
+        if target.device == "cuda":
+            # tvm_ffi releases the GIL around every call by default; these return once the work is queued (the
+            # stream sync: once a frame's kernels are done, tens of microseconds): released, the loop's thread
+            # had to win the GIL back from the capture threads after each one, in the middle of a stage
+            for func in (self._main, self._copy, self._alloc, self._stream_sync, self._preprocess, self._postprocess):
+                if func is not None:
+                    func.release_gil = False
 
     def _staged(self, shape: "list[int] | tuple[int, ...]", dtype: str) -> "_Staged":
         """Host and device buffers for one tensor (on a CPU one tensor is both)."""
