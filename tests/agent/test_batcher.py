@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -57,9 +58,16 @@ def batched_manifest(tmp_path: Path, batch: int) -> Manifest:
 
 
 def serve(
-    tmp_path: Path, batch: int, uris: list[str], max_frames: int | None = None, wait_ms: float = 2000
+    tmp_path: Path,
+    batch: int,
+    uris: list[str],
+    max_frames: int | None = None,
+    wait_ms: float = 2000,
+    all_ready: bool = False,
 ) -> tuple[Any, ...]:
-    """Serve `uris` to the end (or max_frames); a batch waits up to `wait_ms` for a source that is still playing."""
+    """Serve `uris` to the end (or max_frames); a batch waits up to `wait_ms` for a source that is still playing.
+    With `all_ready`, serving starts once every source has its first frame (a loaded machine may open one file
+    long after the others, and a batch 1 loop rightly serves what is there)."""
     store = DeviceStore(tmp_path / "device")
     cfg = AgentConfig(device_name="t", report_interval_s=60, sources=uris, max_batch_wait_ms=wait_ms)
     store.init(cfg)
@@ -67,6 +75,9 @@ def serve(
     runtime = RowMeans()
     sources = [open_source(u, backoff_start_s=0.05, backoff_max_s=0.1) for u in uris]
     loop = MultiSourceLoop(runtime, manifest, [], cfg, Spool(store), NoPowerSensor(), "id", health_frames=3)
+    deadline = time.monotonic() + 30
+    while all_ready and not all(s.captured for s in sources) and time.monotonic() < deadline:
+        time.sleep(0.01)
     try:
         written = loop.serve(sources, max_frames=max_frames)
     finally:
@@ -118,7 +129,7 @@ def test_a_lost_camera_does_not_stop_the_others(tmp_path: Path) -> None:
 
 def test_a_batch_1_bundle_serves_the_sources_in_turn(tmp_path: Path) -> None:
     clips = [f"file:{write_clip(tmp_path / f'c{i}.avi', 4, 30 + 60 * i)}" for i in range(3)]
-    loop, runtime, reports = serve(tmp_path, 1, clips)
+    loop, runtime, reports = serve(tmp_path, 1, clips, all_ready=True)
     assert [reports[c]["frames"] for c in clips] == [4, 4, 4]
     assert all(reports[c]["batch"]["mean_fill"] == 1.0 for c in clips)
     # no source waits for another's whole clip: each source's first frame is among the first calls
