@@ -271,3 +271,42 @@ def test_a_consumer_that_cannot_lend_buffers_gets_opencvs_frames(tmp_path: Path)
         src.close()
     assert got == list(range(5)) and src.copied == 0
     assert src.last_error == "no frame buffers from the runtime: MemoryError: cannot pin 48x64x3"
+
+
+def test_the_lender_is_told_of_each_frame_in_its_buffers_before_the_consumer_sees_it(tmp_path: Path) -> None:
+    """frame_ready (a GPU runtime queues the frame's upload there) gets every frame decoded into a lent buffer,
+    with its pixels already there, before read() can return it; a lender whose frame_ready fails is no longer told,
+    and the capture goes on."""
+    import numpy as np
+
+    clip = write_clip(tmp_path / "c.avi", 6, 40)
+    want = _decoded(clip)
+    lender, told = _Lender(), []
+
+    def ready(image: object) -> None:
+        assert lender.owns(image)
+        told.append(np.asarray(image).copy())
+
+    src = open_source(f"file:{clip}", allocate_frame=lender, frame_ready=ready)
+    try:
+        for f in iter(lambda: src.read(timeout=5), None):
+            # frame 0 was decoded before the buffers were lent (its size unknown): not told; frame i was, as told[i - 1]
+            # (the next one may have been told already: the capture decodes it while the consumer holds this one)
+            assert f.index == 0 or (len(told) >= f.index and np.array_equal(told[f.index - 1], want[f.index]))
+    finally:
+        src.close()
+    assert len(told) == 5
+
+    def broken(image: object) -> None:
+        raise RuntimeError("no upload stream")
+
+    src = open_source(f"file:{write_clip(tmp_path / 'd.avi', 4, 90)}", allocate_frame=_Lender(), frame_ready=broken)
+    try:
+        got = [f.index for f in iter(lambda: src.read(timeout=5), None)]
+    finally:
+        src.close()
+    assert (
+        got == list(range(4))
+        and "frame_ready failed" in (src.last_error or "")
+        and "no upload stream" in (src.last_error or "")
+    )
