@@ -11,8 +11,6 @@ For each batch-1 bundle and video, one process, one GPU:
                  Part 2's target on 720p: (preprocess + infer + postprocess) / kernel <= 2
   gpu, host top  the same with the top k on the host (run_loaded: the outputs come back): part 1's target,
                  infer / kernel <= 1.15 (the infer stage is then the model and its output copy alone)
-  gpu at load    the gpu path with the capture not queueing the uploads ahead (load_frames copies the box): a
-                 same-run A/B of prefetch_frames
   cpu path       the same loop with the bundle's preprocessing library left out: preprocess.py on the CPU into
                  the runtime's page-locked input, then run() and top_k on the host
   agreement      every frame of the video through both paths: max |input difference| after normalisation, the
@@ -79,19 +77,14 @@ def host_top_k(rt: TvmRuntime) -> TvmRuntime:
     return rt
 
 
-def loop_p50(
-    rt: TvmRuntime, manifest: Any, rdir: Path, video: Path, root: Path, ahead: bool = True
-) -> dict[str, float]:
+def loop_p50(rt: TvmRuntime, manifest: Any, rdir: Path, video: Path, root: Path) -> dict[str, float]:
     """The agent's loop over one pass of the video, its capture lent the runtime's frame buffers where run_agent
-    lends them (frame_lending); without `ahead`, the capture does not queue their uploads (load_frames copies)."""
+    lends them (frame_lending)."""
     store = DeviceStore(root)
     cfg = AgentConfig(device_name="bench", source=f"file:{video}", report_interval_s=1e9, idle_baseline_s=0.0)
     store.init(cfg)
     loop = InferenceLoop(rt, manifest, load_labels(rdir, manifest), cfg, Spool(store), NoPowerSensor(), "bench")
-    lending = frame_lending(rt)
-    if not ahead:
-        lending.pop("frame_ready", None)
-    source = open_source(cfg.source or "", **lending)
+    source = open_source(cfg.source or "", **frame_lending(rt))
     t = time.perf_counter()
     loop.run(source)
     wall = time.perf_counter() - t
@@ -168,21 +161,11 @@ def batch1(bundle: Path, videos: list[Path], work: Path) -> list[dict[str, Any]]
         _, first = cap.read()
         cap.release()
         row: dict[str, Any] = {"bundle": bundle.stem, "video": f"{first.shape[1]}x{first.shape[0]}", "kernel": kernel}
-        paths = (
-            ("cpu", cpu, True),
-            ("gpu", gpu, True),
-            ("gpu_host_top", gpu_host_top, True),
-            ("gpu_at_load", gpu, False),
-        )
-        for name, rt, ahead in paths:  # gpu_at_load: the gpu path, uploads not queued by the capture (same run A/B)
+        for name, rt in (("cpu", cpu), ("gpu", gpu), ("gpu_host_top", gpu_host_top)):
             rt.run([np.zeros(manifest.inputs[0].shape, np.float32)])  # warm
-            row[name] = loop_p50(rt, manifest, rdir, video, work / f"store-{bundle.stem}-{video.stem}-{name}", ahead)
+            row[name] = loop_p50(rt, manifest, rdir, video, work / f"store-{bundle.stem}-{video.stem}-{name}")
         row["agreement"] = agreement(cpu, gpu, manifest, video)
-        for name in (
-            "gpu",
-            "gpu_host_top",
-            "gpu_at_load",
-        ):  # the loops' predictions, frame by frame, against the CPU path's
+        for name in ("gpu", "gpu_host_top"):  # the loops' predictions, frame by frame, against the CPU path's
             ours, theirs = row[name].pop("classes"), row["cpu"]["classes"]
             row["agreement"][f"loop_{name}_frames_differ"] = sum(
                 a != b for a, b in zip(ours, theirs, strict=False)
@@ -195,7 +178,6 @@ def batch1(bundle: Path, videos: list[Path], work: Path) -> list[dict[str, Any]]
         row["ratio_infer_cpu_path"] = row["cpu"]["infer"] / kernel
         row["ratio_frame"] = sum(row["gpu"][s] for s in STAGES) / kernel
         row["ratio_frame_host_top"] = sum(row["gpu_host_top"][s] for s in STAGES) / kernel
-        row["ratio_frame_at_load"] = sum(row["gpu_at_load"][s] for s in STAGES) / kernel
         rows.append(row)
     return rows
 
@@ -258,7 +240,7 @@ def main() -> None:
     print("| bundle | video | path | fps | preprocess | infer | postprocess | kernel | frames copied |")
     print("|---|---|---|---|---|---|---|---|---|")
     for r in result["bs1"]:
-        for path in ("cpu", "gpu_host_top", "gpu", "gpu_at_load"):
+        for path in ("cpu", "gpu_host_top", "gpu"):
             m = r[path]
             print(
                 f"| {r['bundle']} | {r['video']} | {path} | {m['fps']:.0f} | {m['preprocess']:.3f} | {m['infer']:.3f} "
@@ -297,9 +279,6 @@ def main() -> None:
         if r["video"] == "1280x720":
             line("frame_bs1_720p", r["bundle"], r["video"], r["ratio_frame"])
             line("frame_bs1_720p (top k on the host)", r["bundle"], r["video"], r["ratio_frame_host_top"])
-            line(
-                "frame_bs1_720p (uploads at load, not queued ahead)", r["bundle"], r["video"], r["ratio_frame_at_load"]
-            )
     for r in result["bs64"]:
         line("run_bs64", r["bundle"], "random", r["ratio_run"])
     print("\nagreement (GPU pre- and postprocessing against preprocess.py and top_k, every frame):")
@@ -310,8 +289,7 @@ def main() -> None:
             f"top-1 changed {a['top1_changed']:.4f}; device top k: classes differ on {a['top_k_classes_differ']} "
             f"frames, max |score diff| {a['max_abs_top_k_score_diff']:.3g} (tolerance 1e-12); the agent's loop, top k "
             f"classes unlike the CPU path's on {a['loop_gpu_frames_differ']} frames (GPU path), "
-            f"{a['loop_gpu_host_top_frames_differ']} (top k on the host), "
-            f"{a['loop_gpu_at_load_frames_differ']} (uploads at load)"
+            f"{a['loop_gpu_host_top_frames_differ']} (top k on the host)"
         )
     if args.json:
         args.json.write_text(json.dumps(result, indent=1))
