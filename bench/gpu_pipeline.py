@@ -15,9 +15,7 @@ For each batch-1 bundle and video, one process, one GPU:
                  the runtime's page-locked input, then run() and top_k on the host
   agreement      every frame of the video through both paths: max |input difference| after normalisation, the
                  fraction of frames whose top-1 class differs, and the device's top k against the host's top_k
-                 on the same outputs (classes equal; max |score difference|, tolerance 1e-12); and the loops'
-                 reported top k classes, frame by frame, GPU paths against the CPU path (uploads the capture
-                 thread queued ahead included)
+                 on the same outputs (classes equal; max |score difference|, tolerance 1e-12)
 For each batch-64 bundle: kernel alone; run() host to host on a random float32 batch (the issue's old row);
 load_frames + run_loaded on a random uint8 frame batch at the model's input size (in the page-locked batch
 buffer the runtime lends, as a batcher would fill it), against kernel + the batch's
@@ -42,7 +40,7 @@ import numpy as np
 
 from edgedeploy_agent.bundle import extract_bundle, load_labels
 from edgedeploy_agent.config import AgentConfig
-from edgedeploy_agent.loop import InferenceLoop, class_scores, frame_lending, labelled, top_k
+from edgedeploy_agent.loop import InferenceLoop, class_scores, frame_buffers, labelled, top_k
 from edgedeploy_agent.preprocess import preprocess
 from edgedeploy_agent.runtime.tvm import TvmRuntime
 from edgedeploy_agent.sources.capture import open_source
@@ -79,12 +77,12 @@ def host_top_k(rt: TvmRuntime) -> TvmRuntime:
 
 def loop_p50(rt: TvmRuntime, manifest: Any, rdir: Path, video: Path, root: Path) -> dict[str, float]:
     """The agent's loop over one pass of the video, its capture lent the runtime's frame buffers where run_agent
-    lends them (frame_lending)."""
+    lends them (frame_buffers)."""
     store = DeviceStore(root)
     cfg = AgentConfig(device_name="bench", source=f"file:{video}", report_interval_s=1e9, idle_baseline_s=0.0)
     store.init(cfg)
     loop = InferenceLoop(rt, manifest, load_labels(rdir, manifest), cfg, Spool(store), NoPowerSensor(), "bench")
-    source = open_source(cfg.source or "", **frame_lending(rt))
+    source = open_source(cfg.source or "", allocate_frame=frame_buffers(rt))
     t = time.perf_counter()
     loop.run(source)
     wall = time.perf_counter() - t
@@ -93,8 +91,6 @@ def loop_p50(rt: TvmRuntime, manifest: Any, rdir: Path, video: Path, root: Path)
     out = {s: float(report["latency_ms"][s]["p50"]) for s in STAGES}
     out["fps"] = report["frames"] / wall
     out["frames_copied"] = source.copied  # decoded elsewhere, then copied into a lent buffer
-    # each frame's top k classes, in order: the paths must agree frame by frame (a late upload would show here)
-    out["classes"] = [[c for c, _, _ in p["top"]] for _, r in pending_reports(store) for p in r["predictions"]]
     return out
 
 
@@ -137,7 +133,7 @@ def alone(cpu: TvmRuntime, gpu: TvmRuntime, frame: np.ndarray, x: np.ndarray, ga
         "run": p50_ms(lambda: cpu.run([x]), 300),
         "upload": p50_ms(lambda: gpu.upload_frames(frame), 300, gpu.synchronize),
         "upload_lent": p50_ms(lambda: gpu.upload_frames(lent), 300, gpu.synchronize),
-        "frame_copies": gpu.describe()["frame_copies"],
+        "frame_box_copy": gpu.describe()["frame_box_copy"],
         "load_frames": p50_ms(lambda: gpu.load_frames(frame), 300, gpu.synchronize),
         "load_frames_run_loaded": p50_ms(lambda: (gpu.load_frames(frame), gpu.run_loaded()), 300),
         "load_frames_run_loaded_top": p50_ms(lambda: (gpu.load_frames(frame), gpu.run_loaded_top()), 300),
@@ -165,12 +161,6 @@ def batch1(bundle: Path, videos: list[Path], work: Path) -> list[dict[str, Any]]
             rt.run([np.zeros(manifest.inputs[0].shape, np.float32)])  # warm
             row[name] = loop_p50(rt, manifest, rdir, video, work / f"store-{bundle.stem}-{video.stem}-{name}")
         row["agreement"] = agreement(cpu, gpu, manifest, video)
-        for name in ("gpu", "gpu_host_top"):  # the loops' predictions, frame by frame, against the CPU path's
-            ours, theirs = row[name].pop("classes"), row["cpu"]["classes"]
-            row["agreement"][f"loop_{name}_frames_differ"] = sum(
-                a != b for a, b in zip(ours, theirs, strict=False)
-            ) + abs(len(ours) - len(theirs))
-        row["cpu"].pop("classes")
         x = preprocess(first, manifest.preprocess, manifest.inputs[0])
         row["alone"] = alone(cpu, gpu, first, x, row["cpu"]["preprocess"] / 1e3)
         row["ratio_infer"] = row["gpu_host_top"]["infer"] / kernel
@@ -248,7 +238,7 @@ def main() -> None:
             )
     print(
         "\n| bundle | video | run() alone | upload alone | upload lent | load_frames alone | load_frames+run_loaded "
-        "| load_frames+run_loaded_top | kernel paced | lent frame copies |"
+        "| load_frames+run_loaded_top | kernel paced | lent box copy |"
     )
     print("|---|---|---|---|---|---|---|---|---|---|")
     for r in result["bs1"]:
@@ -256,7 +246,7 @@ def main() -> None:
         print(
             f"| {r['bundle']} | {r['video']} | {a['run']:.3f} | {a['upload']:.3f} | {a['upload_lent']:.3f} "
             f"| {a['load_frames']:.3f} | {a['load_frames_run_loaded']:.3f} | {a['load_frames_run_loaded_top']:.3f} "
-            f"| {a['kernel_paced']:.3f} | {a['frame_copies']} |"
+            f"| {a['kernel_paced']:.3f} | {a['frame_box_copy']} |"
         )
     print("\n| bundle | kernel | run() f32 host to host | uint8 frames + run | copy GB/s |")
     print("|---|---|---|---|---|")
@@ -287,9 +277,7 @@ def main() -> None:
         print(
             f"  {r['bundle']} {r['video']}: {a['frames']} frames, max |input diff| {a['max_abs_input_diff']:.3g}, "
             f"top-1 changed {a['top1_changed']:.4f}; device top k: classes differ on {a['top_k_classes_differ']} "
-            f"frames, max |score diff| {a['max_abs_top_k_score_diff']:.3g} (tolerance 1e-12); the agent's loop, top k "
-            f"classes unlike the CPU path's on {a['loop_gpu_frames_differ']} frames (GPU path), "
-            f"{a['loop_gpu_host_top_frames_differ']} (top k on the host)"
+            f"frames, max |score diff| {a['max_abs_top_k_score_diff']:.3g} (tolerance 1e-12)"
         )
     if args.json:
         args.json.write_text(json.dumps(result, indent=1))

@@ -84,16 +84,12 @@ def warm_up(runtime: Runtime, manifest: Manifest) -> float:
     return ms
 
 
-def frame_lending(runtime: Runtime) -> dict[str, Any]:
-    """open_source's arguments for a capture that decodes into the runtime's frame buffers: a batch-1 bundle that
-    preprocesses on the GPU lends its page-locked ones (the runtime uploads them without a host copy) and is told
-    of each decoded frame (it queues the upload at once: prefetch_frames); none for any other runtime."""
+def frame_buffers(runtime: Runtime) -> Optional[Callable[[int, int], np.ndarray]]:
+    """(height, width) -> a frame buffer the runtime uploads without a host copy, for a capture to decode into: a
+    batch-1 bundle that preprocesses on the GPU lends its page-locked ones; None for any other."""
     if not getattr(runtime, "frames_on_device", False):
-        return {}
-    return {
-        "allocate_frame": lambda height, width: runtime.frame_batch(height, width)[0],  # type: ignore[attr-defined]
-        "frame_ready": getattr(runtime, "prefetch_frames", None),
-    }
+        return None
+    return lambda height, width: runtime.frame_batch(height, width)[0]  # type: ignore[attr-defined]
 
 
 class InferenceLoop:
@@ -360,14 +356,14 @@ def run_agent(
             power.measure_idle(cfg.idle_baseline_s, time.sleep)  # before capture starts: nothing else runs
         # several sources, or a bundle compiled for a batch: frames of the sources share its calls (batcher.py)
         batched = len(cfg.source_uris) > 1 or manifest.inputs[0].shape[0] > 1
-        lending = frame_lending(runtime) if not batched else {}
+        allocate = frame_buffers(runtime) if not batched else None
         for uri in cfg.source_uris:
             sources.append(
                 open_source(
                     uri,
                     system_python=cfg.system_python,
                     sidecar_timeout_s=cfg.sidecar_timeout_s,
-                    **lending,
+                    allocate_frame=allocate,
                 )
             )
     except AgentError as e:

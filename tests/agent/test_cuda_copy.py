@@ -11,7 +11,7 @@ import pytest
 
 from edgedeploy_agent.bundle import Preprocess
 from edgedeploy_agent.preprocess import crop_box
-from edgedeploy_agent.runtime.cuda_copy import DriverCopies, Memcpy3D, box_params, load_driver_copies
+from edgedeploy_agent.runtime.cuda_copy import BoxCopy, Memcpy3D, box_params, load_box_copy
 
 
 def test_the_parameters_have_cuda_h_layout() -> None:
@@ -50,10 +50,10 @@ def test_a_box_outside_the_frames_is_refused() -> None:
         box_params(0, 0, (1, 72, 128, 3), (10, 0, 72, 72))
 
 
-def test_without_the_driver_there_are_no_copies_and_a_reason() -> None:
-    copy, why = load_driver_copies()
+def test_without_the_driver_there_is_no_box_copy_and_a_reason() -> None:
+    copy, why = load_box_copy()
     if copy is not None:
         pytest.skip("this machine has a CUDA driver")
     assert why is not None and "libcuda.so.1" in why
     with pytest.raises(OSError):
-        DriverCopies("libcuda-that-is-not-there.so.1")
+        BoxCopy("libcuda-that-is-not-there.so.1")

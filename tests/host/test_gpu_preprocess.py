@@ -246,7 +246,7 @@ def _loop_predictions(runtime: object, manifest: object, video: Path, root: Path
     """The agent's loop (InferenceLoop, health check on its first frames) over one pass of the video: its
     predictions, from one report."""
     from edgedeploy_agent.config import AgentConfig
-    from edgedeploy_agent.loop import InferenceLoop, frame_lending
+    from edgedeploy_agent.loop import InferenceLoop, frame_buffers
     from edgedeploy_agent.sources.capture import open_source
     from edgedeploy_agent.sources.power import NoPowerSensor
     from edgedeploy_agent.spool import Spool, pending_reports
@@ -256,7 +256,7 @@ def _loop_predictions(runtime: object, manifest: object, video: Path, root: Path
     cfg = AgentConfig(device_name="t", source=f"file:{video}", report_interval_s=1e9, idle_baseline_s=0.0)
     store.init(cfg)
     loop = InferenceLoop(runtime, manifest, [], cfg, Spool(store), NoPowerSensor(), "t", health_frames=3)  # type: ignore[arg-type]
-    source = open_source(cfg.source or "", **(frame_lending(runtime) if lend else {}))  # type: ignore[arg-type]
+    source = open_source(cfg.source or "", allocate_frame=frame_buffers(runtime) if lend else None)  # type: ignore[arg-type]
     try:
         loop.run(source)
     finally:
@@ -333,6 +333,27 @@ def test_a_batch_of_sources_preprocessed_on_the_device_predicts_as_the_cpu_path(
     assert [[p["frame"] for p in device[u]] for u in uris] == [list(range(len(frames)))] * 2
     assert device[uris[0]] != device[uris[1]]
     assert device == predictions(plain, tmp_path / "host")
+
+
+def test_the_device_buffer_of_a_resolution_goes_with_its_last_lent_batch() -> None:
+    """On a GPU every lent batch of one resolution shares one device buffer (of its crop box): it is freed with
+    the last of them."""
+    from edgedeploy_agent.runtime.tvm import _given_back, _Lent
+
+    hd, vga = (1, 720, 1280, 3), (1, 480, 640, 3)
+    hd_box, vga_box = (1, 630, 630, 3), (1, 420, 420, 3)
+    lent = {
+        1: _Lent(hd, "h1", "d-hd", hd_box, None),
+        2: _Lent(hd, "h2", "d-hd", hd_box, None),
+        3: _Lent(vga, "h3", "d-vga", vga_box, None),
+    }
+    device_frames = {hd_box: "d-hd", vga_box: "d-vga"}
+    _given_back(lent, device_frames, 1)
+    assert set(lent) == {2, 3} and set(device_frames) == {hd_box, vga_box}
+    _given_back(lent, device_frames, 2)
+    assert set(lent) == {3} and set(device_frames) == {vga_box}
+    _given_back(lent, device_frames, 2)  # twice (or never lent): nothing more happens
+    assert set(lent) == {3} and set(device_frames) == {vga_box}
 
 
 @pytest.mark.compile

@@ -1,25 +1,21 @@
-"""Frames to the GPU: the crop box of a page-locked frame batch in one copy, queued ahead where it can be.
+"""The crop box of a page-locked frame batch to the GPU in one copy: only the bytes preprocessing reads.
 
 TVM's copy (`runtime.TVMTensorCopyFromTo`) takes contiguous tensors only, so a lent frame batch went whole: a
 1280x720 frame is 2.76 MB, its centre crop (87.5 % of the short side, 630x630) 1.19 MB. `cuMemcpy3DAsync` from
 the CUDA driver (libcuda.so.1, which every CUDA backend runs on, the wheel's through libcudart and
 edgedeploy's directly) copies a box of rows of each frame of the batch at once: pitch W*3 bytes in, w*3 out.
 
-Queued on the legacy default stream, the one TVM's runtime uses here (both backends), the copy is in order with
-the preprocessing kernel after it. A capture thread that has just decoded a frame queues its copy ahead, on a
-stream of its own while the previous frame's model runs, and records an event the default stream later waits on
-(TvmRuntime.prefetch_frames). The driver API needs the primary context current on the calling thread; a thread
-that has made no CUDA call yet (a capture thread) gets it made current here, as the runtime API would do.
+It is queued on the legacy default stream, the one TVM's runtime uses here (both backends): in order with the
+preprocessing kernel after it. The driver API needs the primary context current on the calling thread; a
+thread that has not yet made a CUDA call gets it made current here (as the runtime API would do).
 """
 
 from __future__ import annotations
 
 import ctypes
-from typing import Any
 
 MEMORYTYPE_HOST, MEMORYTYPE_DEVICE = 1, 2
 ERROR_INVALID_CONTEXT = 201
-STREAM_NON_BLOCKING, EVENT_DISABLE_TIMING = 0x1, 0x2
 
 
 class Memcpy3D(ctypes.Structure):
@@ -69,65 +65,39 @@ def box_params(host: int, device: int, shape: tuple[int, ...], box: tuple[int, i
     return p
 
 
-class DriverCopies:
-    """The few driver calls the frame path makes itself: the box copy (`cuMemcpy3DAsync`), and for uploads queued
-    ahead by the capture thread, a stream of their own (non-blocking: it does not wait for the model's kernels on
-    the default stream), an event per buffer and the default stream's wait on it. After a failure it says why
-    (`failure`) and every call returns False: callers copy another way (staging the box, on the default stream)."""
+class BoxCopy:
+    """cuMemcpy3DAsync on prepared parameters; after a failure it says why (`failure`) and callers copy another
+    way (the caller's fallback: the box through a page-locked staging buffer, as for frames it did not lend)."""
 
     def __init__(self, library: str = "libcuda.so.1") -> None:
         self.failure: str | None = None
         cuda = ctypes.CDLL(library)
-        self._fn: dict[str, Any] = {}
-        for name, argtypes in (
-            ("cuMemcpy3DAsync_v2", [ctypes.POINTER(Memcpy3D), ctypes.c_void_p]),
-            ("cuDevicePrimaryCtxRetain", [ctypes.POINTER(ctypes.c_void_p), ctypes.c_int]),
-            ("cuCtxSetCurrent", [ctypes.c_void_p]),
-            ("cuStreamCreate", [ctypes.POINTER(ctypes.c_void_p), ctypes.c_uint]),
-            ("cuEventCreate", [ctypes.POINTER(ctypes.c_void_p), ctypes.c_uint]),
-            ("cuEventRecord", [ctypes.c_void_p, ctypes.c_void_p]),
-            ("cuStreamWaitEvent", [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_uint]),
-        ):
-            fn = getattr(cuda, name)
-            fn.argtypes, fn.restype = argtypes, ctypes.c_int
-            self._fn[name] = fn
+        self._copy = cuda.cuMemcpy3DAsync_v2
+        self._copy.argtypes = [ctypes.POINTER(Memcpy3D), ctypes.c_void_p]
+        self._copy.restype = ctypes.c_int
+        self._retain = cuda.cuDevicePrimaryCtxRetain
+        self._retain.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_int]
+        self._set_current = cuda.cuCtxSetCurrent
+        self._set_current.argtypes = [ctypes.c_void_p]
 
-    def _call(self, name: str, *args: Any) -> bool:
+    def __call__(self, params: Memcpy3D, device_id: int = 0) -> bool:
+        """Queue the copy; False (and `failure` set) when the driver refused it."""
         if self.failure is not None:
             return False
-        rc: int = self._fn[name](*args)
+        rc = self._copy(ctypes.byref(params), None)
         if rc == ERROR_INVALID_CONTEXT:  # this thread's first CUDA call: the primary context, as cudart does
             context = ctypes.c_void_p()
-            if self._fn["cuDevicePrimaryCtxRetain"](ctypes.byref(context), 0) == 0:
-                if self._fn["cuCtxSetCurrent"](context) == 0:
-                    rc = self._fn[name](*args)
+            if self._retain(ctypes.byref(context), device_id) == 0 and self._set_current(context) == 0:
+                rc = self._copy(ctypes.byref(params), None)
         if rc != 0:
-            self.failure = f"{name} failed with CUresult {rc}"
-        return rc == 0
-
-    def copy_box(self, params: Memcpy3D, stream: int | None = None) -> bool:
-        """Queue the copy on `stream` (None: the legacy default stream, TVM's)."""
-        return self._call("cuMemcpy3DAsync_v2", ctypes.byref(params), stream)
-
-    def new_stream(self) -> int | None:
-        stream = ctypes.c_void_p()
-        return stream.value if self._call("cuStreamCreate", ctypes.byref(stream), STREAM_NON_BLOCKING) else None
-
-    def new_event(self) -> int | None:
-        event = ctypes.c_void_p()
-        return event.value if self._call("cuEventCreate", ctypes.byref(event), EVENT_DISABLE_TIMING) else None
-
-    def record(self, event: int, stream: int) -> bool:
-        return self._call("cuEventRecord", event, stream)
-
-    def wait(self, event: int) -> bool:
-        """The default stream (TVM's kernels) waits for the event before its next work; the host does not."""
-        return self._call("cuStreamWaitEvent", None, event, 0)
+            self.failure = f"cuMemcpy3DAsync failed with CUresult {rc}"
+            return False
+        return True
 
 
-def load_driver_copies() -> tuple[DriverCopies | None, str | None]:
-    """(the driver's calls, None), or (None, why not)."""
+def load_box_copy() -> tuple[BoxCopy | None, str | None]:
+    """(the driver's box copy, None), or (None, why not)."""
     try:
-        return DriverCopies(), None
+        return BoxCopy(), None
     except (OSError, AttributeError) as e:
-        return None, f"no frame copies from libcuda.so.1: {e}"
+        return None, f"no cuMemcpy3DAsync from libcuda.so.1: {e}"

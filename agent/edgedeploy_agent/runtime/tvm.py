@@ -25,7 +25,7 @@ from ..bundle import Manifest, check_compatible
 from ..errors import RuntimeLoadError
 from ..gpu import probe_cuda, version_tuple
 from ..preprocess import crop_box, resize_taps
-from .cuda_copy import Memcpy3D, box_params, load_driver_copies
+from .cuda_copy import Memcpy3D, box_params, load_box_copy
 
 _DEVICE_TYPE = {"cpu": 1, "cuda": 2, "cuda_host": 3}  # DLPack device types (cuda_host: page-locked memory)
 _POOLED_ALLOCATOR = 2
@@ -177,10 +177,9 @@ class TvmRuntime:
         # preprocess.py writes here when it runs on the CPU for a GPU bundle: run() then has no host copy to make
         self.input_array: Optional[np.ndarray] = self._inputs[0].array if target.device == "cuda" else None
         self._lent: dict[int, _Lent] = {}  # data address -> a frame batch lent (frame_batch) and not yet dropped
-        # a lent batch's crop box goes to the GPU alone, queued ahead by the capture thread where it can be, on a
-        # stream of its own (cuda_copy.py); without the driver's calls (or after one failed), through staging
-        self._copies, self.frame_copy_failure = load_driver_copies() if target.device == "cuda" else (None, None)
-        self._upload_stream = self._copies.new_stream() if self._copies is not None else None
+        # a lent batch's crop box goes to the GPU alone (cuda_copy.py); without the driver's copy, through staging
+        self._box_copy, self.box_copy_failure = load_box_copy() if target.device == "cuda" else (None, None)
+        self._device_frames: dict[tuple[int, ...], Any] = {}  # frame batch shape -> the device buffer they go to
         self._staging: dict[tuple[int, ...], _Staged] = {}  # crop shape -> where other arrays' crop is copied
         self._taps: dict[tuple[int, int, int, int], tuple[Any, Any]] = {}  # crop box -> the device tap tables
         # the postprocess function's (N, 2, k) result: scores, then classes (float64), one small copy back
@@ -239,40 +238,26 @@ class TvmRuntime:
     def frame_batch(self, height: int, width: int) -> np.ndarray:
         """A new page-locked uint8 batch (N, height, width, 3), N the model's batch: a caller that fills it (a
         decoder, a batcher) and hands it to load_frames saves the host copy, and on a GPU only its crop box is
-        copied to the device, into a device buffer of its own. Each call lends another. A batch the caller drops
-        is given back: its memory is freed with it (a camera that changes resolution does not keep the old one's
-        buffers)."""
+        copied to the device. Each call lends another; all of one resolution share one device buffer
+        (load_frames waits until its copy is done). A batch the caller drops is given back: its memory, and its
+        resolution's device buffer with the last of them, are freed (a camera that changes resolution does not
+        keep the old one's buffers)."""
         shape = (self._manifest.inputs[0].shape[0], height, width, 3)
+        box = crop_box(height, width, self._manifest.preprocess)
         if self._manifest_device == "cuda":
-            top, left, box_height, box_width = crop_box(height, width, self._manifest.preprocess)
             host = self._alloc(shape, "uint8", self._pinned, None)
-            device = self._alloc((shape[0], box_height, box_width, 3), "uint8", self._device, None)
-            params = box_params(host.data_ptr(), device.data_ptr(), shape, (top, left, box_height, box_width))
-            event = self._copies.new_event() if self._copies is not None and self._upload_stream else None
-            lent = _Lent(shape, host, device, params, event)
+            region = (shape[0], box[2], box[3], 3)
+            device = self._device_frames.get(region)
+            if device is None:
+                device = self._device_frames[region] = self._alloc(region, "uint8", self._device, None)
+            params = box_params(host.data_ptr(), device.data_ptr(), shape, box)
         else:
-            host = self._alloc(shape, "uint8", self._device, None)
-            lent = _Lent(shape, host, host, None, None)
+            host = device = self._alloc(shape, "uint8", self._device, None)
+            region, params = shape, None
         array = np.from_dlpack(host)  # keeps `host` alive as long as the caller holds it (or a view of it)
-        self._lent[array.ctypes.data] = lent
-        weakref.finalize(array, self._lent.pop, array.ctypes.data, None)
+        self._lent[array.ctypes.data] = _Lent(shape, host, device, region, params)
+        weakref.finalize(array, _given_back, self._lent, self._device_frames, array.ctypes.data)
         return array
-
-    def prefetch_frames(self, frames: np.ndarray) -> None:
-        """Called by a capture thread with a frame it has just decoded into a batch this runtime lent (batch 1):
-        the crop box is queued to the GPU now, on the upload stream, while the frame before it is still being
-        served; load_frames then has the model's stream wait for it instead of copying. Anything else (not lent,
-        no upload stream, a driver failure): nothing is queued, and load_frames copies as usual."""
-        lent = self._lent.get(frames.ctypes.data)
-        if lent is None or lent.event is None or lent.params is None or self._copies is None:
-            return
-        if self._upload_stream is None:
-            return
-        if lent.shape not in (frames.shape, (1, *frames.shape)):
-            return
-        stream = self._upload_stream
-        if self._copies.copy_box(lent.params, stream) and self._copies.record(lent.event, stream):
-            lent.prefetched = True  # before the capture publishes the frame: the consumer sees it set
 
     def load_frames(self, frames: np.ndarray) -> None:
         """uint8 BGR frames (N, H, W, 3), N the model's batch (or one frame (H, W, 3) for a batch of one), to the
@@ -299,7 +284,7 @@ class TvmRuntime:
         if lent is not None and lent.shape == frames.shape:
             if lent.params is None:  # a CPU's preprocessing reads the batch where it is
                 return _Staged(lent.host, frames, lent.device), box
-            if self._box_on_device(lent):
+            if self._copy_box(lent.params):
                 return _Staged(lent.host, frames, lent.device), (0, 0, height, width)
         region = frames[:, top : top + height, left : left + width]
         if region.shape not in self._staging:
@@ -310,17 +295,15 @@ class TvmRuntime:
             self._copy(staged.host, staged.device)
         return staged, (0, 0, height, width)
 
-    def _box_on_device(self, lent: "_Lent") -> bool:
-        """The lent batch's crop box in its device buffer, in order before the preprocessing kernel: the default
-        stream waits for the capture thread's upload, or the box is copied now. False without the driver's calls
-        or when one failed (the caller stages the box; frame_copy_failure says why, for describe())."""
-        if self._copies is None or lent.params is None:
+    def _copy_box(self, params: Memcpy3D) -> bool:
+        """Queue the driver's copy of a lent batch's crop box; False when there is none or it failed (then the
+        caller stages the box, and box_copy_failure says why for describe())."""
+        if self._box_copy is None:
             return False
-        event, lent.prefetched = (lent.event if lent.prefetched else None), False
-        done = self._copies.wait(event) if event is not None else self._copies.copy_box(lent.params)
-        if not done:
-            self.frame_copy_failure = self._copies.failure
-        return done
+        if self._box_copy(params):
+            return True
+        self.box_copy_failure = self._box_copy.failure
+        return False
 
     def synchronize(self) -> None:
         """Wait for what this runtime queued on the device."""
@@ -405,14 +388,8 @@ class TvmRuntime:
             "cuda_backend": self._cuda_backend,
             "frames_on_device": self.frames_on_device,  # preprocessing by the bundle's kernel (load_frames)
             "top_k_on_device": self.top_k_on_device,  # postprocessing by its postprocess function
-            # how a lent frame batch's crop box reaches the GPU: the driver's copy (queued ahead by the capture on
-            # its own stream, where there is one), or why it is staged instead
-            "frame_copies": (
-                self.frame_copy_failure
-                or ("cuMemcpy3DAsync, queued ahead" if self._upload_stream else "cuMemcpy3DAsync")
-            )
-            if self._manifest_device == "cuda"
-            else None,
+            # how a lent frame batch's crop box reaches the GPU: the driver's copy, or why it is staged instead
+            "frame_box_copy": (self.box_copy_failure or "cuMemcpy3DAsync") if self._manifest_device == "cuda" else None,
             "gpu": dataclasses.asdict(self._gpu) if self._gpu else None,
             "loaded_tvm_libraries": loaded_tvm_libraries(),
         }
@@ -436,18 +413,24 @@ class _Staged:
     device: Any
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(frozen=True)
 class _Lent:
     """A frame batch lent by frame_batch: its shape, page-locked host memory, the device buffer its crop box goes
-    to (on a CPU the batch itself), the driver's copy of the box and the event of an upload the capture queued
-    (None on a CPU), and whether one is queued for the frame in it now."""
+    to (on a CPU the batch itself), that buffer's shape and the driver's copy of the box (None on a CPU)."""
 
     shape: tuple[int, ...]
     host: Any
     device: Any
+    device_shape: tuple[int, ...]
     params: Optional[Memcpy3D]
-    event: Optional[int]
-    prefetched: bool = False
+
+
+def _given_back(lent: dict[int, _Lent], device_frames: dict[tuple[int, ...], Any], address: int) -> None:
+    """The borrower dropped a frame batch: forget it and, with the last batch of its shape, that shape's device
+    buffer (run by weakref.finalize, so it holds the dictionaries, not the runtime)."""
+    gone = lent.pop(address, None)
+    if gone is not None and all(x.device_shape != gone.device_shape for x in list(lent.values())):
+        device_frames.pop(gone.device_shape, None)
 
 
 def _check_wheel_driver(driver_api: str) -> None:

@@ -7,8 +7,7 @@ frame the consumer did not take in time is replaced by the next one and counted 
 A consumer may lend the frame buffers (`allocate_frame`: a GPU runtime's page-locked ones, `frame_batch`): the
 decoder then writes into them (cv2.VideoCapture.read(image=...)), so no host copy stands between decoding and the
 upload. Three per resolution: one being decoded into, the newest frame waiting, and the one the consumer took last
-(it holds that one until it reads the next). A lender may also be told of each frame decoded into one of its
-buffers, before the frame is published (`frame_ready`: a GPU runtime queues its upload there, `prefetch_frames`).
+(it holds that one until it reads the next).
 """
 
 import threading
@@ -60,7 +59,6 @@ class CapturedSource:
         capture_factory: Callable[[SourceSpec], Capture] = CvCapture,
         where: Optional[dict[str, Any]] = None,
         allocate_frame: Optional[Callable[[int, int], np.ndarray]] = None,
-        frame_ready: Optional[Callable[[np.ndarray], None]] = None,
     ) -> None:
         self.spec, self.uri = spec, spec.uri
         # the Python and OpenCV that capture: this process's, or a sidecar's (open_source says which)
@@ -74,7 +72,6 @@ class CapturedSource:
         self._held: Optional[np.ndarray] = None  # the image of the frame the consumer took last
         self._allocate = allocate_frame  # (height, width) -> a uint8 (height, width, 3) buffer, or None
         self._buffers: list[np.ndarray] = []  # the lent buffers of the current resolution
-        self._frame_ready = frame_ready  # told of each frame decoded into a lent buffer, before it is published
         self.copied = 0  # frames copied into a lent buffer because the decoder wrote elsewhere
         self._ended = False
         self._closing = False
@@ -208,15 +205,6 @@ class CapturedSource:
                 self.last_error = f"no frame buffers from the runtime: {type(e).__name__}: {e}"
         return image
 
-    def _tell_ready(self, image: np.ndarray) -> None:
-        """The lender queues work on the new frame (a GPU runtime: its upload); a failure there is the lender's to
-        handle (it copies at load time instead) and never stops the capture."""
-        try:
-            self._frame_ready(image)  # type: ignore[misc]
-        except Exception as e:  # the lender's own error types (an FFI's)
-            self._frame_ready = None
-            self.last_error = f"frame_ready failed, frames are no longer announced: {type(e).__name__}: {e}"
-
     def _pump(self) -> None:
         """Read frames until the capture fails or the source closes."""
         while not self._closing:
@@ -225,8 +213,6 @@ class CapturedSource:
             if image is None:
                 return
             image = self._into_lent(image, out)
-            if self._frame_ready is not None and any(image is b for b in self._buffers):
-                self._tell_ready(image)
             with self._cond:
                 if not self.spec.live:
                     # a file: wait until the consumer took the previous frame (no frame is skipped)
@@ -248,11 +234,9 @@ def open_source(
     system_python: Optional[str] = None,
     sidecar_timeout_s: float = 10.0,
     allocate_frame: Optional[Callable[[int, int], np.ndarray]] = None,
-    frame_ready: Optional[Callable[[np.ndarray], None]] = None,
     **kwargs: float,
 ) -> CapturedSource:
-    """Parse, check and start capturing a source URI (into buffers from `allocate_frame`, each frame decoded into
-    one announced to `frame_ready`: CapturedSource says how).
+    """Parse, check and start capturing a source URI (into buffers from `allocate_frame`, CapturedSource says how).
 
     A gst: or csi: source that this OpenCV cannot open (no GStreamer) is captured by a sidecar worker under
     `system_python` (JetPack's Python and OpenCV) when one is configured."""
@@ -266,8 +250,7 @@ def open_source(
             capture_factory=lambda s: capture,
             where={**facts, "sidecar": True},
             allocate_frame=allocate_frame,
-            frame_ready=frame_ready,
             **kwargs,
         )
     check_openable(spec)
-    return CapturedSource(spec, allocate_frame=allocate_frame, frame_ready=frame_ready, **kwargs)  # type: ignore[arg-type]
+    return CapturedSource(spec, allocate_frame=allocate_frame, **kwargs)  # type: ignore[arg-type]
