@@ -15,7 +15,8 @@ For each batch-1 bundle and video, one process, one GPU:
                  the runtime's page-locked input, then run() and top_k on the host
   agreement      every frame of the video through both paths: max |input difference| after normalisation, the
                  fraction of frames whose top-1 class differs, and the device's top k against the host's top_k
-                 on the same outputs (classes equal; max |score difference|, tolerance 1e-12)
+                 on the same outputs (classes equal; max |score difference|, tolerance 1e-12); and the loops'
+                 reported top k classes, frame by frame, GPU paths against the CPU path
 For each batch-64 bundle: kernel alone; run() host to host on a random float32 batch (the issue's old row);
 load_frames + run_loaded on a random uint8 frame batch at the model's input size (in the page-locked batch
 buffer the runtime lends, as a batcher would fill it), against kernel + the batch's
@@ -75,7 +76,7 @@ def host_top_k(rt: TvmRuntime) -> TvmRuntime:
     return rt
 
 
-def loop_p50(rt: TvmRuntime, manifest: Any, rdir: Path, video: Path, root: Path) -> dict[str, float]:
+def loop_p50(rt: TvmRuntime, manifest: Any, rdir: Path, video: Path, root: Path) -> dict[str, Any]:
     """The agent's loop over one pass of the video, its capture lent the runtime's frame buffers where run_agent
     lends them (frame_buffers)."""
     store = DeviceStore(root)
@@ -91,6 +92,8 @@ def loop_p50(rt: TvmRuntime, manifest: Any, rdir: Path, video: Path, root: Path)
     out = {s: float(report["latency_ms"][s]["p50"]) for s in STAGES}
     out["fps"] = report["frames"] / wall
     out["frames_copied"] = source.copied  # decoded elsewhere, then copied into a lent buffer
+    # each frame's top k classes, in order: the paths must agree frame by frame
+    out["classes"] = [[c for c, _, _ in p["top"]] for _, r in pending_reports(store) for p in r["predictions"]]
     return out
 
 
@@ -161,6 +164,11 @@ def batch1(bundle: Path, videos: list[Path], work: Path) -> list[dict[str, Any]]
             rt.run([np.zeros(manifest.inputs[0].shape, np.float32)])  # warm
             row[name] = loop_p50(rt, manifest, rdir, video, work / f"store-{bundle.stem}-{video.stem}-{name}")
         row["agreement"] = agreement(cpu, gpu, manifest, video)
+        for name in ("gpu", "gpu_host_top"):  # the loops' predictions, frame by frame, against the CPU path's
+            ours, theirs = row[name].pop("classes"), row["cpu"]["classes"]
+            differ = sum(a != b for a, b in zip(ours, theirs, strict=False)) + abs(len(ours) - len(theirs))
+            row["agreement"][f"loop_{name}_frames_differ"] = differ
+        row["cpu"].pop("classes")
         x = preprocess(first, manifest.preprocess, manifest.inputs[0])
         row["alone"] = alone(cpu, gpu, first, x, row["cpu"]["preprocess"] / 1e3)
         row["ratio_infer"] = row["gpu_host_top"]["infer"] / kernel
@@ -277,7 +285,9 @@ def main() -> None:
         print(
             f"  {r['bundle']} {r['video']}: {a['frames']} frames, max |input diff| {a['max_abs_input_diff']:.3g}, "
             f"top-1 changed {a['top1_changed']:.4f}; device top k: classes differ on {a['top_k_classes_differ']} "
-            f"frames, max |score diff| {a['max_abs_top_k_score_diff']:.3g} (tolerance 1e-12)"
+            f"frames, max |score diff| {a['max_abs_top_k_score_diff']:.3g} (tolerance 1e-12); the agent's loop, top k "
+            f"classes unlike the CPU path's on {a['loop_gpu_frames_differ']} frames (GPU path), "
+            f"{a['loop_gpu_host_top_frames_differ']} (top k on the host)"
         )
     if args.json:
         args.json.write_text(json.dumps(result, indent=1))
