@@ -22,19 +22,25 @@ from ..stage import BuildContext, stage
 from .quantize import quantizable_layers
 from .x86_int8 import (
     AVX2,
+    VNNI,
+    VNNI_OC,
     DotKind,
     conv_eligible,
     conv_kernel,
+    conv_oc_kernel,
     conv_shape,
     dot_kind,
     for_row,
     matvec_eligible,
     matvec_kernel,
     max_pool_kernel,
+    oc_eligible,
+    oc_shape,
     pack_activations,
     pack_conv_activations,
     pack_conv_weights,
     pack_matvec_weights,
+    pack_oc_weights,
     pack_weights,
     pointwise_eligible,
     pointwise_kernel,
@@ -376,10 +382,21 @@ class _Rewriter(relax.PyExprMutator):  # type: ignore[misc]
         and its requantize as one tensorized kernel."""
         assert self.dot is not None
         bb, x_shape = self.builder_, tuple(int(d) for d in xq.ty.shape)
-        dot = for_row(self.dot, conv_shape(self.dot, x_shape, w.shape, attrs).out_hw[1])
-        shape = conv_shape(dot, x_shape, w.shape, attrs)
-        packed, z = pack_conv_activations(bb, xq, zx, dot, shape)
-        consts = _kernel_constants(pack_conv_weights(w, dot), w, z, b_q, mult)
+        if oc_eligible(self.dot, attrs, w.shape):  # VNNI, lanes over output channels
+            dot, shape = VNNI_OC, oc_shape(x_shape, w.shape, attrs)
+            packed, z = pack_conv_activations(bb, xq, zx, VNNI, shape)
+            consts = _kernel_constants(pack_oc_weights(w), w, z, b_q, mult)
+
+            def kernel(center: int | None) -> Any:
+                return conv_oc_kernel(shape, zy, dtype, center=center)
+        else:
+            dot = for_row(self.dot, conv_shape(self.dot, x_shape, w.shape, attrs).out_hw[1])
+            shape = conv_shape(dot, x_shape, w.shape, attrs)
+            packed, z = pack_conv_activations(bb, xq, zx, dot, shape)
+            consts = _kernel_constants(pack_conv_weights(w, dot), w, z, b_q, mult)
+
+            def kernel(center: int | None) -> Any:
+                return conv_kernel(dot, shape, zy, dtype, center=center)
 
         def call(kernel: Any, out_dtype: str) -> Any:
             gv = bb.add_func(kernel, f"int8_conv_{dot.name.replace('-', '_')}")
@@ -387,8 +404,8 @@ class _Rewriter(relax.PyExprMutator):  # type: ignore[misc]
                 relax.call_tir(gv, [packed, *consts], relax.TensorType((shape.n, shape.o, *shape.out_hw), out_dtype))
             )
 
-        y = call(conv_kernel(dot, shape, zy, dtype), dtype)
-        self.kernel_outputs[y] = lambda center: call(conv_kernel(dot, shape, zy, dtype, center=center), "float32")
+        y = call(kernel(None), dtype)
+        self.kernel_outputs[y] = lambda center: call(kernel(center), "float32")
         return y
 
     def _kernel_call(
