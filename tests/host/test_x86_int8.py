@@ -555,6 +555,55 @@ def test_residual_network_convolutions_on_the_dot_product(kind: DotKind) -> None
     assert np.abs(outputs[1] - want).max() <= step * 1.001
 
 
+def _classifier() -> onnx.ModelProto:
+    """A ResNet's tail: global average pool, flatten, Gemm (transB = 1) 64 -> 10 with a bias."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(8)
+    inits = [
+        numpy_helper.from_array(rng.normal(0, 0.2, (10, 64)).astype(np.float32), "fc.w"),
+        numpy_helper.from_array(rng.normal(0, 0.1, 10).astype(np.float32), "fc.b"),
+    ]
+    nodes = [
+        helper.make_node("Relu", ["x"], ["r"], name="relu"),
+        helper.make_node("GlobalAveragePool", ["r"], ["p"], name="pool"),
+        helper.make_node("Flatten", ["p"], ["f"], name="flatten"),
+        helper.make_node("Gemm", ["f", "fc.w", "fc.b"], ["y"], name="fc", transB=1),
+    ]
+    io = [
+        helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 64, 4, 4]),
+        helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 10]),
+    ]
+    graph = helper.make_graph(nodes, "classifier", [io[0]], [io[1]], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("kind", [AVX2, VNNI], ids=lambda k: k.name)
+def test_classifier_matmul_on_the_matvec_kernel(kind: DotKind) -> None:
+    """A Gemm classifier (an int8 matmul after the rewrite, as ResNet-18's) takes matvec_kernel on x86 profiles:
+    the same output bytes as TVM's own int8 matmul and requantize."""
+    _runnable(kind)
+    rng = np.random.default_rng(9)
+    calib = rng.normal(0, 1, (16, 64, 4, 4)).astype(np.float32)
+    qdq = quantize_qdq(_classifier(), calib, QuantizeOptions(samples=16)).model
+    imported = relax.transform.DecomposeOpsForInference()(
+        from_onnx(qdq, shape_dict={"x": [1, 64, 4, 4]}, keep_params_in_input=False)
+    )
+    target = tvm.target.Target(TARGETS[kind])
+    x = rng.normal(0, 1, (4, 1, 64, 4, 4)).astype(np.float32)
+    outputs = []
+    for dot in (None, kind):
+        mod, report = rewrite_int8(imported, quantizable_layers(qdq), float_exact=True, dot=dot)
+        assert report.float_left == []
+        assert mod["main"].script().count("int8_matvec") == (1 if dot else 0)
+        with target:
+            ex = tvm.compile(mod, target=target, relax_pipeline=relax.get_default_pipeline(target))
+        vm = relax.VirtualMachine(ex, tvm.cpu())
+        outputs.append(np.concatenate([vm["main"](tvm.runtime.tensor(xi)).numpy() for xi in x]))
+    assert np.array_equal(outputs[0], outputs[1])
+
+
 @pytest.mark.compile
 def test_fp32_convolutions_on_the_direct_kernel_match_onnxruntime() -> None:
     """The cpu-direct-conv stage on the same small ResNet in FP32: the 6 K x K, strided or padded convolutions
