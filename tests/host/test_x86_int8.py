@@ -41,6 +41,7 @@ from edgedeploy.compile.int8.x86_int8 import (
     pack_conv_weights,
     pack_matvec_weights,
     pack_oc_weights,
+    pack_pixel_major_kernel,
     pack_weights,
     pointwise_kernel,
     residual_add_kernel,
@@ -202,6 +203,7 @@ def test_conv_kernel_is_exact(
         (1, 5, 32, 9, 9, 3, 1, (1, 1, 1, 1), "int8", 3),  # channels no multiple of 4; float32 output - center
     ],
 )
+@pytest.mark.parametrize("pixel_major", [False, True], ids=["nchw", "nhwc"])
 def test_conv_oc_kernel_is_exact(
     n: int,
     c: int,
@@ -213,9 +215,10 @@ def test_conv_oc_kernel_is_exact(
     pad: tuple[int, ...],
     out: str,
     center: int | None,
+    pixel_major: bool,
 ) -> None:
     """conv_oc_kernel (VNNI, lanes over output channels, the 4 input channels of a pixel broadcast) on conv_kernel's
-    packed activations: its bytes equal numpy's int64 arithmetic."""
+    packed activations, its output NCHW or pixel-major: its bytes equal numpy's int64 arithmetic."""
     _runnable(VNNI)
     rng = np.random.default_rng(c + o + h + k + stride)
     x = rng.integers(0, 256, (n, c, h, w)).astype(np.uint8)
@@ -226,20 +229,48 @@ def test_conv_oc_kernel_is_exact(
     base = ConvShape(n, c, o, h, w, k, k, stride, pad, VNNI.lanes, VNNI.depth)
     shape = dataclasses.replace(base, lanes=oc_pixels(base.out_hw[1]))
     packed = pack_conv_activations_numpy(x, zx, VNNI, shape)
-    kernel = conv_oc_kernel(shape, 7, out, center=center).with_attr("global_symbol", "main")
-    lib = tvm.compile(tvm.IRModule({"main": kernel}), target=tvm.target.Target(TARGETS[VNNI]))
+    kernel = conv_oc_kernel(shape, 7, out, center=center, pixel_major=pixel_major)
+    lib = tvm.compile(tvm.IRModule({"main": kernel.with_attr("global_symbol", "main")}), target=TARGETS[VNNI])
     dev = tvm.cpu()
     args = [tvm.runtime.tensor(a, dev) for a in (packed, pack_oc_weights(wq), bias, mult)]
-    y = tvm.runtime.tensor(np.zeros((n, o, *shape.out_hw), out if center is None else np.float32), dev)
+    dims = (n, *shape.out_hw, o) if pixel_major else (n, o, *shape.out_hw)
+    y = tvm.runtime.tensor(np.zeros(dims, out if center is None else np.float32), dev)
     lib(*args, y)
+    got = y.numpy().transpose(0, 3, 1, 2) if pixel_major else y.numpy()
     acc = _conv_reference(x, wq, zx, stride, pad)
     want = np.round((acc + bias[None, :, None, None]).astype(np.float32) * mult[None, :, None, None]) + 7
     lo, hi = (0, 255) if out == "uint8" else (-128, 127)
     want = np.clip(want, lo, hi)
     if center is None:
-        assert np.array_equal(y.numpy(), want.astype(out))
+        assert np.array_equal(got, want.astype(out))
     else:
-        assert np.array_equal(y.numpy(), want.astype(np.float32) - center)
+        assert np.array_equal(got, want.astype(np.float32) - center)
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("dtype", ["uint8", "int8"])
+@pytest.mark.parametrize(
+    "c,h,w,k,stride,pad",
+    [(8, 9, 9, 3, 1, (1, 1, 1, 1)), (12, 10, 7, 3, 2, (1, 1, 1, 1)), (4, 10, 10, 1, 2, (0, 0, 0, 0))],
+)
+def test_pack_pixel_major_kernel_gives_the_packing(
+    dtype: str, c: int, h: int, w: int, k: int, stride: int, pad: tuple[int, ...]
+) -> None:
+    """The packing of a pixel-major tensor (conv_oc_kernel's output) equals pack_conv_activations' of the same
+    tensor in NCHW: zero point border, stride phases, int8 shifted to uint8."""
+    rng = np.random.default_rng(c + h + stride)
+    lo, hi = (0, 256) if dtype == "uint8" else (-128, 128)
+    x = rng.integers(lo, hi, (2, c, h, w)).astype(dtype)
+    zx = int(rng.integers(lo, hi))
+    base = ConvShape(2, c, 32, h, w, k, k, stride, pad, VNNI.lanes, VNNI.depth)
+    shape = dataclasses.replace(base, lanes=oc_pixels(base.out_hw[1]))
+    kernel = pack_pixel_major_kernel(shape, dtype, zx).with_attr("global_symbol", "main")
+    lib = tvm.compile(tvm.IRModule({"main": kernel}), target=tvm.target.Target(TARGETS[AVX2]))
+    y = tvm.runtime.tensor(np.zeros(shape.packed_shape, np.uint8))
+    lib(tvm.runtime.tensor(np.ascontiguousarray(x.transpose(0, 2, 3, 1))), y)
+    shift = 128 if dtype == "int8" else 0
+    want = pack_conv_activations_numpy((x.astype(np.int16) + shift).astype(np.uint8), zx + shift, VNNI, shape)
+    assert np.array_equal(y.numpy(), want)
 
 
 @pytest.mark.compile
@@ -544,6 +575,8 @@ def test_residual_network_convolutions_on_the_dot_product(kind: DotKind) -> None
         assert ('out_ty=R.Tensor((1, 16, 15, 15), dtype="float32")' in script) == (dot is not None)
         # VNNI: the 5 with output channels in blocks of 32 have the lanes over output channels (not the stem)
         assert script.count("int8_conv_avx512_vnni_oc") == (5 if dot is VNNI else 0)
+        # which write pixel-major tensors: the 4 convolutions that read one pack them with pack_pixel_major_kernel
+        assert script.count("int8_pack_pixel_major") == (4 if dot is VNNI else 0)
         with target:
             ex = tvm.compile(mod, target=target, relax_pipeline=relax.get_default_pipeline(target))
         vm = relax.VirtualMachine(ex, tvm.cpu())

@@ -41,6 +41,7 @@ from .x86_int8 import (
     pack_conv_weights,
     pack_matvec_weights,
     pack_oc_weights,
+    pack_pixel_major_kernel,
     pack_weights,
     pointwise_eligible,
     pointwise_kernel,
@@ -63,6 +64,7 @@ _INT_RANGE = {"int8": (-128, 127), "uint8": (0, 255)}
 # convolution of one pixel: the matrix-vector kernel)
 Dot = tuple[Any, np.ndarray, int, Any]
 MATVEC = "matvec"
+NHWC_TO_NCHW, NCHW_TO_NHWC = [0, 3, 1, 2], [0, 2, 3, 1]
 
 
 def _kernel_constants(packed: np.ndarray, w: np.ndarray, z: int, b_q: np.ndarray, mult: np.ndarray) -> list[Any]:
@@ -358,8 +360,27 @@ class _Rewriter(relax.PyExprMutator):  # type: ignore[misc]
             return None
         spec = [(d, float(s.reshape(())), int(z.reshape(()))) for d, (s, z) in zip(dtypes, params, strict=True)]
         shape = shapes.pop()
+        inner = [self._pixel_major(t) for t in ints]
+        if len(shape) == 4 and any(t is not None for t in inner):
+            # an elementwise kernel: on the pixel-major tensors conv_oc_kernel wrote (a plain operand transposed
+            # to match: ResNet-18's first block, whose shortcut is the max pool's output), the same bytes
+            n, c, h, w = shape
+            operands = [
+                t if t is not None else self.builder_.emit(relax.op.permute_dims(i, NCHW_TO_NHWC))
+                for t, i in zip(inner, ints, strict=True)
+            ]
+            gv = self.builder_.add_func(residual_add_kernel((n, h, w, c), *spec), "int8_residual_add")
+            y = self.builder_.emit(relax.call_tir(gv, operands, relax.TensorType((n, h, w, c), dtypes[2])))
+            return relax.op.permute_dims(y, NHWC_TO_NCHW)
         gv = self.builder_.add_func(residual_add_kernel(shape, *spec), "int8_residual_add")
         return relax.call_tir(gv, ints, relax.TensorType(shape, dtypes[2]))
+
+    def _pixel_major(self, x: Any) -> Any:
+        """The [N, H, W, C] tensor that x is the NCHW view of (permute_dims(t, NHWC_TO_NCHW)), if it is one."""
+        t = self._bound(x, _PERMUTE)
+        if t is None or t.attrs.axes is None or [int(a) for a in t.attrs.axes] != NHWC_TO_NCHW:
+            return None
+        return t.args[0]
 
     def _pointwise(
         self, xq: Any, w: np.ndarray, zx: int, b_q: np.ndarray, mult: np.ndarray, zy: int, dtype: str
@@ -395,19 +416,29 @@ class _Rewriter(relax.PyExprMutator):  # type: ignore[misc]
         bb, x_shape = self.builder_, tuple(int(d) for d in xq.ty.shape)
         if oc_eligible(self.dot, attrs, w.shape):  # VNNI, lanes over output channels
             dot, shape = VNNI_OC, oc_shape(x_shape, w.shape, attrs)
-            packed, z = pack_conv_activations(bb, xq, zx, VNNI, shape)
+            inner = self._pixel_major(xq)
+            if inner is not None and str(xq.ty.dtype) in _INT_RANGE:  # another conv_oc_kernel's output
+                gv = bb.add_func(pack_pixel_major_kernel(shape, str(xq.ty.dtype), zx), "int8_pack_pixel_major")
+                packed = bb.emit(relax.call_tir(gv, [inner], relax.TensorType(shape.packed_shape, "uint8")))
+                z = zx + 128 if str(xq.ty.dtype) == "int8" else zx
+            else:
+                packed, z = pack_conv_activations(bb, xq, zx, VNNI, shape)
             consts = _kernel_constants(pack_oc_weights(w), w, z, b_q, mult)
+            # the 8-bit output pixel-major ([N, OH, OW, O], one store per pixel and 16 channels), seen by the graph
+            # through a transposition that fuses into the next convolution's packing; residual adds run on the
+            # pixel-major tensors themselves (_residual_add)
+            name = f"int8_conv_{dot.name.replace('-', '_')}"
+            nhwc = relax.TensorType((shape.n, *shape.out_hw, shape.o), dtype)
+            gv = bb.add_func(conv_oc_kernel(shape, zy, dtype, pixel_major=True), name)
+            y = bb.emit(relax.call_tir(gv, [packed, *consts], nhwc))
+            return relax.op.permute_dims(y, NHWC_TO_NCHW)
+        dot = for_row(self.dot, conv_shape(self.dot, x_shape, w.shape, attrs).out_hw[1])
+        shape = conv_shape(dot, x_shape, w.shape, attrs)
+        packed, z = pack_conv_activations(bb, xq, zx, dot, shape)
+        consts = _kernel_constants(pack_conv_weights(w, dot), w, z, b_q, mult)
 
-            def kernel(center: int | None) -> Any:
-                return conv_oc_kernel(shape, zy, dtype, center=center)
-        else:
-            dot = for_row(self.dot, conv_shape(self.dot, x_shape, w.shape, attrs).out_hw[1])
-            shape = conv_shape(dot, x_shape, w.shape, attrs)
-            packed, z = pack_conv_activations(bb, xq, zx, dot, shape)
-            consts = _kernel_constants(pack_conv_weights(w, dot), w, z, b_q, mult)
-
-            def kernel(center: int | None) -> Any:
-                return conv_kernel(dot, shape, zy, dtype, center=center)
+        def kernel(center: int | None) -> Any:
+            return conv_kernel(dot, shape, zy, dtype, center=center)
 
         def call(kernel: Any, out_dtype: str) -> Any:
             gv = bb.add_func(kernel, f"int8_conv_{dot.name.replace('-', '_')}")
