@@ -425,8 +425,9 @@ class _Rewriter(relax.PyExprMutator):  # type: ignore[misc]
                 packed, z = pack_conv_activations(bb, xq, zx, VNNI, shape)
             consts = _kernel_constants(pack_oc_weights(w), w, z, b_q, mult)
             # the 8-bit output pixel-major ([N, OH, OW, O], one store per pixel and 16 channels), seen by the graph
-            # through a transposition that fuses into the next convolution's packing; residual adds run on the
-            # pixel-major tensors themselves (_residual_add)
+            # through a transposition: a conv_oc_kernel reading it packs the pixel-major tensor (above), residual
+            # adds run on it (_residual_add), other consumers fuse the transposition into their own kernel. (No
+            # float32 variant for a float32-exact consumer, as the other kernels have: none follows one in ResNet)
             name = f"int8_conv_{dot.name.replace('-', '_')}"
             nhwc = relax.TensorType((shape.n, *shape.out_hw, shape.o), dtype)
             gv = bb.add_func(conv_oc_kernel(shape, zy, dtype, pixel_major=True), name)
@@ -437,17 +438,14 @@ class _Rewriter(relax.PyExprMutator):  # type: ignore[misc]
         packed, z = pack_conv_activations(bb, xq, zx, dot, shape)
         consts = _kernel_constants(pack_conv_weights(w, dot), w, z, b_q, mult)
 
-        def kernel(center: int | None) -> Any:
-            return conv_kernel(dot, shape, zy, dtype, center=center)
-
         def call(kernel: Any, out_dtype: str) -> Any:
             gv = bb.add_func(kernel, f"int8_conv_{dot.name.replace('-', '_')}")
             return bb.emit(
                 relax.call_tir(gv, [packed, *consts], relax.TensorType((shape.n, shape.o, *shape.out_hw), out_dtype))
             )
 
-        y = call(kernel(None), dtype)
-        self.kernel_outputs[y] = lambda center: call(kernel(center), "float32")
+        y = call(conv_kernel(dot, shape, zy, dtype), dtype)
+        self.kernel_outputs[y] = lambda center: call(conv_kernel(dot, shape, zy, dtype, center=center), "float32")
         return y
 
     def _kernel_call(
