@@ -4,6 +4,7 @@ padded convolutions of a residual network."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import numpy as np
@@ -27,16 +28,20 @@ from edgedeploy.compile.int8.x86_int8 import (
     ConvShape,
     DotKind,
     conv_kernel,
+    conv_oc_kernel,
     dot_kind,
     float_conv_kernel,
     float_kind,
     for_row,
     matvec_kernel,
     max_pool_kernel,
+    oc_pixels,
     pack_activations_numpy,
     pack_conv_activations_numpy,
     pack_conv_weights,
     pack_matvec_weights,
+    pack_oc_weights,
+    pack_pixel_major_kernel,
     pack_weights,
     pointwise_kernel,
     residual_add_kernel,
@@ -185,6 +190,87 @@ def test_conv_kernel_is_exact(
     want = np.round((acc + bias[None, :, None, None]).astype(np.float32) * mult[None, :, None, None]) + 7
     lo, hi = (0, 255) if out == "uint8" else (-128, 127)
     assert np.array_equal(y.numpy(), np.clip(want, lo, hi).astype(out))
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize(
+    "n,c,o,h,w,k,stride,pad,out,center",
+    [
+        (1, 64, 32, 7, 7, 3, 1, (1, 1, 1, 1), "uint8", None),  # ResNet's layer4 shape: 7-pixel rows
+        (2, 12, 64, 14, 14, 3, 2, (1, 1, 1, 1), "int8", None),  # stride 2, batch 2, two register blocks
+        (1, 16, 32, 10, 10, 1, 2, (0, 0, 0, 0), "uint8", None),  # a downsampling shortcut: 1x1, stride 2
+        (1, 8, 32, 9, 11, 3, 1, (0, 1, 2, 1), "uint8", None),  # asymmetric padding, 11-pixel rows: 1 a block
+        (1, 5, 32, 9, 9, 3, 1, (1, 1, 1, 1), "int8", 3),  # channels no multiple of 4; float32 output - center
+    ],
+)
+@pytest.mark.parametrize("pixel_major", [False, True], ids=["nchw", "nhwc"])
+def test_conv_oc_kernel_is_exact(
+    n: int,
+    c: int,
+    o: int,
+    h: int,
+    w: int,
+    k: int,
+    stride: int,
+    pad: tuple[int, ...],
+    out: str,
+    center: int | None,
+    pixel_major: bool,
+) -> None:
+    """conv_oc_kernel (VNNI, lanes over output channels, the 4 input channels of a pixel broadcast) on conv_kernel's
+    packed activations, its output NCHW or pixel-major: its bytes equal numpy's int64 arithmetic."""
+    _runnable(VNNI)
+    rng = np.random.default_rng(c + o + h + k + stride)
+    x = rng.integers(0, 256, (n, c, h, w)).astype(np.uint8)
+    zx = int(rng.integers(0, 256))
+    wq = rng.integers(-128, 128, (o, c, k, k)).astype(np.int8)
+    bias = rng.integers(-5000, 5000, o).astype(np.int32)
+    mult = (rng.random(o) * 2e-4).astype(np.float32)
+    base = ConvShape(n, c, o, h, w, k, k, stride, pad, VNNI.lanes, VNNI.depth)
+    shape = dataclasses.replace(base, lanes=oc_pixels(base.out_hw[1]))
+    packed = pack_conv_activations_numpy(x, zx, VNNI, shape)
+    kernel = conv_oc_kernel(shape, 7, out, center=center, pixel_major=pixel_major)
+    lib = tvm.compile(tvm.IRModule({"main": kernel.with_attr("global_symbol", "main")}), target=TARGETS[VNNI])
+    dev = tvm.cpu()
+    args = [tvm.runtime.tensor(a, dev) for a in (packed, pack_oc_weights(wq), bias, mult)]
+    dims = (n, *shape.out_hw, o) if pixel_major else (n, o, *shape.out_hw)
+    y = tvm.runtime.tensor(np.zeros(dims, out if center is None else np.float32), dev)
+    lib(*args, y)
+    got = y.numpy().transpose(0, 3, 1, 2) if pixel_major else y.numpy()
+    acc = _conv_reference(x, wq, zx, stride, pad)
+    want = np.round((acc + bias[None, :, None, None]).astype(np.float32) * mult[None, :, None, None]) + 7
+    lo, hi = (0, 255) if out == "uint8" else (-128, 127)
+    want = np.clip(want, lo, hi)
+    if center is None:
+        assert np.array_equal(got, want.astype(out))
+    else:
+        assert np.array_equal(got, want.astype(np.float32) - center)
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("dtype", ["uint8", "int8"])
+@pytest.mark.parametrize(
+    "c,h,w,k,stride,pad",
+    [(8, 9, 9, 3, 1, (1, 1, 1, 1)), (12, 10, 7, 3, 2, (1, 1, 1, 1)), (4, 10, 10, 1, 2, (0, 0, 0, 0))],
+)
+def test_pack_pixel_major_kernel_gives_the_packing(
+    dtype: str, c: int, h: int, w: int, k: int, stride: int, pad: tuple[int, ...]
+) -> None:
+    """The packing of a pixel-major tensor (conv_oc_kernel's output) equals pack_conv_activations' of the same
+    tensor in NCHW: zero point border, stride phases, int8 shifted to uint8."""
+    rng = np.random.default_rng(c + h + stride)
+    lo, hi = (0, 256) if dtype == "uint8" else (-128, 128)
+    x = rng.integers(lo, hi, (2, c, h, w)).astype(dtype)
+    zx = int(rng.integers(lo, hi))
+    base = ConvShape(2, c, 32, h, w, k, k, stride, pad, VNNI.lanes, VNNI.depth)
+    shape = dataclasses.replace(base, lanes=oc_pixels(base.out_hw[1]))
+    kernel = pack_pixel_major_kernel(shape, dtype, zx).with_attr("global_symbol", "main")
+    lib = tvm.compile(tvm.IRModule({"main": kernel}), target=tvm.target.Target(TARGETS[AVX2]))
+    y = tvm.runtime.tensor(np.zeros(shape.packed_shape, np.uint8))
+    lib(tvm.runtime.tensor(np.ascontiguousarray(x.transpose(0, 2, 3, 1))), y)
+    shift = 128 if dtype == "int8" else 0
+    want = pack_conv_activations_numpy((x.astype(np.int16) + shift).astype(np.uint8), zx + shift, VNNI, shape)
+    assert np.array_equal(y.numpy(), want)
 
 
 @pytest.mark.compile
@@ -462,8 +548,9 @@ def _resnet_stages() -> onnx.ModelProto:
 @pytest.mark.compile
 @pytest.mark.parametrize("kind", [AVX2, VNNI], ids=lambda k: k.name)
 def test_residual_network_convolutions_on_the_dot_product(kind: DotKind) -> None:
-    """Every convolution but the depthwise one becomes a tensorized kernel (6 K x K, strided or padded ones and
-    2 pointwise ones; the stem's kernel writes the depthwise layer's float32 input); the compiled model's outputs
+    """Every convolution but the depthwise one becomes a tensorized kernel (6 K x K, strided or padded ones, on
+    VNNI 5 of them conv_oc_kernel's, and 2 pointwise ones; the stem's kernel writes the depthwise layer's float32
+    input); the compiled model's outputs
     are the same bytes as without the kernels (float32-exact and int32 convolutions) and within one output step
     of the exact INT8 reference."""
     from onnx import numpy_helper
@@ -486,6 +573,10 @@ def test_residual_network_convolutions_on_the_dot_product(kind: DotKind) -> None
         script = mod["main"].script()
         assert (script.count("int8_conv_"), script.count("int8_conv1x1")) == ((6, 2) if dot else (0, 0))
         assert ('out_ty=R.Tensor((1, 16, 15, 15), dtype="float32")' in script) == (dot is not None)
+        # VNNI: the 5 with output channels in blocks of 32 have the lanes over output channels (not the stem)
+        assert script.count("int8_conv_avx512_vnni_oc") == (5 if dot is VNNI else 0)
+        # which write pixel-major tensors: the 4 convolutions that read one pack them with pack_pixel_major_kernel
+        assert script.count("int8_pack_pixel_major") == (4 if dot is VNNI else 0)
         with target:
             ex = tvm.compile(mod, target=target, relax_pipeline=relax.get_default_pipeline(target))
         vm = relax.VirtualMachine(ex, tvm.cpu())
@@ -495,6 +586,55 @@ def test_residual_network_convolutions_on_the_dot_product(kind: DotKind) -> None
     out_dq = next(n for n in qdq.graph.node if n.output[0] == "y")
     step = float(next(numpy_helper.to_array(i) for i in qdq.graph.initializer if i.name == out_dq.input[1]))
     assert np.abs(outputs[1] - want).max() <= step * 1.001
+
+
+def _classifier() -> onnx.ModelProto:
+    """A ResNet's tail: global average pool, flatten, Gemm (transB = 1) 64 -> 10 with a bias."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(8)
+    inits = [
+        numpy_helper.from_array(rng.normal(0, 0.2, (10, 64)).astype(np.float32), "fc.w"),
+        numpy_helper.from_array(rng.normal(0, 0.1, 10).astype(np.float32), "fc.b"),
+    ]
+    nodes = [
+        helper.make_node("Relu", ["x"], ["r"], name="relu"),
+        helper.make_node("GlobalAveragePool", ["r"], ["p"], name="pool"),
+        helper.make_node("Flatten", ["p"], ["f"], name="flatten"),
+        helper.make_node("Gemm", ["f", "fc.w", "fc.b"], ["y"], name="fc", transB=1),
+    ]
+    io = [
+        helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 64, 4, 4]),
+        helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 10]),
+    ]
+    graph = helper.make_graph(nodes, "classifier", [io[0]], [io[1]], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("kind", [AVX2, VNNI], ids=lambda k: k.name)
+def test_classifier_matmul_on_the_matvec_kernel(kind: DotKind) -> None:
+    """A Gemm classifier (an int8 matmul after the rewrite, as ResNet-18's) takes matvec_kernel on x86 profiles:
+    the same output bytes as TVM's own int8 matmul and requantize."""
+    _runnable(kind)
+    rng = np.random.default_rng(9)
+    calib = rng.normal(0, 1, (16, 64, 4, 4)).astype(np.float32)
+    qdq = quantize_qdq(_classifier(), calib, QuantizeOptions(samples=16)).model
+    imported = relax.transform.DecomposeOpsForInference()(
+        from_onnx(qdq, shape_dict={"x": [1, 64, 4, 4]}, keep_params_in_input=False)
+    )
+    target = tvm.target.Target(TARGETS[kind])
+    x = rng.normal(0, 1, (4, 1, 64, 4, 4)).astype(np.float32)
+    outputs = []
+    for dot in (None, kind):
+        mod, report = rewrite_int8(imported, quantizable_layers(qdq), float_exact=True, dot=dot)
+        assert report.float_left == []
+        assert mod["main"].script().count("int8_matvec") == (1 if dot else 0)
+        with target:
+            ex = tvm.compile(mod, target=target, relax_pipeline=relax.get_default_pipeline(target))
+        vm = relax.VirtualMachine(ex, tvm.cpu())
+        outputs.append(np.concatenate([vm["main"](tvm.runtime.tensor(xi)).numpy() for xi in x]))
+    assert np.array_equal(outputs[0], outputs[1])
 
 
 @pytest.mark.compile
@@ -523,10 +663,11 @@ def test_fp32_convolutions_on_the_direct_kernel_match_onnxruntime() -> None:
 
 
 @pytest.mark.compile
-def test_resnet18_int8_bundle_gives_the_exact_reference(data_dir: Path, tmp_path: Path) -> None:
-    """bench/int8_cpu.py's ResNet-18 INT8 bundle for cpu-x86_64 (all 20 convolutions on the AVX2 kernels, nothing
-    float) against compile/int8/qdq_reference.py on real photos: within one step of the output quantization,
-    the same top-1."""
+@pytest.mark.parametrize("profile", ["cpu-x86_64", "cpu-x86_64-v4"])
+def test_resnet18_int8_bundle_gives_the_exact_reference(data_dir: Path, tmp_path: Path, profile: str) -> None:
+    """bench/int8_cpu.py's ResNet-18 INT8 bundle (all 20 convolutions on the profile's kernels: AVX2, or VNNI with
+    19 of them conv_oc_kernel's; nothing float) against compile/int8/qdq_reference.py on real photos: within one
+    step of the output quantization, the same top-1."""
     import sys
 
     from onnx import numpy_helper
@@ -539,7 +680,7 @@ def test_resnet18_int8_bundle_gives_the_exact_reference(data_dir: Path, tmp_path
     from edgedeploy_agent.bundle import Preprocess, extract_bundle
     from edgedeploy_agent.runtime.tvm import TvmRuntime
 
-    _runnable(AVX2)
+    _runnable(AVX2 if profile == "cpu-x86_64" else VNNI)
     sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
     from resnet18_onnx import export
 
@@ -548,7 +689,7 @@ def test_resnet18_int8_bundle_gives_the_exact_reference(data_dir: Path, tmp_path
     pre = Preprocess(color="rgb", resize="center_crop", mean=[123.675, 116.28, 103.53], std=[58.395, 57.12, 57.375])
     card = ModelCard(name="resnet18", preprocess=pre)
     cfg = Int8Config(calibration=data_dir / "imagenet-sample", options=QuantizeOptions(samples=8))
-    res = build(model, "cpu-x86_64", tmp_path / "r.edb", card, int8=cfg)
+    res = build(model, profile, tmp_path / "r.edb", card, int8=cfg)
     assert res.manifest.quantization.float_in_runtime == []
     m = extract_bundle(res.bundle, tmp_path / "rel")
     qdq = onnx.load(host_file(m, "qdq-onnx", tmp_path / "rel"))
