@@ -716,7 +716,10 @@ def matvec_kernel(n: int, c: int, o: int, zy: int, out_dtype: str) -> Any:
 # On VNNI the broadcast activations are vpdpbusd's unsigned operand and the weight vector its signed one.
 VNNI_BY_CHANNEL = DotKind("avx512-vnni-oc", "avx512_vnni", 16, 4, "int8", "uint8", "edgedeploy_vnni_16x4_s8vec_u8bcast")
 CHANNEL_KINDS = {VNNI: VNNI_BY_CHANNEL, AVX2: AVX2}  # the pixel-lane kind -> its channel-lane intrinsic
-CHANNEL_REGISTERS = {VNNI: 16, AVX2: 12}  # accumulators a channel-lane block may hold (32 zmm, 16 ymm registers)
+# register blocks of the channel-lane 1x1 kernel, (L-channel blocks, pixels), best first: measured one thread on
+# Zen 4 over MobileNetV1-0.25's layers (zmm: 2 x 4 beat 2 x 7, 2 x 8, 1 x 14 and 1 x 16 by 5-45 %; ymm: 2 x 4 beat
+# 1 x 7 and 1 x 8 by 0-7 %, 16 registers in all)
+CHANNEL_BLOCKS = {VNNI: ((2, 4), (2, 7), (1, 7), (1, 4)), AVX2: ((2, 4), (1, 7), (2, 2), (1, 4))}
 
 
 @functools.cache
@@ -765,16 +768,13 @@ def register_channel_intrinsics() -> None:
 
 
 def channel_block(kind: DotKind, o: int, p: int) -> tuple[int, int]:
-    """(L-channel blocks, pixels) of the channel-lane 1x1 kernel's register block: the most accumulators within
-    CHANNEL_REGISTERS whose pixel count divides `p` (so no pixel block is partial), two channel blocks on a tie."""
-    cap, best = CHANNEL_REGISTERS[kind], (1, 1)
-    for blocks in (2, 1):
-        if (o // kind.lanes) % blocks:
-            continue
-        pixels = next(r for r in range(cap // blocks, 0, -1) if p % r == 0)
-        if blocks * pixels > best[0] * best[1]:
-            best = (blocks, pixels)
-    return best
+    """(L-channel blocks, pixels) of the channel-lane 1x1 kernel's register block: the first of CHANNEL_BLOCKS
+    that splits the O/L channel blocks and the `p` pixels evenly (no partial block), else one channel block and
+    the most pixels up to 8 that divide `p`."""
+    for blocks, pixels in CHANNEL_BLOCKS[kind]:
+        if (o // kind.lanes) % blocks == 0 and p % pixels == 0:
+            return blocks, pixels
+    return 1, next(r for r in range(8, 0, -1) if p % r == 0)
 
 
 def pack_channel_weights(w: np.ndarray, kind: DotKind) -> np.ndarray:
