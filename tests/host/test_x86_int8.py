@@ -38,6 +38,7 @@ from edgedeploy.compile.int8.x86_int8 import (
     max_pool_kernel,
     pack_activations_numpy,
     pack_channel_weights,
+    pack_conv_activations,
     pack_conv_activations_numpy,
     pack_conv_weights,
     pack_depthwise_weights,
@@ -45,6 +46,7 @@ from edgedeploy.compile.int8.x86_int8 import (
     pack_weights,
     pointwise_channel_kernel,
     pointwise_kernel,
+    quantize_pack_kernel,
     residual_add_kernel,
 )
 from edgedeploy.compile.tuning.metaschedule import scheduled_kernels, tunable_tasks
@@ -230,6 +232,48 @@ def test_depthwise_kernel_is_exact(
     assert np.array_equal(got, want.astype(np.int64) + shift)
 
 
+@pytest.mark.compile
+@pytest.mark.parametrize("kind", [AVX2, VNNI], ids=lambda k: k.name)
+@pytest.mark.parametrize(
+    "n,hw,k,stride,pad,q_dtype,zero",
+    [
+        (1, 30, 3, 2, (0, 0, 1, 1), "uint8", 128),  # MobileNet's stem in small: TF-SAME stride 2
+        (2, 17, 7, 2, (3, 3, 3, 3), "int8", -3),  # ResNet's stem in small, batch 2, int8 (shifted for VNNI)
+        (1, 9, 3, 1, (1, 1, 1, 1), "uint8", 7),  # stride 1
+    ],
+)
+def test_quantize_pack_kernel_is_relax_quantize_and_pack(
+    kind: DotKind, n: int, hw: int, k: int, stride: int, pad: tuple[int, ...], q_dtype: str, zero: int
+) -> None:
+    """The graph input's quantize and packing in one kernel: the same bytes as Relax's quantize followed by
+    pack_conv_activations (the ops it replaces), on values far outside the range (clipped) and on halfway cases
+    of the rounding."""
+    _runnable(kind)
+    scale = 0.0078431377
+    rng = np.random.default_rng(hw + k)
+    x = (rng.standard_normal((n, 3, hw, hw)) * 1.5).astype(np.float32)
+    x.flat[:8] = np.array([0.5, 1.5, -0.5, 2.5, 127.5, -1000, 1000, -2.5], np.float32) * np.float32(scale)
+    attrs = SimpleNamespace(strides=[stride, stride], padding=list(pad), dilation=[1, 1])
+    shape = conv_shape(kind, x.shape, (8, 3, k, k), attrs)
+    target = tvm.target.Target(TARGETS[kind])
+    bb = relax.BlockBuilder()
+    xv = relax.Var("x", relax.TensorType(x.shape, "float32"))
+    with bb.function("main", [xv]):
+        q = bb.emit(
+            relax.op.quantize(xv, relax.const(np.float32(scale)), relax.const(np.array(zero, q_dtype)), 1, q_dtype)
+        )
+        packed, _ = pack_conv_activations(bb, q, zero, kind, shape)
+        bb.emit_func_output(packed)
+    with target:
+        ex = tvm.compile(bb.get(), target=target)
+    want = relax.VirtualMachine(ex, tvm.cpu())["main"](tvm.runtime.tensor(x)).numpy()
+    kernel = quantize_pack_kernel(kind, shape, scale, zero, q_dtype).with_attr("global_symbol", "main")
+    lib = tvm.compile(tvm.IRModule({"main": kernel}), target=target)
+    y = tvm.runtime.tensor(np.zeros(shape.packed_shape, kind.act_dtype))
+    lib(tvm.runtime.tensor(x), y)
+    assert np.array_equal(y.numpy(), want)
+
+
 def _conv_reference(x: np.ndarray, w: np.ndarray, zx: int, stride: int, pad: tuple[int, ...]) -> np.ndarray:
     """int64 sum over the taps of x padded with its zero point (top, left, bottom, right) times w."""
     n, c, h, wd = x.shape
@@ -361,6 +405,7 @@ def test_mobilenet_pointwise_layers_on_the_dot_product(
         # the depthwise-separable chain with channels in the lanes: every depthwise layer and every 1x1 one
         chain = [mod["main"].script().count(k) for k in ("int8_depthwise", "int8_conv1x1_oc")]
         assert chain == ([13, 13] if dot else [0, 0])
+        assert mod["main"].script().count("int8_quantize_pack") == (1 if dot else 0)  # the input, for the stem
         with target:
             if dot:
                 fused = relax.get_pipeline("zero")(mod)

@@ -45,6 +45,7 @@ from .x86_int8 import (
     pointwise_channel_kernel,
     pointwise_eligible,
     pointwise_kernel,
+    quantize_pack_kernel,
     residual_add_kernel,
 )
 
@@ -474,7 +475,7 @@ class _Rewriter(relax.PyExprMutator):  # type: ignore[misc]
         bb, x_shape = self.builder_, tuple(int(d) for d in xq.ty.shape)
         dot = for_row(self.dot, conv_shape(self.dot, x_shape, w.shape, attrs).out_hw[1])
         shape = conv_shape(dot, x_shape, w.shape, attrs)
-        packed, z = pack_conv_activations(bb, xq, zx, dot, shape)
+        packed, z = self._quantized_input(xq, zx, dot, shape) or pack_conv_activations(bb, xq, zx, dot, shape)
         consts = _kernel_constants(pack_conv_weights(w, dot), w, z, b_q, mult)
 
         def call(kernel: Any, out_dtype: str) -> Any:
@@ -486,6 +487,24 @@ class _Rewriter(relax.PyExprMutator):  # type: ignore[misc]
         y = call(conv_kernel(dot, shape, zy, dtype), dtype)
         self.kernel_outputs[y] = lambda center: call(conv_kernel(dot, shape, zy, dtype, center=center), "float32")
         return y
+
+    def _quantized_input(self, xq: Any, zx: int, dot: DotKind, shape: ConvShape) -> tuple[Any, int] | None:
+        """xq = quantize(float32 tensor) with scalar constants (a graph input): its quantize and packing as one
+        kernel (x86_int8.quantize_pack_kernel); None for anything else."""
+        q = self._bound(xq, _Q)
+        if q is None or str(q.args[0].ty.dtype) != "float32" or str(q.ty.dtype) not in _INT_RANGE:
+            return None
+        scale, zero = self._const(q.args[1]), self._const(q.args[2])
+        if scale is None or zero is None or scale.size != 1 or zero.size != 1 or int(zero.reshape(())) != zx:
+            return None
+        if any(not isinstance(d, tvm.tirx.IntImm) for d in q.args[0].ty.shape):
+            return None
+        kernel = quantize_pack_kernel(dot, shape, float(scale.reshape(())), zx, str(q.ty.dtype))
+        gv = self.builder_.add_func(kernel, "int8_quantize_pack")
+        packed = self.builder_.emit(
+            relax.call_tir(gv, [q.args[0]], relax.TensorType(shape.packed_shape, dot.act_dtype))
+        )
+        return packed, zx + (128 if dot.act_dtype == "uint8" and str(q.ty.dtype) == "int8" else 0)
 
     def _kernel_call(
         self, packed: Any, consts: list[Any], shape: tuple[int, ...], zy: int, dtype: str, center: int | None = None
