@@ -214,7 +214,12 @@ class _Rewriter(relax.PyExprMutator):  # type: ignore[misc]
             dot = (x_dq.args[0], w, int(zx.reshape(())), None)
         elif self.dot is not None and conv_eligible(self.dot, a, w.shape):
             dot = (x_dq.args[0], w, int(zx.reshape(())), a)
-        elif self.dot is not None and self.float_exact and depthwise_eligible(a, w.shape, x_shape):
+        elif (
+            self.dot is not None
+            and self.float_exact
+            and _exact_in_float32(w[0].size)  # depthwise_kernel sums in float32
+            and depthwise_eligible(a, w.shape, x_shape)
+        ):
             dot = (x_dq.args[0], w, int(zx.reshape(())), _Depthwise(a))
         if self.float_exact and _exact_in_float32(w[0].size):
             # (x - zx) * w summed in float32 is exact (every partial sum is an integer below 2**24): the same
