@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import onnx
@@ -29,6 +30,8 @@ from edgedeploy.compile.int8.x86_int8 import (
     DotKind,
     conv_kernel,
     conv_oc_kernel,
+    conv_shape,
+    depthwise_kernel,
     dot_kind,
     float_conv_kernel,
     float_kind,
@@ -37,13 +40,18 @@ from edgedeploy.compile.int8.x86_int8 import (
     max_pool_kernel,
     oc_pixels,
     pack_activations_numpy,
+    pack_channel_weights,
+    pack_conv_activations,
     pack_conv_activations_numpy,
     pack_conv_weights,
+    pack_depthwise_weights,
     pack_matvec_weights,
     pack_oc_weights,
     pack_pixel_major_kernel,
     pack_weights,
+    pointwise_channel_kernel,
     pointwise_kernel,
+    quantize_pack_kernel,
     residual_add_kernel,
 )
 from edgedeploy.compile.tuning.metaschedule import scheduled_kernels, tunable_tasks
@@ -135,6 +143,140 @@ def test_matvec_kernel_is_exact(target: DotKind, n: int, c: int, o: int, out: st
     y = tvm.runtime.tensor(np.zeros((n, o), out), dev)
     lib(*args, y)
     assert np.array_equal(y.numpy(), _reference(x, w, bias, mult, 7, out).reshape(n, o))
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("kind", [AVX2, VNNI], ids=lambda k: k.name)
+@pytest.mark.parametrize(
+    "n,c,o,hw,out,center",
+    [
+        (1, 128, 128, 14, "uint8", None),
+        (2, 8, 16, 7, "int8", None),
+        (1, 256, 256, 7, "uint8", 3),
+        (1, 64, 32, 5, "uint8", None),
+    ],
+)
+def test_pointwise_channel_kernel_is_exact(
+    kind: DotKind, n: int, c: int, o: int, hw: int, out: str, center: int | None
+) -> None:
+    """The 1x1 kernel with lanes over output channels (NHWC in, [N, O/L, P, L] out): full-range activations,
+    batch 2, both output types, the float32 output a depthwise kernel reads (y - center), register blocks of
+    one and two channel blocks and pixel counts of 5 to 14: its bytes equal numpy's int64 arithmetic."""
+    _runnable(kind)
+    rng = np.random.default_rng(n * c + o + hw)
+    p, lanes = hw * hw, kind.lanes
+    x = rng.integers(0, 256, (n, c, hw, hw)).astype(np.uint8)
+    w = rng.integers(-128, 128, (o, c, 1, 1)).astype(np.int8)
+    bias = rng.integers(-5000, 5000, o).astype(np.int32)
+    mult = (rng.random(o) * 2e-3).astype(np.float32)
+    kernel = pointwise_channel_kernel(kind, n, c, o, p, 7, out, center).with_attr("global_symbol", "main")
+    lib = tvm.compile(tvm.IRModule({"main": kernel}), target=tvm.target.Target(TARGETS[kind]))
+    dev = tvm.cpu()
+    nhwc = x.transpose(0, 2, 3, 1).reshape(n, p, c // kind.depth, kind.depth).astype(kind.act_dtype)
+    args = [tvm.runtime.tensor(a, dev) for a in (nhwc, pack_channel_weights(w, kind), bias, mult)]
+    y = tvm.runtime.tensor(np.zeros((n, o // lanes, p, lanes), out if center is None else "float32"), dev)
+    lib(*args, y)
+    want = _reference(x, w, bias, mult, 7, out)
+    got = y.numpy().transpose(0, 1, 3, 2).reshape(n, o, p)
+    if center is None:
+        assert np.array_equal(got, want)
+    else:
+        assert np.array_equal(got, want.astype(np.float32) - center)
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("kind", [AVX2, VNNI], ids=lambda k: k.name)
+@pytest.mark.parametrize(
+    "n,c,hw,stride,pad,out,store",
+    [
+        (1, 128, 14, 1, (1, 1, 1, 1), "uint8", None),  # MobileNet's 14x14 layers
+        (1, 16, 23, 2, (0, 0, 1, 1), "uint8", "operand"),  # TF-SAME stride 2, odd size
+        (2, 8, 9, 1, (1, 1, 1, 1), "int8", "operand"),  # 8 channels (8 lanes on VNNI too), batch 2, shifted to uint8
+        (1, 48, 7, 2, (1, 1, 1, 1), "int8", None),  # channels no multiple of 16: 8 lanes
+    ],
+)
+def test_depthwise_kernel_is_exact(
+    kind: DotKind, n: int, c: int, hw: int, stride: int, pad: tuple[int, ...], out: str, store: str | None
+) -> None:
+    """The depthwise kernel with channels in the float32 lanes ([N, C/V, H, W, V] minus the zero point in,
+    NHWC out): borders read as the zero point, strides 1 and 2, asymmetric padding, batch 2, both output types,
+    and the channel-lane 1x1 kernel's operand (int8 shifted to uint8 for VNNI, int16 for AVX2): its bytes
+    equal numpy's int64 arithmetic."""
+    _runnable(kind)
+    rng = np.random.default_rng(n * c + hw + stride)
+    zx, zy = 9, 5
+    x = rng.integers(0, 256, (n, c, hw, hw)).astype(np.int64)
+    w = rng.integers(-128, 128, (c, 1, 3, 3)).astype(np.int8)
+    bias = rng.integers(-5000, 5000, c).astype(np.int32)
+    mult = (rng.random(c) * 2e-2).astype(np.float32)
+    attrs = SimpleNamespace(strides=[stride, stride], padding=list(pad), dilation=[1, 1])
+    shape = conv_shape(kind, (n, c, hw, hw), w.shape, attrs)
+    lanes = kind.lanes if c % kind.lanes == 0 else 8
+    top, left, bottom, right = pad
+    xp = np.pad(x - zx, ((0, 0), (0, 0), (top, bottom), (left, right)))
+    (oh, ow), acc = shape.out_hw, 0
+    for i in range(3):
+        for j in range(3):
+            patch = xp[:, :, i : i + stride * (oh - 1) + 1 : stride, j : j + stride * (ow - 1) + 1 : stride]
+            acc = acc + patch * w[None, :, 0, i, j, None, None].astype(np.int64)
+    lo, hi = (0, 255) if out == "uint8" else (-128, 127)
+    want = np.clip(
+        np.round((acc + bias[None, :, None, None]).astype(np.float32) * mult[None, :, None, None]) + zy, lo, hi
+    )
+    shift = 128 if store and kind.act_dtype == "uint8" and out == "int8" else 0
+    dtype = kind.act_dtype if store else out
+    kernel = depthwise_kernel(lanes, shape, zy, out, dtype if store else None, shift).with_attr("global_symbol", "main")
+    lib = tvm.compile(tvm.IRModule({"main": kernel}), target=tvm.target.Target(TARGETS[kind]))
+    blocked = (x - zx).astype(np.float32).reshape(n, c // lanes, lanes, hw, hw).transpose(0, 1, 3, 4, 2)
+    dev = tvm.cpu()
+    args = [tvm.runtime.tensor(np.ascontiguousarray(a), dev) for a in (blocked, pack_depthwise_weights(w, lanes))]
+    args += [tvm.runtime.tensor(bias, dev), tvm.runtime.tensor(mult, dev)]
+    y = tvm.runtime.tensor(np.zeros((n, oh, ow, c // lanes, lanes), dtype), dev)
+    lib(*args, y)
+    got = y.numpy().reshape(n, oh, ow, c).transpose(0, 3, 1, 2).astype(np.int64)
+    assert np.array_equal(got, want.astype(np.int64) + shift)
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("kind", [AVX2, VNNI], ids=lambda k: k.name)
+@pytest.mark.parametrize(
+    "n,hw,k,stride,pad,q_dtype,zero",
+    [
+        (1, 30, 3, 2, (0, 0, 1, 1), "uint8", 128),  # MobileNet's stem in small: TF-SAME stride 2
+        (2, 17, 7, 2, (3, 3, 3, 3), "int8", -3),  # ResNet's stem in small, batch 2, int8 (shifted for VNNI)
+        (1, 9, 3, 1, (1, 1, 1, 1), "uint8", 7),  # stride 1
+    ],
+)
+def test_quantize_pack_kernel_is_relax_quantize_and_pack(
+    kind: DotKind, n: int, hw: int, k: int, stride: int, pad: tuple[int, ...], q_dtype: str, zero: int
+) -> None:
+    """The graph input's quantize and packing in one kernel: the same bytes as Relax's quantize followed by
+    pack_conv_activations (the ops it replaces), on values far outside the range (clipped) and on halfway cases
+    of the rounding."""
+    _runnable(kind)
+    scale = 0.0078431377
+    rng = np.random.default_rng(hw + k)
+    x = (rng.standard_normal((n, 3, hw, hw)) * 1.5).astype(np.float32)
+    x.flat[:8] = np.array([0.5, 1.5, -0.5, 2.5, 127.5, -1000, 1000, -2.5], np.float32) * np.float32(scale)
+    attrs = SimpleNamespace(strides=[stride, stride], padding=list(pad), dilation=[1, 1])
+    shape = conv_shape(kind, x.shape, (8, 3, k, k), attrs)
+    target = tvm.target.Target(TARGETS[kind])
+    bb = relax.BlockBuilder()
+    xv = relax.Var("x", relax.TensorType(x.shape, "float32"))
+    with bb.function("main", [xv]):
+        q = bb.emit(
+            relax.op.quantize(xv, relax.const(np.float32(scale)), relax.const(np.array(zero, q_dtype)), 1, q_dtype)
+        )
+        packed, _ = pack_conv_activations(bb, q, zero, kind, shape)
+        bb.emit_func_output(packed)
+    with target:
+        ex = tvm.compile(bb.get(), target=target)
+    want = relax.VirtualMachine(ex, tvm.cpu())["main"](tvm.runtime.tensor(x)).numpy()
+    kernel = quantize_pack_kernel(kind, shape, scale, zero, q_dtype).with_attr("global_symbol", "main")
+    lib = tvm.compile(tvm.IRModule({"main": kernel}), target=target)
+    y = tvm.runtime.tensor(np.zeros(shape.packed_shape, kind.act_dtype))
+    lib(tvm.runtime.tensor(x), y)
+    assert np.array_equal(y.numpy(), want)
 
 
 def _conv_reference(x: np.ndarray, w: np.ndarray, zx: int, stride: int, pad: tuple[int, ...]) -> np.ndarray:
@@ -346,6 +488,10 @@ def test_mobilenet_pointwise_layers_on_the_dot_product(
         calls = mod["main"].script().count("int8_conv1x1")
         assert (len(kernels) > 0, calls) == ((True, 13) if dot else (False, 0))
         assert mod["main"].script().count("int8_matvec") == (1 if dot else 0)  # the 256 -> 1001 classifier
+        # the depthwise-separable chain with channels in the lanes: every depthwise layer and every 1x1 one
+        chain = [mod["main"].script().count(k) for k in ("int8_depthwise", "int8_conv1x1_oc")]
+        assert chain == ([13, 13] if dot else [0, 0])
+        assert mod["main"].script().count("int8_quantize_pack") == (1 if dot else 0)  # the input, for the stem
         with target:
             if dot:
                 fused = relax.get_pipeline("zero")(mod)
