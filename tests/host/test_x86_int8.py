@@ -4,7 +4,9 @@ padded convolutions of a residual network."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import onnx
@@ -27,18 +29,29 @@ from edgedeploy.compile.int8.x86_int8 import (
     ConvShape,
     DotKind,
     conv_kernel,
+    conv_oc_kernel,
+    conv_shape,
+    depthwise_kernel,
     dot_kind,
     float_conv_kernel,
     float_kind,
     for_row,
     matvec_kernel,
     max_pool_kernel,
+    oc_pixels,
     pack_activations_numpy,
+    pack_channel_weights,
+    pack_conv_activations,
     pack_conv_activations_numpy,
     pack_conv_weights,
+    pack_depthwise_weights,
     pack_matvec_weights,
+    pack_oc_weights,
+    pack_pixel_major_kernel,
     pack_weights,
+    pointwise_channel_kernel,
     pointwise_kernel,
+    quantize_pack_kernel,
     residual_add_kernel,
 )
 from edgedeploy.compile.tuning.metaschedule import scheduled_kernels, tunable_tasks
@@ -132,6 +145,140 @@ def test_matvec_kernel_is_exact(target: DotKind, n: int, c: int, o: int, out: st
     assert np.array_equal(y.numpy(), _reference(x, w, bias, mult, 7, out).reshape(n, o))
 
 
+@pytest.mark.compile
+@pytest.mark.parametrize("kind", [AVX2, VNNI], ids=lambda k: k.name)
+@pytest.mark.parametrize(
+    "n,c,o,hw,out,center",
+    [
+        (1, 128, 128, 14, "uint8", None),
+        (2, 8, 16, 7, "int8", None),
+        (1, 256, 256, 7, "uint8", 3),
+        (1, 64, 32, 5, "uint8", None),
+    ],
+)
+def test_pointwise_channel_kernel_is_exact(
+    kind: DotKind, n: int, c: int, o: int, hw: int, out: str, center: int | None
+) -> None:
+    """The 1x1 kernel with lanes over output channels (NHWC in, [N, O/L, P, L] out): full-range activations,
+    batch 2, both output types, the float32 output a depthwise kernel reads (y - center), register blocks of
+    one and two channel blocks and pixel counts of 5 to 14: its bytes equal numpy's int64 arithmetic."""
+    _runnable(kind)
+    rng = np.random.default_rng(n * c + o + hw)
+    p, lanes = hw * hw, kind.lanes
+    x = rng.integers(0, 256, (n, c, hw, hw)).astype(np.uint8)
+    w = rng.integers(-128, 128, (o, c, 1, 1)).astype(np.int8)
+    bias = rng.integers(-5000, 5000, o).astype(np.int32)
+    mult = (rng.random(o) * 2e-3).astype(np.float32)
+    kernel = pointwise_channel_kernel(kind, n, c, o, p, 7, out, center).with_attr("global_symbol", "main")
+    lib = tvm.compile(tvm.IRModule({"main": kernel}), target=tvm.target.Target(TARGETS[kind]))
+    dev = tvm.cpu()
+    nhwc = x.transpose(0, 2, 3, 1).reshape(n, p, c // kind.depth, kind.depth).astype(kind.act_dtype)
+    args = [tvm.runtime.tensor(a, dev) for a in (nhwc, pack_channel_weights(w, kind), bias, mult)]
+    y = tvm.runtime.tensor(np.zeros((n, o // lanes, p, lanes), out if center is None else "float32"), dev)
+    lib(*args, y)
+    want = _reference(x, w, bias, mult, 7, out)
+    got = y.numpy().transpose(0, 1, 3, 2).reshape(n, o, p)
+    if center is None:
+        assert np.array_equal(got, want)
+    else:
+        assert np.array_equal(got, want.astype(np.float32) - center)
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("kind", [AVX2, VNNI], ids=lambda k: k.name)
+@pytest.mark.parametrize(
+    "n,c,hw,stride,pad,out,store",
+    [
+        (1, 128, 14, 1, (1, 1, 1, 1), "uint8", None),  # MobileNet's 14x14 layers
+        (1, 16, 23, 2, (0, 0, 1, 1), "uint8", "operand"),  # TF-SAME stride 2, odd size
+        (2, 8, 9, 1, (1, 1, 1, 1), "int8", "operand"),  # 8 channels (8 lanes on VNNI too), batch 2, shifted to uint8
+        (1, 48, 7, 2, (1, 1, 1, 1), "int8", None),  # channels no multiple of 16: 8 lanes
+    ],
+)
+def test_depthwise_kernel_is_exact(
+    kind: DotKind, n: int, c: int, hw: int, stride: int, pad: tuple[int, ...], out: str, store: str | None
+) -> None:
+    """The depthwise kernel with channels in the float32 lanes ([N, C/V, H, W, V] minus the zero point in,
+    NHWC out): borders read as the zero point, strides 1 and 2, asymmetric padding, batch 2, both output types,
+    and the channel-lane 1x1 kernel's operand (int8 shifted to uint8 for VNNI, int16 for AVX2): its bytes
+    equal numpy's int64 arithmetic."""
+    _runnable(kind)
+    rng = np.random.default_rng(n * c + hw + stride)
+    zx, zy = 9, 5
+    x = rng.integers(0, 256, (n, c, hw, hw)).astype(np.int64)
+    w = rng.integers(-128, 128, (c, 1, 3, 3)).astype(np.int8)
+    bias = rng.integers(-5000, 5000, c).astype(np.int32)
+    mult = (rng.random(c) * 2e-2).astype(np.float32)
+    attrs = SimpleNamespace(strides=[stride, stride], padding=list(pad), dilation=[1, 1])
+    shape = conv_shape(kind, (n, c, hw, hw), w.shape, attrs)
+    lanes = kind.lanes if c % kind.lanes == 0 else 8
+    top, left, bottom, right = pad
+    xp = np.pad(x - zx, ((0, 0), (0, 0), (top, bottom), (left, right)))
+    (oh, ow), acc = shape.out_hw, 0
+    for i in range(3):
+        for j in range(3):
+            patch = xp[:, :, i : i + stride * (oh - 1) + 1 : stride, j : j + stride * (ow - 1) + 1 : stride]
+            acc = acc + patch * w[None, :, 0, i, j, None, None].astype(np.int64)
+    lo, hi = (0, 255) if out == "uint8" else (-128, 127)
+    want = np.clip(
+        np.round((acc + bias[None, :, None, None]).astype(np.float32) * mult[None, :, None, None]) + zy, lo, hi
+    )
+    shift = 128 if store and kind.act_dtype == "uint8" and out == "int8" else 0
+    dtype = kind.act_dtype if store else out
+    kernel = depthwise_kernel(lanes, shape, zy, out, dtype if store else None, shift).with_attr("global_symbol", "main")
+    lib = tvm.compile(tvm.IRModule({"main": kernel}), target=tvm.target.Target(TARGETS[kind]))
+    blocked = (x - zx).astype(np.float32).reshape(n, c // lanes, lanes, hw, hw).transpose(0, 1, 3, 4, 2)
+    dev = tvm.cpu()
+    args = [tvm.runtime.tensor(np.ascontiguousarray(a), dev) for a in (blocked, pack_depthwise_weights(w, lanes))]
+    args += [tvm.runtime.tensor(bias, dev), tvm.runtime.tensor(mult, dev)]
+    y = tvm.runtime.tensor(np.zeros((n, oh, ow, c // lanes, lanes), dtype), dev)
+    lib(*args, y)
+    got = y.numpy().reshape(n, oh, ow, c).transpose(0, 3, 1, 2).astype(np.int64)
+    assert np.array_equal(got, want.astype(np.int64) + shift)
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("kind", [AVX2, VNNI], ids=lambda k: k.name)
+@pytest.mark.parametrize(
+    "n,hw,k,stride,pad,q_dtype,zero",
+    [
+        (1, 30, 3, 2, (0, 0, 1, 1), "uint8", 128),  # MobileNet's stem in small: TF-SAME stride 2
+        (2, 17, 7, 2, (3, 3, 3, 3), "int8", -3),  # ResNet's stem in small, batch 2, int8 (shifted for VNNI)
+        (1, 9, 3, 1, (1, 1, 1, 1), "uint8", 7),  # stride 1
+    ],
+)
+def test_quantize_pack_kernel_is_relax_quantize_and_pack(
+    kind: DotKind, n: int, hw: int, k: int, stride: int, pad: tuple[int, ...], q_dtype: str, zero: int
+) -> None:
+    """The graph input's quantize and packing in one kernel: the same bytes as Relax's quantize followed by
+    pack_conv_activations (the ops it replaces), on values far outside the range (clipped) and on halfway cases
+    of the rounding."""
+    _runnable(kind)
+    scale = 0.0078431377
+    rng = np.random.default_rng(hw + k)
+    x = (rng.standard_normal((n, 3, hw, hw)) * 1.5).astype(np.float32)
+    x.flat[:8] = np.array([0.5, 1.5, -0.5, 2.5, 127.5, -1000, 1000, -2.5], np.float32) * np.float32(scale)
+    attrs = SimpleNamespace(strides=[stride, stride], padding=list(pad), dilation=[1, 1])
+    shape = conv_shape(kind, x.shape, (8, 3, k, k), attrs)
+    target = tvm.target.Target(TARGETS[kind])
+    bb = relax.BlockBuilder()
+    xv = relax.Var("x", relax.TensorType(x.shape, "float32"))
+    with bb.function("main", [xv]):
+        q = bb.emit(
+            relax.op.quantize(xv, relax.const(np.float32(scale)), relax.const(np.array(zero, q_dtype)), 1, q_dtype)
+        )
+        packed, _ = pack_conv_activations(bb, q, zero, kind, shape)
+        bb.emit_func_output(packed)
+    with target:
+        ex = tvm.compile(bb.get(), target=target)
+    want = relax.VirtualMachine(ex, tvm.cpu())["main"](tvm.runtime.tensor(x)).numpy()
+    kernel = quantize_pack_kernel(kind, shape, scale, zero, q_dtype).with_attr("global_symbol", "main")
+    lib = tvm.compile(tvm.IRModule({"main": kernel}), target=target)
+    y = tvm.runtime.tensor(np.zeros(shape.packed_shape, kind.act_dtype))
+    lib(tvm.runtime.tensor(x), y)
+    assert np.array_equal(y.numpy(), want)
+
+
 def _conv_reference(x: np.ndarray, w: np.ndarray, zx: int, stride: int, pad: tuple[int, ...]) -> np.ndarray:
     """int64 sum over the taps of x padded with its zero point (top, left, bottom, right) times w."""
     n, c, h, wd = x.shape
@@ -185,6 +332,87 @@ def test_conv_kernel_is_exact(
     want = np.round((acc + bias[None, :, None, None]).astype(np.float32) * mult[None, :, None, None]) + 7
     lo, hi = (0, 255) if out == "uint8" else (-128, 127)
     assert np.array_equal(y.numpy(), np.clip(want, lo, hi).astype(out))
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize(
+    "n,c,o,h,w,k,stride,pad,out,center",
+    [
+        (1, 64, 32, 7, 7, 3, 1, (1, 1, 1, 1), "uint8", None),  # ResNet's layer4 shape: 7-pixel rows
+        (2, 12, 64, 14, 14, 3, 2, (1, 1, 1, 1), "int8", None),  # stride 2, batch 2, two register blocks
+        (1, 16, 32, 10, 10, 1, 2, (0, 0, 0, 0), "uint8", None),  # a downsampling shortcut: 1x1, stride 2
+        (1, 8, 32, 9, 11, 3, 1, (0, 1, 2, 1), "uint8", None),  # asymmetric padding, 11-pixel rows: 1 a block
+        (1, 5, 32, 9, 9, 3, 1, (1, 1, 1, 1), "int8", 3),  # channels no multiple of 4; float32 output - center
+    ],
+)
+@pytest.mark.parametrize("pixel_major", [False, True], ids=["nchw", "nhwc"])
+def test_conv_oc_kernel_is_exact(
+    n: int,
+    c: int,
+    o: int,
+    h: int,
+    w: int,
+    k: int,
+    stride: int,
+    pad: tuple[int, ...],
+    out: str,
+    center: int | None,
+    pixel_major: bool,
+) -> None:
+    """conv_oc_kernel (VNNI, lanes over output channels, the 4 input channels of a pixel broadcast) on conv_kernel's
+    packed activations, its output NCHW or pixel-major: its bytes equal numpy's int64 arithmetic."""
+    _runnable(VNNI)
+    rng = np.random.default_rng(c + o + h + k + stride)
+    x = rng.integers(0, 256, (n, c, h, w)).astype(np.uint8)
+    zx = int(rng.integers(0, 256))
+    wq = rng.integers(-128, 128, (o, c, k, k)).astype(np.int8)
+    bias = rng.integers(-5000, 5000, o).astype(np.int32)
+    mult = (rng.random(o) * 2e-4).astype(np.float32)
+    base = ConvShape(n, c, o, h, w, k, k, stride, pad, VNNI.lanes, VNNI.depth)
+    shape = dataclasses.replace(base, lanes=oc_pixels(base.out_hw[1]))
+    packed = pack_conv_activations_numpy(x, zx, VNNI, shape)
+    kernel = conv_oc_kernel(shape, 7, out, center=center, pixel_major=pixel_major)
+    lib = tvm.compile(tvm.IRModule({"main": kernel.with_attr("global_symbol", "main")}), target=TARGETS[VNNI])
+    dev = tvm.cpu()
+    args = [tvm.runtime.tensor(a, dev) for a in (packed, pack_oc_weights(wq), bias, mult)]
+    dims = (n, *shape.out_hw, o) if pixel_major else (n, o, *shape.out_hw)
+    y = tvm.runtime.tensor(np.zeros(dims, out if center is None else np.float32), dev)
+    lib(*args, y)
+    got = y.numpy().transpose(0, 3, 1, 2) if pixel_major else y.numpy()
+    acc = _conv_reference(x, wq, zx, stride, pad)
+    want = np.round((acc + bias[None, :, None, None]).astype(np.float32) * mult[None, :, None, None]) + 7
+    lo, hi = (0, 255) if out == "uint8" else (-128, 127)
+    want = np.clip(want, lo, hi)
+    if center is None:
+        assert np.array_equal(got, want.astype(out))
+    else:
+        assert np.array_equal(got, want.astype(np.float32) - center)
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("dtype", ["uint8", "int8"])
+@pytest.mark.parametrize(
+    "c,h,w,k,stride,pad",
+    [(8, 9, 9, 3, 1, (1, 1, 1, 1)), (12, 10, 7, 3, 2, (1, 1, 1, 1)), (4, 10, 10, 1, 2, (0, 0, 0, 0))],
+)
+def test_pack_pixel_major_kernel_gives_the_packing(
+    dtype: str, c: int, h: int, w: int, k: int, stride: int, pad: tuple[int, ...]
+) -> None:
+    """The packing of a pixel-major tensor (conv_oc_kernel's output) equals pack_conv_activations' of the same
+    tensor in NCHW: zero point border, stride phases, int8 shifted to uint8."""
+    rng = np.random.default_rng(c + h + stride)
+    lo, hi = (0, 256) if dtype == "uint8" else (-128, 128)
+    x = rng.integers(lo, hi, (2, c, h, w)).astype(dtype)
+    zx = int(rng.integers(lo, hi))
+    base = ConvShape(2, c, 32, h, w, k, k, stride, pad, VNNI.lanes, VNNI.depth)
+    shape = dataclasses.replace(base, lanes=oc_pixels(base.out_hw[1]))
+    kernel = pack_pixel_major_kernel(shape, dtype, zx).with_attr("global_symbol", "main")
+    lib = tvm.compile(tvm.IRModule({"main": kernel}), target=tvm.target.Target(TARGETS[AVX2]))
+    y = tvm.runtime.tensor(np.zeros(shape.packed_shape, np.uint8))
+    lib(tvm.runtime.tensor(np.ascontiguousarray(x.transpose(0, 2, 3, 1))), y)
+    shift = 128 if dtype == "int8" else 0
+    want = pack_conv_activations_numpy((x.astype(np.int16) + shift).astype(np.uint8), zx + shift, VNNI, shape)
+    assert np.array_equal(y.numpy(), want)
 
 
 @pytest.mark.compile
@@ -260,6 +488,10 @@ def test_mobilenet_pointwise_layers_on_the_dot_product(
         calls = mod["main"].script().count("int8_conv1x1")
         assert (len(kernels) > 0, calls) == ((True, 13) if dot else (False, 0))
         assert mod["main"].script().count("int8_matvec") == (1 if dot else 0)  # the 256 -> 1001 classifier
+        # the depthwise-separable chain with channels in the lanes: every depthwise layer and every 1x1 one
+        chain = [mod["main"].script().count(k) for k in ("int8_depthwise", "int8_conv1x1_oc")]
+        assert chain == ([13, 13] if dot else [0, 0])
+        assert mod["main"].script().count("int8_quantize_pack") == (1 if dot else 0)  # the input, for the stem
         with target:
             if dot:
                 fused = relax.get_pipeline("zero")(mod)
@@ -462,8 +694,9 @@ def _resnet_stages() -> onnx.ModelProto:
 @pytest.mark.compile
 @pytest.mark.parametrize("kind", [AVX2, VNNI], ids=lambda k: k.name)
 def test_residual_network_convolutions_on_the_dot_product(kind: DotKind) -> None:
-    """Every convolution but the depthwise one becomes a tensorized kernel (6 K x K, strided or padded ones and
-    2 pointwise ones; the stem's kernel writes the depthwise layer's float32 input); the compiled model's outputs
+    """Every convolution but the depthwise one becomes a tensorized kernel (6 K x K, strided or padded ones, on
+    VNNI 5 of them conv_oc_kernel's, and 2 pointwise ones; the stem's kernel writes the depthwise layer's float32
+    input); the compiled model's outputs
     are the same bytes as without the kernels (float32-exact and int32 convolutions) and within one output step
     of the exact INT8 reference."""
     from onnx import numpy_helper
@@ -486,6 +719,10 @@ def test_residual_network_convolutions_on_the_dot_product(kind: DotKind) -> None
         script = mod["main"].script()
         assert (script.count("int8_conv_"), script.count("int8_conv1x1")) == ((6, 2) if dot else (0, 0))
         assert ('out_ty=R.Tensor((1, 16, 15, 15), dtype="float32")' in script) == (dot is not None)
+        # VNNI: the 5 with output channels in blocks of 32 have the lanes over output channels (not the stem)
+        assert script.count("int8_conv_avx512_vnni_oc") == (5 if dot is VNNI else 0)
+        # which write pixel-major tensors: the 4 convolutions that read one pack them with pack_pixel_major_kernel
+        assert script.count("int8_pack_pixel_major") == (4 if dot is VNNI else 0)
         with target:
             ex = tvm.compile(mod, target=target, relax_pipeline=relax.get_default_pipeline(target))
         vm = relax.VirtualMachine(ex, tvm.cpu())
@@ -495,6 +732,55 @@ def test_residual_network_convolutions_on_the_dot_product(kind: DotKind) -> None
     out_dq = next(n for n in qdq.graph.node if n.output[0] == "y")
     step = float(next(numpy_helper.to_array(i) for i in qdq.graph.initializer if i.name == out_dq.input[1]))
     assert np.abs(outputs[1] - want).max() <= step * 1.001
+
+
+def _classifier() -> onnx.ModelProto:
+    """A ResNet's tail: global average pool, flatten, Gemm (transB = 1) 64 -> 10 with a bias."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(8)
+    inits = [
+        numpy_helper.from_array(rng.normal(0, 0.2, (10, 64)).astype(np.float32), "fc.w"),
+        numpy_helper.from_array(rng.normal(0, 0.1, 10).astype(np.float32), "fc.b"),
+    ]
+    nodes = [
+        helper.make_node("Relu", ["x"], ["r"], name="relu"),
+        helper.make_node("GlobalAveragePool", ["r"], ["p"], name="pool"),
+        helper.make_node("Flatten", ["p"], ["f"], name="flatten"),
+        helper.make_node("Gemm", ["f", "fc.w", "fc.b"], ["y"], name="fc", transB=1),
+    ]
+    io = [
+        helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 64, 4, 4]),
+        helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 10]),
+    ]
+    graph = helper.make_graph(nodes, "classifier", [io[0]], [io[1]], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("kind", [AVX2, VNNI], ids=lambda k: k.name)
+def test_classifier_matmul_on_the_matvec_kernel(kind: DotKind) -> None:
+    """A Gemm classifier (an int8 matmul after the rewrite, as ResNet-18's) takes matvec_kernel on x86 profiles:
+    the same output bytes as TVM's own int8 matmul and requantize."""
+    _runnable(kind)
+    rng = np.random.default_rng(9)
+    calib = rng.normal(0, 1, (16, 64, 4, 4)).astype(np.float32)
+    qdq = quantize_qdq(_classifier(), calib, QuantizeOptions(samples=16)).model
+    imported = relax.transform.DecomposeOpsForInference()(
+        from_onnx(qdq, shape_dict={"x": [1, 64, 4, 4]}, keep_params_in_input=False)
+    )
+    target = tvm.target.Target(TARGETS[kind])
+    x = rng.normal(0, 1, (4, 1, 64, 4, 4)).astype(np.float32)
+    outputs = []
+    for dot in (None, kind):
+        mod, report = rewrite_int8(imported, quantizable_layers(qdq), float_exact=True, dot=dot)
+        assert report.float_left == []
+        assert mod["main"].script().count("int8_matvec") == (1 if dot else 0)
+        with target:
+            ex = tvm.compile(mod, target=target, relax_pipeline=relax.get_default_pipeline(target))
+        vm = relax.VirtualMachine(ex, tvm.cpu())
+        outputs.append(np.concatenate([vm["main"](tvm.runtime.tensor(xi)).numpy() for xi in x]))
+    assert np.array_equal(outputs[0], outputs[1])
 
 
 @pytest.mark.compile
@@ -523,10 +809,11 @@ def test_fp32_convolutions_on_the_direct_kernel_match_onnxruntime() -> None:
 
 
 @pytest.mark.compile
-def test_resnet18_int8_bundle_gives_the_exact_reference(data_dir: Path, tmp_path: Path) -> None:
-    """bench/int8_cpu.py's ResNet-18 INT8 bundle for cpu-x86_64 (all 20 convolutions on the AVX2 kernels, nothing
-    float) against compile/int8/qdq_reference.py on real photos: within one step of the output quantization,
-    the same top-1."""
+@pytest.mark.parametrize("profile", ["cpu-x86_64", "cpu-x86_64-v4"])
+def test_resnet18_int8_bundle_gives_the_exact_reference(data_dir: Path, tmp_path: Path, profile: str) -> None:
+    """bench/int8_cpu.py's ResNet-18 INT8 bundle (all 20 convolutions on the profile's kernels: AVX2, or VNNI with
+    19 of them conv_oc_kernel's; nothing float) against compile/int8/qdq_reference.py on real photos: within one
+    step of the output quantization, the same top-1."""
     import sys
 
     from onnx import numpy_helper
@@ -539,7 +826,7 @@ def test_resnet18_int8_bundle_gives_the_exact_reference(data_dir: Path, tmp_path
     from edgedeploy_agent.bundle import Preprocess, extract_bundle
     from edgedeploy_agent.runtime.tvm import TvmRuntime
 
-    _runnable(AVX2)
+    _runnable(AVX2 if profile == "cpu-x86_64" else VNNI)
     sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
     from resnet18_onnx import export
 
@@ -548,7 +835,7 @@ def test_resnet18_int8_bundle_gives_the_exact_reference(data_dir: Path, tmp_path
     pre = Preprocess(color="rgb", resize="center_crop", mean=[123.675, 116.28, 103.53], std=[58.395, 57.12, 57.375])
     card = ModelCard(name="resnet18", preprocess=pre)
     cfg = Int8Config(calibration=data_dir / "imagenet-sample", options=QuantizeOptions(samples=8))
-    res = build(model, "cpu-x86_64", tmp_path / "r.edb", card, int8=cfg)
+    res = build(model, profile, tmp_path / "r.edb", card, int8=cfg)
     assert res.manifest.quantization.float_in_runtime == []
     m = extract_bundle(res.bundle, tmp_path / "rel")
     qdq = onnx.load(host_file(m, "qdq-onnx", tmp_path / "rel"))

@@ -22,22 +22,37 @@ from ..stage import BuildContext, stage
 from .quantize import quantizable_layers
 from .x86_int8 import (
     AVX2,
+    VNNI,
+    VNNI_OC,
+    ConvShape,
     DotKind,
     conv_eligible,
     conv_kernel,
+    conv_oc_kernel,
     conv_shape,
+    depthwise_eligible,
+    depthwise_kernel,
+    depthwise_lanes,
     dot_kind,
     for_row,
     matvec_eligible,
     matvec_kernel,
     max_pool_kernel,
+    oc_eligible,
+    oc_shape,
     pack_activations,
+    pack_channel_weights,
     pack_conv_activations,
     pack_conv_weights,
+    pack_depthwise_weights,
     pack_matvec_weights,
+    pack_oc_weights,
+    pack_pixel_major_kernel,
     pack_weights,
+    pointwise_channel_kernel,
     pointwise_eligible,
     pointwise_kernel,
+    quantize_pack_kernel,
     residual_add_kernel,
 )
 
@@ -57,6 +72,14 @@ _INT_RANGE = {"int8": (-128, 127), "uint8": (0, 255)}
 # convolution of one pixel: the matrix-vector kernel)
 Dot = tuple[Any, np.ndarray, int, Any]
 MATVEC = "matvec"
+NHWC_TO_NCHW, NCHW_TO_NHWC = [0, 3, 1, 2], [0, 2, 3, 1]
+
+
+@dataclass(frozen=True)
+class _Depthwise:
+    """A Dot's last entry for a depthwise convolution (x86_int8.depthwise_kernel): its attributes."""
+
+    attrs: Any
 
 
 def _kernel_constants(packed: np.ndarray, w: np.ndarray, z: int, b_q: np.ndarray, mult: np.ndarray) -> list[Any]:
@@ -92,6 +115,12 @@ class _Rewriter(relax.PyExprMutator):  # type: ignore[misc]
         self.accumulators: dict[Any, tuple[Any, np.ndarray, np.ndarray, Dot | None]] = {}
         # outputs of those kernels -> the same kernel with a float32 output, y - center, for its consumer
         self.kernel_outputs: dict[Any, Callable[[int], Any]] = {}
+        # the channel-lane chain (x86_int8.depthwise_kernel, pointwise_channel_kernel), keyed by the permute_dims
+        # that turns a kernel's output into NCHW for other consumers: a 1x1 kernel's [N, O/L, P, L] -> (L, a maker
+        # of the same kernel writing y - center in float32); a depthwise kernel's [N, OH, OW, C/V, V] -> a maker
+        # of the same kernel writing the channel-lane 1x1 kernel's input (operand type, zero point)
+        self.blocked_outputs: dict[Any, tuple[int, Callable[[int], Any]]] = {}
+        self.channels_last: dict[Any, Callable[[], tuple[Any, int]]] = {}
 
     def _const(self, expr: Any) -> np.ndarray | None:
         """A constant, or quantize(constant) evaluated here (ORT leaves some weights quantized at run time)."""
@@ -193,6 +222,13 @@ class _Rewriter(relax.PyExprMutator):  # type: ignore[misc]
             dot = (x_dq.args[0], w, int(zx.reshape(())), None)
         elif self.dot is not None and conv_eligible(self.dot, a, w.shape):
             dot = (x_dq.args[0], w, int(zx.reshape(())), a)
+        elif (
+            self.dot is not None
+            and self.float_exact
+            and _exact_in_float32(w[0].size)  # depthwise_kernel sums in float32
+            and depthwise_eligible(a, w.shape, x_shape)
+        ):
+            dot = (x_dq.args[0], w, int(zx.reshape(())), _Depthwise(a))
         if self.float_exact and _exact_in_float32(w[0].size):
             # (x - zx) * w summed in float32 is exact (every partial sum is an integer below 2**24): the same
             # int32 accumulator on the FMA units, and the convolution pads with 0 itself, as an FP32 graph does
@@ -239,12 +275,23 @@ class _Rewriter(relax.PyExprMutator):  # type: ignore[misc]
             return None
         w = _shift_weights(wq, zw, w_axis % 2)
         w = np.ascontiguousarray(w.T) if transposed else w
+        x_shape = x_dq.args[0].ty.shape
+        dot: Dot | None = None
+        if (
+            self.dot is not None
+            and len(x_shape) == 2
+            and all(isinstance(d, tvm.tirx.IntImm) for d in x_shape)
+            and w.shape[0] % AVX2.depth == 0
+        ):
+            # a classifier (ResNet-18's Gemm, 512 -> 1000): the matrix-vector kernel, as a 1x1 convolution of
+            # one pixel ([O, C] weights); TVM's default int8 matmul took 0.21 ms of ResNet-18's 9.7 on VNNI
+            dot = (x_dq.args[0], np.ascontiguousarray(w.T), int(zx.reshape(())), MATVEC)
         xq, z = self._int8_input(x_dq.args[0], int(zx.reshape(())))
         acc = self.builder_.emit(relax.op.matmul(xq, relax.const(w, "int8"), out_dtype="int32"))
         n = w.shape[1]
         corr = (-z * w.astype(np.int64).sum(axis=0)).astype(np.int32)
         scale = float(sx.reshape(())) * np.broadcast_to(sw.astype(np.float32).reshape(-1), (n,))
-        return self._requant(acc, corr, scale.astype(np.float32), call)
+        return self._requant(acc, corr, scale.astype(np.float32), call, dot)
 
     def _requant(self, acc: Any, corr: np.ndarray, scale: np.ndarray, call: Any, dot: Dot | None = None) -> Any:
         summed = self.builder_.emit(relax.op.add(acc, relax.const(corr, "int32")))
@@ -272,6 +319,8 @@ class _Rewriter(relax.PyExprMutator):  # type: ignore[misc]
         if b_q.size != flat_scale.size or not np.allclose(b_scale.reshape(-1), flat_scale, rtol=1e-5):
             return None
         mult = (flat_scale.astype(np.float32) / np.float32(sy.reshape(()))).astype(np.float32).reshape(scale.shape)
+        if dot is not None and isinstance(dot[3], _Depthwise):
+            return self._depthwise(*dot[:3], dot[3].attrs, b_q, mult.reshape(-1), int(zy.reshape(())), dtype)
         if dot is not None and dot[3] is MATVEC:
             return self._matvec(*dot[:3], b_q, mult.reshape(-1), int(zy.reshape(())), dtype)
         if dot is not None and dot[3] is None:
@@ -341,8 +390,27 @@ class _Rewriter(relax.PyExprMutator):  # type: ignore[misc]
             return None
         spec = [(d, float(s.reshape(())), int(z.reshape(()))) for d, (s, z) in zip(dtypes, params, strict=True)]
         shape = shapes.pop()
+        inner = [self._pixel_major(t) for t in ints]
+        if len(shape) == 4 and any(t is not None for t in inner):
+            # an elementwise kernel: on the pixel-major tensors conv_oc_kernel wrote (a plain operand transposed
+            # to match: ResNet-18's first block, whose shortcut is the max pool's output), the same bytes
+            n, c, h, w = shape
+            operands = [
+                t if t is not None else self.builder_.emit(relax.op.permute_dims(i, NCHW_TO_NHWC))
+                for t, i in zip(inner, ints, strict=True)
+            ]
+            gv = self.builder_.add_func(residual_add_kernel((n, h, w, c), *spec), "int8_residual_add")
+            y = self.builder_.emit(relax.call_tir(gv, operands, relax.TensorType((n, h, w, c), dtypes[2])))
+            return relax.op.permute_dims(y, NHWC_TO_NCHW)
         gv = self.builder_.add_func(residual_add_kernel(shape, *spec), "int8_residual_add")
         return relax.call_tir(gv, ints, relax.TensorType(shape, dtypes[2]))
+
+    def _pixel_major(self, x: Any) -> Any:
+        """The [N, H, W, C] tensor that x is the NCHW view of (permute_dims(t, NHWC_TO_NCHW)), if it is one."""
+        t = self._bound(x, _PERMUTE)
+        if t is None or t.attrs.axes is None or [int(a) for a in t.attrs.axes] != NHWC_TO_NCHW:
+            return None
+        return t.args[0]
 
     def _pointwise(
         self, xq: Any, w: np.ndarray, zx: int, b_q: np.ndarray, mult: np.ndarray, zy: int, dtype: str
@@ -351,12 +419,84 @@ class _Rewriter(relax.PyExprMutator):  # type: ignore[misc]
         assert self.dot is not None
         n, c, h, wd = (int(d) for d in xq.ty.shape)
         o = w.shape[0]
+        source = self._chain_source(xq, self.channels_last)
+        if source is not None and o % self.dot.lanes == 0:
+            return self._pointwise_channels(source(), w, b_q, mult, zy, dtype, (n, c, o, h, wd))
         packed, z = pack_activations(self.builder_, xq, zx, self.dot)
         consts = _kernel_constants(pack_weights(w, self.dot), w, z, b_q, mult)
         call = (packed, consts, (n, c, o, h, wd), zy, dtype)
         flat = self._kernel_call(*call)
         self.kernel_outputs[flat] = lambda center: self._kernel_call(*call, center=center)
         return relax.op.reshape(flat, [n, o, h, wd])
+
+    def _chain_source(self, xq: Any, table: dict[Any, Any]) -> Any:
+        """table's entry for the kernel output behind xq = reshape(permute_dims(kernel output)), if any."""
+        reshaped = self._bound(xq, _RESHAPE)
+        return table.get(reshaped.args[0]) if reshaped is not None else None
+
+    def _pointwise_channels(
+        self, source: tuple[Any, int], w: np.ndarray, b_q: np.ndarray, mult: np.ndarray, zy: int, dtype: str, dims: Any
+    ) -> Any:
+        """A 1x1 convolution of a depthwise kernel's output with lanes over output channels
+        (x86_int8.pointwise_channel_kernel): reads the NHWC operand the depthwise kernel wrote, writes [N, O/L, P, L];
+        a depthwise consumer takes that layout (blocked_outputs), any other the NCHW view."""
+        assert self.dot is not None
+        bb, kind = self.builder_, self.dot
+        (n, c, o, h, wd), p, lanes = dims, dims[3] * dims[4], self.dot.lanes
+        x, z = source
+        x = bb.emit(relax.op.reshape(x, [n, p, c // kind.depth, kind.depth]))
+        consts = _kernel_constants(pack_channel_weights(w, kind), w, z, b_q, mult)
+
+        def call(center: int | None) -> Any:
+            kernel = pointwise_channel_kernel(kind, n, c, o, p, zy, dtype, center=center)
+            gv = bb.add_func(kernel, f"int8_conv1x1_oc_{kind.name.replace('-', '_')}")
+            out = relax.TensorType((n, o // lanes, p, lanes), dtype if center is None else "float32")
+            return bb.emit(relax.call_tir(gv, [x, *consts], out))
+
+        nchw = bb.emit(relax.op.permute_dims(call(None), [0, 1, 3, 2]))
+        self.blocked_outputs[nchw] = (lanes, lambda center: call(center))
+        return relax.op.reshape(nchw, [n, o, h, wd])
+
+    def _depthwise(
+        self, xq: Any, w: np.ndarray, zx: int, attrs: Any, b_q: np.ndarray, mult: np.ndarray, zy: int, dtype: str
+    ) -> Any:
+        """A depthwise convolution and its requantize as one kernel with channels in the float32 lanes
+        (x86_int8.depthwise_kernel). Its input: a channel-lane 1x1 kernel's float32 output where that made it,
+        else the float32-exact input put in [N, C/V, H, W, V] by Relax ops. Its output: NHWC, in the next
+        channel-lane 1x1 kernel's operand type where one reads it (channels_last), the NCHW view for others."""
+        assert self.dot is not None
+        bb, kind = self.builder_, self.dot
+        n, c, h, wd = (int(d) for d in xq.ty.shape)
+        lanes = depthwise_lanes(kind, c)
+        blocked = self._chain_source(xq, self.blocked_outputs)
+        if blocked is not None and blocked[0] == lanes:
+            x = bb.emit(relax.op.reshape(blocked[1](zx), [n, c // lanes, h, wd, lanes]))
+        else:
+            x0 = self._float_input(xq, zx)
+            x0 = x0 if isinstance(x0, relax.Var) else bb.emit(x0)
+            x = bb.emit(relax.op.permute_dims(relax.op.reshape(x0, [n, c // lanes, lanes, h, wd]), [0, 1, 3, 4, 2]))
+        shape: ConvShape = conv_shape(kind, (n, c, h, wd), w.shape, attrs)
+        oh, ow = shape.out_hw
+        consts = [
+            relax.const(pack_depthwise_weights(w, lanes)),
+            relax.const(b_q.astype(np.int32)),
+            relax.const(mult, "float32"),
+        ]
+
+        def call(store: str | None, shift: int) -> Any:
+            kernel = depthwise_kernel(lanes, shape, zy, dtype, store, shift)
+            gv = bb.add_func(kernel, f"int8_depthwise_{lanes}")
+            out = relax.TensorType((n, oh, ow, c // lanes, lanes), store or dtype)
+            return bb.emit(relax.call_tir(gv, [x, *consts], out))
+
+        shift = 128 if kind.act_dtype == "uint8" and dtype == "int8" else 0
+
+        def operand() -> tuple[Any, int]:
+            return call(kind.act_dtype, shift), zy + shift
+
+        nchw = bb.emit(relax.op.permute_dims(call(None, 0), [0, 3, 4, 1, 2]))
+        self.channels_last[nchw] = operand
+        return relax.op.reshape(nchw, [n, c, oh, ow])
 
     def _matvec(self, xq: Any, w: np.ndarray, zx: int, b_q: np.ndarray, mult: np.ndarray, zy: int, dtype: str) -> Any:
         """A 1x1 convolution of one pixel (a classifier) and its requantize as one kernel whose lanes run over the
@@ -367,7 +507,7 @@ class _Rewriter(relax.PyExprMutator):  # type: ignore[misc]
         consts = _kernel_constants(pack_matvec_weights(w), w, zx, b_q, mult)
         gv = self.builder_.add_func(matvec_kernel(n, c, o, zy, dtype), "int8_matvec_avx2")
         y = self.builder_.emit(relax.call_tir(gv, [x, *consts], relax.TensorType((n, o), dtype)))
-        return relax.op.reshape(y, [n, o, 1, 1])
+        return y if len(xq.ty.shape) == 2 else relax.op.reshape(y, [n, o, 1, 1])  # a matmul's, or a 1x1 conv's
 
     def _spatial(
         self, xq: Any, w: np.ndarray, zx: int, attrs: Any, b_q: np.ndarray, mult: np.ndarray, zy: int, dtype: str
@@ -376,9 +516,28 @@ class _Rewriter(relax.PyExprMutator):  # type: ignore[misc]
         and its requantize as one tensorized kernel."""
         assert self.dot is not None
         bb, x_shape = self.builder_, tuple(int(d) for d in xq.ty.shape)
+        if oc_eligible(self.dot, attrs, w.shape):  # VNNI, lanes over output channels
+            dot, shape = VNNI_OC, oc_shape(x_shape, w.shape, attrs)
+            inner = self._pixel_major(xq)
+            if inner is not None and str(xq.ty.dtype) in _INT_RANGE:  # another conv_oc_kernel's output
+                gv = bb.add_func(pack_pixel_major_kernel(shape, str(xq.ty.dtype), zx), "int8_pack_pixel_major")
+                packed = bb.emit(relax.call_tir(gv, [inner], relax.TensorType(shape.packed_shape, "uint8")))
+                z = zx + 128 if str(xq.ty.dtype) == "int8" else zx
+            else:
+                packed, z = pack_conv_activations(bb, xq, zx, VNNI, shape)
+            consts = _kernel_constants(pack_oc_weights(w), w, z, b_q, mult)
+            # the 8-bit output pixel-major ([N, OH, OW, O], one store per pixel and 16 channels), seen by the graph
+            # through a transposition: a conv_oc_kernel reading it packs the pixel-major tensor (above), residual
+            # adds run on it (_residual_add), other consumers fuse the transposition into their own kernel. (No
+            # float32 variant for a float32-exact consumer, as the other kernels have: none follows one in ResNet)
+            name = f"int8_conv_{dot.name.replace('-', '_')}"
+            nhwc = relax.TensorType((shape.n, *shape.out_hw, shape.o), dtype)
+            gv = bb.add_func(conv_oc_kernel(shape, zy, dtype, pixel_major=True), name)
+            y = bb.emit(relax.call_tir(gv, [packed, *consts], nhwc))
+            return relax.op.permute_dims(y, NHWC_TO_NCHW)
         dot = for_row(self.dot, conv_shape(self.dot, x_shape, w.shape, attrs).out_hw[1])
         shape = conv_shape(dot, x_shape, w.shape, attrs)
-        packed, z = pack_conv_activations(bb, xq, zx, dot, shape)
+        packed, z = self._quantized_input(xq, zx, dot, shape) or pack_conv_activations(bb, xq, zx, dot, shape)
         consts = _kernel_constants(pack_conv_weights(w, dot), w, z, b_q, mult)
 
         def call(kernel: Any, out_dtype: str) -> Any:
@@ -390,6 +549,24 @@ class _Rewriter(relax.PyExprMutator):  # type: ignore[misc]
         y = call(conv_kernel(dot, shape, zy, dtype), dtype)
         self.kernel_outputs[y] = lambda center: call(conv_kernel(dot, shape, zy, dtype, center=center), "float32")
         return y
+
+    def _quantized_input(self, xq: Any, zx: int, dot: DotKind, shape: ConvShape) -> tuple[Any, int] | None:
+        """xq = quantize(float32 tensor) with scalar constants (a graph input): its quantize and packing as one
+        kernel (x86_int8.quantize_pack_kernel); None for anything else."""
+        q = self._bound(xq, _Q)
+        if q is None or str(q.args[0].ty.dtype) != "float32" or str(q.ty.dtype) not in _INT_RANGE:
+            return None
+        scale, zero = self._const(q.args[1]), self._const(q.args[2])
+        if scale is None or zero is None or scale.size != 1 or zero.size != 1 or int(zero.reshape(())) != zx:
+            return None
+        if any(not isinstance(d, tvm.tirx.IntImm) for d in q.args[0].ty.shape):
+            return None
+        kernel = quantize_pack_kernel(dot, shape, float(scale.reshape(())), zx, str(q.ty.dtype))
+        gv = self.builder_.add_func(kernel, "int8_quantize_pack")
+        packed = self.builder_.emit(
+            relax.call_tir(gv, [q.args[0]], relax.TensorType(shape.packed_shape, dot.act_dtype))
+        )
+        return packed, zx + (128 if dot.act_dtype == "uint8" and str(q.ty.dtype) == "int8" else 0)
 
     def _kernel_call(
         self, packed: Any, consts: list[Any], shape: tuple[int, ...], zy: int, dtype: str, center: int | None = None

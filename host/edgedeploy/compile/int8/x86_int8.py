@@ -22,6 +22,7 @@ LLVM target should enable the instruction too (`mattr = ["+avx512vnni"]`).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from dataclasses import dataclass
 from typing import Any
@@ -703,3 +704,437 @@ def matvec_kernel(n: int, c: int, o: int, zy: int, out_dtype: str) -> Any:
     sch.tensorize(ia, kind.intrinsic)
     sch.unroll(qa)
     return scheduled(sch, f"matvec-{kind.name}")
+
+
+# MobileNet's depthwise-separable chain with channels in the vector lanes. A depthwise convolution has no
+# reduction over channels, so its lanes want channels (NCHWc); the pointwise kernel above puts pixels in its
+# lanes and would need a transposition between the two. Here the 1x1 kernel runs its lanes over output
+# channels instead (the matrix-vector kernel's orientation, with a block of pixels): the weights are the
+# vector operand, packed [O/L, C/K, L, K], and K input channels of a pixel are broadcast from an NHWC input,
+# so it reads what the depthwise kernel writes ([N, OH, OW, C] in the dot product's operand type) and writes
+# what the next depthwise kernel reads ([N, O/L, H, W, L], float32 minus the zero point, or the 8-bit values).
+# No packing kernel is left between the two, and neither epilogue has a predicate (no lanes past a row's end).
+# On VNNI the broadcast activations are vpdpbusd's unsigned operand and the weight vector its signed one.
+VNNI_BY_CHANNEL = DotKind(
+    "avx512-vnni-channel", "avx512_vnni", 16, 4, "int8", "uint8", "edgedeploy_vnni_16x4_s8vec_u8bcast"
+)
+CHANNEL_KINDS = {VNNI: VNNI_BY_CHANNEL, AVX2: AVX2}  # the pixel-lane kind -> its channel-lane intrinsic
+# register blocks of the channel-lane 1x1 kernel, (L-channel blocks, pixels), best first: measured one thread on
+# Zen 4 over MobileNetV1-0.25's layers (zmm: 2 x 4 beat 2 x 7, 2 x 8, 1 x 14 and 1 x 16 by 5-45 %; ymm: 2 x 4 beat
+# 1 x 7 and 1 x 8 by 0-7 %, 16 registers in all)
+CHANNEL_BLOCKS = {VNNI: ((2, 4), (2, 7), (1, 7), (1, 4)), AVX2: ((2, 4), (1, 7), (2, 2), (1, 4))}
+
+
+@functools.cache
+def register_channel_intrinsics() -> None:
+    """vpdpbusd with the vector operand signed (the weights) and the broadcast one unsigned (activations)."""
+    from tvm.s_tir import TensorIntrin
+    from tvm.script import tirx as T
+
+    register_intrinsics()
+    kind = VNNI_BY_CHANNEL
+    if TensorIntrin.get(kind.intrinsic, allow_missing=True) is not None:
+        return
+
+    @T.prim_func(s_tir=True)
+    def desc(
+        A: T.Buffer((16, 4), "int8", offset_factor=1),
+        B: T.Buffer((4,), "uint8", offset_factor=1),
+        C: T.Buffer((16,), "int32", offset_factor=1),
+    ) -> None:
+        with T.sblock("root"):
+            T.reads(C[0:16], A[0:16, 0:4], B[0:4])
+            T.writes(C[0:16])
+            for i, k in T.grid(16, 4):
+                with T.sblock("update"):
+                    vi, vk = T.axis.remap("SR", [i, k])
+                    C[vi] = C[vi] + T.cast(A[vi, vk], "int32") * T.cast(B[vk], "int32")
+
+    @T.prim_func(s_tir=True)
+    def impl(
+        A: T.Buffer((16, 4), "int8", offset_factor=1),
+        B: T.Buffer((4,), "uint8", offset_factor=1),
+        C: T.Buffer((16,), "int32", offset_factor=1),
+    ) -> None:
+        with T.sblock("root"):
+            T.reads(C[0:16], A[0:16, 0:4], B[0:4])
+            T.writes(C[0:16])
+            C[T.ramp(T.int32(0), 1, 16)] = T.call_llvm_pure_intrin(
+                T.llvm_lookup_intrinsic_id("llvm.x86.avx512.vpdpbusd.512"),
+                C.vload([0], "int32x16"),
+                T.reinterpret(T.broadcast(T.reinterpret(B.vload([0], "uint8x4"), dtype="int32"), 16), dtype="uint8x64"),
+                A.vload([0, 0], "int8x64"),
+                dtype="int32x16",
+            )
+
+    TensorIntrin.register(kind.intrinsic, desc, impl)
+
+
+def channel_block(kind: DotKind, o: int, p: int) -> tuple[int, int]:
+    """(L-channel blocks, pixels) of the channel-lane 1x1 kernel's register block: the first of CHANNEL_BLOCKS
+    that splits the O/L channel blocks and the `p` pixels evenly (no partial block), else one channel block and
+    the most pixels up to 8 that divide `p`."""
+    for blocks, pixels in CHANNEL_BLOCKS[kind]:
+        if (o // kind.lanes) % blocks == 0 and p % pixels == 0:
+            return blocks, pixels
+    return 1, next(r for r in range(8, 0, -1) if p % r == 0)
+
+
+def pack_channel_weights(w: np.ndarray, kind: DotKind) -> np.ndarray:
+    """[O, C, 1, 1] int8 -> [O/L, C/K, L, K] in the kind's weight type (the vector operand)."""
+    o, c = w.shape[:2]
+    lanes, depth = kind.lanes, kind.depth
+    packed = w.reshape(o // lanes, lanes, c // depth, depth).transpose(0, 2, 1, 3)
+    return np.ascontiguousarray(packed).astype(CHANNEL_KINDS[kind].act_dtype)
+
+
+def pointwise_channel_kernel(
+    kind: DotKind, n: int, c: int, o: int, p: int, zy: int, out_dtype: str, center: int | None = None
+) -> Any:
+    """The scheduled PrimFunc `(X[N, P, C/K, K], W packed, bias int32[O], mult float32[O]) -> Y[N, O/L, P, L]`
+    (`kind` VNNI or AVX2: X in its operand type, uint8 or int16, channels last), Y = clip(round((acc + bias) *
+    mult) + zy) in out_dtype, or with `center` that value minus `center` in float32; lanes over output channels."""
+    from tvm import te
+    from tvm.s_tir import Schedule
+
+    register_channel_intrinsics()
+    lanes, depth = kind.lanes, kind.depth
+    ob, cb = o // lanes, c // depth
+    vec = CHANNEL_KINDS[kind]
+    x = te.placeholder((n, p, cb, depth), kind.act_dtype, name="x")
+    wt = te.placeholder((ob, cb, lanes, depth), vec.act_dtype, name="w")
+    bias = te.placeholder((o,), "int32", name="bias")
+    mult = te.placeholder((o,), "float32", name="mult")
+    rc, rk = te.reduce_axis((0, cb), "rc"), te.reduce_axis((0, depth), "rk")
+    acc = te.compute(
+        (n, ob, p, lanes),
+        lambda b, f, q, i: te.sum(wt[f, rc, i, rk].astype("int32") * x[b, q, rc, rk].astype("int32"), axis=[rc, rk]),
+        name="acc",
+    )
+
+    def requantize(b: Any, f: Any, q: Any, i: Any) -> Any:
+        return requantized(acc[b, f, q, i], bias, mult, f * lanes + i, zy, out_dtype, center)
+
+    out = te.compute((n, ob, p, lanes), requantize, name="requantize")
+    sch = Schedule(te.create_prim_func([x, wt, bias, mult, out]))
+    blocks, pixels = channel_block(kind, o, p)
+    b, f, q, i = sch.get_loops(sch.get_sblock("requantize"))
+    fo, fi = sch.split(f, [None, blocks])
+    qo, qi = sch.split(q, [None, pixels])
+    sch.reorder(b, fo, qo, fi, qi, i)
+    block = sch.get_sblock("acc")
+    sch.compute_at(block, qo)
+    # compute_at makes no loop of extent 1: (channel blocks,) (pixels,) lanes, (channel steps,) K
+    inner = list(sch.get_loops(block)[3:])
+    spatial = inner[: len(inner) - 1 - int(cb > 1)]
+    r = inner[-2] if cb > 1 else None
+    sch.reorder(*([r] if r is not None else []), *spatial, inner[-1])
+    sch.parallel(sch.fuse(b, fo, qo))
+    sch.vectorize(i)
+    sch.decompose_reduction(block, r if r is not None else spatial[0])
+    sch.tensorize(spatial[-1], vec.intrinsic)
+    for loop in spatial[:-1]:
+        sch.unroll(loop)
+    return scheduled(sch, f"conv1x1-oc-{kind.name}")
+
+
+def depthwise_eligible(attrs: Any, weight_shape: tuple[int, ...], x_shape: tuple[int, ...]) -> bool:
+    """A depthwise NCHW convolution (one input channel per output channel, channels in blocks of 8), square
+    strides, no dilation."""
+    o, ci, kh, kw = weight_shape
+    strides = [int(s) for s in attrs.strides]
+    return (
+        ci == 1
+        and o == x_shape[1] == int(attrs.groups)
+        and o % 8 == 0
+        and strides[0] == strides[1]
+        and all(int(d) == 1 for d in attrs.dilation)
+        and len(attrs.padding) == 4
+    )
+
+
+def depthwise_lanes(kind: DotKind, c: int) -> int:
+    """Channels per float32 vector of the depthwise kernel: the dot kind's L (its channel-lane 1x1 kernel writes
+    blocks of L), or 8 where the channels do not split so."""
+    return kind.lanes if c % kind.lanes == 0 else 8
+
+
+def pack_depthwise_weights(w: np.ndarray, lanes: int) -> np.ndarray:
+    """[C, 1, KH, KW] int8 -> [C/V, KH, KW, V] float32."""
+    c, _, kh, kw = w.shape
+    return np.ascontiguousarray(w.reshape(c // lanes, lanes, kh, kw).transpose(0, 2, 3, 1)).astype(np.float32)
+
+
+def depthwise_kernel(
+    lanes: int,
+    shape: ConvShape,
+    zy: int,
+    out_dtype: str,
+    store_dtype: str | None = None,
+    shift: int = 0,
+) -> Any:
+    """The scheduled PrimFunc `(X[N, C/V, H, W, V] float32, W[C/V, KH, KW, V] float32, bias int32[C], mult
+    float32[C]) -> Y[N, OH, OW, C/V, V]`: X is the input minus its zero point (the float32-exact form: every sum
+    is an integer below 2**24), the padding reads as 0; Y = clip(round((acc + bias) * mult) + zy) in out_dtype,
+    or that value plus `shift` in `store_dtype` (what a channel-lane 1x1 kernel reads: uint8 for VNNI, int16 for
+    AVX2). V channels in the float32 lanes, a few output pixels of a row in registers, the taps unrolled."""
+    from tvm import te, tirx
+    from tvm.s_tir import Schedule
+
+    n, c, h, w, s = shape.n, shape.c, shape.h, shape.w, shape.stride
+    (oh, ow), (top, left) = shape.out_hw, shape.pad[:2]
+    g = c // lanes
+    x = te.placeholder((n, g, h, w, lanes), "float32", name="x")
+    wt = te.placeholder((g, shape.kh, shape.kw, lanes), "float32", name="w")
+    bias = te.placeholder((c,), "int32", name="bias")
+    mult = te.placeholder((c,), "float32", name="mult")
+    ri, rj = te.reduce_axis((0, shape.kh), "ri"), te.reduce_axis((0, shape.kw), "rj")
+
+    def tap(b: Any, k: Any, y: Any, u: Any, v: Any) -> Any:
+        r, col = y * s + ri - top, u * s + rj - left
+        inside = tirx.all(r >= 0, r < h, col >= 0, col < w)
+        pixel = tirx.if_then_else(inside, x[b, k, r, col, v], tirx.const(0.0, "float32"))
+        return te.sum(pixel * wt[k, ri, rj, v], axis=[ri, rj])
+
+    acc = te.compute((n, g, oh, ow, lanes), tap, name="acc")
+
+    def result(b: Any, y: Any, u: Any, k: Any, v: Any) -> Any:
+        a = acc[b, k, y, u, v].astype("int32")
+        if store_dtype is None:
+            return requantized(a, bias, mult, k * lanes + v, zy, out_dtype)
+        return requantized(a, bias, mult, k * lanes + v, zy, out_dtype, center=-shift).astype(store_dtype)
+
+    out = te.compute((n, oh, ow, g, lanes), result, name="out")
+    sch = Schedule(te.create_prim_func([x, wt, bias, mult, out]))
+    b, y, u, k, v = sch.get_loops(sch.get_sblock("out"))
+    pixels = next(r for r in range(8, 0, -1) if ow % r == 0)
+    uo, ui = sch.split(u, [None, pixels])
+    sch.reorder(b, y, uo, k, ui, v)
+    block = sch.get_sblock("acc")
+    sch.compute_at(block, k)
+    # compute_at makes no loop of extent 1: (pixels,) lanes, (tap rows,) (tap columns)
+    inner = list(sch.get_loops(block)[4:])
+    spatial = inner[: 1 + int(pixels > 1)]
+    taps = inner[len(spatial) :]
+    sch.reorder(*taps, *spatial)
+    sch.parallel(sch.fuse(b, y))
+    sch.vectorize(v)
+    sch.vectorize(spatial[-1])
+    sch.decompose_reduction(block, taps[0] if taps else spatial[0])
+    for loop in [*taps, *spatial[:-1]]:
+        sch.unroll(loop)
+    return scheduled(sch, f"depthwise-{lanes}")
+
+
+def quantize_pack_kernel(kind: DotKind, shape: ConvShape, scale: float, zero: int, q_dtype: str) -> Any:
+    """The scheduled PrimFunc `(X[N, C, H, W] float32) -> shape.packed_shape` in the kind's operand type: the
+    graph input's quantize, clip(round(x / scale) + zero) in q_dtype (Relax's legalized quantize, step for step),
+    then pack_conv_activations' layout (the zero point in the padding; int8 shifted to uint8 for uint8 operands).
+    Relax's default schedule of the same ops ran five passes over full-size intermediates, none in parallel
+    (MobileNet's 224x224 input on AVX2: 0.117 ms); here each input row is quantized once, in vectors, into a local
+    row of the operand type, and the phase split reads it from there, rows in parallel."""
+    from tvm import te, tirx
+    from tvm.s_tir import Schedule
+
+    n, c, h, w, s = shape.n, shape.c, shape.h, shape.w, shape.stride
+    (top, left), depth = shape.pad[:2], shape.depth
+    lo, hi = clip_range(q_dtype)
+    shift = 128 if kind.act_dtype == "uint8" and q_dtype == "int8" else 0
+    x = te.placeholder((n, c, h, w), "float32", name="x")
+
+    def quantize(b: Any, f: Any, y: Any, u: Any) -> Any:
+        q = te.max(te.min(tirx.round(x[b, f, y, u] / tirx.const(scale, "float32")) + float(zero), hi), lo)
+        return (q + float(shift) if shift else q).astype(kind.act_dtype)  # an integer in range: exact
+
+    q = te.compute((n, c, h, w), quantize, name="q")
+    pad = tirx.const(zero + shift, kind.act_dtype)
+
+    def packed(b: Any, g: Any, i: Any, j: Any, y: Any, u: Any, k: Any) -> Any:
+        f, r, col = g * depth + k, y * s + i - top, u * s + j - left
+        inside = tirx.all(f < c, r >= 0, r < h, col >= 0, col < w)
+        return tirx.if_then_else(inside, q[b, te.min(f, c - 1), r, col], pad)
+
+    out = te.compute(shape.packed_shape, packed, name="packed")
+    sch = Schedule(te.create_prim_func([x, out]))
+    b, g, i, j, y, u, k = sch.get_loops(sch.get_sblock("packed"))
+    sch.reorder(b, g, y, i, j, u, k)
+    sch.compute_at(sch.get_sblock("q"), i)
+    sch.vectorize(sch.get_loops(sch.get_sblock("q"))[-1])
+    sch.parallel(sch.fuse(b, g, y))
+    return scheduled(sch, "quantize-pack")
+
+
+# K x K convolutions with the lanes over output channels (VNNI): vpdpbusd takes 16 output channels x 4 input
+# channels of weights as its vector and the 4 input channels of one pixel broadcast (one 32-bit word of the packed
+# activations, which conv_kernel's packing already keeps together), so no lane is idle wherever the output
+# channels come in blocks of 16, however narrow the rows (ResNet-18's 28-, 14- and 7-pixel rows left 1 of 8 lanes
+# idle in conv_kernel, whose lanes run along a row). The register block is OC_BLOCKS x 16 output channels by
+# OC_PIXELS pixels of one row; the epilogue requantizes 16 channels of a pixel as one vector.
+VNNI_OC = DotKind("avx512-vnni-oc", "avx512_vnni", 16, 4, "uint8", "int8", "edgedeploy_vnni_4u8bcast_16x4s8vec")
+OC_BLOCKS = 2  # 16-channel accumulators per pixel in the register block
+OC_PIXELS = 7  # pixels of a row per register block at most (a divisor of the row's width)
+
+
+def oc_pixels(width: int) -> int:
+    """Pixels of one output row per register block: the largest divisor of `width` up to OC_PIXELS."""
+    return next(p for p in range(min(OC_PIXELS, width), 0, -1) if width % p == 0)
+
+
+def oc_shape(x_shape: tuple[int, ...], weight_shape: tuple[int, ...], attrs: Any) -> ConvShape:
+    """conv_shape for conv_oc_kernel: the packed activations' rows cover whole blocks of oc_pixels."""
+    base = conv_shape(VNNI, x_shape, weight_shape, attrs)
+    return dataclasses.replace(base, lanes=oc_pixels(base.out_hw[1]))
+
+
+def oc_eligible(kind: DotKind, attrs: Any, weight_shape: tuple[int, ...]) -> bool:
+    """conv_eligible on a VNNI profile, with output channels in blocks of 16 x OC_BLOCKS and input channels in
+    blocks of 4. A stem's 3 channels keep conv_kernel: there each broadcast word is a quarter padding, and the
+    per-pixel epilogue weighs more against 49 taps of one channel block (ResNet-18's stem: 2.1 ms against 1.1)."""
+    o, c = weight_shape[:2]
+    return (
+        kind.cpu_flag == VNNI.cpu_flag
+        and conv_eligible(kind, attrs, weight_shape)
+        and o % (OC_BLOCKS * VNNI_OC.lanes) == 0
+        and c % 4 == 0
+    )
+
+
+@functools.cache
+def register_oc_intrinsic() -> None:
+    """VNNI_OC's tensor intrinsic: C[16] += sum_k A[k] * B[16, k], A 4 uint8 broadcast, B 16 x 4 int8 weights."""
+    from tvm.s_tir import TensorIntrin
+    from tvm.script import tirx as T
+
+    @T.prim_func(s_tir=True)
+    def desc(
+        A: T.Buffer((4,), "uint8", offset_factor=1),
+        B: T.Buffer((16, 4), "int8", offset_factor=1),
+        C: T.Buffer((16,), "int32", offset_factor=1),
+    ) -> None:
+        with T.sblock("root"):
+            T.reads(C[0:16], A[0:4], B[0:16, 0:4])
+            T.writes(C[0:16])
+            for i, k in T.grid(16, 4):
+                with T.sblock("update"):
+                    vi, vk = T.axis.remap("SR", [i, k])
+                    C[vi] = C[vi] + T.cast(A[vk], "int32") * T.cast(B[vi, vk], "int32")
+
+    @T.prim_func(s_tir=True)
+    def impl(
+        A: T.Buffer((4,), "uint8", offset_factor=1),
+        B: T.Buffer((16, 4), "int8", offset_factor=1),
+        C: T.Buffer((16,), "int32", offset_factor=1),
+    ) -> None:
+        with T.sblock("root"):
+            T.reads(C[0:16], A[0:4], B[0:16, 0:4])
+            T.writes(C[0:16])
+            C[T.ramp(T.int32(0), 1, 16)] = T.call_llvm_pure_intrin(
+                T.llvm_lookup_intrinsic_id("llvm.x86.avx512.vpdpbusd.512"),
+                C.vload([0], "int32x16"),
+                T.reinterpret(T.broadcast(T.reinterpret(A.vload([0], "uint8x4"), dtype="int32"), 16), dtype="uint8x64"),
+                B.vload([0, 0], "int8x64"),
+                dtype="int32x16",
+            )
+
+    if TensorIntrin.get(VNNI_OC.intrinsic, allow_missing=True) is None:
+        TensorIntrin.register(VNNI_OC.intrinsic, desc, impl)
+
+
+def pack_oc_weights(w: np.ndarray) -> np.ndarray:
+    """[O, C, KH, KW] int8 -> [O/16, C/4, KH, KW, 16, 4] int8 (padded input channels get 0)."""
+    o, c, kh, kw = w.shape
+    cb = -(-c // 4)
+    padded = np.zeros((o, cb * 4, kh, kw), np.int8)
+    padded[:, :c] = w
+    return np.ascontiguousarray(padded.reshape(o // 16, 16, cb, 4, kh, kw).transpose(0, 2, 4, 5, 1, 3))
+
+
+def conv_oc_kernel(
+    shape: ConvShape, zy: int, out_dtype: str, center: int | None = None, pixel_major: bool = False
+) -> Any:
+    """conv_kernel's function on VNNI (same packed activations, for a ConvShape of oc_shape; weights from
+    pack_oc_weights) with the lanes over output channels: `(X packed, W packed, bias int32[O], mult float32[O])
+    -> Y[N, O, OH, OW]`, Y = clip(round((acc + bias) * mult) + zy) in out_dtype (or minus `center` in float32).
+    `pixel_major`: Y is [N, OH, OW, O] instead, so each pixel's 16 requantized channels are one contiguous store
+    rather than 16 bytes OH * OW apart (ResNet-18's 64->64 3x3 at 56x56, whose short reductions make the
+    epilogue weigh: 0.56 -> 0.51 ms, the kernel alone)."""
+    from tvm import te
+    from tvm.s_tir import Schedule
+
+    register_oc_intrinsic()
+    s, lanes, pixels = shape.stride, VNNI_OC.lanes, shape.lanes
+    (oh, ow), cb, n, o = shape.out_hw, shape.channel_blocks, shape.n, shape.o
+    x = te.placeholder(shape.packed_shape, "uint8", name="x")
+    wt = te.placeholder((o // lanes, cb, shape.kh, shape.kw, lanes, 4), "int8", name="w")
+    bias = te.placeholder((o,), "int32", name="bias")
+    mult = te.placeholder((o,), "float32", name="mult")
+    outer = [
+        te.reduce_axis((0, e), name) if e > 1 else None for e, name in ((cb, "rc"), (shape.kh, "ri"), (shape.kw, "rj"))
+    ]
+    rk = te.reduce_axis((0, 4), "rk")
+    rc, ri, rj = (a if a is not None else 0 for a in outer)
+    axes = [a for a in outer if a is not None]
+
+    def tap(b: Any, fo: Any, y: Any, u: Any, i: Any) -> Any:
+        pixel = x[b, rc, ri % s, rj % s, y + ri // s, u + rj // s, rk]
+        return te.sum(pixel.astype("int32") * wt[fo, rc, ri, rj, i, rk].astype("int32"), axis=[*axes, rk])
+
+    acc = te.compute((n, o // lanes, oh, ow, lanes), tap, name="acc")
+
+    def result(b: Any, f: Any, y: Any, u: Any) -> Any:
+        return requantized(acc[b, f // lanes, y, u, f % lanes], bias, mult, f, zy, out_dtype, center)
+
+    if pixel_major:
+        out = te.compute((n, oh, ow, o), lambda b, y, u, f: result(b, f, y, u), name="out")
+        sch = Schedule(te.create_prim_func([x, wt, bias, mult, out]))
+        b, y, u, f = sch.get_loops(sch.get_sblock("out"))
+    else:
+        out = te.compute((n, o, oh, ow), result, name="out")
+        sch = Schedule(te.create_prim_func([x, wt, bias, mult, out]))
+        b, f, y, u = sch.get_loops(sch.get_sblock("out"))
+    fo, fb, fl = sch.split(f, [None, OC_BLOCKS, lanes])
+    uo, ui = sch.split(u, [None, pixels])
+    sch.reorder(b, fo, y, uo, fb, ui, fl)
+    block = sch.get_sblock("acc")
+    sch.compute_at(block, uo)
+    loops = sch.get_loops(block)
+    taps = len(axes)
+    # the accumulator block's loops: channel blocks, pixels (compute_at makes none of extent 1), lanes, then the
+    # taps and K
+    count = 1 + int(OC_BLOCKS > 1) + int(pixels > 1)
+    spatial = loops[len(loops) - taps - 1 - count : len(loops) - taps - 1]
+    reduction = loops[len(loops) - taps - 1 : len(loops) - 1]
+    sch.reorder(*reduction, *spatial, loops[-1])
+    sch.parallel(sch.fuse(b, fo, y, uo))
+    sch.vectorize(fl)
+    sch.decompose_reduction(block, reduction[0] if reduction else spatial[0])
+    sch.tensorize(spatial[-1], VNNI_OC.intrinsic)
+    for loop in spatial[:-1]:
+        sch.unroll(loop)
+    return scheduled(sch, f"conv-{VNNI_OC.name}")
+
+
+def pack_pixel_major_kernel(shape: ConvShape, dtype: str, zx: int) -> Any:
+    """conv_oc_kernel's packed activations (pack_conv_activations' layout, input channels a multiple of 4) from a
+    pixel-major [N, H, W, C] 8-bit tensor, as one scheduled PrimFunc `(X) -> packed`: each pixel's 4 channels of
+    a block are one 32-bit move; the border is the zero point; int8 activations are shifted to uint8 (+128, the
+    zero point with them). Relax's transpose, pad, reshape and transpose of the same took 0.13 ms at 64x56x56
+    (TVM's default schedule), against 0.014 from an NCHW tensor."""
+    from tvm import te, tirx
+    from tvm.s_tir import Schedule
+
+    s, (top, left) = shape.stride, shape.pad[:2]
+    x = te.placeholder((shape.n, shape.h, shape.w, shape.c), dtype, name="x")
+    shift, z = (128, zx + 128) if dtype == "int8" else (0, zx)
+
+    def value(b: Any, cb: Any, ph: Any, pw: Any, yq: Any, xq: Any, k: Any) -> Any:
+        r, c = s * yq + ph - top, s * xq + pw - left
+        inside = tirx.all(r >= 0, r < shape.h, c >= 0, c < shape.w)
+        v = x[b, r, c, cb * 4 + k]
+        v = (v.astype("int16") + shift).astype("uint8") if shift else v
+        return tirx.if_then_else(inside, v, tirx.const(z, "uint8"))
+
+    out = te.compute(shape.packed_shape, value, name="packed")
+    sch = Schedule(te.create_prim_func([x, out]))
+    sch.vectorize(sch.get_loops(sch.get_sblock("packed"))[-1])
+    return scheduled(sch, "pack-pixel-major")
