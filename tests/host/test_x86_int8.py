@@ -5,6 +5,7 @@ padded convolutions of a residual network."""
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -707,31 +708,43 @@ def test_residual_network_convolutions_on_the_dot_product(kind: DotKind) -> None
     rng = np.random.default_rng(6)
     calib = rng.normal(0, 1, (16, 3, 30, 30)).astype(np.float32)
     qdq = quantize_qdq(_resnet_stages(), calib, QuantizeOptions(samples=16)).model
-    imported = relax.transform.DecomposeOpsForInference()(
-        from_onnx(qdq, shape_dict={"x": [1, 3, 30, 30]}, keep_params_in_input=False)
-    )
-    target = tvm.target.Target(TARGETS[kind])
     x = rng.normal(0, 1, (2, 1, 3, 30, 30)).astype(np.float32)
-    outputs = []
-    for dot in (None, kind):
-        mod, report = rewrite_int8(imported, quantizable_layers(qdq), float_exact=True, dot=dot)
-        assert report.float_left == []
-        script = mod["main"].script()
+
+    def check(script: str, dot: DotKind | None) -> None:
         assert (script.count("int8_conv_"), script.count("int8_conv1x1")) == ((6, 2) if dot else (0, 0))
         assert ('out_ty=R.Tensor((1, 16, 15, 15), dtype="float32")' in script) == (dot is not None)
         # VNNI: the 5 with output channels in blocks of 32 have the lanes over output channels (not the stem)
         assert script.count("int8_conv_avx512_vnni_oc") == (5 if dot is VNNI else 0)
         # which write pixel-major tensors: the 4 convolutions that read one pack them with pack_pixel_major_kernel
         assert script.count("int8_pack_pixel_major") == (4 if dot is VNNI else 0)
-        with target:
-            ex = tvm.compile(mod, target=target, relax_pipeline=relax.get_default_pipeline(target))
-        vm = relax.VirtualMachine(ex, tvm.cpu())
-        outputs.append(np.concatenate([vm["main"](tvm.runtime.tensor(xi)).numpy() for xi in x]))
+
+    outputs = _outputs_both_ways(qdq, [1, 3, 30, 30], kind, check, x)
     assert np.array_equal(outputs[0], outputs[1])
     want = np.concatenate([reference_outputs(qdq, xi)[0] for xi in x])
     out_dq = next(n for n in qdq.graph.node if n.output[0] == "y")
     step = float(next(numpy_helper.to_array(i) for i in qdq.graph.initializer if i.name == out_dq.input[1]))
     assert np.abs(outputs[1] - want).max() <= step * 1.001
+
+
+def _outputs_both_ways(
+    qdq: onnx.ModelProto, shape: list[int], kind: DotKind, check: Callable[[str, DotKind | None], None], x: np.ndarray
+) -> list[np.ndarray]:
+    """The QDQ model rewritten without the kernels (float32-exact and int32 forms) and with `kind`'s, each main's
+    script checked by `check(script, dot)`, compiled and run on every input of `x`: the two outputs."""
+    imported = relax.transform.DecomposeOpsForInference()(
+        from_onnx(qdq, shape_dict={qdq.graph.input[0].name: shape}, keep_params_in_input=False)
+    )
+    target = tvm.target.Target(TARGETS[kind])
+    outputs = []
+    for dot in (None, kind):
+        mod, report = rewrite_int8(imported, quantizable_layers(qdq), float_exact=True, dot=dot)
+        assert report.float_left == []
+        check(mod["main"].script(), dot)
+        with target:
+            ex = tvm.compile(mod, target=target, relax_pipeline=relax.get_default_pipeline(target))
+        vm = relax.VirtualMachine(ex, tvm.cpu())
+        outputs.append(np.concatenate([vm["main"](tvm.runtime.tensor(xi)).numpy() for xi in x]))
+    return outputs
 
 
 def _classifier() -> onnx.ModelProto:
@@ -766,20 +779,12 @@ def test_classifier_matmul_on_the_matvec_kernel(kind: DotKind) -> None:
     rng = np.random.default_rng(9)
     calib = rng.normal(0, 1, (16, 64, 4, 4)).astype(np.float32)
     qdq = quantize_qdq(_classifier(), calib, QuantizeOptions(samples=16)).model
-    imported = relax.transform.DecomposeOpsForInference()(
-        from_onnx(qdq, shape_dict={"x": [1, 64, 4, 4]}, keep_params_in_input=False)
-    )
-    target = tvm.target.Target(TARGETS[kind])
     x = rng.normal(0, 1, (4, 1, 64, 4, 4)).astype(np.float32)
-    outputs = []
-    for dot in (None, kind):
-        mod, report = rewrite_int8(imported, quantizable_layers(qdq), float_exact=True, dot=dot)
-        assert report.float_left == []
-        assert mod["main"].script().count("int8_matvec") == (1 if dot else 0)
-        with target:
-            ex = tvm.compile(mod, target=target, relax_pipeline=relax.get_default_pipeline(target))
-        vm = relax.VirtualMachine(ex, tvm.cpu())
-        outputs.append(np.concatenate([vm["main"](tvm.runtime.tensor(xi)).numpy() for xi in x]))
+
+    def check(script: str, dot: DotKind | None) -> None:
+        assert script.count("int8_matvec") == (1 if dot else 0)
+
+    outputs = _outputs_both_ways(qdq, [1, 64, 4, 4], kind, check, x)
     assert np.array_equal(outputs[0], outputs[1])
 
 
