@@ -970,7 +970,8 @@ def quantize_pack_kernel(kind: DotKind, shape: ConvShape, scale: float, zero: in
 # channels come in blocks of 16, however narrow the rows (ResNet-18's 28-, 14- and 7-pixel rows left 1 of 8 lanes
 # idle in conv_kernel, whose lanes run along a row). The register block is OC_BLOCKS x 16 output channels by
 # OC_PIXELS pixels of one row; the epilogue requantizes 16 channels of a pixel as one vector.
-VNNI_OC = DotKind("avx512-vnni-oc", "avx512_vnni", 16, 4, "uint8", "int8", "edgedeploy_vnni_4u8bcast_16x4s8vec")
+# (its tensor intrinsic is the channel-lane 1x1 kernel's: weights as the vector, the pixel's channels broadcast)
+VNNI_OC = DotKind("avx512-vnni-oc", "avx512_vnni", 16, 4, "uint8", "int8", VNNI_BY_CHANNEL.intrinsic)
 OC_BLOCKS = 2  # 16-channel accumulators per pixel in the register block
 OC_PIXELS = 7  # pixels of a row per register block at most (a divisor of the row's width)
 
@@ -999,47 +1000,6 @@ def oc_eligible(kind: DotKind, attrs: Any, weight_shape: tuple[int, ...]) -> boo
     )
 
 
-@functools.cache
-def register_oc_intrinsic() -> None:
-    """VNNI_OC's tensor intrinsic: C[16] += sum_k A[k] * B[16, k], A 4 uint8 broadcast, B 16 x 4 int8 weights."""
-    from tvm.s_tir import TensorIntrin
-    from tvm.script import tirx as T
-
-    @T.prim_func(s_tir=True)
-    def desc(
-        A: T.Buffer((4,), "uint8", offset_factor=1),
-        B: T.Buffer((16, 4), "int8", offset_factor=1),
-        C: T.Buffer((16,), "int32", offset_factor=1),
-    ) -> None:
-        with T.sblock("root"):
-            T.reads(C[0:16], A[0:4], B[0:16, 0:4])
-            T.writes(C[0:16])
-            for i, k in T.grid(16, 4):
-                with T.sblock("update"):
-                    vi, vk = T.axis.remap("SR", [i, k])
-                    C[vi] = C[vi] + T.cast(A[vk], "int32") * T.cast(B[vi, vk], "int32")
-
-    @T.prim_func(s_tir=True)
-    def impl(
-        A: T.Buffer((4,), "uint8", offset_factor=1),
-        B: T.Buffer((16, 4), "int8", offset_factor=1),
-        C: T.Buffer((16,), "int32", offset_factor=1),
-    ) -> None:
-        with T.sblock("root"):
-            T.reads(C[0:16], A[0:4], B[0:16, 0:4])
-            T.writes(C[0:16])
-            C[T.ramp(T.int32(0), 1, 16)] = T.call_llvm_pure_intrin(
-                T.llvm_lookup_intrinsic_id("llvm.x86.avx512.vpdpbusd.512"),
-                C.vload([0], "int32x16"),
-                T.reinterpret(T.broadcast(T.reinterpret(A.vload([0], "uint8x4"), dtype="int32"), 16), dtype="uint8x64"),
-                B.vload([0, 0], "int8x64"),
-                dtype="int32x16",
-            )
-
-    if TensorIntrin.get(VNNI_OC.intrinsic, allow_missing=True) is None:
-        TensorIntrin.register(VNNI_OC.intrinsic, desc, impl)
-
-
 def pack_oc_weights(w: np.ndarray) -> np.ndarray:
     """[O, C, KH, KW] int8 -> [O/16, C/4, KH, KW, 16, 4] int8 (padded input channels get 0)."""
     o, c, kh, kw = w.shape
@@ -1061,7 +1021,7 @@ def conv_oc_kernel(
     from tvm import te
     from tvm.s_tir import Schedule
 
-    register_oc_intrinsic()
+    register_channel_intrinsics()
     s, lanes, pixels = shape.stride, VNNI_OC.lanes, shape.lanes
     (oh, ow), cb, n, o = shape.out_hw, shape.channel_blocks, shape.n, shape.o
     x = te.placeholder(shape.packed_shape, "uint8", name="x")
@@ -1077,7 +1037,7 @@ def conv_oc_kernel(
 
     def tap(b: Any, fo: Any, y: Any, u: Any, i: Any) -> Any:
         pixel = x[b, rc, ri % s, rj % s, y + ri // s, u + rj // s, rk]
-        return te.sum(pixel.astype("int32") * wt[fo, rc, ri, rj, i, rk].astype("int32"), axis=[*axes, rk])
+        return te.sum(wt[fo, rc, ri, rj, i, rk].astype("int32") * pixel.astype("int32"), axis=[*axes, rk])
 
     acc = te.compute((n, o // lanes, oh, ow, lanes), tap, name="acc")
 
