@@ -40,6 +40,7 @@ from .x86_int8 import (
     max_pool_kernel,
     oc_eligible,
     oc_shape,
+    operand_shift,
     pack_activations,
     pack_channel_weights,
     pack_conv_activations,
@@ -489,7 +490,7 @@ class _Rewriter(relax.PyExprMutator):  # type: ignore[misc]
             out = relax.TensorType((n, oh, ow, c // lanes, lanes), store or dtype)
             return bb.emit(relax.call_tir(gv, [x, *consts], out))
 
-        shift = 128 if kind.act_dtype == "uint8" and dtype == "int8" else 0
+        shift = operand_shift(kind.act_dtype, dtype)
 
         def operand() -> tuple[Any, int]:
             return call(kind.act_dtype, shift), zy + shift
@@ -522,7 +523,7 @@ class _Rewriter(relax.PyExprMutator):  # type: ignore[misc]
             if inner is not None and str(xq.ty.dtype) in _INT_RANGE:  # another conv_oc_kernel's output
                 gv = bb.add_func(pack_pixel_major_kernel(shape, str(xq.ty.dtype), zx), "int8_pack_pixel_major")
                 packed = bb.emit(relax.call_tir(gv, [inner], relax.TensorType(shape.packed_shape, "uint8")))
-                z = zx + 128 if str(xq.ty.dtype) == "int8" else zx
+                z = zx + operand_shift("uint8", str(xq.ty.dtype))
             else:
                 packed, z = pack_conv_activations(bb, xq, zx, VNNI, shape)
             consts = _kernel_constants(pack_oc_weights(w), w, z, b_q, mult)
@@ -566,7 +567,7 @@ class _Rewriter(relax.PyExprMutator):  # type: ignore[misc]
         packed = self.builder_.emit(
             relax.call_tir(gv, [q.args[0]], relax.TensorType(shape.packed_shape, dot.act_dtype))
         )
-        return packed, zx + (128 if dot.act_dtype == "uint8" and str(q.ty.dtype) == "int8" else 0)
+        return packed, zx + operand_shift(dot.act_dtype, str(q.ty.dtype))
 
     def _kernel_call(
         self, packed: Any, consts: list[Any], shape: tuple[int, ...], zy: int, dtype: str, center: int | None = None

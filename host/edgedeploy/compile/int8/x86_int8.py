@@ -189,11 +189,7 @@ def pack_activations(bb: Any, x: Any, zx: int, kind: DotKind) -> tuple[Any, int]
     n, c, h, w = (int(d) for d in x.ty.shape)
     p, lanes, depth = h * w, kind.lanes, kind.depth
     blocks = -(-p // lanes)
-    if kind.act_dtype == "uint8" and str(x.ty.dtype) == "int8":
-        wide = relax.op.add(relax.op.astype(x, "int16"), relax.const(128, "int16"))
-        x, zx = bb.emit(relax.op.astype(wide, "uint8")), zx + 128
-    elif str(x.ty.dtype) != kind.act_dtype:
-        x = bb.emit(relax.op.astype(x, kind.act_dtype))
+    x, zx = _operand_type(bb, x, zx, kind)
     x = bb.emit(relax.op.reshape(x, [n, c // depth, depth, p]))
     if blocks * lanes != p:
         x = bb.emit(relax.op.nn.pad(x, [0, 0, 0, 0, 0, 0, 0, blocks * lanes - p], pad_value=0.0))
@@ -411,12 +407,20 @@ def pack_conv_activations(bb: Any, x: Any, zx: int, kind: DotKind, shape: ConvSh
     return bb.emit(relax.op.permute_dims(x, [0, 1, 4, 6, 3, 5, 2])), zx
 
 
+def operand_shift(operand_dtype: str, dtype: str) -> int:
+    """What 8-bit activations of `dtype` gain in a kernel's `operand_dtype`: +128 for int8 into uint8 operands
+    (vpdpbusd's unsigned side; the same real numbers, the zero point 128 higher too), else 0."""
+    return 128 if operand_dtype == "uint8" and dtype == "int8" else 0
+
+
 def _operand_type(bb: Any, x: Any, zx: int, kind: DotKind) -> tuple[Any, int]:
+    """x in the kind's operand type, and its zero point there (operand_shift)."""
     from tvm import relax
 
-    if kind.act_dtype == "uint8" and str(x.ty.dtype) == "int8":
-        wide = relax.op.add(relax.op.astype(x, "int16"), relax.const(128, "int16"))
-        return bb.emit(relax.op.astype(wide, "uint8")), zx + 128
+    shift = operand_shift(kind.act_dtype, str(x.ty.dtype))
+    if shift:
+        wide = relax.op.add(relax.op.astype(x, "int16"), relax.const(shift, "int16"))
+        return bb.emit(relax.op.astype(wide, "uint8")), zx + shift
     if str(x.ty.dtype) != kind.act_dtype:
         return bb.emit(relax.op.astype(x, kind.act_dtype)), zx
     return x, zx
@@ -939,7 +943,7 @@ def quantize_pack_kernel(kind: DotKind, shape: ConvShape, scale: float, zero: in
     n, c, h, w, s = shape.n, shape.c, shape.h, shape.w, shape.stride
     (top, left), depth = shape.pad[:2], shape.depth
     lo, hi = clip_range(q_dtype)
-    shift = 128 if kind.act_dtype == "uint8" and q_dtype == "int8" else 0
+    shift = operand_shift(kind.act_dtype, q_dtype)
     x = te.placeholder((n, c, h, w), "float32", name="x")
 
     def quantize(b: Any, f: Any, y: Any, u: Any) -> Any:
@@ -1085,7 +1089,8 @@ def pack_pixel_major_kernel(shape: ConvShape, dtype: str, zx: int) -> Any:
 
     s, (top, left) = shape.stride, shape.pad[:2]
     x = te.placeholder((shape.n, shape.h, shape.w, shape.c), dtype, name="x")
-    shift, z = (128, zx + 128) if dtype == "int8" else (0, zx)
+    shift = operand_shift("uint8", dtype)
+    z = zx + shift
 
     def value(b: Any, cb: Any, ph: Any, pw: Any, yq: Any, xq: Any, k: Any) -> Any:
         r, c = s * yq + ph - top, s * xq + pw - left
