@@ -178,7 +178,7 @@ class TvmRuntime:
         self.input_array: Optional[np.ndarray] = self._inputs[0].array if target.device == "cuda" else None
         self._lent: dict[int, _Lent] = {}  # data address -> a frame batch lent (frame_batch) and not yet dropped
         # a lent batch's crop box goes to the GPU alone (cuda_copy.py); without the driver's copy, through staging
-        self._box_copy, self.box_copy_failure = load_box_copy() if target.device == "cuda" else (None, None)
+        self._box_copy, self._no_box_copy = load_box_copy() if target.device == "cuda" else (None, None)
         self._device_frames: dict[tuple[int, ...], Any] = {}  # frame batch shape -> the device buffer they go to
         self._staging: dict[tuple[int, ...], _Staged] = {}  # crop shape -> where other arrays' crop is copied
         self._taps: dict[tuple[int, int, int, int], tuple[Any, Any]] = {}  # crop box -> the device tap tables
@@ -243,8 +243,8 @@ class TvmRuntime:
         resolution's device buffer with the last of them, are freed (a camera that changes resolution does not
         keep the old one's buffers)."""
         shape = (self._manifest.inputs[0].shape[0], height, width, 3)
-        box = crop_box(height, width, self._manifest.preprocess)
         if self._manifest_device == "cuda":
+            box = crop_box(height, width, self._manifest.preprocess)
             host = self._alloc(shape, "uint8", self._pinned, None)
             region = (shape[0], box[2], box[3], 3)
             device = self._device_frames.get(region)
@@ -284,7 +284,7 @@ class TvmRuntime:
         if lent is not None and lent.shape == frames.shape:
             if lent.params is None:  # a CPU's preprocessing reads the batch where it is
                 return _Staged(lent.host, frames, lent.device), box
-            if self._copy_box(lent.params):
+            if self._box_copy is not None and self._box_copy(lent.params):  # else (a failure): staged below
                 return _Staged(lent.host, frames, lent.device), (0, 0, height, width)
         region = frames[:, top : top + height, left : left + width]
         if region.shape not in self._staging:
@@ -294,16 +294,6 @@ class TvmRuntime:
         if staged.device is not staged.host:
             self._copy(staged.host, staged.device)
         return staged, (0, 0, height, width)
-
-    def _copy_box(self, params: Memcpy3D) -> bool:
-        """Queue the driver's copy of a lent batch's crop box; False when there is none or it failed (then the
-        caller stages the box, and box_copy_failure says why for describe())."""
-        if self._box_copy is None:
-            return False
-        if self._box_copy(params):
-            return True
-        self.box_copy_failure = self._box_copy.failure
-        return False
 
     def synchronize(self) -> None:
         """Wait for what this runtime queued on the device."""
@@ -389,10 +379,15 @@ class TvmRuntime:
             "frames_on_device": self.frames_on_device,  # preprocessing by the bundle's kernel (load_frames)
             "top_k_on_device": self.top_k_on_device,  # postprocessing by its postprocess function
             # how a lent frame batch's crop box reaches the GPU: the driver's copy, or why it is staged instead
-            "frame_box_copy": (self.box_copy_failure or "cuMemcpy3DAsync") if self._manifest_device == "cuda" else None,
+            "frame_box_copy": self._frame_box_copy(),
             "gpu": dataclasses.asdict(self._gpu) if self._gpu else None,
             "loaded_tvm_libraries": loaded_tvm_libraries(),
         }
+
+    def _frame_box_copy(self) -> Optional[str]:
+        if self._manifest_device != "cuda":
+            return None
+        return self._no_box_copy or (self._box_copy.failure if self._box_copy else None) or "cuMemcpy3DAsync"
 
     def close(self) -> None:
         """Nothing to free: the loaded libraries stay for the process (one CUDA backend per process)."""
