@@ -22,6 +22,11 @@ Profiles: by default every x86-64 CPU profile whose cpu_features this machine's 
 (built-in: cpu-x86_64, AVX2; cpu-x86_64-v4, AVX-512 with VNNI, where the CPU has it), each with its own bundles and
 tuning databases; all their TVM bundles and the two onnxruntime peers run in the same interleaved rounds, and
 the ratios are printed per profile.
+
+--cpu avx2 measures as on an AVX2-only x86-64 CPU (the project's AMD EPYC machines) on a machine whose CPU also
+has AVX-512: bench/avx2_only.c, preloaded, hides AVX-512 and VNNI from cpuid, so onnxruntime (and numpy) take
+their AVX2 kernels, and only the AVX2 profile's bundles run. Same cores, so it is a stand-in: it says which
+kernels win on AVX2, not what an EPYC's clock gives.
 """
 
 from __future__ import annotations
@@ -29,7 +34,9 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -183,11 +190,29 @@ def _first(out: object) -> object:
 def host_profiles() -> list[str]:
     """The x86-64 CPU profiles whose cpu_features this machine has, by name (cpu-x86_64 first)."""
     have = cpu_flags() or frozenset()
+    if os.environ.get("EDGEDEPLOY_AVX2_ONLY"):  # bench/avx2_only.c hides these from cpuid
+        have = frozenset(f for f in have if not f.startswith("avx512") and f != "avx_vnni")
     return [
         name
         for name, p in sorted(all_profiles().items())
         if p.device == "cpu" and p.arch == "x86_64" and p.compiler.cpu_features and set(p.compiler.cpu_features) <= have
     ]
+
+
+def as_avx2_only() -> None:
+    """Run this script again with bench/avx2_only.c preloaded (see the module's docstring)."""
+    if os.environ.get("EDGEDEPLOY_AVX2_ONLY"):
+        return
+    if "cpuid_fault" not in Path("/proc/cpuinfo").read_text():
+        raise SystemExit("--cpu avx2: this CPU or kernel has no CPUID faulting (cpuid_fault in /proc/cpuinfo)")
+    cc = shutil.which("gcc") or shutil.which("cc")
+    if cc is None:
+        raise SystemExit("--cpu avx2: needs a C compiler (gcc) to build bench/avx2_only.c")
+    lib = Path(tempfile.mkdtemp()) / "avx2_only.so"
+    subprocess.run([cc, "-shared", "-fPIC", "-O2", "-o", str(lib), str(REPO / "bench" / "avx2_only.c")], check=True)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONFAULTHANDLER"}  # its SIGSEGV handler would win
+    env["LD_PRELOAD"] = " ".join(filter(None, [str(lib), env.get("LD_PRELOAD", "")]))
+    os.execve(sys.executable, [sys.executable, *sys.argv], env)
 
 
 def main() -> None:
@@ -200,6 +225,7 @@ def main() -> None:
         action="append",
         help="a CPU profile whose target this machine runs (repeatable; default: every x86-64 one its CPU has)",
     )
+    ap.add_argument("--cpu", choices=["native", "avx2"], default="native", help="avx2: as on an AVX2-only CPU")
     ap.add_argument("--tvm-spin", type=int, help="TVM_THREAD_POOL_SPIN_COUNT (TVM's default when not given)")
     ap.add_argument(
         "--data", type=Path, default=Path(os.environ.get("EDGEDEPLOY_DATA", REPO.parent / "shared" / "data"))
@@ -207,6 +233,8 @@ def main() -> None:
     args = ap.parse_args()
     if args.threads < 1 or args.runs < 1:
         raise SystemExit("--threads and --runs must be at least 1")
+    if args.cpu == "avx2":
+        as_avx2_only()
     args.profile = args.profile or host_profiles()
     if not args.profile:
         raise SystemExit("this machine's CPU has the features of no built-in x86-64 profile: name one with --profile")
@@ -219,7 +247,8 @@ def main() -> None:
     load = ", ".join(Path("/proc/loadavg").read_text().split()[:3]) if Path("/proc/loadavg").exists() else "?"
     for profile in args.profile:
         print(f"profile {profile}, target {dict(get_profile(profile).compiler.target)}")
-    print(f"TVM pool spin count {spin}; load average {load}")
+    shown = "AVX2 only (bench/avx2_only.c: cpuid without AVX-512 and VNNI)" if args.cpu == "avx2" else "as it is"
+    print(f"TVM pool spin count {spin}; load average {load}; CPU {shown}")
     with tempfile.TemporaryDirectory() as tmp:
         for name in ("mobilenet", "resnet18") if args.model == "all" else (args.model,):
             measure(name, args, Path(tmp))
