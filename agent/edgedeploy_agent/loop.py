@@ -52,11 +52,11 @@ def class_scores(output: np.ndarray, post: Postprocess) -> np.ndarray:
 
 def labelled(classes: np.ndarray, scores: np.ndarray, manifest: Manifest, labels: Sequence[str]) -> list[list[Any]]:
     """[[class_index, label, score], ...] of the classes (output indices) and their scores, in that order."""
+    offset, known = manifest.postprocess.label_offset, len(labels)
     out = []
-    for i, score in zip(classes, scores):
-        li = int(i) - manifest.postprocess.label_offset
-        label = labels[li] if 0 <= li < len(labels) else str(li)
-        out.append([li, label, round(float(score), 6)])
+    for i, score in zip(classes.tolist(), scores.tolist()):  # Python numbers: numpy scalars cost 3x here
+        li = int(i) - offset
+        out.append([li, labels[li] if 0 <= li < known else str(li), round(score, 6)])
     return out
 
 
