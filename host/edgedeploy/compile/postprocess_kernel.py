@@ -26,67 +26,101 @@ THREADS = 256
 
 def postprocess_func(post: Postprocess, spec: TensorSpec) -> Any:
     """The TIR PrimFunc: each class's rank in its row (how many classes beat it: a larger output, or an equal one
-    with a lower index), then, for the softmax, the row's maximum and sum of exponentials, then the (N, 2, k)
-    result: per slot j the class of rank j and its score. On a GPU that is 2 kernels, 4 with the softmax, whatever
-    k is (k argmax passes, one kernel each, had cost MobileNet's infer stage 18 us on the H100)."""
-    import tvm
-    from tvm import te
-    from tvm.tirx import Select
+    with a lower index), and each class of rank j < k writes itself and its score to slot j of the (N, 2, k)
+    result; for the softmax, the row's maximum and sum of exponentials first. On a GPU that is one kernel, 4 with
+    the softmax, whatever k is (k argmax passes, one kernel each, had cost MobileNet's infer stage 18 us on the
+    H100; ranks, then a kernel that gathered the result by rank, 2 launches: 0.0063 ms of the host's time a frame).
+    The ranks compare the outputs in their own type (a float32 is exactly a float64: the same order)."""
+    from tvm.script import tirx as T
 
-    n, c, k = spec.shape[0], math.prod(spec.shape[1:]), post.top_count(spec)
-    logits = te.placeholder(tuple(spec.shape), spec.dtype, name="logits")
-    trailing = spec.shape[1:]
+    shape = tuple(int(d) for d in spec.shape)
+    n, c, k, dtype, softmax = shape[0], math.prod(shape[1:]), post.top_count(spec), spec.dtype, post.softmax
 
-    def flat(b: Any, i: Any) -> Any:
+    def at(logits: Any, b: Any, i: Any) -> Any:
+        """logits[b, class i], the class index over the output's trailing dimensions."""
         index, rest = [b], i
-        for extent in reversed(trailing):  # the class index over the output's trailing dimensions
+        for extent in reversed(shape[1:]):
             index.insert(1, rest % extent)
             rest = rest // extent
-        return logits[tuple(index)].astype("float64")
+        return logits[tuple(index)]
 
-    def beaten_by(b: Any, i: Any, j: Any) -> Any:
-        """Class j ranks before class i: a larger output, or an equal one and a lower index."""
-        xi, xj = flat(b, i), flat(b, j)
-        return tvm.tirx.Or(xj > xi, tvm.tirx.And(xj == xi, j < i))
+    @T.prim_func(s_tir=True)
+    def func(logits_handle: T.handle, top_handle: T.handle) -> None:
+        T.func_attr({"global_symbol": FUNCTION, "tir.noalias": True})
+        logits = T.match_buffer(logits_handle, shape, dtype)
+        top = T.match_buffer(top_handle, (n, 2, k), "float64")
+        with T.sblock("root"):
+            rank = T.sblock_alloc_buffer((n, c), "int32")
+            row_max = T.sblock_alloc_buffer((n,), "float64")
+            total = T.sblock_alloc_buffer((n,), "float64")
+            if softmax:
+                for b, m in T.grid(n, c):
+                    with T.sblock("row_max"):
+                        vb, vm = T.axis.remap("SR", [b, m])
+                        with T.init():
+                            row_max[vb] = T.min_value("float64")
+                        row_max[vb] = T.max(row_max[vb], T.cast(at(logits, vb, vm), "float64"))
+                for b, s in T.grid(n, c):
+                    with T.sblock("total"):
+                        vb, vs = T.axis.remap("SR", [b, s])
+                        with T.init():
+                            total[vb] = T.float64(0)
+                        total[vb] = total[vb] + T.exp(T.cast(at(logits, vb, vs), "float64") - row_max[vb])
+            for b, i, j in T.grid(n, c, c):
+                with T.sblock("rank"):
+                    vb, vi, vj = T.axis.remap("SSR", [b, i, j])
+                    with T.init():
+                        rank[vb, vi] = 0
+                    rank[vb, vi] = rank[vb, vi] + T.Select(
+                        T.Or(
+                            at(logits, vb, vj) > at(logits, vb, vi),
+                            T.And(at(logits, vb, vj) == at(logits, vb, vi), vj < vi),
+                        ),
+                        1,
+                        0,
+                    )
+            for b, i in T.grid(n, c):
+                with T.sblock("top"):  # a scatter: slot rank[b, i], if it is one of the k
+                    vb, vi = T.axis.remap("SS", [b, i])
+                    T.reads(rank[vb, vi], logits[vb, 0:c], row_max[vb], total[vb])
+                    T.writes(top[vb, 0:2, 0:k])
+                    if rank[vb, vi] < k:
+                        if softmax:
+                            top[vb, 0, rank[vb, vi]] = (
+                                T.exp(T.cast(at(logits, vb, vi), "float64") - row_max[vb]) / total[vb]
+                            )
+                        else:
+                            top[vb, 0, rank[vb, vi]] = T.cast(at(logits, vb, vi), "float64")
+                        top[vb, 1, rank[vb, vi]] = T.cast(vi, "float64")
 
-    def rank_of(b: Any, i: Any) -> Any:
-        j = te.reduce_axis((0, c), name="j")
-        return te.sum(Select(beaten_by(b, i, j), 1, 0), axis=j)
-
-    rank = te.compute((n, c), rank_of, name="rank")  # a permutation of 0..c-1 per row (finite outputs)
-    if post.softmax:
-        m = te.reduce_axis((0, c), name="m")
-        top = te.compute((n,), lambda b: te.max(flat(b, m), axis=m), name="row_max")
-        s = te.reduce_axis((0, c), name="s")
-        total = te.compute((n,), lambda b: te.sum(te.exp(flat(b, s) - top[b]), axis=s), name="total")
-
-    def score(b: Any, i: Any) -> Any:
-        return te.exp(flat(b, i) - top[b]) / total[b] if post.softmax else flat(b, i)
-
-    def result(b: Any, t: Any, j: Any) -> Any:  # the score (t 0) or the class (t 1) of the class of rank j
-        r = te.reduce_axis((0, c), name="r")
-        value = Select(t == 0, score(b, r), r.astype("float64"))
-        return te.max(Select(rank[b, r] == j, value, te.min_value("float64")), axis=r)
-
-    out = te.compute((n, 2, k), result, name="top")
-    return te.create_prim_func([logits, out]).with_attr("global_symbol", FUNCTION)
+    return func
 
 
 def schedule_gpu(sch: Any) -> None:
-    """The ranks: a warp per class, the row across its lanes (a class's count is one warp reduction). The row
-    maximum, the sum and each element of the result: a thread block per element, its reduction across the
-    block's threads."""
+    """The ranks: a warp per class, the row across its lanes (a class's count is one warp reduction), 8 classes a
+    block; then, in the same warp, its slot in the result if it has one. With the softmax the result needs the
+    row's maximum and sum, kernels of their own (a thread block per row, its reduction across the block's
+    threads), so it is a fourth kernel, a thread per class."""
     sch.work_on(FUNCTION)
-    for block in sch.get_child_blocks(sch.get_sblock("root")):
-        loops = sch.get_loops(block)
-        if sch.get(block).name_hint == "rank":  # a warp per class, its lanes over the row, 8 classes a block
-            bx, ty = sch.split(sch.fuse(*loops[:2]), factors=[None, THREADS // 32])
-            sch.bind(bx, "blockIdx.x")
-            sch.bind(ty, "threadIdx.y")
-            _, tx = sch.split(loops[2], factors=[None, 32])
-            sch.bind(tx, "threadIdx.x")
-        else:  # (element..., classes): the element to a block, the classes across its threads
-            *element, reduce = loops
-            sch.bind(sch.fuse(*element) if len(element) > 1 else element[0], "blockIdx.x")
-            _, tx = sch.split(reduce, factors=[None, THREADS])
-            sch.bind(tx, "threadIdx.x")
+    rank = sch.get_sblock("rank")
+    b, i, j = sch.get_loops(rank)
+    bx, ty = sch.split(sch.fuse(b, i), factors=[None, THREADS // 32])
+    sch.bind(bx, "blockIdx.x")
+    sch.bind(ty, "threadIdx.y")
+    _, tx = sch.split(j, factors=[None, 32])
+    sch.bind(tx, "threadIdx.x")
+    top = sch.get_sblock("top")
+    names = {sch.get(block).name_hint for block in sch.get_child_blocks(sch.get_sblock("root"))}
+    if "row_max" not in names:
+        sch.set_scope(rank, 0, "local")
+        sch.reverse_compute_at(top, ty)
+        return
+    bx, tx = sch.split(sch.fuse(*sch.get_loops(top)), factors=[None, THREADS])
+    sch.bind(bx, "blockIdx.x")
+    sch.bind(tx, "threadIdx.x")
+    for name in ("row_max", "total"):
+        block = sch.get_sblock(name)
+        row, classes = sch.get_loops(block)
+        sch.bind(row, "blockIdx.x")
+        _, tx = sch.split(classes, factors=[None, THREADS])
+        sch.bind(tx, "threadIdx.x")
