@@ -71,7 +71,9 @@ class BoxCopy:
 
     def __init__(self, library: str = "libcuda.so.1") -> None:
         self.failure: str | None = None
-        cuda = ctypes.CDLL(library)
+        # PyDLL: the call keeps the GIL, as the runtime's TVM calls do (runtime/tvm.py): it only queues the copy,
+        # and a CDLL call's release let the capture thread take the GIL in the middle of the loop's stage
+        cuda = ctypes.PyDLL(library)
         self._copy = cuda.cuMemcpy3DAsync_v2
         self._copy.argtypes = [ctypes.POINTER(Memcpy3D), ctypes.c_void_p]
         self._copy.restype = ctypes.c_int
