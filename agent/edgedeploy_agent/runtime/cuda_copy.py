@@ -1,4 +1,6 @@
-"""The crop box of a page-locked frame batch to the GPU in one copy: only the bytes preprocessing reads.
+"""The driver calls the runtime makes itself (libcuda.so.1 through ctypes): the crop box of a page-locked frame
+batch to the GPU in one copy, only the bytes preprocessing reads; and the GPU's address of page-locked host
+memory, where a kernel writes its result without a copy back (`device_pointer`, runtime/dlpack_view.py).
 
 TVM's copy (`runtime.TVMTensorCopyFromTo`) takes contiguous tensors only, so a lent frame batch went whole: a
 1280x720 frame is 2.76 MB, its centre crop (87.5 % of the short side, 630x630) 1.19 MB. `cuMemcpy3DAsync` from
@@ -95,6 +97,20 @@ class BoxCopy:
             self.failure = f"cuMemcpy3DAsync failed with CUresult {rc}"
             return False
         return True
+
+
+def device_pointer(host: int, library: str = "libcuda.so.1") -> int | None:
+    """The GPU's address of page-locked host memory at `host` (cuMemHostGetDevicePointer: the same address under
+    unified addressing, which every 64-bit CUDA platform has, Jetson's shared memory too), or None when the driver
+    gives none: the caller then copies. Needs the context TVM made current on this thread (its allocation did)."""
+    try:
+        get = ctypes.PyDLL(library).cuMemHostGetDevicePointer_v2
+    except (OSError, AttributeError):
+        return None
+    get.argtypes = [ctypes.POINTER(ctypes.c_uint64), ctypes.c_void_p, ctypes.c_uint]
+    get.restype = ctypes.c_int
+    address = ctypes.c_uint64()
+    return int(address.value) if get(ctypes.byref(address), host, 0) == 0 and address.value else None
 
 
 def load_box_copy() -> tuple[BoxCopy | None, str | None]:

@@ -25,7 +25,8 @@ from ..bundle import Manifest, check_compatible
 from ..errors import RuntimeLoadError
 from ..gpu import probe_cuda, version_tuple
 from ..preprocess import crop_box, resize_taps
-from .cuda_copy import Memcpy3D, box_params, load_box_copy
+from .cuda_copy import Memcpy3D, box_params, device_pointer, load_box_copy
+from .dlpack_view import DeviceView
 
 _DEVICE_TYPE = {"cpu": 1, "cuda": 2, "cuda_host": 3}  # DLPack device types (cuda_host: page-locked memory)
 _POOLED_ALLOCATOR = 2
@@ -182,8 +183,15 @@ class TvmRuntime:
         self._device_frames: dict[tuple[int, ...], Any] = {}  # frame batch shape -> the device buffer they go to
         self._staging: dict[tuple[int, ...], _Staged] = {}  # crop shape -> where other arrays' crop is copied
         self._taps: dict[tuple[int, int, int, int], tuple[Any, Any]] = {}  # crop box -> the device tap tables
-        # the postprocess function's (N, 2, k) result: scores, then classes (float64), one small copy back
+        # the postprocess function's (N, 2, k) result: scores, then classes (float64), written by the kernel into
+        # page-locked host memory through the GPU's address for it where the driver gives one, else copied back
         self._top = self._staged(top_shape(manifest), "float64") if self._postprocess is not None else None
+        self._top_view: Optional[DeviceView] = None
+        if self._top is not None and target.device == "cuda":
+            address = device_pointer(self._top.host.data_ptr())
+            if address is not None:
+                self._top_view = DeviceView(self._top.array, address, _DEVICE_TYPE["cuda"], 0)
+                self._top = _Staged(self._top.host, self._top.array, tvm_ffi.from_dlpack(self._top_view))
         if target.device == "cuda":
             # tvm_ffi releases the GIL around every call by default; these return once the work is queued (the
             # stream sync: once a frame's kernels are done, tens of microseconds): released, the loop's thread
@@ -343,9 +351,9 @@ class TvmRuntime:
         out = self._main(*[s.device for s in self._inputs])
         self._postprocess(self._output_list(out)[0], self._top.device)
         full = self._outputs(out) if outputs else []
-        if self._top.device is not self._top.host:
+        if self._top.device is not self._top.host and self._top_view is None:
             self._copy(self._top.device, self._top.host)
-            self.synchronize()
+        self.synchronize()  # (on a CPU, a no-op: the function has run)
         return self._top.array, full
 
     def run_kernel(self) -> None:
@@ -386,6 +394,8 @@ class TvmRuntime:
             "top_k_on_device": self.top_k_on_device,  # postprocessing by its postprocess function
             # how a lent frame batch's crop box reaches the GPU: the driver's copy, or why it is staged instead
             "frame_box_copy": self._frame_box_copy(),
+            # where the device's top k lands: written by the kernel into host memory, or copied back after it
+            "top_k_output": None if self._top is None else "mapped host memory" if self._top_view else "copied back",
             "gpu": dataclasses.asdict(self._gpu) if self._gpu else None,
             "loaded_tvm_libraries": loaded_tvm_libraries(),
         }
