@@ -12,6 +12,8 @@ For each batch-1 bundle and video, one process, one GPU:
   gpu, host top  the same with the top k on the host (run_loaded: the outputs come back) and load_frames waited
                  for: part 1's target, infer / kernel <= 1.15 (the infer stage is then the model and its output
                  copy alone)
+  gpu, in place  the gpu path with the preprocessing kernel reading each lent frame where it is (frames_in_place:
+                 the default where the GPU shares the host's memory, a Jetson; here it reads over PCIe), no copy
   cpu path       the same loop with the bundle's preprocessing library left out: preprocess.py on the CPU into
                  the runtime's page-locked input, then run() and top_k on the host
   agreement      every frame of the video through both paths: max |input difference| after normalisation, the
@@ -206,6 +208,8 @@ def batch1(bundle: Path, videos: list[Path], work: Path) -> list[dict[str, Any]]
     manifest = extract_bundle(bundle, rdir)
     gpu = TvmRuntime(rdir, manifest, LIB)
     gpu_host_top = host_top_k(TvmRuntime(rdir, manifest, LIB))
+    # the kernel reading each lent frame in place (what a Jetson does by default): here over PCIe
+    in_place = TvmRuntime(rdir, manifest, LIB, frames_in_place=True)
     cpu = TvmRuntime(rdir, without_module(manifest), LIB)
     assert gpu.frames_on_device and not cpu.frames_on_device, "the bundle has no preprocessing module"
     assert gpu.top_k_on_device, "the bundle's library has no postprocess function"
@@ -216,11 +220,15 @@ def batch1(bundle: Path, videos: list[Path], work: Path) -> list[dict[str, Any]]
         _, first = cap.read()
         cap.release()
         row: dict[str, Any] = {"bundle": bundle.stem, "video": f"{first.shape[1]}x{first.shape[0]}", "kernel": kernel}
-        for name, rt in (("cpu", cpu), ("gpu", gpu), ("gpu_host_top", gpu_host_top)):
+        for name, rt in (("cpu", cpu), ("gpu", gpu), ("gpu_host_top", gpu_host_top), ("gpu_in_place", in_place)):
             rt.run([np.zeros(manifest.inputs[0].shape, np.float32)])  # warm
             row[name] = loop_p50(rt, manifest, rdir, video, work / f"store-{bundle.stem}-{video.stem}-{name}")
         row["agreement"] = agreement(cpu, gpu, manifest, video)
-        for name in ("gpu", "gpu_host_top"):  # the loops' predictions, frame by frame, against the CPU path's
+        for name in (
+            "gpu",
+            "gpu_host_top",
+            "gpu_in_place",
+        ):  # the loops' predictions, frame by frame, against the CPU's
             ours, theirs = row[name].pop("classes"), row["cpu"]["classes"]
             differ = sum(a != b for a, b in zip(ours, theirs, strict=False)) + abs(len(ours) - len(theirs))
             row["agreement"][f"loop_{name}_frames_differ"] = differ
@@ -295,7 +303,7 @@ def main() -> None:
     print("| bundle | video | path | fps | preprocess | infer | postprocess | kernel | frames copied |")
     print("|---|---|---|---|---|---|---|---|---|")
     for r in result["bs1"]:
-        for path in ("cpu", "gpu_host_top", "gpu"):
+        for path in ("cpu", "gpu_host_top", "gpu", "gpu_in_place"):
             m = r[path]
             print(
                 f"| {r['bundle']} | {r['video']} | {path} | {m['fps']:.0f} | {m['preprocess']:.3f} | {m['infer']:.3f} "
@@ -353,7 +361,8 @@ def main() -> None:
             f"top-1 changed {a['top1_changed']:.4f}; device top k: classes differ on {a['top_k_classes_differ']} "
             f"frames, max |score diff| {a['max_abs_top_k_score_diff']:.3g} (tolerance 1e-12); the agent's loop, top k "
             f"classes unlike the CPU path's on {a['loop_gpu_frames_differ']} frames (GPU path), "
-            f"{a['loop_gpu_host_top_frames_differ']} (top k on the host)"
+            f"{a['loop_gpu_host_top_frames_differ']} (top k on the host), "
+            f"{a['loop_gpu_in_place_frames_differ']} (frames read in place)"
         )
     if args.json:
         args.json.write_text(json.dumps(result, indent=1))

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 _CC_MAJOR, _CC_MINOR = 75, 76  # CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_{MAJOR,MINOR}
+_INTEGRATED = 18  # CU_DEVICE_ATTRIBUTE_INTEGRATED: the GPU shares the host's memory (Jetson)
 
 
 @dataclass(frozen=True)
@@ -17,6 +18,7 @@ class CudaDevice:
     driver_api: str  # e.g. "13.0" (what cuDriverGetVersion says)
     name: str
     sm: int  # e.g. 75
+    integrated: bool = False  # shares the host's memory (a Jetson): page-locked host memory is the GPU's too
 
 
 def _version(v: int) -> str:
@@ -36,16 +38,20 @@ def probe_cuda(libcuda: str = "libcuda.so.1") -> tuple[CudaDevice | None, str]:
         cuda.cuDriverGetVersion(ctypes.byref(version))
         if cuda.cuDeviceGetCount(ctypes.byref(count)) != 0 or count.value < 1:
             return None, "CUDA driver reports no device"
-        dev, major, minor = ctypes.c_int(), ctypes.c_int(), ctypes.c_int()
+        dev, major, minor, integrated = ctypes.c_int(), ctypes.c_int(), ctypes.c_int(), ctypes.c_int()
         cuda.cuDeviceGet(ctypes.byref(dev), 0)
         cuda.cuDeviceGetAttribute(ctypes.byref(major), _CC_MAJOR, dev)
         cuda.cuDeviceGetAttribute(ctypes.byref(minor), _CC_MINOR, dev)
+        cuda.cuDeviceGetAttribute(ctypes.byref(integrated), _INTEGRATED, dev)
         name = ctypes.create_string_buffer(256)
         cuda.cuDeviceGetName(name, 256, dev)
     except AttributeError as e:
         return None, f"libcuda is incomplete ({e})"
     return CudaDevice(
-        driver_api=_version(version.value), name=name.value.decode(errors="replace"), sm=major.value * 10 + minor.value
+        driver_api=_version(version.value),
+        name=name.value.decode(errors="replace"),
+        sm=major.value * 10 + minor.value,
+        integrated=bool(integrated.value),
     ), ""
 
 

@@ -48,13 +48,15 @@ def lay_out_as_before_slots(root: Path) -> None:
     shutil.rmtree(root / "models")
 
 
-def fake_libcuda(tmp: Path, driver: int, sm: int, name: str) -> str:
+def fake_libcuda(tmp: Path, driver: int, sm: int, name: str, integrated: bool = False) -> str:
     """Build tests/fixtures/fake_libcuda.c answering one GPU (what a GPU-less machine cannot provide for real);
-    the library's path, named libcuda.so.1 in a folder of its own (for LD_LIBRARY_PATH)."""
+    the library's path, named libcuda.so.1 in a folder of its own (for LD_LIBRARY_PATH). `integrated`: a GPU that
+    shares the host's memory (a Jetson's)."""
     require("GCC", "needs gcc to build the fake driver" if shutil.which("gcc") is None else None)
-    out = tmp / f"libcuda-{driver}-{sm}"
+    out = tmp / f"libcuda-{driver}-{sm}{'-integrated' if integrated else ''}"
     out.mkdir(exist_ok=True)
     lib = out / "libcuda.so.1"
     defines = [f"-DDRIVER={driver}", f"-DMAJOR={sm // 10}", f"-DMINOR={sm % 10}", f'-DNAME="{name}"']
+    defines.append(f"-DINTEGRATED={int(integrated)}")
     subprocess.run(["gcc", "-shared", "-fPIC", *defines, "-o", str(lib), str(FAKE_LIBCUDA)], check=True)
     return str(lib)

@@ -21,9 +21,11 @@ def gpu_manifest(tmp: Path, sm: int, min_driver: str):
 
 
 def test_probe_reads_the_driver(tmp_path: Path) -> None:
-    gpu, reason = probe_cuda(fake_libcuda(tmp_path, 11040, 72, "Xavier"))
+    gpu, reason = probe_cuda(fake_libcuda(tmp_path, 11040, 72, "Xavier", integrated=True))
     assert gpu is not None and reason == ""
-    assert (gpu.driver_api, gpu.sm, gpu.name) == ("11.4", 72, "Xavier")
+    assert (gpu.driver_api, gpu.sm, gpu.name, gpu.integrated) == ("11.4", 72, "Xavier", True)
+    t4, _ = probe_cuda(fake_libcuda(tmp_path, 13000, 75, "Tesla T4"))
+    assert t4 is not None and not t4.integrated  # a discrete GPU: frames are copied, not read in place
     assert probe_cuda(str(tmp_path / "absent.so")) == (None, "no CUDA driver (libcuda.so.1 not found)")
 
 

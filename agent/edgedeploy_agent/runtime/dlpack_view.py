@@ -60,12 +60,15 @@ _CODES = {"i": 0, "u": 1, "f": 2}
 
 
 class DeviceView:
-    """`array`'s shape and dtype at `address` on (device_type, device_id), DLPack's device types (2: CUDA)."""
+    """`array`'s shape and dtype at `address` on (device_type, device_id), DLPack's device types (2: CUDA); it
+    keeps `owner` (what holds the memory; the array by default) alive."""
 
-    def __init__(self, array: np.ndarray, address: int, device_type: int, device_id: int = 0) -> None:
+    def __init__(
+        self, array: np.ndarray, address: int, device_type: int, device_id: int = 0, owner: Any = None
+    ) -> None:
         if not array.flags.c_contiguous or array.dtype.kind not in _CODES:
             raise ValueError(f"a view needs a contiguous int, uint or float array, not {array.dtype} {array.flags}")
-        self.owner = array
+        self.owner = array if owner is None else owner
         self._shape = (ctypes.c_int64 * array.ndim)(*array.shape)
         dtype = _DataType(_CODES[array.dtype.kind], array.dtype.itemsize * 8, 1)
         tensor = _Tensor(address, _Device(device_type, device_id), array.ndim, dtype, self._shape, None, 0)

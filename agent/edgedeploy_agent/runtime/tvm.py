@@ -131,7 +131,11 @@ class TvmRuntime:
         runtime_lib: Optional[str] = None,
         cuda_backend: str = "auto",
         cuda_backend_lib: Optional[str] = None,
+        frames_in_place: Optional[bool] = None,
     ) -> None:
+        """`frames_in_place`: the preprocessing kernel reads a lent frame batch where it is, through the GPU's
+        address for that page-locked memory, instead of a copy of its crop box; by default where the GPU shares
+        the host's memory (a Jetson: there it is the same memory, so the copy is pure waste)."""
         target = manifest.target
         gpu, reason = probe_cuda() if target.device == "cuda" else (None, "")
         check_compatible(manifest, gpu=gpu, gpu_reason=reason)
@@ -180,6 +184,7 @@ class TvmRuntime:
         self._lent: dict[int, _Lent] = {}  # data address -> a frame batch lent (frame_batch) and not yet dropped
         # a lent batch's crop box goes to the GPU alone (cuda_copy.py); without the driver's copy, through staging
         self._box_copy, self._no_box_copy = load_box_copy() if target.device == "cuda" else (None, None)
+        self._in_place = bool(gpu.integrated if frames_in_place is None and gpu is not None else frames_in_place)
         self._device_frames: dict[tuple[int, ...], Any] = {}  # frame batch shape -> the device buffer they go to
         self._staging: dict[tuple[int, ...], _Staged] = {}  # crop shape -> where other arrays' crop is copied
         self._taps: dict[tuple[int, int, int, int], tuple[Any, Any]] = {}  # crop box -> the device tap tables
@@ -246,23 +251,29 @@ class TvmRuntime:
     def frame_batch(self, height: int, width: int) -> np.ndarray:
         """A new page-locked uint8 batch (N, height, width, 3), N the model's batch: a caller that fills it (a
         decoder, a batcher) and hands it to load_frames saves the host copy, and on a GPU only its crop box is
-        copied to the device. Each call lends another; all of one resolution share one device buffer
-        (load_frames waits until its copy is done). A batch the caller drops is given back: its memory, and its
-        resolution's device buffer with the last of them, are freed (a camera that changes resolution does not
-        keep the old one's buffers)."""
+        copied to the device (or, in place, not at all: __init__'s frames_in_place). Each call lends another; all
+        of one resolution share one device buffer (the copies and the kernels reading it are in order on one
+        stream). A batch the caller drops is given back: its memory, and its resolution's device buffer with the
+        last of them, are freed (a camera that changes resolution does not keep the old one's buffers)."""
         shape = (self._manifest.inputs[0].shape[0], height, width, 3)
         if self._manifest_device == "cuda":
-            box = crop_box(height, width, self._manifest.preprocess)
             host = self._alloc(shape, "uint8", self._pinned, None)
+        else:
+            host = device = self._alloc(shape, "uint8", self._device, None)
+            region, params = shape, None
+        array = np.from_dlpack(host)  # keeps `host` alive as long as the caller holds it (or a view of it)
+        address = device_pointer(host.data_ptr()) if self._manifest_device == "cuda" and self._in_place else None
+        self._in_place = address is not None  # (the driver gave no address: the box copy from now on)
+        if address is not None:  # the kernel reads the batch where it is, as on a CPU (upload_frames)
+            view = DeviceView(array, address, _DEVICE_TYPE["cuda"], 0, owner=host)
+            device, region, params = self._ffi.from_dlpack(view), shape, None
+        elif self._manifest_device == "cuda":
+            box = crop_box(height, width, self._manifest.preprocess)
             region = (shape[0], box[2], box[3], 3)
             device = self._device_frames.get(region)
             if device is None:
                 device = self._device_frames[region] = self._alloc(region, "uint8", self._device, None)
             params = box_params(host.data_ptr(), device.data_ptr(), shape, box)
-        else:
-            host = device = self._alloc(shape, "uint8", self._device, None)
-            region, params = shape, None
-        array = np.from_dlpack(host)  # keeps `host` alive as long as the caller holds it (or a view of it)
         self._lent[array.ctypes.data] = _Lent(shape, host, device, region, params)
         weakref.finalize(array, _given_back, self._lent, self._device_frames, array.ctypes.data)
         return array
@@ -294,7 +305,7 @@ class TvmRuntime:
         top, left, height, width = box = crop_box(frames.shape[1], frames.shape[2], self._manifest.preprocess)
         lent = self._lent.get(frames.ctypes.data)
         if lent is not None and lent.shape == frames.shape:
-            if lent.params is None:  # a CPU's preprocessing reads the batch where it is
+            if lent.params is None:  # read where it is: a CPU's preprocessing, or a GPU's in place (frame_batch)
                 return _Staged(lent.host, frames, lent.device), box
             if self._box_copy is not None and self._box_copy(lent.params):  # else (a failure): staged below
                 return _Staged(lent.host, frames, lent.device), (0, 0, height, width)
@@ -403,6 +414,8 @@ class TvmRuntime:
     def _frame_box_copy(self) -> Optional[str]:
         if self._manifest_device != "cuda":
             return None
+        if self._in_place:
+            return "none: read in place"
         return self._no_box_copy or (self._box_copy.failure if self._box_copy else None) or "cuMemcpy3DAsync"
 
     def close(self) -> None:
