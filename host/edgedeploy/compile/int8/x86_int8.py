@@ -977,6 +977,9 @@ def quantize_pack_kernel(kind: DotKind, shape: ConvShape, scale: float, zero: in
 # (its tensor intrinsic is the channel-lane 1x1 kernel's: weights as the vector, the pixel's channels broadcast)
 VNNI_OC = DotKind("avx512-vnni-oc", "avx512_vnni", 16, 4, "uint8", "int8", VNNI_BY_CHANNEL.intrinsic)
 OC_BLOCKS = 2  # 16-channel accumulators per pixel in the register block
+# the same on AVX2: vpmaddwd with 8 output channels x 2 input channels of int16 weights as the vector, the pixel's 2
+# int16 channels broadcast (one 32-bit word of conv_kernel's AVX2 packing)
+AVX2_OC = DotKind("avx2-oc", "avx2", 8, 2, "int16", "int16", AVX2.intrinsic)
 OC_PIXELS = 7  # pixels of a row per register block at most (a divisor of the row's width)
 
 
@@ -985,40 +988,64 @@ def oc_pixels(width: int) -> int:
     return next(p for p in range(min(OC_PIXELS, width), 0, -1) if width % p == 0)
 
 
-def oc_shape(x_shape: tuple[int, ...], weight_shape: tuple[int, ...], attrs: Any) -> ConvShape:
-    """conv_shape for conv_oc_kernel: the packed activations' rows cover whole blocks of oc_pixels."""
-    base = conv_shape(VNNI, x_shape, weight_shape, attrs)
-    return dataclasses.replace(base, lanes=oc_pixels(base.out_hw[1]))
+def oc_block(kind: DotKind, o: int, width: int) -> tuple[int, int]:
+    """conv_oc_kernel's register block: (L-channel accumulators per pixel, pixels of one output row). VNNI_OC:
+    OC_BLOCKS x oc_pixels. AVX2_OC (16 ymm registers; the product needs one of its own, vpmaddwd does not
+    accumulate): 2 x 4 where the row splits in 4s, else 2 x oc_pixels (7: 14 accumulators, the weight vectors read
+    from memory); measured one thread on Zen 4 over ResNet-18's layers against 1 x 7, 1 x 8, 4 x 2 and 2 x 2
+    (the 7-pixel rows: 2 x 7 1.39 ms against 1.65 for 1 x 7 and 2.5 for 4 x 2)."""
+    if kind == VNNI_OC:
+        return OC_BLOCKS, oc_pixels(width)
+    pixels = 4 if width % 4 == 0 else oc_pixels(width)
+    return (2 if o % (2 * kind.lanes) == 0 else 1), pixels
+
+
+def oc_shape(x_shape: tuple[int, ...], weight_shape: tuple[int, ...], attrs: Any, kind: DotKind = VNNI_OC) -> ConvShape:
+    """conv_shape for conv_oc_kernel: the packed activations' rows cover whole blocks of oc_block's pixels."""
+    base = conv_shape(kind, x_shape, weight_shape, attrs)
+    return dataclasses.replace(base, lanes=oc_block(kind, base.o, base.out_hw[1])[1])
 
 
 def oc_eligible(kind: DotKind, attrs: Any, weight_shape: tuple[int, ...]) -> bool:
-    """conv_eligible on a VNNI profile, with output channels in blocks of 16 x OC_BLOCKS and input channels in
-    blocks of 4. A stem's 3 channels keep conv_kernel: there each broadcast word is a quarter padding, and the
-    per-pixel epilogue weighs more against 49 taps of one channel block (ResNet-18's stem: 2.1 ms against 1.1)."""
+    """conv_eligible with output channels in blocks of 16 x OC_BLOCKS and input channels in blocks of 4 (VNNI), or
+    on AVX2 in blocks of 8 and 2. A stem's 3 channels keep conv_kernel: there each broadcast word is padding in
+    part, and the per-pixel epilogue weighs more against 49 taps of one channel block (ResNet-18's stem on VNNI:
+    2.1 ms against 1.1)."""
     o, c = weight_shape[:2]
-    return (
-        kind.cpu_flag == VNNI.cpu_flag
-        and conv_eligible(kind, attrs, weight_shape)
-        and o % (OC_BLOCKS * VNNI_OC.lanes) == 0
-        and c % 4 == 0
-    )
+    if kind.cpu_flag == VNNI.cpu_flag:
+        return conv_eligible(kind, attrs, weight_shape) and o % (OC_BLOCKS * VNNI_OC.lanes) == 0 and c % 4 == 0
+    return kind == AVX2 and conv_eligible(kind, attrs, weight_shape) and o % AVX2_OC.lanes == 0 and c % 2 == 0
 
 
-def pack_oc_weights(w: np.ndarray) -> np.ndarray:
-    """[O, C, KH, KW] int8 -> [O/16, C/4, KH, KW, 16, 4] int8 (padded input channels get 0)."""
+OC_KINDS = {VNNI: VNNI_OC, AVX2: AVX2_OC}  # the profile's dot kind -> conv_oc_kernel's
+
+
+def pack_oc_weights(w: np.ndarray, kind: DotKind = VNNI_OC) -> np.ndarray:
+    """[O, C, KH, KW] int8 -> [O/L, C/K, KH, KW, L, K] in the kind's weight type (VNNI_OC: int8, 16 x 4; AVX2_OC:
+    int16, 8 x 2; padded input channels get 0)."""
     o, c, kh, kw = w.shape
-    cb = -(-c // 4)
-    padded = np.zeros((o, cb * 4, kh, kw), np.int8)
+    lanes, depth = kind.lanes, kind.depth
+    cb = -(-c // depth)
+    padded = np.zeros((o, cb * depth, kh, kw), np.int8)
     padded[:, :c] = w
-    return np.ascontiguousarray(padded.reshape(o // 16, 16, cb, 4, kh, kw).transpose(0, 2, 4, 5, 1, 3))
+    blocked = padded.reshape(o // lanes, lanes, cb, depth, kh, kw).transpose(0, 2, 4, 5, 1, 3)
+    return np.ascontiguousarray(blocked).astype(kind.weight_dtype)
 
 
 def conv_oc_kernel(
-    shape: ConvShape, zy: int, out_dtype: str, center: int | None = None, pixel_major: bool = False
+    shape: ConvShape,
+    zy: int,
+    out_dtype: str,
+    center: int | None = None,
+    pixel_major: bool = False,
+    kind: DotKind = VNNI_OC,
+    blocks: int | None = None,
 ) -> Any:
-    """conv_kernel's function on VNNI (same packed activations, for a ConvShape of oc_shape; weights from
+    """conv_kernel's function (same packed activations, for a ConvShape of oc_shape; weights from
     pack_oc_weights) with the lanes over output channels: `(X packed, W packed, bias int32[O], mult float32[O])
     -> Y[N, O, OH, OW]`, Y = clip(round((acc + bias) * mult) + zy) in out_dtype (or minus `center` in float32).
+    `kind`: VNNI_OC (vpdpbusd, 16 channels x 4) or AVX2_OC (vpmaddwd, 8 channels x 2 int16); `blocks`: L-channel
+    accumulators per pixel in the register block (default: oc_block's).
     `pixel_major`: Y is [N, OH, OW, O] instead, so each pixel's 16 requantized channels are one contiguous store
     rather than 16 bytes OH * OW apart (ResNet-18's 64->64 3x3 at 56x56, whose short reductions make the
     epilogue weigh: 0.56 -> 0.51 ms, the kernel alone)."""
@@ -1026,16 +1053,17 @@ def conv_oc_kernel(
     from tvm.s_tir import Schedule
 
     register_channel_intrinsics()
-    s, lanes, pixels = shape.stride, VNNI_OC.lanes, shape.lanes
+    s, lanes, depth, pixels = shape.stride, kind.lanes, kind.depth, shape.lanes
     (oh, ow), cb, n, o = shape.out_hw, shape.channel_blocks, shape.n, shape.o
-    x = te.placeholder(shape.packed_shape, "uint8", name="x")
-    wt = te.placeholder((o // lanes, cb, shape.kh, shape.kw, lanes, 4), "int8", name="w")
+    blocks = oc_block(kind, o, ow)[0] if blocks is None else blocks
+    x = te.placeholder(shape.packed_shape, kind.act_dtype, name="x")
+    wt = te.placeholder((o // lanes, cb, shape.kh, shape.kw, lanes, depth), kind.weight_dtype, name="w")
     bias = te.placeholder((o,), "int32", name="bias")
     mult = te.placeholder((o,), "float32", name="mult")
     outer = [
         te.reduce_axis((0, e), name) if e > 1 else None for e, name in ((cb, "rc"), (shape.kh, "ri"), (shape.kw, "rj"))
     ]
-    rk = te.reduce_axis((0, 4), "rk")
+    rk = te.reduce_axis((0, depth), "rk")
     rc, ri, rj = (a if a is not None else 0 for a in outer)
     axes = [a for a in outer if a is not None]
 
@@ -1056,7 +1084,7 @@ def conv_oc_kernel(
         out = te.compute((n, o, oh, ow), result, name="out")
         sch = Schedule(te.create_prim_func([x, wt, bias, mult, out]))
         b, f, y, u = sch.get_loops(sch.get_sblock("out"))
-    fo, fb, fl = sch.split(f, [None, OC_BLOCKS, lanes])
+    fo, fb, fl = sch.split(f, [None, blocks, lanes])
     uo, ui = sch.split(u, [None, pixels])
     sch.reorder(b, fo, y, uo, fb, ui, fl)
     block = sch.get_sblock("acc")
@@ -1065,39 +1093,40 @@ def conv_oc_kernel(
     taps = len(axes)
     # the accumulator block's loops: channel blocks, pixels (compute_at makes none of extent 1), lanes, then the
     # taps and K
-    count = 1 + int(OC_BLOCKS > 1) + int(pixels > 1)
+    count = 1 + int(blocks > 1) + int(pixels > 1)
     spatial = loops[len(loops) - taps - 1 - count : len(loops) - taps - 1]
     reduction = loops[len(loops) - taps - 1 : len(loops) - 1]
     sch.reorder(*reduction, *spatial, loops[-1])
     sch.parallel(sch.fuse(b, fo, y, uo))
     sch.vectorize(fl)
     sch.decompose_reduction(block, reduction[0] if reduction else spatial[0])
-    sch.tensorize(spatial[-1], VNNI_OC.intrinsic)
+    sch.tensorize(spatial[-1], kind.intrinsic)
     for loop in spatial[:-1]:
         sch.unroll(loop)
-    return scheduled(sch, f"conv-{VNNI_OC.name}")
+    return scheduled(sch, f"conv-{kind.name}")
 
 
-def pack_pixel_major_kernel(shape: ConvShape, dtype: str, zx: int) -> Any:
-    """conv_oc_kernel's packed activations (pack_conv_activations' layout, input channels a multiple of 4) from a
-    pixel-major [N, H, W, C] 8-bit tensor, as one scheduled PrimFunc `(X) -> packed`: each pixel's 4 channels of
-    a block are one 32-bit move; the border is the zero point; int8 activations are shifted to uint8 (+128, the
-    zero point with them). Relax's transpose, pad, reshape and transpose of the same took 0.13 ms at 64x56x56
-    (TVM's default schedule), against 0.014 from an NCHW tensor."""
+def pack_pixel_major_kernel(shape: ConvShape, dtype: str, zx: int, kind: DotKind = VNNI_OC) -> Any:
+    """conv_oc_kernel's packed activations (pack_conv_activations' layout, input channels a multiple of K) from a
+    pixel-major [N, H, W, C] 8-bit tensor, as one scheduled PrimFunc `(X) -> packed` in the kind's operand type:
+    each pixel's K channels of a block are one 32-bit move; the border is the zero point; for uint8 operands (VNNI)
+    int8 activations are shifted to uint8 (+128, the zero point with them), for int16 ones (AVX2) widened. Relax's
+    transpose, pad, reshape and transpose of the same took 0.13 ms at 64x56x56 (TVM's default schedule), against
+    0.014 from an NCHW tensor."""
     from tvm import te, tirx
     from tvm.s_tir import Schedule
 
-    s, (top, left) = shape.stride, shape.pad[:2]
+    s, (top, left), depth, operand = shape.stride, shape.pad[:2], kind.depth, kind.act_dtype
     x = te.placeholder((shape.n, shape.h, shape.w, shape.c), dtype, name="x")
-    shift = operand_shift("uint8", dtype)
+    shift = operand_shift(operand, dtype)
     z = zx + shift
 
     def value(b: Any, cb: Any, ph: Any, pw: Any, yq: Any, xq: Any, k: Any) -> Any:
         r, c = s * yq + ph - top, s * xq + pw - left
         inside = tirx.all(r >= 0, r < shape.h, c >= 0, c < shape.w)
-        v = x[b, r, c, cb * 4 + k]
-        v = (v.astype("int16") + shift).astype("uint8") if shift else v
-        return tirx.if_then_else(inside, v, tirx.const(z, "uint8"))
+        v = x[b, r, c, cb * depth + k]
+        v = (v.astype("int16") + shift).astype(operand) if shift else v.astype(operand)
+        return tirx.if_then_else(inside, v, tirx.const(z, operand))
 
     out = te.compute(shape.packed_shape, value, name="packed")
     sch = Schedule(te.create_prim_func([x, out]))
