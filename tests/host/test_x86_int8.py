@@ -52,10 +52,12 @@ from edgedeploy.compile.int8.x86_int8 import (
     pack_oc_weights,
     pack_pixel_major_kernel,
     pack_weights,
+    pack_winograd_weights,
     pointwise_channel_kernel,
     pointwise_kernel,
     quantize_pack_kernel,
     residual_add_kernel,
+    winograd_kernel,
 )
 from edgedeploy.compile.tuning.metaschedule import scheduled_kernels, tunable_tasks
 from edgedeploy.profiles import get_profile
@@ -403,6 +405,50 @@ def test_conv_oc_kernel_is_exact(
 
 
 @pytest.mark.compile
+@pytest.mark.parametrize(
+    "n,c,o,h,w,pad,dtype,extreme",
+    [
+        (1, 64, 32, 7, 7, (1, 1, 1, 1), "uint8", False),  # ResNet's layer4 rows: odd, a partial 2x2 tile
+        (2, 12, 16, 14, 14, (1, 1, 1, 1), "int8", False),  # batch 2, int8 activations
+        (1, 8, 8, 9, 11, (0, 1, 2, 1), "uint8", False),  # asymmetric padding, one block of 8 channels
+        (1, 6, 24, 8, 8, (1, 1, 1, 1), "int8", False),  # 3 blocks of 8 output channels (1 a register block)
+        (1, 512, 16, 6, 6, (1, 1, 1, 1), "uint8", True),  # the channel bound: inputs 255, weights +-128 / 127
+        (1, 512, 16, 6, 6, (1, 1, 1, 1), "int8", True),  # the same, int8 inputs at -128
+    ],
+)
+def test_winograd_kernel_is_exact(
+    n: int, c: int, o: int, h: int, w: int, pad: tuple[int, ...], dtype: str, extreme: bool
+) -> None:
+    """The AVX2 Winograd F(2x2, 3x3) kernel on a pixel-major 8-bit input: its bytes equal numpy's int64 arithmetic
+    of the direct 3x3 convolution (zero point padding), also where every transform and partial sum is at its
+    largest (the inputs at the type's end, the weights of an output channel all -128 or all 127, 512 channels)."""
+    _runnable(AVX2)
+    rng = np.random.default_rng(c + o + h + w)
+    lo, hi = (0, 256) if dtype == "uint8" else (-128, 128)
+    x = rng.integers(lo, hi, (n, c, h, w)).astype(dtype)
+    zx = int(rng.integers(lo, hi))
+    wq = rng.integers(-128, 128, (o, c, 3, 3)).astype(np.int8)
+    if extreme:
+        x[:] = hi - 1 if dtype == "uint8" else lo
+        x[..., ::3, ::2] = lo if dtype == "uint8" else hi - 1  # alternating, so that tile transforms reach 4 * 255
+        zx = lo
+        wq[0], wq[1], wq[2, :, 1] = -128, 127, -128
+    bias = rng.integers(-5000, 5000, o).astype(np.int32)
+    mult = (rng.random(o) * (2e-4 if not extreme else 2e-8)).astype(np.float32)
+    shape = ConvShape(n, c, o, h, w, 3, 3, 1, pad, AVX2.lanes, AVX2.depth)
+    kernel = winograd_kernel(shape, dtype, zx, 7, "int8").with_attr("global_symbol", "main")
+    lib = tvm.compile(tvm.IRModule({"main": kernel}), target=tvm.target.Target(TARGETS[AVX2]))
+    dev = tvm.cpu()
+    xin = tvm.runtime.tensor(np.ascontiguousarray(x.transpose(0, 2, 3, 1)), dev)
+    args = [xin, *(tvm.runtime.tensor(a, dev) for a in (pack_winograd_weights(wq), bias, mult))]
+    y = tvm.runtime.tensor(np.zeros((n, *shape.out_hw, o), np.int8), dev)
+    lib(*args, y)
+    acc = _conv_reference(x, wq, zx, 1, pad)
+    want = np.round((acc + bias[None, :, None, None]).astype(np.float32) * mult[None, :, None, None]) + 7
+    assert np.array_equal(y.numpy().transpose(0, 3, 1, 2), np.clip(want, -128, 127).astype(np.int8))
+
+
+@pytest.mark.compile
 @pytest.mark.parametrize("kind", [VNNI_OC, AVX2_OC], ids=lambda k: k.name)
 @pytest.mark.parametrize("dtype", ["uint8", "int8"])
 @pytest.mark.parametrize(
@@ -729,11 +775,14 @@ def test_residual_network_convolutions_on_the_dot_product(kind: DotKind) -> None
         assert (script.count("int8_conv_"), script.count("int8_conv1x1")) == ((6, 2) if dot else (0, 0))
         assert ('out_ty=R.Tensor((1, 16, 15, 15), dtype="float32")' in script) == (dot is not None)
         # the 5 with output channels in blocks of 32 (VNNI) or 8 (AVX2) have the lanes over output channels (not
-        # the stem: 3 input channels)
+        # the stem: 3 input channels); on AVX2 the 3 of them with stride 1 are Winograd's
+        oc, winograd = (5, 0) if dot is VNNI else (2, 3)
         if dot is not None:
-            assert script.count(f"int8_conv_{dot.name.replace('-', '_')}_oc") == 5
-        # which write pixel-major tensors: the 4 convolutions that read one pack them with pack_pixel_major_kernel
-        assert script.count("int8_pack_pixel_major") == (4 if dot else 0)
+            assert script.count(f"int8_conv_{dot.name.replace('-', '_')}_oc") == oc
+            assert script.count("int8_conv_winograd_avx2") == winograd
+        # which write pixel-major tensors: the convolutions that read one pack them with pack_pixel_major_kernel
+        # (Winograd's reads it as it is)
+        assert script.count("int8_pack_pixel_major") == ((4 if dot is VNNI else 2) if dot else 0)
 
     outputs = _outputs_both_ways(qdq, [1, 3, 30, 30], kind, check, x)
     assert np.array_equal(outputs[0], outputs[1])

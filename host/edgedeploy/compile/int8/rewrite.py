@@ -49,11 +49,14 @@ from .x86_int8 import (
     pack_oc_weights,
     pack_pixel_major_kernel,
     pack_weights,
+    pack_winograd_weights,
     pointwise_channel_kernel,
     pointwise_eligible,
     pointwise_kernel,
     quantize_pack_kernel,
     residual_add_kernel,
+    winograd_eligible,
+    winograd_kernel,
 )
 
 _DQ = tvm.ir.Op.get("relax.dequantize")
@@ -516,6 +519,18 @@ class _Rewriter(relax.PyExprMutator):  # type: ignore[misc]
         and its requantize as one tensorized kernel."""
         assert self.dot is not None
         bb, x_shape = self.builder_, tuple(int(d) for d in xq.ty.shape)
+        if winograd_eligible(self.dot, attrs, w.shape) and str(xq.ty.dtype) in _INT_RANGE:  # AVX2 3x3 stride 1
+            # reads the pixel-major tensor a conv_oc_kernel or winograd_kernel wrote (else the NCHW input
+            # transposed), writes one, as conv_oc_kernel below
+            shape = conv_shape(self.dot, x_shape, w.shape, attrs)
+            inner = self._pixel_major(xq)
+            nhwc_in = inner if inner is not None else bb.emit(relax.op.permute_dims(xq, NCHW_TO_NHWC))
+            consts = _kernel_constants(pack_winograd_weights(w), w, zx, b_q, mult)
+            kernel = winograd_kernel(shape, str(xq.ty.dtype), zx, zy, dtype)
+            gv = bb.add_func(kernel, "int8_conv_winograd_avx2")
+            nhwc = relax.TensorType((shape.n, *shape.out_hw, shape.o), dtype)
+            y = bb.emit(relax.call_tir(gv, [nhwc_in, *consts], nhwc))
+            return relax.op.permute_dims(y, NHWC_TO_NCHW)
         if oc_eligible(self.dot, attrs, w.shape):  # lanes over output channels
             dot = OC_KINDS[self.dot]
             shape = oc_shape(x_shape, w.shape, attrs, dot)
