@@ -412,6 +412,7 @@ def test_conv_oc_kernel_is_exact(
         (2, 12, 16, 14, 14, (1, 1, 1, 1), "int8", False),  # batch 2, int8 activations
         (1, 8, 8, 9, 11, (0, 1, 2, 1), "uint8", False),  # asymmetric padding, one block of 8 channels
         (1, 6, 24, 8, 8, (1, 1, 1, 1), "int8", False),  # 3 blocks of 8 output channels (1 a register block)
+        (1, 64, 64, 6, 10, (1, 1, 1, 1), "uint8", False),  # weights of 8 KB a tile position: the 8 x 1 block
         (1, 512, 16, 6, 6, (1, 1, 1, 1), "uint8", True),  # the channel bound: inputs 255, weights +-128 / 127
         (1, 512, 16, 6, 6, (1, 1, 1, 1), "int8", True),  # the same, int8 inputs at -128
     ],

@@ -1176,13 +1176,17 @@ def pack_winograd_weights(w: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(blocked).astype(np.int16)
 
 
-def winograd_tiles(o: int, tiles: int) -> tuple[int, int]:
-    """The Winograd product's register block: (8-channel accumulators per tile, tiles). 2 x 4 where the tiles come
-    in fours, else up to 4 x 1 (ResNet-18's 7x7 tiles of 256 channels: 4 x 1 0.64 ms, 1 x 7 0.69, 2 x 7 1.02,
-    which spills; on the 28x28 and 14x14 tiles 8 x 1 was within 5 % of 2 x 4, one thread on Zen 4)."""
+def winograd_tiles(o: int, c: int, tiles: int) -> tuple[int, int]:
+    """The Winograd product's register block: (8-channel accumulators per tile, tiles). 8 x 1 where one tile
+    position's weights are at most 8 KB (they stay in L1; ResNet-18's 64 -> 64 at 56x56: 0.78 ms against 0.83 for
+    2 x 4); else 2 x 4 where the tiles come in fours, else up to 4 x 1 (ResNet-18's 7x7 tiles of 256 channels:
+    4 x 1 0.64 ms, 1 x 7 0.69, 2 x 7 1.02, which spills). One thread on Zen 4, the kernel alone."""
+    lanes = AVX2_OC.lanes
+    if o * c * 2 <= 8192 and o % (8 * lanes) == 0:
+        return 8, 1
     if tiles % 4 == 0:
-        return (2 if o % (2 * AVX2_OC.lanes) == 0 else 1), 4
-    return next(b for b in (4, 2, 1) if o % (b * AVX2_OC.lanes) == 0), 1
+        return (2 if o % (2 * lanes) == 0 else 1), 4
+    return next(b for b in (4, 2, 1) if o % (b * lanes) == 0), 1
 
 
 def _linear(terms: list[tuple[int, Any]]) -> Any:
@@ -1267,7 +1271,7 @@ def winograd_kernel(shape: ConvShape, dtype: str, zx: int, zy: int, out_dtype: s
     # the products: conv_oc_kernel's register block over (channel blocks, tiles), per tile position
     block = sch.get_sblock("M")
     b, a, e, t, f, r, k = sch.get_loops(block)
-    blocks, tiles = winograd_tiles(o, nt)
+    blocks, tiles = winograd_tiles(o, c, nt)
     fo, fb, fl = sch.split(f, [None, blocks, 8])
     to, ti = sch.split(t, [None, tiles])
     sch.reorder(b, a, e, fo, to, r, fb, ti, fl, k)
