@@ -350,6 +350,7 @@ def test_conv_kernel_is_exact(
         (1, 8, 32, 9, 11, 3, 1, (0, 1, 2, 1), "uint8", None),  # asymmetric padding, 11-pixel rows: 1 a block
         (1, 5, 32, 9, 9, 3, 1, (1, 1, 1, 1), "int8", 3),  # channels no multiple of K; float32 output - center
         (1, 6, 32, 8, 8, 3, 1, (1, 1, 1, 1), "uint8", None),  # rows of 8: AVX2's 2 x 4 block
+        (1, 8, 32, 6, 6, 3, 1, (1, 1, 1, 1), "int8", None),  # rows of 6: AVX2's 4 x 2 block
         (1, 4, 8, 9, 9, 3, 1, (1, 1, 1, 1), "int8", None),  # 8 output channels: one AVX2 block of 8 (VNNI: none)
     ],
 )

@@ -991,13 +991,18 @@ def oc_pixels(width: int) -> int:
 def oc_block(kind: DotKind, o: int, width: int) -> tuple[int, int]:
     """conv_oc_kernel's register block: (L-channel accumulators per pixel, pixels of one output row). VNNI_OC:
     OC_BLOCKS x oc_pixels. AVX2_OC (16 ymm registers; the product needs one of its own, vpmaddwd does not
-    accumulate): 2 x 4 where the row splits in 4s, else 2 x oc_pixels (7: 14 accumulators, the weight vectors read
-    from memory); measured one thread on Zen 4 over ResNet-18's layers against 1 x 7, 1 x 8, 4 x 2 and 2 x 2
-    (the 7-pixel rows: 2 x 7 1.39 ms against 1.65 for 1 x 7 and 2.5 for 4 x 2)."""
+    accumulate): 2 x 4 where the row splits in 4s, 4 x 2 where it splits in 2s (ResNet-18's 256-channel 3x3
+    stride 2 with 14-pixel rows: 0.74 ms against 0.88 for 2 x 7), else 2 x oc_pixels (7: 14 accumulators, the
+    weight vectors read from memory; ResNet-18's 7-pixel rows at 512 channels: 2 x 7 1.39 ms against 1.65 for
+    1 x 7 and 2.5 for 4 x 2). One thread on Zen 4, the kernels alone."""
     if kind == VNNI_OC:
         return OC_BLOCKS, oc_pixels(width)
-    pixels = 4 if width % 4 == 0 else oc_pixels(width)
-    return (2 if o % (2 * kind.lanes) == 0 else 1), pixels
+    lanes = kind.lanes
+    if width % 4 == 0:
+        return (2 if o % (2 * lanes) == 0 else 1), 4
+    if width % 2 == 0 and o % (4 * lanes) == 0:
+        return 4, 2
+    return (2 if o % (2 * lanes) == 0 else 1), oc_pixels(width)
 
 
 def oc_shape(x_shape: tuple[int, ...], weight_shape: tuple[int, ...], attrs: Any, kind: DotKind = VNNI_OC) -> ConvShape:
