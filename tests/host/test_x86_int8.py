@@ -23,10 +23,12 @@ from edgedeploy.compile.int8.quantize import QuantizeOptions, quantizable_layers
 from edgedeploy.compile.int8.rewrite import rewrite_int8
 from edgedeploy.compile.int8.x86_int8 import (
     AVX2,
+    AVX2_OC,
     FLOAT_AVX2,
     FLOAT_AVX512,
     VNNI,
     VNNI_256,
+    VNNI_OC,
     ConvShape,
     DotKind,
     conv_kernel,
@@ -39,7 +41,7 @@ from edgedeploy.compile.int8.x86_int8 import (
     for_row,
     matvec_kernel,
     max_pool_kernel,
-    oc_pixels,
+    oc_block,
     pack_activations_numpy,
     pack_channel_weights,
     pack_conv_activations,
@@ -50,10 +52,12 @@ from edgedeploy.compile.int8.x86_int8 import (
     pack_oc_weights,
     pack_pixel_major_kernel,
     pack_weights,
+    pack_winograd_weights,
     pointwise_channel_kernel,
     pointwise_kernel,
     quantize_pack_kernel,
     residual_add_kernel,
+    winograd_kernel,
 )
 from edgedeploy.compile.tuning.metaschedule import scheduled_kernels, tunable_tasks
 from edgedeploy.profiles import get_profile
@@ -336,6 +340,7 @@ def test_conv_kernel_is_exact(
 
 
 @pytest.mark.compile
+@pytest.mark.parametrize("kind", [VNNI_OC, AVX2_OC], ids=lambda k: k.name)
 @pytest.mark.parametrize(
     "n,c,o,h,w,k,stride,pad,out,center",
     [
@@ -343,11 +348,15 @@ def test_conv_kernel_is_exact(
         (2, 12, 64, 14, 14, 3, 2, (1, 1, 1, 1), "int8", None),  # stride 2, batch 2, two register blocks
         (1, 16, 32, 10, 10, 1, 2, (0, 0, 0, 0), "uint8", None),  # a downsampling shortcut: 1x1, stride 2
         (1, 8, 32, 9, 11, 3, 1, (0, 1, 2, 1), "uint8", None),  # asymmetric padding, 11-pixel rows: 1 a block
-        (1, 5, 32, 9, 9, 3, 1, (1, 1, 1, 1), "int8", 3),  # channels no multiple of 4; float32 output - center
+        (1, 5, 32, 9, 9, 3, 1, (1, 1, 1, 1), "int8", 3),  # channels no multiple of K; float32 output - center
+        (1, 6, 32, 8, 8, 3, 1, (1, 1, 1, 1), "uint8", None),  # rows of 8: AVX2's 2 x 4 block
+        (1, 8, 32, 6, 6, 3, 1, (1, 1, 1, 1), "int8", None),  # rows of 6: AVX2's 4 x 2 block
+        (1, 4, 8, 9, 9, 3, 1, (1, 1, 1, 1), "int8", None),  # 8 output channels: one AVX2 block of 8 (VNNI: none)
     ],
 )
 @pytest.mark.parametrize("pixel_major", [False, True], ids=["nchw", "nhwc"])
 def test_conv_oc_kernel_is_exact(
+    kind: DotKind,
     n: int,
     c: int,
     o: int,
@@ -360,22 +369,28 @@ def test_conv_oc_kernel_is_exact(
     center: int | None,
     pixel_major: bool,
 ) -> None:
-    """conv_oc_kernel (VNNI, lanes over output channels, the 4 input channels of a pixel broadcast) on conv_kernel's
-    packed activations, its output NCHW or pixel-major: its bytes equal numpy's int64 arithmetic."""
-    _runnable(VNNI)
+    """conv_oc_kernel (lanes over output channels, the K input channels of a pixel broadcast: VNNI's 16 x 4 uint8 x
+    int8, AVX2's 8 x 2 int16 x int16) on conv_kernel's packed activations, its output NCHW or pixel-major: its
+    bytes equal numpy's int64 arithmetic, with full-range activations and weights (no int16 saturation)."""
+    base_kind = VNNI if kind == VNNI_OC else AVX2
+    _runnable(base_kind)
+    blocks = oc_block(kind, o, 1)[0]
+    if o % (blocks * kind.lanes):
+        pytest.skip(f"{o} output channels are no whole register block of {kind.name}")
     rng = np.random.default_rng(c + o + h + k + stride)
     x = rng.integers(0, 256, (n, c, h, w)).astype(np.uint8)
     zx = int(rng.integers(0, 256))
     wq = rng.integers(-128, 128, (o, c, k, k)).astype(np.int8)
+    wq[0] = -128  # the extremes: vpmaddubsw would saturate 255 * -128 * 2
     bias = rng.integers(-5000, 5000, o).astype(np.int32)
     mult = (rng.random(o) * 2e-4).astype(np.float32)
-    base = ConvShape(n, c, o, h, w, k, k, stride, pad, VNNI.lanes, VNNI.depth)
-    shape = dataclasses.replace(base, lanes=oc_pixels(base.out_hw[1]))
-    packed = pack_conv_activations_numpy(x, zx, VNNI, shape)
-    kernel = conv_oc_kernel(shape, 7, out, center=center, pixel_major=pixel_major)
-    lib = tvm.compile(tvm.IRModule({"main": kernel.with_attr("global_symbol", "main")}), target=TARGETS[VNNI])
+    base = ConvShape(n, c, o, h, w, k, k, stride, pad, kind.lanes, kind.depth)
+    shape = dataclasses.replace(base, lanes=oc_block(kind, o, base.out_hw[1])[1])
+    packed = pack_conv_activations_numpy(x.astype(kind.act_dtype), zx, base_kind, shape)
+    kernel = conv_oc_kernel(shape, 7, out, center=center, pixel_major=pixel_major, kind=kind)
+    lib = tvm.compile(tvm.IRModule({"main": kernel.with_attr("global_symbol", "main")}), target=TARGETS[base_kind])
     dev = tvm.cpu()
-    args = [tvm.runtime.tensor(a, dev) for a in (packed, pack_oc_weights(wq), bias, mult)]
+    args = [tvm.runtime.tensor(a, dev) for a in (packed, pack_oc_weights(wq, kind), bias, mult)]
     dims = (n, *shape.out_hw, o) if pixel_major else (n, o, *shape.out_hw)
     y = tvm.runtime.tensor(np.zeros(dims, out if center is None else np.float32), dev)
     lib(*args, y)
@@ -391,28 +406,76 @@ def test_conv_oc_kernel_is_exact(
 
 
 @pytest.mark.compile
+@pytest.mark.parametrize(
+    "n,c,o,h,w,pad,dtype,extreme",
+    [
+        (1, 64, 32, 7, 7, (1, 1, 1, 1), "uint8", False),  # ResNet's layer4 rows: odd, a partial 2x2 tile
+        (2, 12, 16, 14, 14, (1, 1, 1, 1), "int8", False),  # batch 2, int8 activations
+        (1, 8, 8, 9, 11, (0, 1, 2, 1), "uint8", False),  # asymmetric padding, one block of 8 channels
+        (1, 6, 24, 8, 8, (1, 1, 1, 1), "int8", False),  # 3 blocks of 8 output channels (1 a register block)
+        (1, 64, 64, 6, 10, (1, 1, 1, 1), "uint8", False),  # weights of 8 KB a tile position: the 8 x 1 block
+        (1, 512, 16, 6, 6, (1, 1, 1, 1), "uint8", True),  # the channel bound: inputs 255, weights +-128 / 127
+        (1, 512, 16, 6, 6, (1, 1, 1, 1), "int8", True),  # the same, int8 inputs at -128
+    ],
+)
+def test_winograd_kernel_is_exact(
+    n: int, c: int, o: int, h: int, w: int, pad: tuple[int, ...], dtype: str, extreme: bool
+) -> None:
+    """The AVX2 Winograd F(2x2, 3x3) kernel on a pixel-major 8-bit input: its bytes equal numpy's int64 arithmetic
+    of the direct 3x3 convolution (zero point padding), also where every transform and partial sum is at its
+    largest (the inputs at the type's end, the weights of an output channel all -128 or all 127, 512 channels)."""
+    _runnable(AVX2)
+    rng = np.random.default_rng(c + o + h + w)
+    lo, hi = (0, 256) if dtype == "uint8" else (-128, 128)
+    x = rng.integers(lo, hi, (n, c, h, w)).astype(dtype)
+    zx = int(rng.integers(lo, hi))
+    wq = rng.integers(-128, 128, (o, c, 3, 3)).astype(np.int8)
+    if extreme:
+        x[:] = hi - 1 if dtype == "uint8" else lo
+        x[..., ::3, ::2] = lo if dtype == "uint8" else hi - 1  # alternating, so that tile transforms reach 4 * 255
+        zx = lo
+        wq[0], wq[1], wq[2, :, 1] = -128, 127, -128
+    bias = rng.integers(-5000, 5000, o).astype(np.int32)
+    mult = (rng.random(o) * (2e-4 if not extreme else 2e-8)).astype(np.float32)
+    shape = ConvShape(n, c, o, h, w, 3, 3, 1, pad, AVX2.lanes, AVX2.depth)
+    kernel = winograd_kernel(shape, dtype, zx, 7, "int8").with_attr("global_symbol", "main")
+    lib = tvm.compile(tvm.IRModule({"main": kernel}), target=tvm.target.Target(TARGETS[AVX2]))
+    dev = tvm.cpu()
+    xin = tvm.runtime.tensor(np.ascontiguousarray(x.transpose(0, 2, 3, 1)), dev)
+    args = [xin, *(tvm.runtime.tensor(a, dev) for a in (pack_winograd_weights(wq), bias, mult))]
+    y = tvm.runtime.tensor(np.zeros((n, *shape.out_hw, o), np.int8), dev)
+    lib(*args, y)
+    acc = _conv_reference(x, wq, zx, 1, pad)
+    want = np.round((acc + bias[None, :, None, None]).astype(np.float32) * mult[None, :, None, None]) + 7
+    assert np.array_equal(y.numpy().transpose(0, 3, 1, 2), np.clip(want, -128, 127).astype(np.int8))
+
+
+@pytest.mark.compile
+@pytest.mark.parametrize("kind", [VNNI_OC, AVX2_OC], ids=lambda k: k.name)
 @pytest.mark.parametrize("dtype", ["uint8", "int8"])
 @pytest.mark.parametrize(
     "c,h,w,k,stride,pad",
     [(8, 9, 9, 3, 1, (1, 1, 1, 1)), (12, 10, 7, 3, 2, (1, 1, 1, 1)), (4, 10, 10, 1, 2, (0, 0, 0, 0))],
 )
 def test_pack_pixel_major_kernel_gives_the_packing(
-    dtype: str, c: int, h: int, w: int, k: int, stride: int, pad: tuple[int, ...]
+    kind: DotKind, dtype: str, c: int, h: int, w: int, k: int, stride: int, pad: tuple[int, ...]
 ) -> None:
     """The packing of a pixel-major tensor (conv_oc_kernel's output) equals pack_conv_activations' of the same
-    tensor in NCHW: zero point border, stride phases, int8 shifted to uint8."""
+    tensor in NCHW: zero point border, stride phases; for VNNI int8 shifted to uint8, for AVX2 widened to int16."""
+    base_kind = VNNI if kind == VNNI_OC else AVX2
     rng = np.random.default_rng(c + h + stride)
     lo, hi = (0, 256) if dtype == "uint8" else (-128, 128)
     x = rng.integers(lo, hi, (2, c, h, w)).astype(dtype)
     zx = int(rng.integers(lo, hi))
-    base = ConvShape(2, c, 32, h, w, k, k, stride, pad, VNNI.lanes, VNNI.depth)
-    shape = dataclasses.replace(base, lanes=oc_pixels(base.out_hw[1]))
-    kernel = pack_pixel_major_kernel(shape, dtype, zx).with_attr("global_symbol", "main")
+    base = ConvShape(2, c, 32, h, w, k, k, stride, pad, kind.lanes, kind.depth)
+    shape = dataclasses.replace(base, lanes=oc_block(kind, 32, base.out_hw[1])[1])
+    kernel = pack_pixel_major_kernel(shape, dtype, zx, kind).with_attr("global_symbol", "main")
     lib = tvm.compile(tvm.IRModule({"main": kernel}), target=tvm.target.Target(TARGETS[AVX2]))
-    y = tvm.runtime.tensor(np.zeros(shape.packed_shape, np.uint8))
+    y = tvm.runtime.tensor(np.zeros(shape.packed_shape, kind.act_dtype))
     lib(tvm.runtime.tensor(np.ascontiguousarray(x.transpose(0, 2, 3, 1))), y)
-    shift = 128 if dtype == "int8" else 0
-    want = pack_conv_activations_numpy((x.astype(np.int16) + shift).astype(np.uint8), zx + shift, VNNI, shape)
+    shift = 128 if dtype == "int8" and kind == VNNI_OC else 0
+    operand = (x.astype(np.int16) + shift).astype(kind.act_dtype)
+    want = pack_conv_activations_numpy(operand, zx + shift, base_kind, shape)
     assert np.array_equal(y.numpy(), want)
 
 
@@ -713,10 +776,15 @@ def test_residual_network_convolutions_on_the_dot_product(kind: DotKind) -> None
     def check(script: str, dot: DotKind | None) -> None:
         assert (script.count("int8_conv_"), script.count("int8_conv1x1")) == ((6, 2) if dot else (0, 0))
         assert ('out_ty=R.Tensor((1, 16, 15, 15), dtype="float32")' in script) == (dot is not None)
-        # VNNI: the 5 with output channels in blocks of 32 have the lanes over output channels (not the stem)
-        assert script.count("int8_conv_avx512_vnni_oc") == (5 if dot is VNNI else 0)
-        # which write pixel-major tensors: the 4 convolutions that read one pack them with pack_pixel_major_kernel
-        assert script.count("int8_pack_pixel_major") == (4 if dot is VNNI else 0)
+        # the 5 with output channels in blocks of 32 (VNNI) or 8 (AVX2) have the lanes over output channels (not
+        # the stem: 3 input channels); on AVX2 the 3 of them with stride 1 are Winograd's
+        oc, winograd = (5, 0) if dot is VNNI else (2, 3)
+        if dot is not None:
+            assert script.count(f"int8_conv_{dot.name.replace('-', '_')}_oc") == oc
+            assert script.count("int8_conv_winograd_avx2") == winograd
+        # which write pixel-major tensors: the convolutions that read one pack them with pack_pixel_major_kernel
+        # (Winograd's reads it as it is)
+        assert script.count("int8_pack_pixel_major") == ((4 if dot is VNNI else 2) if dot else 0)
 
     outputs = _outputs_both_ways(qdq, [1, 3, 30, 30], kind, check, x)
     assert np.array_equal(outputs[0], outputs[1])

@@ -22,8 +22,7 @@ from ..stage import BuildContext, stage
 from .quantize import quantizable_layers
 from .x86_int8 import (
     AVX2,
-    VNNI,
-    VNNI_OC,
+    OC_KINDS,
     ConvShape,
     DotKind,
     conv_eligible,
@@ -50,11 +49,14 @@ from .x86_int8 import (
     pack_oc_weights,
     pack_pixel_major_kernel,
     pack_weights,
+    pack_winograd_weights,
     pointwise_channel_kernel,
     pointwise_eligible,
     pointwise_kernel,
     quantize_pack_kernel,
     residual_add_kernel,
+    winograd_eligible,
+    winograd_kernel,
 )
 
 _DQ = tvm.ir.Op.get("relax.dequantize")
@@ -517,23 +519,37 @@ class _Rewriter(relax.PyExprMutator):  # type: ignore[misc]
         and its requantize as one tensorized kernel."""
         assert self.dot is not None
         bb, x_shape = self.builder_, tuple(int(d) for d in xq.ty.shape)
-        if oc_eligible(self.dot, attrs, w.shape):  # VNNI, lanes over output channels
-            dot, shape = VNNI_OC, oc_shape(x_shape, w.shape, attrs)
+        if winograd_eligible(self.dot, attrs, w.shape) and str(xq.ty.dtype) in _INT_RANGE:  # AVX2 3x3 stride 1
+            # reads the pixel-major tensor a conv_oc_kernel or winograd_kernel wrote (else the NCHW input
+            # transposed), writes one, as conv_oc_kernel below
+            shape = conv_shape(self.dot, x_shape, w.shape, attrs)
+            inner = self._pixel_major(xq)
+            nhwc_in = inner if inner is not None else bb.emit(relax.op.permute_dims(xq, NCHW_TO_NHWC))
+            consts = _kernel_constants(pack_winograd_weights(w), w, zx, b_q, mult)
+            kernel = winograd_kernel(shape, str(xq.ty.dtype), zx, zy, dtype)
+            gv = bb.add_func(kernel, "int8_conv_winograd_avx2")
+            nhwc = relax.TensorType((shape.n, *shape.out_hw, shape.o), dtype)
+            y = bb.emit(relax.call_tir(gv, [nhwc_in, *consts], nhwc))
+            return relax.op.permute_dims(y, NHWC_TO_NCHW)
+        if oc_eligible(self.dot, attrs, w.shape):  # lanes over output channels
+            dot = OC_KINDS[self.dot]
+            shape = oc_shape(x_shape, w.shape, attrs, dot)
             inner = self._pixel_major(xq)
             if inner is not None and str(xq.ty.dtype) in _INT_RANGE:  # another conv_oc_kernel's output
-                gv = bb.add_func(pack_pixel_major_kernel(shape, str(xq.ty.dtype), zx), "int8_pack_pixel_major")
-                packed = bb.emit(relax.call_tir(gv, [inner], relax.TensorType(shape.packed_shape, "uint8")))
-                z = zx + operand_shift("uint8", str(xq.ty.dtype))
+                kernel = pack_pixel_major_kernel(shape, str(xq.ty.dtype), zx, dot)
+                gv = bb.add_func(kernel, "int8_pack_pixel_major")
+                packed = bb.emit(relax.call_tir(gv, [inner], relax.TensorType(shape.packed_shape, dot.act_dtype)))
+                z = zx + operand_shift(dot.act_dtype, str(xq.ty.dtype))
             else:
-                packed, z = pack_conv_activations(bb, xq, zx, VNNI, shape)
-            consts = _kernel_constants(pack_oc_weights(w), w, z, b_q, mult)
-            # the 8-bit output pixel-major ([N, OH, OW, O], one store per pixel and 16 channels), seen by the graph
+                packed, z = pack_conv_activations(bb, xq, zx, self.dot, shape)
+            consts = _kernel_constants(pack_oc_weights(w, dot), w, z, b_q, mult)
+            # the 8-bit output pixel-major ([N, OH, OW, O], one store per pixel and L channels), seen by the graph
             # through a transposition: a conv_oc_kernel reading it packs the pixel-major tensor (above), residual
             # adds run on it (_residual_add), other consumers fuse the transposition into their own kernel. (No
             # float32 variant for a float32-exact consumer, as the other kernels have: none follows one in ResNet)
             name = f"int8_conv_{dot.name.replace('-', '_')}"
             nhwc = relax.TensorType((shape.n, *shape.out_hw, shape.o), dtype)
-            gv = bb.add_func(conv_oc_kernel(shape, zy, dtype, pixel_major=True), name)
+            gv = bb.add_func(conv_oc_kernel(shape, zy, dtype, pixel_major=True, kind=dot), name)
             y = bb.emit(relax.call_tir(gv, [packed, *consts], nhwc))
             return relax.op.permute_dims(y, NHWC_TO_NCHW)
         dot = for_row(self.dot, conv_shape(self.dot, x_shape, w.shape, attrs).out_hw[1])

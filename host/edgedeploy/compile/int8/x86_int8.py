@@ -977,6 +977,9 @@ def quantize_pack_kernel(kind: DotKind, shape: ConvShape, scale: float, zero: in
 # (its tensor intrinsic is the channel-lane 1x1 kernel's: weights as the vector, the pixel's channels broadcast)
 VNNI_OC = DotKind("avx512-vnni-oc", "avx512_vnni", 16, 4, "uint8", "int8", VNNI_BY_CHANNEL.intrinsic)
 OC_BLOCKS = 2  # 16-channel accumulators per pixel in the register block
+# the same on AVX2: vpmaddwd with 8 output channels x 2 input channels of int16 weights as the vector, the pixel's 2
+# int16 channels broadcast (one 32-bit word of conv_kernel's AVX2 packing)
+AVX2_OC = DotKind("avx2-oc", "avx2", 8, 2, "int16", "int16", AVX2.intrinsic)
 OC_PIXELS = 7  # pixels of a row per register block at most (a divisor of the row's width)
 
 
@@ -985,40 +988,69 @@ def oc_pixels(width: int) -> int:
     return next(p for p in range(min(OC_PIXELS, width), 0, -1) if width % p == 0)
 
 
-def oc_shape(x_shape: tuple[int, ...], weight_shape: tuple[int, ...], attrs: Any) -> ConvShape:
-    """conv_shape for conv_oc_kernel: the packed activations' rows cover whole blocks of oc_pixels."""
-    base = conv_shape(VNNI, x_shape, weight_shape, attrs)
-    return dataclasses.replace(base, lanes=oc_pixels(base.out_hw[1]))
+def oc_block(kind: DotKind, o: int, width: int) -> tuple[int, int]:
+    """conv_oc_kernel's register block: (L-channel accumulators per pixel, pixels of one output row). VNNI_OC:
+    OC_BLOCKS x oc_pixels. AVX2_OC (16 ymm registers; the product needs one of its own, vpmaddwd does not
+    accumulate): 2 x 4 where the row splits in 4s, 4 x 2 where it splits in 2s (ResNet-18's 256-channel 3x3
+    stride 2 with 14-pixel rows: 0.74 ms against 0.88 for 2 x 7), else 2 x oc_pixels (7: 14 accumulators, the
+    weight vectors read from memory; ResNet-18's 7-pixel rows at 512 channels: 2 x 7 1.39 ms against 1.65 for
+    1 x 7 and 2.5 for 4 x 2). One thread on Zen 4, the kernels alone."""
+    if kind == VNNI_OC:
+        return OC_BLOCKS, oc_pixels(width)
+    lanes = kind.lanes
+    if width % 4 == 0:
+        return (2 if o % (2 * lanes) == 0 else 1), 4
+    if width % 2 == 0 and o % (4 * lanes) == 0:
+        return 4, 2
+    return (2 if o % (2 * lanes) == 0 else 1), oc_pixels(width)
+
+
+def oc_shape(x_shape: tuple[int, ...], weight_shape: tuple[int, ...], attrs: Any, kind: DotKind = VNNI_OC) -> ConvShape:
+    """conv_shape for conv_oc_kernel: the packed activations' rows cover whole blocks of oc_block's pixels."""
+    base = conv_shape(kind, x_shape, weight_shape, attrs)
+    return dataclasses.replace(base, lanes=oc_block(kind, base.o, base.out_hw[1])[1])
 
 
 def oc_eligible(kind: DotKind, attrs: Any, weight_shape: tuple[int, ...]) -> bool:
-    """conv_eligible on a VNNI profile, with output channels in blocks of 16 x OC_BLOCKS and input channels in
-    blocks of 4. A stem's 3 channels keep conv_kernel: there each broadcast word is a quarter padding, and the
-    per-pixel epilogue weighs more against 49 taps of one channel block (ResNet-18's stem: 2.1 ms against 1.1)."""
+    """conv_eligible with output channels in blocks of 16 x OC_BLOCKS and input channels in blocks of 4 (VNNI), or
+    on AVX2 in blocks of 8 and 2. A stem's 3 channels keep conv_kernel: there each broadcast word is padding in
+    part, and the per-pixel epilogue weighs more against 49 taps of one channel block (ResNet-18's stem on VNNI:
+    2.1 ms against 1.1)."""
     o, c = weight_shape[:2]
-    return (
-        kind.cpu_flag == VNNI.cpu_flag
-        and conv_eligible(kind, attrs, weight_shape)
-        and o % (OC_BLOCKS * VNNI_OC.lanes) == 0
-        and c % 4 == 0
-    )
+    if kind.cpu_flag == VNNI.cpu_flag:
+        return conv_eligible(kind, attrs, weight_shape) and o % (OC_BLOCKS * VNNI_OC.lanes) == 0 and c % 4 == 0
+    return kind == AVX2 and conv_eligible(kind, attrs, weight_shape) and o % AVX2_OC.lanes == 0 and c % 2 == 0
 
 
-def pack_oc_weights(w: np.ndarray) -> np.ndarray:
-    """[O, C, KH, KW] int8 -> [O/16, C/4, KH, KW, 16, 4] int8 (padded input channels get 0)."""
+OC_KINDS = {VNNI: VNNI_OC, AVX2: AVX2_OC}  # the profile's dot kind -> conv_oc_kernel's
+
+
+def pack_oc_weights(w: np.ndarray, kind: DotKind = VNNI_OC) -> np.ndarray:
+    """[O, C, KH, KW] int8 -> [O/L, C/K, KH, KW, L, K] in the kind's weight type (VNNI_OC: int8, 16 x 4; AVX2_OC:
+    int16, 8 x 2; padded input channels get 0)."""
     o, c, kh, kw = w.shape
-    cb = -(-c // 4)
-    padded = np.zeros((o, cb * 4, kh, kw), np.int8)
+    lanes, depth = kind.lanes, kind.depth
+    cb = -(-c // depth)
+    padded = np.zeros((o, cb * depth, kh, kw), np.int8)
     padded[:, :c] = w
-    return np.ascontiguousarray(padded.reshape(o // 16, 16, cb, 4, kh, kw).transpose(0, 2, 4, 5, 1, 3))
+    blocked = padded.reshape(o // lanes, lanes, cb, depth, kh, kw).transpose(0, 2, 4, 5, 1, 3)
+    return np.ascontiguousarray(blocked).astype(kind.weight_dtype)
 
 
 def conv_oc_kernel(
-    shape: ConvShape, zy: int, out_dtype: str, center: int | None = None, pixel_major: bool = False
+    shape: ConvShape,
+    zy: int,
+    out_dtype: str,
+    center: int | None = None,
+    pixel_major: bool = False,
+    kind: DotKind = VNNI_OC,
+    blocks: int | None = None,
 ) -> Any:
-    """conv_kernel's function on VNNI (same packed activations, for a ConvShape of oc_shape; weights from
+    """conv_kernel's function (same packed activations, for a ConvShape of oc_shape; weights from
     pack_oc_weights) with the lanes over output channels: `(X packed, W packed, bias int32[O], mult float32[O])
     -> Y[N, O, OH, OW]`, Y = clip(round((acc + bias) * mult) + zy) in out_dtype (or minus `center` in float32).
+    `kind`: VNNI_OC (vpdpbusd, 16 channels x 4) or AVX2_OC (vpmaddwd, 8 channels x 2 int16); `blocks`: L-channel
+    accumulators per pixel in the register block (default: oc_block's).
     `pixel_major`: Y is [N, OH, OW, O] instead, so each pixel's 16 requantized channels are one contiguous store
     rather than 16 bytes OH * OW apart (ResNet-18's 64->64 3x3 at 56x56, whose short reductions make the
     epilogue weigh: 0.56 -> 0.51 ms, the kernel alone)."""
@@ -1026,16 +1058,17 @@ def conv_oc_kernel(
     from tvm.s_tir import Schedule
 
     register_channel_intrinsics()
-    s, lanes, pixels = shape.stride, VNNI_OC.lanes, shape.lanes
+    s, lanes, depth, pixels = shape.stride, kind.lanes, kind.depth, shape.lanes
     (oh, ow), cb, n, o = shape.out_hw, shape.channel_blocks, shape.n, shape.o
-    x = te.placeholder(shape.packed_shape, "uint8", name="x")
-    wt = te.placeholder((o // lanes, cb, shape.kh, shape.kw, lanes, 4), "int8", name="w")
+    blocks = oc_block(kind, o, ow)[0] if blocks is None else blocks
+    x = te.placeholder(shape.packed_shape, kind.act_dtype, name="x")
+    wt = te.placeholder((o // lanes, cb, shape.kh, shape.kw, lanes, depth), kind.weight_dtype, name="w")
     bias = te.placeholder((o,), "int32", name="bias")
     mult = te.placeholder((o,), "float32", name="mult")
     outer = [
         te.reduce_axis((0, e), name) if e > 1 else None for e, name in ((cb, "rc"), (shape.kh, "ri"), (shape.kw, "rj"))
     ]
-    rk = te.reduce_axis((0, 4), "rk")
+    rk = te.reduce_axis((0, depth), "rk")
     rc, ri, rj = (a if a is not None else 0 for a in outer)
     axes = [a for a in outer if a is not None]
 
@@ -1056,7 +1089,7 @@ def conv_oc_kernel(
         out = te.compute((n, o, oh, ow), result, name="out")
         sch = Schedule(te.create_prim_func([x, wt, bias, mult, out]))
         b, f, y, u = sch.get_loops(sch.get_sblock("out"))
-    fo, fb, fl = sch.split(f, [None, OC_BLOCKS, lanes])
+    fo, fb, fl = sch.split(f, [None, blocks, lanes])
     uo, ui = sch.split(u, [None, pixels])
     sch.reorder(b, fo, y, uo, fb, ui, fl)
     block = sch.get_sblock("acc")
@@ -1065,41 +1098,201 @@ def conv_oc_kernel(
     taps = len(axes)
     # the accumulator block's loops: channel blocks, pixels (compute_at makes none of extent 1), lanes, then the
     # taps and K
-    count = 1 + int(OC_BLOCKS > 1) + int(pixels > 1)
+    count = 1 + int(blocks > 1) + int(pixels > 1)
     spatial = loops[len(loops) - taps - 1 - count : len(loops) - taps - 1]
     reduction = loops[len(loops) - taps - 1 : len(loops) - 1]
     sch.reorder(*reduction, *spatial, loops[-1])
     sch.parallel(sch.fuse(b, fo, y, uo))
     sch.vectorize(fl)
     sch.decompose_reduction(block, reduction[0] if reduction else spatial[0])
-    sch.tensorize(spatial[-1], VNNI_OC.intrinsic)
+    sch.tensorize(spatial[-1], kind.intrinsic)
     for loop in spatial[:-1]:
         sch.unroll(loop)
-    return scheduled(sch, f"conv-{VNNI_OC.name}")
+    return scheduled(sch, f"conv-{kind.name}")
 
 
-def pack_pixel_major_kernel(shape: ConvShape, dtype: str, zx: int) -> Any:
-    """conv_oc_kernel's packed activations (pack_conv_activations' layout, input channels a multiple of 4) from a
-    pixel-major [N, H, W, C] 8-bit tensor, as one scheduled PrimFunc `(X) -> packed`: each pixel's 4 channels of
-    a block are one 32-bit move; the border is the zero point; int8 activations are shifted to uint8 (+128, the
-    zero point with them). Relax's transpose, pad, reshape and transpose of the same took 0.13 ms at 64x56x56
-    (TVM's default schedule), against 0.014 from an NCHW tensor."""
+def pack_pixel_major_kernel(shape: ConvShape, dtype: str, zx: int, kind: DotKind = VNNI_OC) -> Any:
+    """conv_oc_kernel's packed activations (pack_conv_activations' layout, input channels a multiple of K) from a
+    pixel-major [N, H, W, C] 8-bit tensor, as one scheduled PrimFunc `(X) -> packed` in the kind's operand type:
+    each pixel's K channels of a block are one 32-bit move; the border is the zero point; for uint8 operands (VNNI)
+    int8 activations are shifted to uint8 (+128, the zero point with them), for int16 ones (AVX2) widened. Relax's
+    transpose, pad, reshape and transpose of the same took 0.13 ms at 64x56x56 (TVM's default schedule), against
+    0.014 from an NCHW tensor."""
     from tvm import te, tirx
     from tvm.s_tir import Schedule
 
-    s, (top, left) = shape.stride, shape.pad[:2]
+    s, (top, left), depth, operand = shape.stride, shape.pad[:2], kind.depth, kind.act_dtype
     x = te.placeholder((shape.n, shape.h, shape.w, shape.c), dtype, name="x")
-    shift = operand_shift("uint8", dtype)
+    shift = operand_shift(operand, dtype)
     z = zx + shift
 
     def value(b: Any, cb: Any, ph: Any, pw: Any, yq: Any, xq: Any, k: Any) -> Any:
         r, c = s * yq + ph - top, s * xq + pw - left
         inside = tirx.all(r >= 0, r < shape.h, c >= 0, c < shape.w)
-        v = x[b, r, c, cb * 4 + k]
-        v = (v.astype("int16") + shift).astype("uint8") if shift else v
-        return tirx.if_then_else(inside, v, tirx.const(z, "uint8"))
+        v = x[b, r, c, cb * depth + k]
+        v = (v.astype("int16") + shift).astype(operand) if shift else v.astype(operand)
+        return tirx.if_then_else(inside, v, tirx.const(z, operand))
 
     out = te.compute(shape.packed_shape, value, name="packed")
     sch = Schedule(te.create_prim_func([x, out]))
     sch.vectorize(sch.get_loops(sch.get_sblock("packed"))[-1])
     return scheduled(sch, "pack-pixel-major")
+
+
+# 3x3 stride-1 convolutions on AVX2 as exact integer Winograd F(2x2, 3x3): vpmaddwd does 16 products an instruction
+# whatever they are, and Winograd needs 16 products per 2x2 output pixels and channel pair where the direct
+# convolution needs 36 (2.25x fewer). Exact, because every transform is done in integers: the weights as
+# U = G2 g G2^T with G2 = 2G (integers, |U| <= 9 * 128, int16), the 4x4 input tile as V = B^T d B (|V| <= 4 * 255,
+# int16, d the raw 8-bit input padded with its zero point), their products summed over the input channels in int32
+# (|M| <= C * 1152 * 1020), and the output Y = A^T M A, which is 4 times the direct convolution's sum: an exact
+# shift right by 2. The output transform sums over the tile's columns first, then its rows: every partial sum is
+# a 1-D Winograd result or 2-3 of them, at most 3 * C * 1152 * 1020 in magnitude, below 2**31 for C <= 609
+# (WINOGRAD_MAX_CHANNELS). Reads a pixel-major [N, H, W, C] 8-bit tensor, writes one, as conv_oc_kernel.
+# ResNet-18 on AVX2, one thread on Zen 4, the kernel alone: 64->64 at 56x56 1.39 -> 0.84 ms, 128->128 at 28x28
+# 1.34 -> 0.66 ms (conv_oc_kernel -> this).
+WINOGRAD_BT = ((1, 0, -1, 0), (0, 1, 1, 0), (0, -1, 1, 0), (0, 1, 0, -1))
+WINOGRAD_G2 = ((2, 0, 0), (1, 1, 1), (1, -1, 1), (0, 0, 2))
+WINOGRAD_AT = ((1, 1, 1, 0), (0, 1, -1, -1))
+WINOGRAD_MAX_CHANNELS = 512
+
+
+def winograd_eligible(kind: DotKind, attrs: Any, weight_shape: tuple[int, ...]) -> bool:
+    """An AVX2 profile's ungrouped 3x3, stride-1, undilated NCHW convolution with output channels in blocks of 8,
+    an even number of input channels, at most WINOGRAD_MAX_CHANNELS."""
+    o, c, kh, kw = weight_shape
+    return (
+        kind == AVX2
+        and (kh, kw) == (3, 3)
+        and conv_eligible(kind, attrs, weight_shape)
+        and all(int(s) == 1 for s in attrs.strides)
+        and o % AVX2_OC.lanes == 0
+        and c % 2 == 0
+        and c <= WINOGRAD_MAX_CHANNELS
+    )
+
+
+def pack_winograd_weights(w: np.ndarray) -> np.ndarray:
+    """[O, C, 3, 3] int8 -> U = G2 g G2^T as [4, 4, O/8, C/2, 8, 2] int16 (AVX2_OC's vector operand per tile
+    position)."""
+    o, c = w.shape[:2]
+    g2 = np.array(WINOGRAD_G2, np.int64)
+    u = np.einsum("ai,ocij,bj->aboc", g2, w.astype(np.int64), g2)
+    blocked = u.reshape(4, 4, o // 8, 8, c // 2, 2).transpose(0, 1, 2, 4, 3, 5)
+    return np.ascontiguousarray(blocked).astype(np.int16)
+
+
+def winograd_tiles(o: int, c: int, tiles: int) -> tuple[int, int]:
+    """The Winograd product's register block: (8-channel accumulators per tile, tiles). 8 x 1 where one tile
+    position's weights are at most 8 KB (they stay in L1; ResNet-18's 64 -> 64 at 56x56: 0.78 ms against 0.83 for
+    2 x 4); else 2 x 4 where the tiles come in fours, else up to 4 x 1 (ResNet-18's 7x7 tiles of 256 channels:
+    4 x 1 0.64 ms, 1 x 7 0.69, 2 x 7 1.02, which spills). One thread on Zen 4, the kernel alone."""
+    lanes = AVX2_OC.lanes
+    if o * c * 2 <= 8192 and o % (8 * lanes) == 0:
+        return 8, 1
+    if tiles % 4 == 0:
+        return (2 if o % (2 * lanes) == 0 else 1), 4
+    return next(b for b in (4, 2, 1) if o % (b * lanes) == 0), 1
+
+
+def _linear(terms: list[tuple[int, Any]]) -> Any:
+    """sum(coef * value) for coefficients in {-1, 0, 1, 2}, without multiplications."""
+    out = None
+    for coef, value in terms:
+        if coef == 0:
+            continue
+        term = value if coef == 1 else (-value if coef == -1 else value * coef)
+        out = term if out is None else out + term
+    return out
+
+
+def winograd_kernel(shape: ConvShape, dtype: str, zx: int, zy: int, out_dtype: str) -> Any:
+    """The scheduled PrimFunc `(X[N, H, W, C] 8-bit of `dtype`, U packed, bias int32[O], mult float32[O]) ->
+    Y[N, OH, OW, O]`, Y = clip(round((acc + bias) * mult) + zy) in out_dtype, acc the 3x3 stride-1 convolution's
+    sum over the input padded with its zero point `zx` (as conv_oc_kernel's with pixel_major); see above."""
+    from tvm import te, tirx
+    from tvm.s_tir import Schedule
+
+    register_intrinsics()
+    n, c, o, h, w = shape.n, shape.c, shape.o, shape.h, shape.w
+    (oh, ow), (top, left) = shape.out_hw, shape.pad[:2]
+    th, tw = -(-oh // 2), -(-ow // 2)
+    nt = th * tw
+    x = te.placeholder((n, h, w, c), dtype, name="x")
+    u = te.placeholder((4, 4, o // 8, c // 2, 8, 2), "int16", name="u")
+    bias = te.placeholder((o,), "int32", name="bias")
+    mult = te.placeholder((o,), "float32", name="mult")
+
+    def tile_input(b: Any, t: Any, r: int, s: int, ch: Any) -> Any:
+        y, col = (t // tw) * 2 + r - top, (t % tw) * 2 + s - left
+        inside = tirx.all(y >= 0, y < h, col >= 0, col < w)
+        return tirx.if_then_else(inside, x[b, y, col, ch].astype("int16"), tirx.const(zx, "int16"))
+
+    def transformed(b: Any, a: Any, e: Any, t: Any, ch: Any) -> Any:
+        value = None
+        for ai in range(4):
+            for ei in range(4):
+                rows = [
+                    (WINOGRAD_BT[ai][r], _linear([(WINOGRAD_BT[ei][s], tile_input(b, t, r, s, ch)) for s in range(4)]))
+                    for r in range(4)
+                ]
+                v = _linear(rows)
+                value = v if value is None else tirx.Select(tirx.all(a == ai, e == ei), v, value)
+        return value
+
+    v = te.compute((n, 4, 4, nt, c), transformed, name="V")
+    rc, rk = te.reduce_axis((0, c // 2), "rc"), te.reduce_axis((0, 2), "rk")
+    m = te.compute(
+        (n, 4, 4, nt, o),
+        lambda b, a, e, t, f: te.sum(
+            u[a, e, f // 8, rc, f % 8, rk].astype("int32") * v[b, a, e, t, rc * 2 + rk].astype("int32"), axis=[rc, rk]
+        ),
+        name="M",
+    )
+
+    def result(b: Any, y: Any, col: Any, f: Any) -> Any:
+        t, i, j = (y // 2) * tw + col // 2, y % 2, col % 2
+        value = None
+        for ii in range(2):
+            for jj in range(2):
+                cols = [
+                    (WINOGRAD_AT[ii][a], _linear([(WINOGRAD_AT[jj][e], m[b, a, e, t, f]) for e in range(4)]))
+                    for a in range(4)
+                ]
+                y4 = _linear(cols)
+                value = y4 if value is None else tirx.Select(tirx.all(i == ii, j == jj), y4, value)
+        return requantized(tirx.shift_right(value, 2), bias, mult, f, zy, out_dtype)
+
+    out = te.compute((n, oh, ow, o), result, name="out")
+    sch = Schedule(te.create_prim_func([x, u, bias, mult, out]))
+    # input transform: per tile, the 16 positions unrolled, channels in vectors
+    b, a, e, t, ch = sch.get_loops(sch.get_sblock("V"))
+    vec = next(k for k in (16, 8, 4, 2) if c % k == 0)
+    co, ci = sch.split(ch, [None, vec])
+    sch.reorder(b, t, co, a, e, ci)
+    sch.unroll(a)
+    sch.unroll(e)
+    sch.vectorize(ci)
+    sch.parallel(sch.fuse(b, t))
+    # the products: conv_oc_kernel's register block over (channel blocks, tiles), per tile position
+    block = sch.get_sblock("M")
+    b, a, e, t, f, r, k = sch.get_loops(block)
+    blocks, tiles = winograd_tiles(o, c, nt)
+    fo, fb, fl = sch.split(f, [None, blocks, 8])
+    to, ti = sch.split(t, [None, tiles])
+    sch.reorder(b, a, e, fo, to, r, fb, ti, fl, k)
+    sch.parallel(sch.fuse(b, a, e, fo, to))
+    sch.decompose_reduction(block, r)
+    sch.tensorize(fl, AVX2.intrinsic)
+    sch.unroll(fb)
+    sch.unroll(ti)
+    # output transform and requantize: 2x2 pixels of a tile unrolled, 8 channels a vector
+    b, y, col, f = sch.get_loops(sch.get_sblock("out"))
+    yo, yi = sch.split(y, [None, 2])
+    xo, xi = sch.split(col, [None, 2])
+    fo, fl = sch.split(f, [None, 8])
+    sch.reorder(b, yo, xo, fo, yi, xi, fl)
+    sch.unroll(yi)
+    sch.unroll(xi)
+    sch.vectorize(fl)
+    sch.parallel(sch.fuse(b, yo))
+    return scheduled(sch, "winograd-avx2")
