@@ -14,9 +14,10 @@ reference (its integer kernels depend on the CPU; compile/int8/qdq_reference.py 
 Like with like: TVM's thread pool (TVM_NUM_THREADS) and onnxruntime's intra-op pool get the same thread
 count (--threads, default: every CPU of this machine); --tvm-spin sets how long TVM's idle workers spin before
 they sleep (TVM_THREAD_POOL_SPIN_COUNT; docs/int8.md: on an oversubscribed host 0 made TVM's medians 20-30x
-lower). The peers run interleaved, one call each per round, so a noisy neighbour slows them alike; min
-and median per peer. The closing lines are the ratios the project's goal is stated in: TVM INT8 speed-up
-over TVM FP32, and TVM best / onnxruntime best (medians).
+lower). The peers run interleaved, one call each per round (with several threads, BLOCK calls in a row, the
+first not counted: each runtime's idle workers spin after a call and would take a core from the next peer), so a
+noisy neighbour slows them alike; min and median per peer. The closing lines are the ratios the project's goal
+is stated in: TVM INT8 speed-up over TVM FP32, and TVM best / onnxruntime best (medians).
 
 Profiles: by default every x86-64 CPU profile whose cpu_features this machine's /proc/cpuinfo lists
 (built-in: cpu-x86_64, AVX2; cpu-x86_64-v4, AVX-512 with VNNI, where the CPU has it), each with its own bundles and
@@ -86,14 +87,19 @@ RESNET18_CARD = {
         "std": [58.395, 57.12, 57.375],
     },
 }
+BLOCK = 4  # calls per peer and round with several threads: the first one pays for the previous peer's spinning
 ORT_PEERS = ("onnxruntime FP32", "onnxruntime INT8 (QDQ)")
 
 
 Peer = Callable[[np.ndarray], object]
 
 
-def interleaved_ms(peers: dict[str, Peer], inputs: np.ndarray, runs: int) -> dict[str, list[float]]:
-    """Milliseconds per call of each peer, `runs` rounds of one call each, on the same input per round."""
+def interleaved_ms(peers: dict[str, Peer], inputs: np.ndarray, runs: int, block: int = 1) -> dict[str, list[float]]:
+    """Milliseconds per call of each peer, `runs` rounds, each peer `block` calls in a row per round on the same
+    input; with a block of more than one, its first call is not counted. With several threads each runtime's
+    idle workers spin for a while after a call (onnxruntime's intra-op pool and TVM's both do by default), so a
+    peer called right after another one starts with a core taken: MobileNet's AVX2 INT8 bundle at two threads took
+    1.03 ms (min) called between onnxruntime's calls, 0.53 ms alone."""
     for fn in peers.values():
         for x in inputs[:3]:
             fn(x[None])
@@ -101,9 +107,11 @@ def interleaved_ms(peers: dict[str, Peer], inputs: np.ndarray, runs: int) -> dic
     for i in range(runs):
         x = inputs[i % len(inputs)][None]
         for k, fn in peers.items():
-            t = time.perf_counter()
-            fn(x)
-            times[k].append((time.perf_counter() - t) * 1000)
+            for j in range(block):
+                t = time.perf_counter()
+                fn(x)
+                if j or block == 1:
+                    times[k].append((time.perf_counter() - t) * 1000)
     return times
 
 
@@ -141,9 +149,11 @@ def measure(name: str, args: argparse.Namespace, work: Path) -> None:
     peers[ORT_PEERS[1]] = lambda x: ort_i.run(None, {inp: x})
     inputs = load_calibration(args.data / spec.data, card.preprocess, mf.inputs[0], 16, "evaluation")
     runs = args.runs
+    block = 1 if args.threads == 1 else BLOCK  # one thread: no idle workers spinning between the peers' calls
     print_agreement(peers, inputs)
-    times = interleaved_ms(peers, inputs, runs)
-    print(f"{spec.file}, batch 1, {runs} interleaved rounds, {args.threads} threads each")
+    times = interleaved_ms(peers, inputs, runs, block)
+    calls = f"{block - 1} counted calls after one uncounted" if block > 1 else "one call"
+    print(f"{spec.file}, batch 1, {runs} interleaved rounds of {calls} per peer, {args.threads} threads each")
     for (profile, label), (m, _) in manifests.items():
         db, _, names = m.provenance.options.get("tuning", "").partition(": ")
         used = f"{len(names.split(', '))} kernels from {db}" if names else "none (default schedules)"
