@@ -54,7 +54,7 @@ def labelled(classes: np.ndarray, scores: np.ndarray, manifest: Manifest, labels
     """[[class_index, label, score], ...] of the classes (output indices) and their scores, in that order."""
     offset, known = manifest.postprocess.label_offset, len(labels)
     out = []
-    for i, score in zip(classes.tolist(), scores.tolist()):  # Python numbers: numpy scalars cost 3x here
+    for i, score in zip(classes.tolist(), scores.tolist()):  # Python numbers: 3.0 against 4.1 us for 5 classes (timeit)
         li = int(i) - offset
         out.append([li, labels[li] if 0 <= li < known else str(li), round(score, 6)])
     return out
