@@ -15,6 +15,7 @@ thread that has not yet made a CUDA call gets it made current here (as the runti
 from __future__ import annotations
 
 import ctypes
+import functools
 
 MEMORYTYPE_HOST, MEMORYTYPE_DEVICE = 1, 2
 ERROR_INVALID_CONTEXT = 201
@@ -67,15 +68,21 @@ def box_params(host: int, device: int, shape: tuple[int, ...], box: tuple[int, i
     return p
 
 
+@functools.cache
+def _driver(library: str) -> ctypes.PyDLL:
+    """libcuda, loaded once per process and path. PyDLL: its calls keep the GIL, as the runtime's TVM calls do
+    (runtime/tvm.py): they only queue work, and a CDLL call's release let the capture thread take the GIL in the
+    middle of the loop's stage."""
+    return ctypes.PyDLL(library)
+
+
 class BoxCopy:
     """cuMemcpy3DAsync on prepared parameters; after a failure it says why (`failure`) and callers copy another
     way (the caller's fallback: the box through a page-locked staging buffer, as for frames it did not lend)."""
 
     def __init__(self, library: str = "libcuda.so.1") -> None:
         self.failure: str | None = None
-        # PyDLL: the call keeps the GIL, as the runtime's TVM calls do (runtime/tvm.py): it only queues the copy,
-        # and a CDLL call's release let the capture thread take the GIL in the middle of the loop's stage
-        cuda = ctypes.PyDLL(library)
+        cuda = _driver(library)
         self._copy = cuda.cuMemcpy3DAsync_v2
         self._copy.argtypes = [ctypes.POINTER(Memcpy3D), ctypes.c_void_p]
         self._copy.restype = ctypes.c_int
@@ -104,7 +111,7 @@ def device_pointer(host: int, library: str = "libcuda.so.1") -> int | None:
     unified addressing, which every 64-bit CUDA platform has, Jetson's shared memory too), or None when the driver
     gives none: the caller then copies. Needs the context TVM made current on this thread (its allocation did)."""
     try:
-        get = ctypes.PyDLL(library).cuMemHostGetDevicePointer_v2
+        get = _driver(library).cuMemHostGetDevicePointer_v2
     except (OSError, AttributeError):
         return None
     get.argtypes = [ctypes.POINTER(ctypes.c_uint64), ctypes.c_void_p, ctypes.c_uint]

@@ -184,7 +184,7 @@ class TvmRuntime:
         self._lent: dict[int, _Lent] = {}  # data address -> a frame batch lent (frame_batch) and not yet dropped
         # a lent batch's crop box goes to the GPU alone (cuda_copy.py); without the driver's copy, through staging
         self._box_copy, self._no_box_copy = load_box_copy() if target.device == "cuda" else (None, None)
-        self._in_place = bool(gpu.integrated if frames_in_place is None and gpu is not None else frames_in_place)
+        self._in_place = bool(gpu and gpu.integrated) if frames_in_place is None else frames_in_place
         self._device_frames: dict[tuple[int, ...], Any] = {}  # frame batch shape -> the device buffer they go to
         self._staging: dict[tuple[int, ...], _Staged] = {}  # crop shape -> where other arrays' crop is copied
         self._taps: dict[tuple[int, int, int, int], tuple[Any, Any]] = {}  # crop box -> the device tap tables
