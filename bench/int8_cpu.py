@@ -35,9 +35,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -61,6 +59,7 @@ from edgedeploy_agent.runtime.tvm import TvmRuntime
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "bench"))
+import avx2_only  # noqa: E402
 from resnet18_onnx import export as export_resnet18  # noqa: E402
 
 
@@ -200,29 +199,13 @@ def _first(out: object) -> object:
 def host_profiles() -> list[str]:
     """The x86-64 CPU profiles whose cpu_features this machine has, by name (cpu-x86_64 first)."""
     have = cpu_flags() or frozenset()
-    if os.environ.get("EDGEDEPLOY_AVX2_ONLY"):  # bench/avx2_only.c hides these from cpuid
-        have = frozenset(f for f in have if not f.startswith("avx512") and f != "avx_vnni")
+    if os.environ.get(avx2_only.ACTIVE):  # bench/avx2_only.c hides these from cpuid
+        have = frozenset(f for f in have if not avx2_only.hidden(f))
     return [
         name
         for name, p in sorted(all_profiles().items())
         if p.device == "cpu" and p.arch == "x86_64" and p.compiler.cpu_features and set(p.compiler.cpu_features) <= have
     ]
-
-
-def as_avx2_only() -> None:
-    """Run this script again with bench/avx2_only.c preloaded (see the module's docstring)."""
-    if os.environ.get("EDGEDEPLOY_AVX2_ONLY"):
-        return
-    if "cpuid_fault" not in Path("/proc/cpuinfo").read_text():
-        raise SystemExit("--cpu avx2: this CPU or kernel has no CPUID faulting (cpuid_fault in /proc/cpuinfo)")
-    cc = shutil.which("gcc") or shutil.which("cc")
-    if cc is None:
-        raise SystemExit("--cpu avx2: needs a C compiler (gcc) to build bench/avx2_only.c")
-    lib = Path(tempfile.mkdtemp()) / "avx2_only.so"
-    subprocess.run([cc, "-shared", "-fPIC", "-O2", "-o", str(lib), str(REPO / "bench" / "avx2_only.c")], check=True)
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONFAULTHANDLER"}  # its SIGSEGV handler would win
-    env["LD_PRELOAD"] = " ".join(filter(None, [str(lib), env.get("LD_PRELOAD", "")]))
-    os.execve(sys.executable, [sys.executable, *sys.argv], env)
 
 
 def main() -> None:
@@ -244,7 +227,10 @@ def main() -> None:
     if args.threads < 1 or args.runs < 1:
         raise SystemExit("--threads and --runs must be at least 1")
     if args.cpu == "avx2":
-        as_avx2_only()
+        reason = avx2_only.why_not()
+        if reason:
+            raise SystemExit(f"--cpu avx2: {reason}")
+        avx2_only.rerun_preloaded(Path(tempfile.gettempdir()))
     args.profile = args.profile or host_profiles()
     if not args.profile:
         raise SystemExit("this machine's CPU has the features of no built-in x86-64 profile: name one with --profile")

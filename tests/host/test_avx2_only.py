@@ -6,7 +6,6 @@ to hide and the check of the hidden flags skips."""
 
 from __future__ import annotations
 
-import shutil
 import signal
 import subprocess
 import sys
@@ -14,22 +13,20 @@ from pathlib import Path
 
 import pytest
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+import avx2_only  # noqa: E402
+
 pytestmark = pytest.mark.bench
 
-SOURCE = Path(__file__).resolve().parents[2] / "bench" / "avx2_only.c"
 CPUINFO = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
 
 
 @pytest.fixture(scope="module")
 def preload(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    if "cpuid_fault" not in CPUINFO.split():
-        pytest.skip("this CPU or kernel has no CPUID faulting")
-    gcc = shutil.which("gcc")
-    if gcc is None:
-        pytest.skip("no gcc")
-    lib = tmp_path_factory.mktemp("avx2") / "avx2_only.so"
-    subprocess.run([gcc, "-shared", "-fPIC", "-O2", "-Wall", "-Werror", "-o", str(lib), str(SOURCE)], check=True)
-    return lib
+    reason = avx2_only.why_not()
+    if reason:
+        pytest.skip(reason)
+    return avx2_only.build(tmp_path_factory.mktemp("avx2"))
 
 
 def _python(preload: Path, code: str, *flags: str) -> subprocess.CompletedProcess[str]:
