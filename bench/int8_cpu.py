@@ -15,7 +15,7 @@ Like with like: TVM's thread pool (TVM_NUM_THREADS) and onnxruntime's intra-op p
 count (--threads, default: every CPU of this machine); --tvm-spin sets how long TVM's idle workers spin before
 they sleep (TVM_THREAD_POOL_SPIN_COUNT; docs/int8.md: on an oversubscribed host 0 made TVM's medians 20-30x
 lower). The peers run interleaved, one call each per round (with several threads, BLOCK calls in a row, the
-first not counted: each runtime's idle workers spin after a call and would take a core from the next peer), so a
+first WARM not counted: each runtime's idle workers spin after a call and would take a core from the next peer), so a
 noisy neighbour slows them alike; min and median per peer. The closing lines are the ratios the project's goal
 is stated in: TVM INT8 speed-up over TVM FP32, and TVM best / onnxruntime best (medians).
 
@@ -86,7 +86,7 @@ RESNET18_CARD = {
         "std": [58.395, 57.12, 57.375],
     },
 }
-BLOCK = 4  # calls per peer and round with several threads: the first one pays for the previous peer's spinning
+BLOCK, WARM = 20, 5  # calls per peer and round with several threads, the first WARM not counted (see interleaved_ms)
 ORT_PEERS = ("onnxruntime FP32", "onnxruntime INT8 (QDQ)")
 
 
@@ -95,10 +95,13 @@ Peer = Callable[[np.ndarray], object]
 
 def interleaved_ms(peers: dict[str, Peer], inputs: np.ndarray, runs: int, block: int = 1) -> dict[str, list[float]]:
     """Milliseconds per call of each peer, `runs` rounds, each peer `block` calls in a row per round on the same
-    input; with a block of more than one, its first call is not counted. With several threads each runtime's
+    input; with a block of more than one, its first WARM calls are not counted. With several threads each runtime's
     idle workers spin for a while after a call (onnxruntime's intra-op pool and TVM's both do by default), so a
     peer called right after another one starts with a core taken: MobileNet's AVX2 INT8 bundle at two threads took
-    1.03 ms (min) called between onnxruntime's calls, 0.53 ms alone."""
+    1.03 ms (min) called between onnxruntime's calls, 0.53 ms alone. Blocks of 4 with one uncounted were not
+    enough and flattered us (onnxruntime suffers TVM's spinning more than the reverse: its FP32 1.06 ms min there,
+    0.59 alone); blocks of 20 with 5 uncounted give what each peer gives alone (TVM INT8 0.53-0.54 ms, onnxruntime
+    FP32 0.60-0.61 ms, MobileNet as AVX2, two threads)."""
     for fn in peers.values():
         for x in inputs[:3]:
             fn(x[None])
@@ -109,7 +112,7 @@ def interleaved_ms(peers: dict[str, Peer], inputs: np.ndarray, runs: int, block:
             for j in range(block):
                 t = time.perf_counter()
                 fn(x)
-                if j or block == 1:
+                if j >= WARM or block == 1:
                     times[k].append((time.perf_counter() - t) * 1000)
     return times
 
@@ -151,7 +154,7 @@ def measure(name: str, args: argparse.Namespace, work: Path) -> None:
     block = 1 if args.threads == 1 else BLOCK  # one thread: no idle workers spinning between the peers' calls
     print_agreement(peers, inputs)
     times = interleaved_ms(peers, inputs, runs, block)
-    calls = f"{block - 1} counted calls after one uncounted" if block > 1 else "one call"
+    calls = f"{block - WARM} counted calls after {WARM} uncounted" if block > 1 else "one call"
     print(f"{spec.file}, batch 1, {runs} interleaved rounds of {calls} per peer, {args.threads} threads each")
     for (profile, label), (m, _) in manifests.items():
         db, _, names = m.provenance.options.get("tuning", "").partition(": ")
