@@ -14,6 +14,7 @@ GPU bundles need a CUDA backend beside it, one of two (config `cuda_backend`):
 import ctypes
 import dataclasses
 import importlib.util
+import os
 import weakref
 from pathlib import Path
 from typing import Any, Optional
@@ -43,6 +44,12 @@ _CUDA_HINT = {
     "tvm": "the wheel's CUDA backend needs libcudart.so.13 beside it (RUNPATH $ORIGIN) and a CUDA 13 driver "
     "(R580+); edgedeploy's own backend (cuda_backend = 'edgedeploy') needs neither",
 }
+# TVM's CPU thread pool pins each of its workers to one core unless TVM_BIND_THREADS is set to something else than
+# 1. A pinned worker whose core another process wants (the agent's own decoder, a second model, anything else on
+# the device) gets a time slice there and every parallel kernel waits for it: ResNet-18 INT8, two threads, one
+# core kept busy by another process, 92 ms pinned against 9.2 unpinned (5.0 with both cores free, pinned or not;
+# docs/int8.md, "TVM's thread pool and a busy core"). Left to the scheduler unless the device's environment says.
+UNPINNED = {"TVM_BIND_THREADS": "0"}
 
 
 def find_runtime_lib(configured: Optional[str] = None) -> Path:
@@ -102,6 +109,8 @@ def load_runtime_libraries(
             f"apache-tvm-ffi is not installed: {e}", hint="reinstall the agent: edgedeploy agent install DEVICE"
         ) from None
     lib = find_runtime_lib(runtime_lib)
+    for name, value in UNPINNED.items():  # read when the thread pool starts, at the first parallel kernel
+        os.environ.setdefault(name, value)
     _load(lib, _RUNTIME_HINT)
     if cuda:
         # The runtime-only mode autoloads no CUDA backend (shared/reference/tvm.md §5): load it by hand.
