@@ -47,8 +47,9 @@ _CUDA_HINT = {
 # TVM's CPU thread pool pins each of its workers to one core unless TVM_BIND_THREADS is set to something else than
 # 1. A pinned worker whose core another process wants (the agent's own decoder, a second model, anything else on
 # the device) gets a time slice there and every parallel kernel waits for it: ResNet-18 INT8, two threads, one
-# core kept busy by another process, 92 ms pinned against 9.2 unpinned (5.0 with both cores free, pinned or not;
-# docs/int8.md, "TVM's thread pool and a busy core"). Left to the scheduler unless the device's environment says.
+# core kept busy by another process, 92 ms pinned against 10.6 unpinned, 5.5-6.7 with both cores free
+# (bench/cpu_contention.py; docs/int8.md, "TVM's thread pool and a busy core"). Left to the scheduler unless the
+# device's environment says otherwise.
 UNPINNED = {"TVM_BIND_THREADS": "0"}
 
 
