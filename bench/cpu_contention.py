@@ -5,7 +5,7 @@ against left to the scheduler (how the agent loads it), onnxruntime beside, in o
 
 On a device the agent's decoder, a second model or any other service shares the cores with inference. TVM pins
 each worker of its pool to one core (TVM_BIND_THREADS=1, its default), so a worker whose core is taken runs only in
-its time slices there and every parallel kernel waits for it; runtime/tvm.py (UNPINNED) sets TVM_BIND_THREADS=0
+its time slices there and every parallel kernel waits for it; runtime/tvm.py (unpin_thread_pool) sets TVM_BIND_THREADS=0
 unless the device's environment says otherwise. Each peer runs in a fresh process (the pool reads its
 environment when it starts), `--runs` calls after 10 uncounted, first with every core free, then with a busy loop
 pinned to the last CPU this process may use. The INT8 bundle is bench/int8_cpu.py's for the most capable x86-64

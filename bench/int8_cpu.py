@@ -55,7 +55,7 @@ from edgedeploy.compile.int8.quantize import QuantizeOptions
 from edgedeploy.compile.package import load_card
 from edgedeploy.profiles import all_profiles, get_profile
 from edgedeploy_agent.bundle import cpu_flags, extract_bundle
-from edgedeploy_agent.runtime.tvm import UNPINNED, TvmRuntime
+from edgedeploy_agent.runtime.tvm import TvmRuntime, unpin_thread_pool
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "bench"))
@@ -241,15 +241,13 @@ def main() -> None:
     if args.tvm_spin is not None:
         os.environ["TVM_THREAD_POOL_SPIN_COUNT"] = str(args.tvm_spin)
     spin = os.environ.get("TVM_THREAD_POOL_SPIN_COUNT", "TVM's default")
-    for name, value in UNPINNED.items():  # as the agent runs TVM, also if a build runs a TVM kernel here first
-        os.environ.setdefault(name, value)
     logging.disable(logging.WARNING)
     ort.set_default_logger_severity(3)
     load = ", ".join(Path("/proc/loadavg").read_text().split()[:3]) if Path("/proc/loadavg").exists() else "?"
     for profile in args.profile:
         print(f"profile {profile}, target {dict(get_profile(profile).compiler.target)}")
     shown = "AVX2 only (bench/avx2_only.c: cpuid without AVX-512 and VNNI)" if args.cpu == "avx2" else "as it is"
-    bind = os.environ["TVM_BIND_THREADS"]
+    bind = unpin_thread_pool()  # as the agent runs TVM (it would when the first bundle loads; here it is printed)
     print(f"TVM pool spin count {spin}, TVM_BIND_THREADS={bind}; load average {load}; CPU {shown}")
     with tempfile.TemporaryDirectory() as tmp:
         for name in ("mobilenet", "resnet18") if args.model == "all" else (args.model,):

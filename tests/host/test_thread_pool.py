@@ -1,4 +1,4 @@
-"""The agent's TVM runtime leaves the CPU thread pool's workers to the scheduler (runtime/tvm.py UNPINNED): a
+"""The agent's TVM runtime leaves the CPU thread pool's workers to the scheduler (runtime/tvm.py unpin_thread_pool): a
 worker pinned to a core that another process keeps busy stalls every parallel kernel (docs/int8.md)."""
 
 from __future__ import annotations

@@ -44,13 +44,6 @@ _CUDA_HINT = {
     "tvm": "the wheel's CUDA backend needs libcudart.so.13 beside it (RUNPATH $ORIGIN) and a CUDA 13 driver "
     "(R580+); edgedeploy's own backend (cuda_backend = 'edgedeploy') needs neither",
 }
-# TVM's CPU thread pool pins each of its workers to one core unless TVM_BIND_THREADS is set to something else than
-# 1. A pinned worker whose core another process wants (the agent's own decoder, a second model, anything else on
-# the device) gets a time slice there and every parallel kernel waits for it: ResNet-18 INT8, two threads, one
-# core kept busy by another process, 92 ms pinned against 10.6 unpinned, 5.5-6.7 with both cores free
-# (bench/cpu_contention.py; docs/int8.md, "TVM's thread pool and a busy core"). Left to the scheduler unless the
-# device's environment says otherwise.
-UNPINNED = {"TVM_BIND_THREADS": "0"}
 
 
 def find_runtime_lib(configured: Optional[str] = None) -> Path:
@@ -70,6 +63,17 @@ def find_runtime_lib(configured: Optional[str] = None) -> Path:
         "libtvm_runtime.so not found",
         hint="set tvm_runtime_lib in the agent config, or install the TVM runtime kit on the device",
     )
+
+
+def unpin_thread_pool() -> str:
+    """Leave TVM's CPU thread pool to the scheduler unless the device's environment says otherwise; returns the
+    TVM_BIND_THREADS in force. TVM pins each worker to one core unless it is set to something else than 1, and a
+    pinned worker whose core another process wants (the agent's own decoder, a second model, anything else on the
+    device) gets a time slice there while every parallel kernel waits for it: ResNet-18 INT8, two threads, one
+    core kept busy by another process, 92 ms pinned against 10.6 unpinned, 5.5-6.7 with both cores free
+    (bench/cpu_contention.py; docs/int8.md, "TVM's thread pool and a busy core"). TVM reads it when its pool
+    starts, at the first parallel kernel."""
+    return os.environ.setdefault("TVM_BIND_THREADS", "0")
 
 
 def _load(lib: Path, hint: str) -> None:
@@ -110,8 +114,7 @@ def load_runtime_libraries(
             f"apache-tvm-ffi is not installed: {e}", hint="reinstall the agent: edgedeploy agent install DEVICE"
         ) from None
     lib = find_runtime_lib(runtime_lib)
-    for name, value in UNPINNED.items():  # read when the thread pool starts, at the first parallel kernel
-        os.environ.setdefault(name, value)
+    unpin_thread_pool()
     _load(lib, _RUNTIME_HINT)
     if cuda:
         # The runtime-only mode autoloads no CUDA backend (shared/reference/tvm.md §5): load it by hand.
