@@ -29,16 +29,11 @@ import numpy as np
 
 from edgedeploy.api import build
 from edgedeploy.build_store import host_file
-from edgedeploy.compile.cards import ModelCard
-from edgedeploy.compile.int8.build import Int8Config
-from edgedeploy.compile.int8.quantize import QuantizeOptions
-from edgedeploy.compile.package import load_card
-from edgedeploy_agent.bundle import extract_bundle
+from edgedeploy_agent.bundle import extract_bundle, read_manifest
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "bench"))
-from int8_cpu import MODELS, RESNET18_CARD, host_profiles  # noqa: E402
-from resnet18_onnx import export as export_resnet18  # noqa: E402
+from int8_cpu import MODELS, host_profiles, model_source  # noqa: E402
 
 PEERS = {  # name: (what the child runs, environment)
     "TVM INT8, workers pinned (TVM's default)": ("tvm", {"TVM_BIND_THREADS": "1"}),
@@ -48,10 +43,9 @@ PEERS = {  # name: (what the child runs, environment)
 }
 
 
-def child(kind: str, bundle: Path, runs: int, threads: int) -> None:
-    """One peer in this process: prints {"min": ms, "median": ms}."""
-    rel = Path(tempfile.mkdtemp())
-    m = extract_bundle(bundle, rel)
+def child(kind: str, bundle: Path, rel: Path, runs: int, threads: int) -> None:
+    """One peer in this process, on the bundle unpacked at `rel`: prints {"min": ms, "median": ms}."""
+    m = read_manifest(bundle)
     x = np.random.default_rng(0).standard_normal(m.inputs[0].shape).astype(np.float32)
     if kind == "tvm":
         from edgedeploy_agent.runtime.tvm import TvmRuntime
@@ -86,16 +80,12 @@ def child(kind: str, bundle: Path, runs: int, threads: int) -> None:
 
 
 def int8_bundle(name: str, profile: str, data: Path, work: Path) -> Path:
-    spec = MODELS[name]
-    if spec.card:
-        model, card = data / "models" / spec.file, load_card(REPO / "examples" / "cards" / spec.card)
-    else:
-        model, card = work / spec.file, ModelCard.model_validate(RESNET18_CARD)
-        export_resnet18(model, seed=0, tiled=True)
-    cfg = Int8Config(calibration=data / spec.data, options=QuantizeOptions())
+    """bench/int8_cpu.py's INT8 bundle of `name` for `profile` (its build cache entry where it has one)."""
+    model, card, cfg = model_source(name, data, work)
     t = time.perf_counter()
     res = build(model, profile, work / f"{name}.int8.edb", card, int8=cfg)
-    print(f"{spec.file} INT8 for {profile}: bundle ready in {time.perf_counter() - t:.1f} s (cached: {res.cached})")
+    took = time.perf_counter() - t
+    print(f"{MODELS[name].file} INT8 for {profile}: bundle ready in {took:.1f} s (cached: {res.cached})")
     return res.bundle
 
 
@@ -112,16 +102,18 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     data = Path(os.environ.get("EDGEDEPLOY_DATA", REPO.parent / "shared" / "data"))
     ap.add_argument("--data", type=Path, default=data)
-    ap.add_argument("--child", nargs=2, metavar=("KIND", "BUNDLE"), help=argparse.SUPPRESS)
+    ap.add_argument("--child", nargs=3, metavar=("KIND", "BUNDLE", "RELEASE"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
-        child(args.child[0], Path(args.child[1]), args.runs, args.threads)
+        child(args.child[0], Path(args.child[1]), Path(args.child[2]), args.runs, args.threads)
         return
     if len(os.sched_getaffinity(0)) < 2:
         sys.exit("needs at least two CPUs: one is kept busy")
     with tempfile.TemporaryDirectory() as tmp:
         profile = host_profiles()[-1]  # the most capable x86-64 profile this CPU runs (v4 where it has VNNI)
         bundle = int8_bundle(args.model, profile, args.data, Path(tmp))
+        release = Path(tmp) / "release"  # unpacked once; each child reads its manifest from the bundle
+        extract_bundle(bundle, release)
         base = {k: v for k, v in os.environ.items() if k != "TVM_BIND_THREADS"}
         base["TVM_NUM_THREADS"] = str(args.threads)
         results: dict[str, dict[str, dict[str, float]]] = {}
@@ -129,7 +121,16 @@ def main() -> None:
             loop = busy_core() if condition == "one core busy" else None
             try:
                 for peer, (kind, env) in PEERS.items():
-                    cmd = [sys.executable, __file__, "--child", kind, str(bundle), "--runs", str(args.runs)]
+                    cmd = [
+                        sys.executable,
+                        __file__,
+                        "--child",
+                        kind,
+                        str(bundle),
+                        str(release),
+                        "--runs",
+                        str(args.runs),
+                    ]
                     cmd += ["--threads", str(args.threads)]
                     out = subprocess.run(cmd, env={**base, **env}, capture_output=True, text=True, check=True)
                     results.setdefault(peer, {})[condition] = json.loads(out.stdout.strip().splitlines()[-1])

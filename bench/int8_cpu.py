@@ -117,14 +117,21 @@ def interleaved_ms(peers: dict[str, Peer], inputs: np.ndarray, runs: int, block:
     return times
 
 
-def measure(name: str, args: argparse.Namespace, work: Path) -> None:
+def model_source(name: str, data: Path, work: Path) -> tuple[Path, ModelCard, Int8Config]:
+    """The model file, its card and the INT8 calibration this bench builds `name` with (ResNet-18 exported into
+    `work`): the same bundles, and build cache entries, for every bench that calls it."""
     spec = MODELS[name]
     if spec.card:
-        model, card = args.data / "models" / spec.file, load_card(REPO / "examples" / "cards" / spec.card)
+        model, card = data / "models" / spec.file, load_card(REPO / "examples" / "cards" / spec.card)
     else:
         model, card = work / spec.file, ModelCard.model_validate(RESNET18_CARD)
         export_resnet18(model, seed=0, tiled=True)
-    cfg = Int8Config(calibration=args.data / spec.data, options=QuantizeOptions())
+    return model, card, Int8Config(calibration=data / spec.data, options=QuantizeOptions())
+
+
+def measure(name: str, args: argparse.Namespace, work: Path) -> None:
+    spec = MODELS[name]
+    model, card, cfg = model_source(name, args.data, work)
     peers: dict[str, Peer] = {}
     manifests = {}
     for profile in args.profile:
