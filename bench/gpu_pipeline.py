@@ -9,9 +9,13 @@ For each batch-1 bundle and video, one process, one GPU:
                  preprocessing kernel (load_frames, queued: the model is queued behind it), then the
                  model and the library's postprocess function, and only the top k comes back (run_loaded_top).
                  Part 2's target on 720p: (preprocess + infer + postprocess) / kernel <= 2
-  gpu, host top  the same with the top k on the host (run_loaded: the outputs come back) and load_frames waited
-                 for: part 1's target, infer / kernel <= 1.15 (the infer stage is then the model and its output
-                 copy alone)
+                 Its infer stage is the model's own GPU time (CUDA events after the preprocessing and after the
+                 model: runtime/cuda_copy.py ModelClock), its preprocess stage the rest of the wait
+  gpu, host clock  the same without the events: the infer stage is the host's wait, which also covers the
+                 preprocessing still running on the GPU (the agent before the events); and what the events cost
+  gpu, host top  the same with the top k on the host (run_loaded: the outputs come back), load_frames waited
+                 for and the host's clock: part 1's target, infer / kernel <= 1.15 (the infer stage is then the
+                 model, its output copy and the wait, on the host's clock)
   gpu, in place  the gpu path with the preprocessing kernel reading each lent frame where it is (frames_in_place:
                  the default where the GPU shares the host's memory, a Jetson; here it reads over PCIe), no copy
   cpu path       the same loop with the bundle's preprocessing library left out: preprocess.py on the CPU into
@@ -78,6 +82,7 @@ def host_top_k(rt: TvmRuntime) -> TvmRuntime:
     waited for (the agent queues the model behind it instead): the loop's infer stage is then the model and its
     output copy alone, part 1's measure."""
     rt._postprocess = None
+    rt._clock = None
     queue = rt.load_frames
 
     def load_frames(frames: np.ndarray) -> None:
@@ -153,9 +158,25 @@ def alone(cpu: TvmRuntime, gpu: TvmRuntime, frame: np.ndarray, x: np.ndarray, ga
         "load_frames": p50_ms(lambda: gpu.load_frames(frame), 300, gpu.synchronize),
         "load_frames_run_loaded": p50_ms(lambda: (gpu.load_frames(frame), gpu.run_loaded()), 300),
         "load_frames_run_loaded_top": p50_ms(lambda: (gpu.load_frames(frame), gpu.run_loaded_top()), 300),
+        **clock_cost(gpu, lent),
         "kernel_paced": p50_ms(lambda: (time.sleep(gap_s), gpu.run_kernel()), 300)
         - p50_ms(lambda: time.sleep(gap_s), 300),
     }
+
+
+def clock_cost(gpu: TvmRuntime, lent: np.ndarray) -> dict[str, float]:
+    """A lent frame's load_frames + run_loaded_top with and without the model clock's two CUDA events, alternating
+    frame by frame (600 frames; p50 ms of each): what the agent's honest infer stage costs a frame."""
+    clock = gpu._clock
+    times: dict[bool, list[float]] = {True: [], False: []}
+    for i in range(600):
+        gpu._clock = clock if i % 2 else None
+        t = time.perf_counter()
+        gpu.load_frames(lent)
+        gpu.run_loaded_top()
+        times[bool(i % 2)].append((time.perf_counter() - t) * 1e3)
+    gpu._clock = clock
+    return {"lent_frame_clock": float(np.median(times[True])), "lent_frame_no_clock": float(np.median(times[False]))}
 
 
 def steps(gpu: TvmRuntime, frame: np.ndarray, manifest: Any) -> dict[str, float]:
@@ -208,6 +229,8 @@ def batch1(bundle: Path, videos: list[Path], work: Path) -> list[dict[str, Any]]
     manifest = extract_bundle(bundle, rdir)
     gpu = TvmRuntime(rdir, manifest, LIB)
     gpu_host_top = host_top_k(TvmRuntime(rdir, manifest, LIB))
+    gpu_host_clock = TvmRuntime(rdir, manifest, LIB)
+    gpu_host_clock._clock = None  # the agent's path timed as before the model clock
     # the kernel reading each lent frame in place (what a Jetson does by default): here over PCIe
     in_place = TvmRuntime(rdir, manifest, LIB, frames_in_place=True)
     cpu = TvmRuntime(rdir, without_module(manifest), LIB)
@@ -220,15 +243,12 @@ def batch1(bundle: Path, videos: list[Path], work: Path) -> list[dict[str, Any]]
         _, first = cap.read()
         cap.release()
         row: dict[str, Any] = {"bundle": bundle.stem, "video": f"{first.shape[1]}x{first.shape[0]}", "kernel": kernel}
-        for name, rt in (("cpu", cpu), ("gpu", gpu), ("gpu_host_top", gpu_host_top), ("gpu_in_place", in_place)):
+        paths = (("cpu", cpu), ("gpu", gpu), ("gpu_host_clock", gpu_host_clock), ("gpu_host_top", gpu_host_top))
+        for name, rt in (*paths, ("gpu_in_place", in_place)):
             rt.run([np.zeros(manifest.inputs[0].shape, np.float32)])  # warm
             row[name] = loop_p50(rt, manifest, rdir, video, work / f"store-{bundle.stem}-{video.stem}-{name}")
         row["agreement"] = agreement(cpu, gpu, manifest, video)
-        for name in (
-            "gpu",
-            "gpu_host_top",
-            "gpu_in_place",
-        ):  # the loops' predictions, frame by frame, against the CPU's
+        for name in ("gpu", "gpu_host_clock", "gpu_host_top", "gpu_in_place"):  # the loops' top k against the CPU's
             ours, theirs = row[name].pop("classes"), row["cpu"]["classes"]
             differ = sum(a != b for a, b in zip(ours, theirs, strict=False)) + abs(len(ours) - len(theirs))
             row["agreement"][f"loop_{name}_frames_differ"] = differ
@@ -238,8 +258,10 @@ def batch1(bundle: Path, videos: list[Path], work: Path) -> list[dict[str, Any]]
         row["steps"] = steps(gpu, first, manifest)
         row["ratio_infer"] = row["gpu_host_top"]["infer"] / kernel
         row["ratio_infer_top"] = row["gpu"]["infer"] / kernel
+        row["ratio_infer_host_clock"] = row["gpu_host_clock"]["infer"] / kernel
         row["ratio_infer_cpu_path"] = row["cpu"]["infer"] / kernel
         row["ratio_frame"] = sum(row["gpu"][s] for s in STAGES) / kernel
+        row["ratio_frame_host_clock"] = sum(row["gpu_host_clock"][s] for s in STAGES) / kernel
         row["ratio_frame_host_top"] = sum(row["gpu_host_top"][s] for s in STAGES) / kernel
         rows.append(row)
     return rows
@@ -303,7 +325,7 @@ def main() -> None:
     print("| bundle | video | path | fps | preprocess | infer | postprocess | kernel | frames copied |")
     print("|---|---|---|---|---|---|---|---|---|")
     for r in result["bs1"]:
-        for path in ("cpu", "gpu_host_top", "gpu", "gpu_in_place"):
+        for path in ("cpu", "gpu_host_top", "gpu", "gpu_host_clock", "gpu_in_place"):
             m = r[path]
             print(
                 f"| {r['bundle']} | {r['video']} | {path} | {m['fps']:.0f} | {m['preprocess']:.3f} | {m['infer']:.3f} "
@@ -311,14 +333,15 @@ def main() -> None:
             )
     print(
         "\n| bundle | video | run() alone | upload alone | upload lent | load_frames alone | load_frames+run_loaded "
-        "| load_frames+run_loaded_top | kernel paced | lent box copy | device top k |"
+        "| load_frames+run_loaded_top | lent frame, model clock / none | kernel paced | lent box copy | device top k |"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in result["bs1"]:
         a = r["alone"]
         print(
             f"| {r['bundle']} | {r['video']} | {a['run']:.3f} | {a['upload']:.3f} | {a['upload_lent']:.3f} "
             f"| {a['load_frames']:.3f} | {a['load_frames_run_loaded']:.3f} | {a['load_frames_run_loaded_top']:.3f} "
+            f"| {a['lent_frame_clock']:.4f} / {a['lent_frame_no_clock']:.4f} "
             f"| {a['kernel_paced']:.3f} | {a['frame_box_copy']} | {a['top_k_output']} |"
         )
     if result["bs1"]:
@@ -345,11 +368,14 @@ def main() -> None:
 
     for r in result["bs1"]:
         line("infer_bs1 (top k on the host)", r["bundle"], r["video"], r["ratio_infer"])
-        # the agent's own path: its infer stage also waits for the preprocessing queued ahead of the model
+        # the agent's own path: its infer stage the model's GPU time (events); on the host's clock it also waited
+        # for the preprocessing queued ahead of the model
         line("infer_bs1 (device top k, as the agent runs)", r["bundle"], r["video"], r["ratio_infer_top"])
+        line("infer_bs1 (device top k, host clock)", r["bundle"], r["video"], r["ratio_infer_host_clock"])
         line("infer_bs1_cpu_path", r["bundle"], r["video"], r["ratio_infer_cpu_path"])
         if r["video"] == "1280x720":
             line("frame_bs1_720p", r["bundle"], r["video"], r["ratio_frame"])
+            line("frame_bs1_720p (no model clock)", r["bundle"], r["video"], r["ratio_frame_host_clock"])
             line("frame_bs1_720p (top k on the host)", r["bundle"], r["video"], r["ratio_frame_host_top"])
     for r in result["bs64"]:
         line("run_bs64", r["bundle"], "random", r["ratio_run"])
@@ -361,6 +387,7 @@ def main() -> None:
             f"top-1 changed {a['top1_changed']:.4f}; device top k: classes differ on {a['top_k_classes_differ']} "
             f"frames, max |score diff| {a['max_abs_top_k_score_diff']:.3g} (tolerance 1e-12); the agent's loop, top k "
             f"classes unlike the CPU path's on {a['loop_gpu_frames_differ']} frames (GPU path), "
+            f"{a['loop_gpu_host_clock_frames_differ']} (host clock), "
             f"{a['loop_gpu_host_top_frames_differ']} (top k on the host), "
             f"{a['loop_gpu_in_place_frames_differ']} (frames read in place)"
         )

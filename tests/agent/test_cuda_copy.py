@@ -1,17 +1,21 @@
 """The crop box copy's parameters (runtime/cuda_copy.py): the CUDA_MEMCPY3D layout of cuda.h and, applied with the
 driver's documented semantics (below, in numpy), the box of every frame of a batch, densely in the device buffer.
-The copy itself needs a GPU: bench/gpu_pipeline.py checks every preprocessed frame against preprocess.py there."""
+The copy itself needs a GPU: bench/gpu_pipeline.py checks every preprocessed frame against preprocess.py there.
+And the model clock's events, against a fake driver."""
 
 from __future__ import annotations
 
 import ctypes
+import time
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 from edgedeploy_agent.bundle import Preprocess
 from edgedeploy_agent.preprocess import crop_box
-from edgedeploy_agent.runtime.cuda_copy import BoxCopy, Memcpy3D, box_params, load_box_copy
+from edgedeploy_agent.runtime.cuda_copy import BoxCopy, Memcpy3D, ModelClock, box_params, load_box_copy
+from tests.agent.doubles import fake_libcuda
 
 
 def test_the_parameters_have_cuda_h_layout() -> None:
@@ -57,3 +61,31 @@ def test_without_the_driver_there_is_no_box_copy_and_a_reason() -> None:
     assert why is not None and "libcuda.so.1" in why
     with pytest.raises(OSError):
         BoxCopy("libcuda-that-is-not-there.so.1")
+
+
+def test_the_model_clock_reads_start_to_stop_once_per_frame(tmp_path: Path) -> None:
+    """Against the fake driver (tests/fixtures/fake_libcuda.c: an event completes when recorded), the clock's calls
+    and what a frame that did not mark both events reads."""
+    clock = ModelClock(fake_libcuda(tmp_path, 13000, 90, "NVIDIA H200"))
+    clock.start()
+    time.sleep(0.02)
+    clock.stop()
+    ms = clock.read()
+    assert ms is not None and 20 <= ms < 2000
+    assert clock.read() is None  # read once: the next frame marks its own
+    clock.stop()
+    assert clock.read() is None  # no start in this frame (run() from the host)
+    clock.start()
+    clock.cancel()
+    clock.stop()
+    assert clock.read() is None and clock.failure is None
+
+
+def test_a_refused_event_leaves_the_host_clock_and_says_why(tmp_path: Path) -> None:
+    lib = fake_libcuda(tmp_path, 13000, 90, "NVIDIA H200")
+    clock = ModelClock(lib)
+    ctypes.c_int.in_dll(ctypes.PyDLL(lib), "fake_event_record_result").value = 700
+    clock.start()
+    clock.stop()
+    assert clock.read() is None
+    assert clock.failure == "cuEventRecord failed with CUresult 700"

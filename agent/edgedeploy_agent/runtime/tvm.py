@@ -26,7 +26,7 @@ from ..bundle import Manifest, check_compatible
 from ..errors import RuntimeLoadError
 from ..gpu import probe_cuda, version_tuple
 from ..preprocess import crop_box, resize_taps
-from .cuda_copy import Memcpy3D, box_params, device_pointer, load_box_copy
+from .cuda_copy import Memcpy3D, ModelClock, box_params, device_pointer, load_box_copy
 from .dlpack_view import DeviceView
 
 _DEVICE_TYPE = {"cpu": 1, "cuda": 2, "cuda_host": 3}  # DLPack device types (cuda_host: page-locked memory)
@@ -197,6 +197,9 @@ class TvmRuntime:
         self._lent: dict[int, _Lent] = {}  # data address -> a frame batch lent (frame_batch) and not yet dropped
         # a lent batch's crop box goes to the GPU alone (cuda_copy.py); without the driver's copy, through staging
         self._box_copy, self._no_box_copy = load_box_copy() if target.device == "cuda" else (None, None)
+        # the model's own GPU time in a frame preprocessed there (cuda_copy.ModelClock): the loop's infer stage
+        self._clock = _model_clock() if target.device == "cuda" and self._preprocess is not None else None
+        self.model_gpu_ms: Optional[float] = None  # the last run_loaded(_top) after load_frames; else None
         self._in_place = bool(gpu and gpu.integrated) if frames_in_place is None else frames_in_place
         self._device_frames: dict[tuple[int, ...], Any] = {}  # frame batch shape -> the device buffer they go to
         self._staging: dict[tuple[int, ...], _Staged] = {}  # crop shape -> where other arrays' crop is copied
@@ -253,6 +256,8 @@ class TvmRuntime:
             return self._outputs(self._main(*[self._ffi.from_dlpack(aligned(np.ascontiguousarray(x))) for x in inputs]))
         if len(inputs) != len(self._inputs):
             raise ValueError(f"{len(inputs)} inputs given, the model takes {len(self._inputs)}")
+        if self._clock is not None:
+            self._clock.cancel()  # inputs from the host: a load_frames before this one is not what runs
         for x, staged in zip(inputs, self._inputs):
             if x.shape != staged.array.shape:
                 raise ValueError(f"input of shape {list(x.shape)}, the model takes {list(staged.array.shape)}")
@@ -303,6 +308,8 @@ class TvmRuntime:
         staged, box = self.upload_frames(frames)
         xtaps, ytaps = self._tap_tables(box)
         self._preprocess(staged.device, xtaps, ytaps, self._inputs[0].device)
+        if self._clock is not None:
+            self._clock.start()
 
     def upload_frames(self, frames: np.ndarray) -> tuple["_Staged", tuple[int, int, int, int]]:
         """The frames' part that preprocessing reads, copied to the device (asynchronously); returns its buffers
@@ -364,7 +371,12 @@ class TvmRuntime:
 
     def run_loaded(self) -> list[np.ndarray]:
         """The model on the device input tensors as they stand (filled by run or load_frames)."""
-        return self._outputs(self._main(*[s.device for s in self._inputs]))
+        out = self._main(*[s.device for s in self._inputs])
+        if self._clock is not None:
+            self._clock.stop()
+        outs = self._outputs(out)
+        self.model_gpu_ms = self._clock.read() if self._clock is not None else None
+        return outs
 
     def run_loaded_top(self, outputs: bool = False) -> tuple[np.ndarray, list[np.ndarray]]:
         """The model on the device input tensors as they stand, then the bundle's postprocess function on its first
@@ -373,11 +385,14 @@ class TvmRuntime:
         health check reads them)."""
         assert self._top is not None, "the bundle has no postprocess function"
         out = self._main(*[s.device for s in self._inputs])
+        if self._clock is not None:
+            self._clock.stop()
         self._postprocess(self._output_list(out)[0], self._top.device)
         full = self._outputs(out) if outputs else []
         if self._top.device is not self._top.host and self._top_view is None:
             self._copy(self._top.device, self._top.host)
         self.synchronize()  # (on a CPU, a no-op: the function has run)
+        self.model_gpu_ms = self._clock.read() if self._clock is not None else None
         return self._top.array, full
 
     def run_kernel(self) -> None:
@@ -420,9 +435,18 @@ class TvmRuntime:
             "frame_box_copy": self._frame_box_copy(),
             # where the device's top k lands: written by the kernel into host memory, or copied back after it
             "top_k_output": None if self._top is None else "mapped host memory" if self._top_view else "copied back",
+            # what times the infer stage of a frame preprocessed on the GPU: CUDA events, or why the host's clock
+            "model_clock": self._clock_state(),
             "gpu": dataclasses.asdict(self._gpu) if self._gpu else None,
             "loaded_tvm_libraries": loaded_tvm_libraries(),
         }
+
+    def _clock_state(self) -> Optional[str]:
+        if self._manifest_device != "cuda" or not self.frames_on_device:
+            return None
+        if self._clock is None:
+            return "host clock: no CUDA events from libcuda.so.1"
+        return f"host clock: {self._clock.failure}" if self._clock.failure else "CUDA events"
 
     def _frame_box_copy(self) -> Optional[str]:
         if self._manifest_device != "cuda":
@@ -433,6 +457,13 @@ class TvmRuntime:
 
     def close(self) -> None:
         """Nothing to free: the loaded libraries stay for the process (one CUDA backend per process)."""
+
+
+def _model_clock() -> Optional[ModelClock]:
+    try:
+        return ModelClock()
+    except (OSError, AttributeError):  # no libcuda.so.1, or one without the event calls
+        return None
 
 
 def top_shape(manifest: Manifest) -> tuple[int, int, int]:

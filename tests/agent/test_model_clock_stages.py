@@ -1,0 +1,104 @@
+"""Where a frame preprocessed on the GPU spends its time, as the loops report it.
+
+load_frames only queues the frame's copy and preprocessing; the model's call then waits for them and for the model.
+The runtime's model clock (CUDA events: runtime/cuda_copy.py ModelClock) says how much of that wait was the model:
+the loops report that as the infer stage and the rest of the wait as preprocessing, keeping each frame's total.
+No GPU here, so the runtime is a small class behind the same interface whose model call waits as a GPU's would
+(the preprocessing still queued, then the model) and whose clock reads the model's share; the frames are real,
+decoded from video files by the agent's capture.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from edgedeploy_agent.batcher import MultiSourceLoop
+from edgedeploy_agent.bundle import Manifest, TensorSpec, read_manifest
+from edgedeploy_agent.config import AgentConfig
+from edgedeploy_agent.loop import InferenceLoop
+from edgedeploy_agent.sources.capture import open_source
+from edgedeploy_agent.sources.power import NoPowerSensor
+from edgedeploy_agent.spool import Spool, pending_reports
+from edgedeploy_agent.store import DeviceStore
+from tests.agent.bundles import make_bundle
+from tests.agent.clips import write_clip
+
+PREPROCESS_S, MODEL_S = 0.030, 0.005  # what the GPU still has to do when the model's call starts waiting
+
+
+class QueuedGpu:
+    """A GPU runtime's frame path: load_frames returns at once, run_loaded waits PREPROCESS_S + MODEL_S, and
+    `model_gpu_ms` is MODEL_S (None with `clock=False`, as without CUDA events: the host's clock)."""
+
+    name = "queued-gpu"
+    frames_on_device = True
+    top_k_on_device = False
+
+    def __init__(self, batch: int, clock: bool) -> None:
+        self.batch, self.clock = batch, clock
+        self.model_gpu_ms: float | None = None
+        self.loaded = 0
+
+    def frame_batch(self, height: int, width: int) -> np.ndarray:
+        return np.zeros((self.batch, height, width, 3), np.uint8)
+
+    def load_frames(self, frames: np.ndarray) -> None:
+        self.loaded += 1
+
+    def run(self, inputs: list[np.ndarray]) -> list[np.ndarray]:  # the warm-up's, from the host
+        self.model_gpu_ms = None
+        return [np.zeros((self.batch, 10), np.float32)]
+
+    def run_loaded(self) -> list[np.ndarray]:
+        time.sleep(PREPROCESS_S + MODEL_S)
+        self.model_gpu_ms = MODEL_S * 1e3 if self.clock else None
+        return [np.zeros((self.batch, 10), np.float32)]
+
+    def describe(self) -> dict[str, Any]:
+        return {"runtime": self.name}
+
+
+def manifest_of(tmp_path: Path, batch: int) -> Manifest:
+    inputs = [TensorSpec(name="x", shape=[batch, 1, 8, 8], layout="NCHW")]
+    return read_manifest(make_bundle(tmp_path / "b", inputs=inputs, outputs=[TensorSpec(name="y", shape=[batch, 10])]))
+
+
+def stages(tmp_path: Path, clock: bool, sources: int) -> list[dict[str, Any]]:
+    """Serve `sources` clips of 4 frames (one: InferenceLoop; more: MultiSourceLoop with a batch of them); each
+    report's p50 per stage (ms)."""
+    store = DeviceStore(tmp_path / "device")
+    uris = [f"file:{write_clip(tmp_path / f'c{i}.avi', 4, 60 + 40 * i)}" for i in range(sources)]
+    cfg = AgentConfig(device_name="t", report_interval_s=60, sources=uris, max_batch_wait_ms=2000)
+    store.init(cfg)
+    runtime = QueuedGpu(sources, clock)
+    opened = [open_source(u) for u in uris]
+    kind = InferenceLoop if sources == 1 else MultiSourceLoop
+    loop = kind(runtime, manifest_of(tmp_path, sources), [], cfg, Spool(store), NoPowerSensor(), "id")
+    try:
+        loop.serve(opened)
+    finally:
+        for s in opened:
+            s.close()
+    assert runtime.loaded >= 4  # every frame went through load_frames
+    reports = [r for _, r in pending_reports(store)]
+    assert len(reports) == sources and all(r["frames"] == 4 for r in reports)
+    return [{s: v["p50"] for s, v in r["latency_ms"].items()} for r in reports]
+
+
+@pytest.mark.parametrize("sources", [1, 2], ids=["one source", "two sources batched"])
+def test_the_infer_stage_is_the_models_share_of_the_wait(tmp_path: Path, sources: int) -> None:
+    for p50 in stages(tmp_path, clock=True, sources=sources):
+        assert p50["infer"] == pytest.approx(MODEL_S * 1e3, abs=1e-6)
+        assert p50["preprocess"] >= PREPROCESS_S * 1e3  # the preprocessing the model's call waited for
+
+
+@pytest.mark.parametrize("sources", [1, 2], ids=["one source", "two sources batched"])
+def test_without_the_clock_the_infer_stage_is_the_whole_wait(tmp_path: Path, sources: int) -> None:
+    for p50 in stages(tmp_path, clock=False, sources=sources):
+        assert p50["infer"] >= (PREPROCESS_S + MODEL_S) * 1e3
+        assert p50["preprocess"] < PREPROCESS_S * 1e3
