@@ -179,10 +179,7 @@ class MultiSourceLoop(InferenceLoop):
             else:
                 outs = self.runtime.run_loaded() if on_device else self.runtime.run([x])  # type: ignore[attr-defined]
             infer_ms = (time.perf_counter() - t_infer) * 1e3
-            gpu_ms = getattr(self.runtime, "model_gpu_ms", None) if on_device else None
-            if gpu_ms is not None and gpu_ms < infer_ms:  # the model's own GPU time (loop.py _serve): the rest
-                pre_ms = [ms + infer_ms - gpu_ms for ms in pre_ms]  # of the wait was the preprocessing finishing
-                infer_ms = gpu_ms
+            gpu_ms = getattr(self.runtime, "model_gpu_ms", None) if on_device else None  # the batch's, if sampled
             problem = output_problem(outs, self.manifest) if checked else None
             if problem:
                 raise FrameFailed(f"{_frames(taken)}: {problem}")
@@ -197,6 +194,8 @@ class MultiSourceLoop(InferenceLoop):
                 lane, w = t.lane, t.lane.window
                 w.add(ages[i], t.capture_ms, (t_closed - t.at) * 1e3, pre_ms[i], infer_ms, post_ms)
                 w.latency_ms.append(t.frame.age_ms)  # captured -> its prediction
+                if gpu_ms is not None:
+                    w.model_gpu_ms.append(gpu_ms)
                 w.fills.append(len(taken))
                 if self.cfg.record_predictions:
                     w.predictions.append(Prediction(frame=lane.frames, top=top))

@@ -167,9 +167,11 @@ class InferenceLoop:
                         break
                     continue  # no frame yet (camera lost or slow): keep the watchdog fed and wait again
                 age_ms = frame.age_ms
-                top, (t1, t2, t3) = self._serve(frame.image, frame_index, source.uri)
+                top, (t1, t2, t3), gpu_ms = self._serve(frame.image, frame_index, source.uri)
                 ms = ((t0 - t_wait) * 1e3, (t1 - t0) * 1e3, (t2 - t1) * 1e3, (t3 - t2) * 1e3)
                 window.add(age_ms, *ms)
+                if gpu_ms is not None:
+                    window.model_gpu_ms.append(gpu_ms)
                 window.latency_ms.append(frame.age_ms)  # captured -> its prediction
                 self._progress(1, ms[2], sum(ms) / 1e3)
                 if self.cfg.record_predictions:
@@ -198,13 +200,12 @@ class InferenceLoop:
             self.heartbeat.beat()
         return max_frames is not None and served >= max_frames
 
-    def _serve(self, image: np.ndarray, index: int, uri: str) -> tuple[list[list[Any]], tuple[float, float, float]]:
-        """preprocess -> infer -> postprocess one frame; any failure is a FrameFailed naming the stage.
-
-        Returns the top k and the host's times at the ends of the first three stages. On a GPU that preprocesses
-        the frame, the infer stage is the model's own GPU time where the runtime measured it (`model_gpu_ms`), and
-        the preprocess stage the rest: load_frames only queues, and the wait after the model also covered the
-        preprocessing the GPU was still running."""
+    def _serve(
+        self, image: np.ndarray, index: int, uri: str
+    ) -> tuple[list[list[Any]], tuple[float, float, float], Optional[float]]:
+        """preprocess -> infer -> postprocess one frame; any failure is a FrameFailed naming the stage. Returns the
+        top k, the host's times at the ends of the first three stages, and the model's own GPU time where the runtime
+        measured it for this frame (`model_gpu_ms`: CUDA events on a sample of the frames preprocessed on the GPU)."""
         stage = "preprocessing"
         try:
             on_device = getattr(self.runtime, "frames_on_device", False)  # the bundle preprocesses on the GPU
@@ -224,8 +225,6 @@ class InferenceLoop:
                 outs = self.runtime.run_loaded() if on_device else self.runtime.run([x])  # type: ignore[attr-defined]
             t2 = time.perf_counter()
             gpu_ms = getattr(self.runtime, "model_gpu_ms", None) if on_device else None
-            if gpu_ms is not None:  # never more than the host's stage: the GPU may start before the host is done
-                t1 = max(t1, t2 - gpu_ms / 1e3)
             problem = output_problem(outs, self.manifest) if checked else None
             if problem:
                 raise FrameFailed(f"frame {index} from {uri}: {problem}")
@@ -235,7 +234,7 @@ class InferenceLoop:
                 if best is None
                 else labelled(best[1], best[0], self.manifest, self.labels)
             )
-            return top, (t1, t2, time.perf_counter())
+            return top, (t1, t2, time.perf_counter()), gpu_ms
         except AgentError:
             raise
         except Exception as e:  # a runtime fails in its FFI with any error type
@@ -286,6 +285,7 @@ class InferenceLoop:
             spool_dropped=self.spool.dropped,
             latency_hist={s: latency_histogram(v) for s, v in w.stages.items()} if w.frames else None,
             frame_latency_ms=stage_latency(w.latency_ms) if w.latency_ms else None,
+            model_gpu_ms=stage_latency(w.model_gpu_ms) if w.model_gpu_ms else None,
             **extra,
         )
 
@@ -299,6 +299,7 @@ class ReportWindow:
         self.stages: dict[str, list[float]] = {s: [] for s in stages}
         self.ages: list[float] = []
         self.latency_ms: list[float] = []  # each frame's capture -> prediction
+        self.model_gpu_ms: list[float] = []  # the runtime's model clock, on the frames it sampled
         self.predictions: list[Prediction] = []
         self.frames = 0
 

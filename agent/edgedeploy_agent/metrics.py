@@ -42,6 +42,9 @@ class PrometheusExporter:
         self.energy = gauge("edgedeploy_energy_per_inference_mj", "energy per inference over the last window")
         self.dropped = gauge("edgedeploy_dropped_frames", "live frames replaced before they were used, last window")
         self.frame_latency = gauge("edgedeploy_frame_latency_ms", "capture to prediction (percentile)", ("quantile",))
+        self.model_gpu = gauge(
+            "edgedeploy_model_gpu_ms", "the model's own GPU time, sampled frames (percentile)", ("quantile",)
+        )
         self.batch_fill = gauge("edgedeploy_batch_fill", "mean real frames per batched call, several sources")
         self.temp = gauge("edgedeploy_temperature_celsius", "thermal zone temperature", ("zone",))
         self.server, self.thread = prom.start_http_server(port, addr=addr, registry=self.registry)
@@ -62,6 +65,9 @@ class PrometheusExporter:
         if r.frame_latency_ms is not None:
             for q in ("p50", "p95", "p99"):
                 self.frame_latency.labels(quantile=q, **lab).set(getattr(r.frame_latency_ms, q))
+        if r.model_gpu_ms is not None:
+            for q in ("p50", "p95", "p99"):
+                self.model_gpu.labels(quantile=q, **lab).set(getattr(r.model_gpu_ms, q))
         if r.batch is not None:
             self.batch_fill.labels(**lab).set(r.batch.mean_fill)
         if r.power.mean_watts is not None:

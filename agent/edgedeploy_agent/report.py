@@ -8,8 +8,8 @@ from typing import Any, Literal, Optional
 from pydantic import BaseModel, ConfigDict, Field
 
 # 2: a source of a multi-source agent reports the `batch_wait` stage, `batch` and `frame_latency_ms` (all optional:
-# a version 1 report still reads)
-REPORT_SCHEMA_VERSION = 2
+# a version 1 report still reads); 3: `model_gpu_ms` (optional)
+REPORT_SCHEMA_VERSION = 3
 STAGES = ("capture", "preprocess", "infer", "postprocess")
 # a source of a multi-source agent (batcher.py): its frame waits in a batch for the other sources' frames
 BATCH_STAGES = ("capture", "batch_wait", "preprocess", "infer", "postprocess")
@@ -105,6 +105,11 @@ class Report(BaseModel):
     )
     batch: Optional[BatchReport] = Field(
         default=None, description="multi-source: the shared batches; fps is then frames per window second (schema 2)"
+    )
+    model_gpu_ms: Optional[StageLatency] = Field(
+        default=None,
+        description="frames preprocessed on the GPU: the model's own GPU time, from CUDA events on a sample of the "
+        "frames (the infer stage, on the host's clock, also waits for the preprocessing still running; schema 3)",
     )
 
 

@@ -96,7 +96,7 @@ def test_two_sources_share_each_call_and_get_their_own_frames_back(tmp_path: Pat
     # what JPEG moved)
     for uri, n, base in ((dark, 5, 40), (bright, 8, 150)):
         r = reports[uri]
-        assert r["schema_version"] == REPORT_SCHEMA_VERSION == 2 and r["final"] and r["frames"] == n
+        assert r["schema_version"] == REPORT_SCHEMA_VERSION == 3 and r["final"] and r["frames"] == n
         assert [p["frame"] for p in r["predictions"]] == list(range(n))
         means = [p["top"][0][2] for p in r["predictions"]]
         assert all(abs(m - (base + i)) < 2 for i, m in enumerate(means)) and means == sorted(means)

@@ -50,6 +50,7 @@ def test_prometheus_endpoint_on_localhost_only() -> None:
                 latency_ms={"infer": stage_latency([5.0])},
                 dropped_frames=4,
                 frame_latency_ms=stage_latency([7.0, 9.0]),
+                model_gpu_ms=stage_latency([0.5, 0.7]),
                 batch=BatchReport(size=2, sources=2, max_wait_ms=10.0, mean_fill=1.5, aggregate_fps=0.6),
             )
         )
@@ -61,6 +62,7 @@ def test_prometheus_endpoint_on_localhost_only() -> None:
     assert f'edgedeploy_stage_latency_ms{{bundle="b1",model="m",quantile="p50",{cam},stage="infer"}} 2.0' in text
     assert f'edgedeploy_stage_latency_ms{{bundle="b1",model="m",quantile="p50",{b},stage="infer"}} 5.0' in text
     assert f'edgedeploy_frame_latency_ms{{bundle="b1",model="m",quantile="p50",{b}}} 8.0' in text
+    assert f'edgedeploy_model_gpu_ms{{bundle="b1",model="m",quantile="p50",{b}}} 0.6' in text
     cam, b = f'bundle="b1",model="m",{cam}', f'bundle="b1",model="m",{b}'
     assert f"edgedeploy_camera_up{{{cam}}} 0.0" in text
     assert f"edgedeploy_power_watts{{{cam}}} 12.5" in text

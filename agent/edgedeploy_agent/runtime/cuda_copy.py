@@ -125,10 +125,11 @@ class ModelClock:
     """The GPU's time for the model alone, in a frame whose preprocessing was queued before it: a CUDA event queued
     on the legacy default stream (the runtime's) after the preprocessing kernel (`start`), one after the model's
     kernels (`stop`), read once the frame was waited for (`read`: their distance in ms, or None when this frame did
-    not mark both). The host's clock cannot tell: load_frames only queues, so the wait that ends the model's stage
-    also covers the preprocessing the GPU was still running (H100, 720p MobileNetV1-0.25: the agent's infer stage
-    read 1.49x the kernel where the model and its output alone took 1.13x). After a failure it says why
-    (`failure`) and reads None: the loop then keeps the host's clock."""
+    not mark both). The host's clock cannot tell: load_frames only queues, so the wait that ends the infer stage
+    also covers the preprocessing the GPU was still running (H100, 720p MobileNetV1-0.25: the infer stage read
+    1.45-1.52x the kernel alone, the events 0.90-0.91x). The events cost a frame 5-8 us there, so the runtime
+    samples frames (runtime/tvm.py MODEL_CLOCK_EVERY) and the reports carry it beside the stages (`model_gpu_ms`).
+    After a failure it says why (`failure`) and reads None."""
 
     def __init__(self, library: str = "libcuda.so.1") -> None:
         self.failure: str | None = None
