@@ -66,7 +66,7 @@ def test_two_video_files_share_one_batched_bundle(
         top1 = sum(p["top"][0][0] == int(video.labels[p["frame"]]) for p in predictions) / len(predictions)
         assert top1 > 0.9, (uri, top1)
         served = [x for x in mine if x["frames"]]
-        assert all(x["schema_version"] == 2 and x["batch"]["size"] == 2 and x["batch"]["sources"] == 2 for x in served)
+        assert all(x["schema_version"] == 3 and x["batch"]["size"] == 2 and x["batch"]["sources"] == 2 for x in served)
         assert all(x["frame_latency_ms"]["p99"] >= x["latency_ms"]["infer"]["p50"] for x in served)
     # while both played, their frames shared calls: the shorter clip's frames were all in full batches
     short = [x for x in reports if x["source"] == f"file:{other.path}" and x["frames"]]
