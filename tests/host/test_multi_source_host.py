@@ -3,6 +3,7 @@ each one to the agent (argv words, recorded without sshd), and `status` shows th
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -60,7 +61,12 @@ def test_status_shows_the_newest_report_of_each_source(capsys: pytest.CaptureFix
         make_report(1, source="file:/old.mp4").model_dump(mode="json"),  # a source the agent served before
         *[
             make_report(
-                seq, source=SOURCES[seq % 2], batch=batch, latency_ms=lat, frame_latency_ms=stage_latency([9.0])
+                seq,
+                source=SOURCES[seq % 2],
+                batch=batch,
+                latency_ms=lat,
+                frame_latency_ms=stage_latency([9.0]),
+                model_gpu_ms=stage_latency([2.5]),
             ).model_dump(mode="json")
             for seq in range(2, 6)
         ],
@@ -72,14 +78,16 @@ def test_status_shows_the_newest_report_of_each_source(capsys: pytest.CaptureFix
     out = capsys.readouterr().out
     assert "of 61.5 for 2 sources, batch 4 (mean fill 1.8), frame latency p50/p99 9.0/9.0 ms" in out
     assert "batch_wait" in out and SOURCES[0] in out
+    assert re.search(r"\(model on the GPU\)\W+2\.500\W+2\.500", out)  # beside the stages (report schema 3)
 
 
 def test_a_report_from_before_several_sources_still_reads_and_shows(capsys: pytest.CaptureFixture[str]) -> None:
     old = make_report(7).model_dump(mode="json", exclude_none=True)
-    for key in ("frame_latency_ms", "batch"):
+    for key in ("frame_latency_ms", "batch", "model_gpu_ms"):
         old.pop(key, None)
     old["schema_version"] = 1  # what a device's agent spooled before report schema 2
     assert Report.model_validate(old).batch is None
     assert latest_per_source([old]) == [old]
     show_report("cam-01", old)
-    assert "1.0 FPS (busy time)" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "1.0 FPS (busy time)" in out and "model on the GPU" not in out

@@ -60,11 +60,10 @@ def latest_per_source(reports: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def show_report(device: str, r: dict[str, Any]) -> None:
     lat = r["latency_ms"]
-    rows = [
-        [s, f"{lat[s]['p50']:.3f}", f"{lat[s]['p95']:.3f}", f"{lat[s]['p99']:.3f}", f"{lat[s]['mean']:.3f}"]
-        for s in STAGES
-        if s in lat
-    ]
+    rows = [[s, *(f"{lat[s][q]:.3f}" for q in ("p50", "p95", "p99", "mean"))] for s in STAGES if s in lat]
+    gpu = r.get("model_gpu_ms")  # report schema 3: the model's own GPU time, on sampled frames (the model clock)
+    if gpu:
+        rows.append(["(model on the GPU)", *(f"{gpu[q]:.3f}" for q in ("p50", "p95", "p99", "mean"))])
     temps = r.get("temperatures_c")
     extra = f"; temperatures {', '.join(f'{k} {v} C' for k, v in temps.items())}" if temps else ""
     slot = r.get("slot", DEFAULT_SLOT)
