@@ -121,17 +121,8 @@ def main() -> None:
             loop = busy_core() if condition == "one core busy" else None
             try:
                 for peer, (kind, env) in PEERS.items():
-                    cmd = [
-                        sys.executable,
-                        __file__,
-                        "--child",
-                        kind,
-                        str(bundle),
-                        str(release),
-                        "--runs",
-                        str(args.runs),
-                    ]
-                    cmd += ["--threads", str(args.threads)]
+                    cmd = [sys.executable, __file__, "--child", kind, str(bundle), str(release)]
+                    cmd += ["--runs", str(args.runs), "--threads", str(args.threads)]
                     out = subprocess.run(cmd, env={**base, **env}, capture_output=True, text=True, check=True)
                     results.setdefault(peer, {})[condition] = json.loads(out.stdout.strip().splitlines()[-1])
             finally:

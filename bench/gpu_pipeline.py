@@ -164,9 +164,12 @@ def alone(cpu: TvmRuntime, gpu: TvmRuntime, frame: np.ndarray, x: np.ndarray, ga
 
 def clock_cost(gpu: TvmRuntime, lent: np.ndarray) -> dict[str, float]:
     """A lent frame's load_frames + run_loaded_top with the model clock's two CUDA events and without, alternating
-    frame by frame (600 frames; p50 ms of each): what a sampled frame costs (the agent samples 1 in clock_every)."""
-    clock, every = gpu._clock, gpu.clock_every
-    gpu.clock_every = 1
+    frame by frame (600 frames; p50 ms of each): what a sampled frame costs (the agent samples 1 in
+    MODEL_CLOCK_EVERY)."""
+    clock = gpu._clock
+    every = clock.every if clock is not None else 1
+    if clock is not None:
+        clock.every = 1  # every frame the clock runs on is a sampled one
     times: dict[bool, list[float]] = {True: [], False: []}
     for i in range(600):
         gpu._clock = clock if i % 2 else None
@@ -174,7 +177,9 @@ def clock_cost(gpu: TvmRuntime, lent: np.ndarray) -> dict[str, float]:
         gpu.load_frames(lent)
         gpu.run_loaded_top()
         times[bool(i % 2)].append((time.perf_counter() - t) * 1e3)
-    gpu._clock, gpu.clock_every = clock, every
+    gpu._clock = clock
+    if clock is not None:
+        clock.every = every
     return {"lent_frame_clock": float(np.median(times[True])), "lent_frame_no_clock": float(np.median(times[False]))}
 
 
@@ -370,8 +375,9 @@ def main() -> None:
         line("infer_bs1 (top k on the host)", r["bundle"], r["video"], r["ratio_infer"])
         # the agent's own path: its infer stage also waits for the preprocessing queued ahead of the model
         line("infer_bs1 (device top k, as the agent runs)", r["bundle"], r["video"], r["ratio_infer_top"])
-        if r["ratio_model_gpu"] is not None:  # the same path's model_gpu_ms: the model's own GPU time
-            line("infer_bs1 (its model_gpu_ms: CUDA events)", r["bundle"], r["video"], r["ratio_model_gpu"])
+        if r["ratio_model_gpu"] is not None:  # GPU-side time against the host's kernel figure: no verdict
+            print(f"| model_gpu_ms (events; not the target's measure) | {r['bundle']} | {r['video']} "
+                  f"| {r['ratio_model_gpu']:.3f} | | |")  # fmt: skip
         line("infer_bs1_cpu_path", r["bundle"], r["video"], r["ratio_infer_cpu_path"])
         if r["video"] == "1280x720":
             line("frame_bs1_720p", r["bundle"], r["video"], r["ratio_frame"])

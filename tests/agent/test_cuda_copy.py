@@ -81,6 +81,17 @@ def test_the_model_clock_reads_start_to_stop_once_per_frame(tmp_path: Path) -> N
     assert clock.read() is None and clock.failure is None
 
 
+def test_the_model_clock_times_one_frame_in_every(tmp_path: Path) -> None:
+    """With `every` (the runtime's MODEL_CLOCK_EVERY), only frames 0, every, 2 * every, ... read a time."""
+    clock = ModelClock(fake_libcuda(tmp_path, 13000, 90, "NVIDIA H200"), every=4)
+    read = []
+    for _ in range(10):
+        clock.start()
+        clock.stop()
+        read.append(clock.read() is not None)
+    assert [i for i, r in enumerate(read) if r] == [0, 4, 8]
+
+
 def test_a_refused_event_leaves_the_host_clock_and_says_why(tmp_path: Path) -> None:
     lib = fake_libcuda(tmp_path, 13000, 90, "NVIDIA H200")
     clock = ModelClock(lib)

@@ -127,12 +127,14 @@ class ModelClock:
     kernels (`stop`), read once the frame was waited for (`read`: their distance in ms, or None when this frame did
     not mark both). The host's clock cannot tell: load_frames only queues, so the wait that ends the infer stage
     also covers the preprocessing the GPU was still running (H100, 720p MobileNetV1-0.25: the infer stage read
-    1.45-1.52x the kernel alone, the events 0.90-0.91x). The events cost a frame 5-8 us there, so the runtime
-    samples frames (runtime/tvm.py MODEL_CLOCK_EVERY) and the reports carry it beside the stages (`model_gpu_ms`).
-    After a failure it says why (`failure`) and reads None."""
+    1.45-1.52x the kernel alone, the events 0.90-0.91x). The events cost a frame 4.6-8.2 us there, so only every
+    `every`-th frame's `start` records (the others read None) and the reports carry the number beside the stages
+    (`model_gpu_ms`). After a failure it says why (`failure`) and reads None."""
 
-    def __init__(self, library: str = "libcuda.so.1") -> None:
+    def __init__(self, library: str = "libcuda.so.1", every: int = 1) -> None:
         self.failure: str | None = None
+        self.every = every
+        self._frames = 0  # start() calls so far: the sampled ones are 0, every, 2 * every, ...
         cuda = _driver(library)
         self._create = cuda.cuEventCreate
         self._create.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_uint]
@@ -152,9 +154,11 @@ class ModelClock:
         return rc == 0
 
     def start(self) -> None:
-        """Queue the first event (after the preprocessing; on the thread that queued it: its context is current)."""
+        """A frame's preprocessing is queued: on a sampled frame, queue the first event (on the thread that queued
+        the preprocessing: its context is current)."""
         self._marked = 0
-        if self.failure is not None:
+        sampled, self._frames = self._frames % self.every == 0, self._frames + 1
+        if not sampled or self.failure is not None:
             return
         if not self._events:  # CU_EVENT_DEFAULT: timed
             events = [ctypes.c_void_p(), ctypes.c_void_p()]
