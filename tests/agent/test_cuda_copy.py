@@ -81,6 +81,20 @@ def test_the_model_clock_reads_start_to_stop_once_per_frame(tmp_path: Path) -> N
     assert clock.read() is None and clock.failure is None
 
 
+def test_closing_the_model_clock_destroys_its_events(tmp_path: Path) -> None:
+    lib = fake_libcuda(tmp_path, 13000, 90, "NVIDIA H200")
+    alive = ctypes.c_int.in_dll(ctypes.PyDLL(lib), "fake_events_alive")
+    clock = ModelClock(lib)
+    assert alive.value == 0  # created on the first sampled frame, not before
+    clock.start()
+    clock.stop()
+    assert clock.read() is not None and alive.value == 2
+    clock.close()
+    assert alive.value == 0 and clock.failure is None
+    clock.close()  # twice: nothing left to destroy
+    assert alive.value == 0 and clock.failure is None
+
+
 def test_the_model_clock_times_one_frame_in_every(tmp_path: Path) -> None:
     """With `every` (the runtime's MODEL_CLOCK_EVERY), only frames 0, every, 2 * every, ... read a time."""
     clock = ModelClock(fake_libcuda(tmp_path, 13000, 90, "NVIDIA H200"), every=4)

@@ -145,6 +145,9 @@ class ModelClock:
         self._elapsed = cuda.cuEventElapsedTime
         self._elapsed.argtypes = [ctypes.POINTER(ctypes.c_float), ctypes.c_void_p, ctypes.c_void_p]
         self._elapsed.restype = ctypes.c_int
+        self._destroy = cuda.cuEventDestroy_v2  # cuda.h's cuEventDestroy
+        self._destroy.argtypes = [ctypes.c_void_p]
+        self._destroy.restype = ctypes.c_int
         self._events: list[ctypes.c_void_p] = []
         self._marked = 0  # events recorded for this frame: 0, 1 (start) or 2 (start and stop)
 
@@ -184,6 +187,12 @@ class ModelClock:
             return None
         ms = ctypes.c_float()
         return float(ms.value) if self._ok("cuEventElapsedTime", self._elapsed(ms, *self._events)) else None
+
+    def close(self) -> None:
+        """Destroy the events (the runtime's close); a later `start` would create new ones."""
+        events, self._events, self._marked = self._events, [], 0
+        for event in events:
+            self._ok("cuEventDestroy", self._destroy(event))
 
 
 def load_box_copy() -> tuple[BoxCopy | None, str | None]:
