@@ -51,6 +51,7 @@ from typing import Any
 from results_dir import out_dir, output_file
 
 from edgedeploy_agent.config import AgentConfig
+from edgedeploy_agent.gpu import probe_cuda
 from edgedeploy_agent.spool import pending_reports
 from edgedeploy_agent.store import DeviceStore
 
@@ -235,7 +236,8 @@ def main() -> None:
         raise SystemExit("error: --sources, --frames, --max-batch and --repeat must be at least 1")
     json_out = output_file(args.json, "multi-source", "multi_source.json") if args.json else None
     what = f"bundles {args.bundles}" if args.bundles else f"{'INT8' if args.int8 else 'FP32'} {args.model.name}"
-    print(f"profile {args.profile}, {what}, video {args.video.name}, "
+    gpu, why = probe_cuda()  # the card it runs on: the profile names the one the bundles were built for
+    print(f"profile {args.profile}, GPU {gpu.name if gpu else f'none ({why})'}, {what}, video {args.video.name}, "
           f"{os.cpu_count()} CPUs seen, max_batch_wait_ms {args.wait_ms}")  # fmt: skip
     results = []
     with tempfile.TemporaryDirectory() as tmp:
