@@ -18,11 +18,11 @@ For each batch-1 bundle and video, one process, one GPU:
                  alone, part 1's measure on the agent's own output path (the top k in mapped host memory, no copy)
   gpu, in place  the gpu path with the preprocessing kernel reading each lent frame where it is (frames_in_place:
                  the default where the GPU shares the host's memory, a Jetson; here it reads over PCIe), no copy
-  gpu, decoded   the gpu path over the video's frames decoded before the loop into lent buffers: nothing decodes
-                 while it runs (with the file source, the capture thread decodes the next frame meanwhile, FFmpeg
-                 threads on every CPU of the host); and gpu, camera: the first CAMERA_FRAMES of them at CAMERA_FPS,
-                 as a camera delivers them (the loop waits between frames). Not the issue's setup (an unpaced file
-                 source): their frame / kernel ratios are printed without a verdict
+  gpu, decoded   the gpu path over the video's frames decoded before the loop into lent buffers, handed over by
+                 the agent's own capture thread (`replayed`): the file source less its decoder (which decodes the
+                 next frame meanwhile, FFmpeg threads on every CPU of the host); and gpu, camera: the first
+                 CAMERA_FRAMES of them at CAMERA_FPS, as a camera delivers them (the loop waits between frames). Not
+                 the issue's setup (an unpaced file source): their frame / kernel ratios print without a verdict
   cpu path       the same loop with the bundle's preprocessing library left out: preprocess.py on the CPU into
                  the runtime's page-locked input, then run() and top_k on the host
   agreement      every frame of the video through both paths: max |input difference| after normalisation, the
@@ -56,7 +56,8 @@ from edgedeploy_agent.config import AgentConfig
 from edgedeploy_agent.loop import InferenceLoop, class_scores, frame_buffers, labelled, top_k
 from edgedeploy_agent.preprocess import preprocess
 from edgedeploy_agent.runtime.tvm import TvmRuntime
-from edgedeploy_agent.sources.capture import Frame, SourceState, open_source
+from edgedeploy_agent.sources.capture import CapturedSource, open_source
+from edgedeploy_agent.sources.frames import parse_source
 from edgedeploy_agent.sources.power import NoPowerSensor
 from edgedeploy_agent.spool import Spool, pending_reports
 from edgedeploy_agent.store import DeviceStore
@@ -64,6 +65,15 @@ from edgedeploy_agent.store import DeviceStore
 TARGETS = {"infer_bs1": 1.15, "infer_bs1_cpu_path": 1.15, "frame_bs1_720p": 2.0, "run_bs64": 1.3}
 STAGES = ("preprocess", "infer", "postprocess")
 CAMERA_FPS, CAMERA_FRAMES = 30.0, 90  # the paced run: 3 s a video
+# the GPU loops, in the table's order, with how the agreement line names each (the CPU path is their reference)
+GPU_LOOPS = {
+    "gpu_host_top": "top k on the host",
+    "gpu_waited": "preprocessing waited for",
+    "gpu": "GPU path",
+    "gpu_in_place": "frames read in place",
+    "gpu_decoded": "decoded beforehand",
+    "gpu_camera": "as a camera",
+}
 LIB = os.environ.get("TVM_RUNTIME_LIB")  # the kit's libtvm_runtime.so (no apache-tvm wheel there)
 
 
@@ -103,34 +113,35 @@ def host_top_k(rt: TvmRuntime) -> TvmRuntime:
     return preprocessing_waited(rt)
 
 
-class DecodedSource:
-    """The consumer side of a frame source (sources/capture.py) over frames decoded before the loop into the
-    runtime's lent buffers: nothing decodes while the loop runs (the file source's capture thread decodes the next
-    frame meanwhile, on the same host, with as many FFmpeg threads as CPUs), unpaced, or at `fps` as a camera
-    delivers them (the loop waits between frames)."""
+class Replay:
+    """A Capture (sources/frames.py) for the agent's capture thread that decodes nothing: the video's frames, decoded
+    before the loop into buffers the runtime lent (`decoded`: none is copied again), handed over as fast as the loop
+    takes them, or at `fps` as a camera delivers them (the loop then waits between frames; the pace starts at the
+    first frame)."""
 
     def __init__(self, frames: list[np.ndarray], fps: float | None = None) -> None:
-        self.frames, self.fps, self.uri, self.copied = frames, fps, "decoded", 0
-        self._next, self._start = 0, time.monotonic()
+        self.frames, self.fps, self._next, self._start = frames, fps, 0, 0.0
 
-    def read(self, timeout: float | None = None) -> Frame | None:
+    def open(self) -> bool:
+        return True
+
+    def read(self, out: np.ndarray | None = None) -> np.ndarray | None:
         if self._next >= len(self.frames):
             return None
         if self.fps:
+            self._start = self._start or time.monotonic()
             time.sleep(max(0.0, self._start + self._next / self.fps - time.monotonic()))
-        frame = Frame(self.frames[self._next], self._next, time.monotonic())
         self._next += 1
-        return frame
+        return self.frames[self._next - 1]
 
-    @property
-    def ended(self) -> bool:
-        return self._next >= len(self.frames)
-
-    def state(self) -> SourceState:
-        return SourceState(camera_up=True, reconnects=0, dropped_frames=0, frames_captured=self._next, last_error=None)
-
-    def close(self) -> None:
+    def release(self) -> None:
         pass
+
+
+def replayed(frames: list[np.ndarray], fps: float | None = None) -> CapturedSource:
+    """The agent's frame source (its capture thread and hand-over) over `Replay`: like the file source, less the
+    decoder."""
+    return CapturedSource(parse_source("file:decoded"), capture_factory=lambda _: Replay(frames, fps))
 
 
 def decoded(rt: TvmRuntime, video: Path) -> list[np.ndarray]:
@@ -147,14 +158,25 @@ def decoded(rt: TvmRuntime, video: Path) -> list[np.ndarray]:
     return frames
 
 
-def loop_p50(rt: TvmRuntime, manifest: Any, rdir: Path, video: Path, root: Path, source: Any = None) -> dict[str, Any]:
+def loop_p50(
+    rt: TvmRuntime,
+    manifest: Any,
+    rdir: Path,
+    video: Path,
+    root: Path,
+    frames: list[np.ndarray] | None = None,
+    fps: float | None = None,
+) -> dict[str, Any]:
     """The agent's loop over one pass of the video, its capture lent the runtime's frame buffers where run_agent
-    lends them (frame_buffers); or over `source`."""
+    lends them (frame_buffers); or over `frames` decoded beforehand (`replayed`, at `fps` if given)."""
     store = DeviceStore(root)
     cfg = AgentConfig(device_name="bench", source=f"file:{video}", report_interval_s=1e9, idle_baseline_s=0.0)
     store.init(cfg)
     loop = InferenceLoop(rt, manifest, load_labels(rdir, manifest), cfg, Spool(store), NoPowerSensor(), "bench")
-    source = source or open_source(cfg.source or "", allocate_frame=frame_buffers(rt))
+    if frames is None:
+        source = open_source(cfg.source or "", allocate_frame=frame_buffers(rt))
+    else:  # started here, after the store: a camera's pace starts with its first frame
+        source = replayed(frames, fps)
     t = time.perf_counter()
     loop.run(source)
     wall = time.perf_counter() - t
@@ -308,15 +330,13 @@ def batch1(bundle: Path, videos: list[Path], work: Path) -> list[dict[str, Any]]
             rt.run([np.zeros(manifest.inputs[0].shape, np.float32)])  # warm
             row[name] = loop_p50(rt, manifest, rdir, video, work / f"store-{bundle.stem}-{video.stem}-{name}")
         frames = decoded(gpu, video)  # the gpu path without the decoder beside it: unpaced, then as a camera
-        for name, source in (
-            ("gpu_decoded", DecodedSource(frames)),
-            ("gpu_camera", DecodedSource(frames[:CAMERA_FRAMES], CAMERA_FPS)),
-        ):
-            row[name] = loop_p50(gpu, manifest, rdir, video, work / f"store-{bundle.stem}-{video.stem}-{name}", source)
+        for name, replay, fps in (("gpu_decoded", frames, None), ("gpu_camera", frames[:CAMERA_FRAMES], CAMERA_FPS)):
+            row[name] = loop_p50(
+                gpu, manifest, rdir, video, work / f"store-{bundle.stem}-{video.stem}-{name}", replay, fps
+            )
         del frames
         row["agreement"] = agreement(cpu, gpu, manifest, video)
-        for name in ("gpu", "gpu_host_top", "gpu_waited", "gpu_in_place", "gpu_decoded", "gpu_camera"):
-            # the loops' predictions, frame by frame, against the CPU's (the camera's on its first frames)
+        for name in GPU_LOOPS:  # the loops' predictions, frame by frame, against the CPU's (the camera: its first)
             ours, theirs = row[name].pop("classes"), row["cpu"]["classes"]
             theirs = theirs[: len(ours)] if name == "gpu_camera" else theirs
             differ = sum(a != b for a, b in zip(ours, theirs, strict=False)) + abs(len(ours) - len(theirs))
@@ -397,7 +417,7 @@ def main() -> None:
     print("| bundle | video | path | fps | preprocess | infer | postprocess | kernel | frames copied |")
     print("|---|---|---|---|---|---|---|---|---|")
     for r in result["bs1"]:
-        for path in ("cpu", "gpu_host_top", "gpu_waited", "gpu", "gpu_in_place", "gpu_decoded", "gpu_camera"):
+        for path in ("cpu", *GPU_LOOPS):
             m = r[path]
             print(
                 f"| {r['bundle']} | {r['video']} | {path} | {m['fps']:.0f} | {m['preprocess']:.3f} | {m['infer']:.3f} "
@@ -465,11 +485,8 @@ def main() -> None:
             f"  {r['bundle']} {r['video']}: {a['frames']} frames, max |input diff| {a['max_abs_input_diff']:.3g}, "
             f"top-1 changed {a['top1_changed']:.4f}; device top k: classes differ on {a['top_k_classes_differ']} "
             f"frames, max |score diff| {a['max_abs_top_k_score_diff']:.3g} (tolerance 1e-12); the agent's loop, top k "
-            f"classes unlike the CPU path's on {a['loop_gpu_frames_differ']} frames (GPU path), "
-            f"{a['loop_gpu_host_top_frames_differ']} (top k on the host), "
-            f"{a['loop_gpu_waited_frames_differ']} (preprocessing waited for), "
-            f"{a['loop_gpu_in_place_frames_differ']} (frames read in place), {a['loop_gpu_decoded_frames_differ']} "
-            f"(decoded beforehand), {a['loop_gpu_camera_frames_differ']} (as a camera)"
+            "classes unlike the CPU path's on frames: "
+            + ", ".join(f"{a[f'loop_{name}_frames_differ']} ({label})" for name, label in GPU_LOOPS.items())
         )
     if args.json:
         args.json.write_text(json.dumps(result, indent=1))
