@@ -20,7 +20,7 @@ For each batch-1 bundle and video, one process, one GPU:
                  the default where the GPU shares the host's memory, a Jetson; here it reads over PCIe), no copy
   gpu, decoded   the gpu path over the video's frames decoded before the loop into lent buffers, handed over by
                  the agent's own capture thread (`replayed`): the file source less its decoder (which decodes the
-                 next frame meanwhile, FFmpeg threads on every CPU of the host); and gpu, camera: the first
+                 next frame meanwhile, with several FFmpeg threads); and gpu, camera: the first
                  CAMERA_FRAMES of them at CAMERA_FPS, as a camera delivers them (the loop waits between frames). Not
                  the issue's setup (an unpaced file source): their frame / kernel ratios print without a verdict
   cpu path       the same loop with the bundle's preprocessing library left out: preprocess.py on the CPU into
