@@ -7,20 +7,24 @@ For each batch-1 bundle and video, one process, one GPU:
                  bundle, as run_agent sets it up: the capture decodes into the runtime's page-locked frame buffers,
                  whose crop box goes to the GPU (one driver copy: runtime/cuda_copy.py) and through the
                  preprocessing kernel (load_frames, queued: the model is queued behind it), then the
-                 model and the library's postprocess function, and only the top k comes back (run_loaded_top).
+                 model and the library's postprocess function, and only the top k comes back (run_loaded_top);
+                 the copy and the kernel, and the model with the top k, each replayed as one CUDA graph
+                 (runtime/frame_graph.py; `gpu, calls`: the same, queued call by call, as before them).
                  Part 2's target on 720p: (preprocess + infer + postprocess) / kernel <= 2. Its infer stage (the
                  host's clock) also waits for the preprocessing still running; the report's model_gpu_ms is the
                  model's own GPU time (CUDA events on every 32nd frame: runtime/cuda_copy.py ModelClock)
   gpu, host top  the same with the top k on the host (run_loaded: the outputs come back) and load_frames waited
                  for: part 1's target, infer / kernel <= 1.15 (the infer stage is then the model and its output
-                 copy alone)
+                 copy alone; no graphs: the model graph holds the device's top k)
   gpu, waited    the gpu path with load_frames waited for: its infer stage is the model and the device's top k
-                 alone, part 1's measure on the agent's own output path (the top k in mapped host memory, no copy)
+                 alone, part 1's measure on the agent's own output path (the top k in mapped host memory, no copy);
+                 with graphs, and call by call (`gpu, waited, calls`)
   gpu, in place  the gpu path with the preprocessing kernel reading each lent frame where it is (frames_in_place:
                  the default where the GPU shares the host's memory, a Jetson; here it reads over PCIe), no copy
-  gpu, decoded   the gpu path over the video's frames decoded before the loop into lent buffers, handed over by
-                 the agent's own capture thread (`replayed`): the file source less its decoder (which decodes the
-                 next frame meanwhile, with several FFmpeg threads); and gpu, camera: the first
+  gpu, decoded   the gpu path (call by call: each frame has a lent buffer of its own, and a frame graph would be
+                 recorded for one replay) over the video's frames decoded before the loop into lent buffers, handed
+                 over by the agent's own capture thread (`replayed`): the file source less its decoder (which
+                 decodes the next frame meanwhile, with several FFmpeg threads); and gpu, camera: the first
                  CAMERA_FRAMES of them at CAMERA_FPS, as a camera delivers them (the loop waits between frames). Not
                  the issue's setup (an unpaced file source): their frame / kernel ratios print without a verdict
   cpu path       the same loop with the bundle's preprocessing library left out: preprocess.py on the CPU into
@@ -69,12 +73,16 @@ CAMERA_FPS, CAMERA_FRAMES = 30.0, 90  # the paced run: 3 s a video
 GPU_LOOPS = {
     "gpu_host_top": "top k on the host",
     "gpu_waited": "preprocessing waited for",
+    "gpu_waited_calls": "preprocessing waited for, no graphs",
     "gpu": "GPU path",
+    "gpu_calls": "GPU path, no graphs",
     "gpu_in_place": "frames read in place",
     "gpu_decoded": "decoded beforehand",
     "gpu_camera": "as a camera",
 }
 LIB = os.environ.get("TVM_RUNTIME_LIB")  # the kit's libtvm_runtime.so (no apache-tvm wheel there)
+# auto: edgedeploy's CUDA backend, which the kit puts beside it (what `edgedeploy agent install` gives a device)
+BACKEND = os.environ.get("CUDA_BACKEND", "auto")
 
 
 def p50_ms(fn: Any, n: int, sync: Any = None) -> float:
@@ -220,7 +228,9 @@ def agreement(cpu: TvmRuntime, gpu: TvmRuntime, manifest: Any, video: Path) -> d
     }
 
 
-def alone(cpu: TvmRuntime, gpu: TvmRuntime, frame: np.ndarray, x: np.ndarray, gap_s: float) -> dict[str, float]:
+def alone(
+    cpu: TvmRuntime, gpu: TvmRuntime, calls: TvmRuntime, frame: np.ndarray, x: np.ndarray, gap_s: float
+) -> dict[str, Any]:
     """The loop's calls outside it (no capture thread, no other stage between calls): what the runtime costs,
     against what the loop around it adds; and the kernel with the CPU path's preprocessing time between calls
     (the GPU idles as it does in that path)."""
@@ -235,9 +245,35 @@ def alone(cpu: TvmRuntime, gpu: TvmRuntime, frame: np.ndarray, x: np.ndarray, ga
         "load_frames": p50_ms(lambda: gpu.load_frames(frame), 300, gpu.synchronize),
         "load_frames_run_loaded": p50_ms(lambda: (gpu.load_frames(frame), gpu.run_loaded()), 300),
         "load_frames_run_loaded_top": p50_ms(lambda: (gpu.load_frames(frame), gpu.run_loaded_top()), 300),
-        **clock_cost(gpu, lent),
+        **clock_cost(calls, calls.frame_batch(*frame.shape[:2])),
+        **graph_cost(gpu, calls, frame),
         "kernel_paced": p50_ms(lambda: (time.sleep(gap_s), gpu.run_kernel()), 300)
         - p50_ms(lambda: time.sleep(gap_s), 300),
+    }
+
+
+def graph_cost(gpu: TvmRuntime, calls: TvmRuntime, frame: np.ndarray) -> dict[str, Any]:
+    """A lent frame's load_frames + run_loaded_top with the frame graphs (`gpu`) and call by call (`calls`: another
+    runtime, its own lent batch), alternating frame by frame (600 frames; p50 ms of each), the top k of both
+    compared on every frame; and what the graphs' state is afterwards (recorded, or why not)."""
+    lent = {id(rt): rt.frame_batch(*frame.shape[:2]) for rt in (gpu, calls)}
+    times: dict[int, list[float]] = {id(gpu): [], id(calls): []}
+    differ = 0
+    for i in range(600):
+        tops = []
+        for rt in (gpu, calls) if i % 2 else (calls, gpu):
+            lent[id(rt)][0] = frame if i % 3 else frame[::-1]  # two contents: a stale graph input would show
+            t = time.perf_counter()
+            rt.load_frames(lent[id(rt)])
+            top, _ = rt.run_loaded_top()
+            times[id(rt)].append((time.perf_counter() - t) * 1e3)
+            tops.append(top.copy())
+        differ += int(not np.array_equal(tops[0], tops[1]))
+    return {
+        "lent_frame_graphs": float(np.median(times[id(gpu)])),
+        "lent_frame_calls": float(np.median(times[id(calls)])),
+        "lent_frame_top_k_differ": differ,
+        "frame_graphs": gpu.describe()["frame_graphs"],
     }
 
 
@@ -310,12 +346,16 @@ def steps(gpu: TvmRuntime, frame: np.ndarray, manifest: Any) -> dict[str, float]
 def batch1(bundle: Path, videos: list[Path], work: Path) -> list[dict[str, Any]]:
     rdir = work / bundle.stem
     manifest = extract_bundle(bundle, rdir)
-    gpu = TvmRuntime(rdir, manifest, LIB)
-    gpu_host_top = host_top_k(TvmRuntime(rdir, manifest, LIB))
-    gpu_waited = preprocessing_waited(TvmRuntime(rdir, manifest, LIB))  # the agent's top k, preprocessing waited for
+    gpu = TvmRuntime(rdir, manifest, LIB, cuda_backend=BACKEND)
+    # the GPU path as before the frame graphs
+    calls = TvmRuntime(rdir, manifest, LIB, cuda_backend=BACKEND, frame_graphs=False)
+    gpu_host_top = host_top_k(TvmRuntime(rdir, manifest, LIB, cuda_backend=BACKEND))
+    # the agent's top k, preprocessing waited for
+    gpu_waited = preprocessing_waited(TvmRuntime(rdir, manifest, LIB, cuda_backend=BACKEND))
+    gpu_waited_calls = preprocessing_waited(TvmRuntime(rdir, manifest, LIB, cuda_backend=BACKEND, frame_graphs=False))
     # the kernel reading each lent frame in place (what a Jetson does by default): here over PCIe
-    in_place = TvmRuntime(rdir, manifest, LIB, frames_in_place=True)
-    cpu = TvmRuntime(rdir, without_module(manifest), LIB)
+    in_place = TvmRuntime(rdir, manifest, LIB, cuda_backend=BACKEND, frames_in_place=True)
+    cpu = TvmRuntime(rdir, without_module(manifest), LIB, cuda_backend=BACKEND)
     assert gpu.frames_on_device and not cpu.frames_on_device, "the bundle has no preprocessing module"
     assert gpu.top_k_on_device, "the bundle's library has no postprocess function"
     kernel = p50_ms(gpu.run_kernel, 500)
@@ -325,14 +365,23 @@ def batch1(bundle: Path, videos: list[Path], work: Path) -> list[dict[str, Any]]
         _, first = cap.read()
         cap.release()
         row: dict[str, Any] = {"bundle": bundle.stem, "video": f"{first.shape[1]}x{first.shape[0]}", "kernel": kernel}
-        paths = (("cpu", cpu), ("gpu", gpu), ("gpu_host_top", gpu_host_top), ("gpu_waited", gpu_waited))
+        paths = (
+            ("cpu", cpu),
+            ("gpu", gpu),
+            ("gpu_calls", calls),
+            ("gpu_host_top", gpu_host_top),
+            ("gpu_waited", gpu_waited),
+            ("gpu_waited_calls", gpu_waited_calls),
+        )
         for name, rt in (*paths, ("gpu_in_place", in_place)):
             rt.run([np.zeros(manifest.inputs[0].shape, np.float32)])  # warm
             row[name] = loop_p50(rt, manifest, rdir, video, work / f"store-{bundle.stem}-{video.stem}-{name}")
-        frames = decoded(gpu, video)  # the gpu path without the decoder beside it: unpaced, then as a camera
+        # the gpu path without the decoder beside it, unpaced, then as a camera: call by call (each frame has a lent
+        # batch of its own, so no frame graph would be replayed; compare with gpu_calls)
+        frames = decoded(calls, video)
         for name, replay, fps in (("gpu_decoded", frames, None), ("gpu_camera", frames[:CAMERA_FRAMES], CAMERA_FPS)):
             row[name] = loop_p50(
-                gpu, manifest, rdir, video, work / f"store-{bundle.stem}-{video.stem}-{name}", replay, fps
+                calls, manifest, rdir, video, work / f"store-{bundle.stem}-{video.stem}-{name}", replay, fps
             )
         del frames
         row["agreement"] = agreement(cpu, gpu, manifest, video)
@@ -343,15 +392,19 @@ def batch1(bundle: Path, videos: list[Path], work: Path) -> list[dict[str, Any]]
             row["agreement"][f"loop_{name}_frames_differ"] = differ
         row["cpu"].pop("classes")
         x = preprocess(first, manifest.preprocess, manifest.inputs[0])
-        row["alone"] = alone(cpu, gpu, first, x, row["cpu"]["preprocess"] / 1e3)
+        row["alone"] = alone(cpu, gpu, calls, first, x, row["cpu"]["preprocess"] / 1e3)
+        row["frame_graphs"] = {name: rt.describe()["frame_graphs"] for name, rt in paths[1:]}
         row["steps"] = steps(gpu, first, manifest)
         row["ratio_infer"] = row["gpu_host_top"]["infer"] / kernel
         row["ratio_infer_waited"] = row["gpu_waited"]["infer"] / kernel
+        row["ratio_infer_waited_calls"] = row["gpu_waited_calls"]["infer"] / kernel
         row["ratio_infer_top"] = row["gpu"]["infer"] / kernel
+        row["ratio_infer_top_calls"] = row["gpu_calls"]["infer"] / kernel
         gpu_ms = row["gpu"]["model_gpu_ms"]
         row["ratio_model_gpu"] = gpu_ms / kernel if gpu_ms is not None else None
         row["ratio_infer_cpu_path"] = row["cpu"]["infer"] / kernel
         row["ratio_frame"] = sum(row["gpu"][s] for s in STAGES) / kernel
+        row["ratio_frame_calls"] = sum(row["gpu_calls"][s] for s in STAGES) / kernel
         row["ratio_frame_host_top"] = sum(row["gpu_host_top"][s] for s in STAGES) / kernel
         row["ratio_frame_decoded"] = sum(row["gpu_decoded"][s] for s in STAGES) / kernel
         row["ratio_frame_camera"] = sum(row["gpu_camera"][s] for s in STAGES) / kernel
@@ -362,7 +415,7 @@ def batch1(bundle: Path, videos: list[Path], work: Path) -> list[dict[str, Any]]
 def batch64(bundle: Path, work: Path) -> dict[str, Any]:
     rdir = work / bundle.stem
     manifest = extract_bundle(bundle, rdir)
-    rt = TvmRuntime(rdir, manifest, LIB)
+    rt = TvmRuntime(rdir, manifest, LIB, cuda_backend=BACKEND)
     spec = manifest.inputs[0]
     n, _, h, w = spec.shape
     rng = np.random.default_rng(0)
@@ -395,13 +448,32 @@ def batch64(bundle: Path, work: Path) -> dict[str, Any]:
     }
 
 
+def graphs_only(bundles: list[Path], videos: list[Path]) -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        for bundle in bundles:
+            rdir = Path(tmp) / bundle.stem
+            manifest = extract_bundle(bundle, rdir)
+            gpu = TvmRuntime(rdir, manifest, LIB, cuda_backend=BACKEND)
+            calls = TvmRuntime(rdir, manifest, LIB, cuda_backend=BACKEND, frame_graphs=False)
+            for video in videos:
+                cap = cv2.VideoCapture(str(video))
+                _, first = cap.read()
+                cap.release()
+                print(f"{bundle.stem} {first.shape[1]}x{first.shape[0]} ({gpu.describe()['cuda_backend']} backend):",
+                      graph_cost(gpu, calls, first), flush=True)  # fmt: skip
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("kit", type=Path)
     ap.add_argument("--json", type=Path)
+    ap.add_argument("--graphs-only", action="store_true", help="only the frame graphs' A/B (graph_cost) per bundle")
     args = ap.parse_args()
     videos = [args.kit / "video" / "bikes.mp4", args.kit / "video" / "bigbuckbunny.mp4"]
     bundles = sorted((args.kit / "bundles").glob("*.edb"))
+    if args.graphs_only:  # e.g. CUDA_BACKEND=tvm: does the wheel's backend let a graph record the model?
+        graphs_only([b for b in bundles if b.stem.endswith(".bs1")], videos)
+        return
     result: dict[str, Any] = {"bs1": [], "bs64": []}
     with tempfile.TemporaryDirectory() as tmp:
         for b in bundles:
@@ -425,17 +497,24 @@ def main() -> None:
             )
     print(
         "\n| bundle | video | run() alone | upload alone | upload lent | load_frames alone | load_frames+run_loaded "
-        "| load_frames+run_loaded_top | lent frame, events / none | kernel paced | lent box copy | device top k |"
+        "| load_frames+run_loaded_top | lent frame, events / none | lent frame, graphs / calls (top k differ) "
+        "| kernel paced | lent box copy | device top k |"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in result["bs1"]:
         a = r["alone"]
         print(
             f"| {r['bundle']} | {r['video']} | {a['run']:.3f} | {a['upload']:.3f} | {a['upload_lent']:.3f} "
             f"| {a['load_frames']:.3f} | {a['load_frames_run_loaded']:.3f} | {a['load_frames_run_loaded_top']:.3f} "
             f"| {a['lent_frame_clock']:.4f} / {a['lent_frame_no_clock']:.4f} "
+            f"| {a['lent_frame_graphs']:.4f} / {a['lent_frame_calls']:.4f} ({a['lent_frame_top_k_differ']}) "
             f"| {a['kernel_paced']:.3f} | {a['frame_box_copy']} | {a['top_k_output']} |"
         )
+    print("\nframe graphs (runtime/frame_graph.py), as each runtime's describe() says after its loops, CUDA backend "
+          f"{BACKEND}:")  # fmt: skip
+    for r in result["bs1"]:
+        for name, state in r["frame_graphs"].items():
+            print(f"  {r['bundle']} {r['video']} {name}: {state}")
     if result["bs1"]:
         names = list(result["bs1"][0]["steps"])
         print("\nthe GPU path's calls for one lent frame, each timed alone (p50, ms)")
@@ -461,14 +540,17 @@ def main() -> None:
     for r in result["bs1"]:
         line("infer_bs1 (top k on the host)", r["bundle"], r["video"], r["ratio_infer"])
         line("infer_bs1 (device top k, preprocessing waited for)", r["bundle"], r["video"], r["ratio_infer_waited"])
+        line("infer_bs1 (the same, no graphs)", r["bundle"], r["video"], r["ratio_infer_waited_calls"])
         # the agent's own path: its infer stage also waits for the preprocessing queued ahead of the model
         line("infer_bs1 (device top k, as the agent runs)", r["bundle"], r["video"], r["ratio_infer_top"])
+        line("infer_bs1 (the same, no graphs)", r["bundle"], r["video"], r["ratio_infer_top_calls"])
         if r["ratio_model_gpu"] is not None:  # GPU-side time against the host's kernel figure: no verdict
             print(f"| model_gpu_ms (events; not the target's measure) | {r['bundle']} | {r['video']} "
                   f"| {r['ratio_model_gpu']:.3f} | | |")  # fmt: skip
         line("infer_bs1_cpu_path", r["bundle"], r["video"], r["ratio_infer_cpu_path"])
         if r["video"] == "1280x720":
             line("frame_bs1_720p", r["bundle"], r["video"], r["ratio_frame"])
+            line("frame_bs1_720p (no graphs)", r["bundle"], r["video"], r["ratio_frame_calls"])
             line("frame_bs1_720p (top k on the host)", r["bundle"], r["video"], r["ratio_frame_host_top"])
         # the same loop without a decoder on the host meanwhile, and paced as a camera: not the issue's setup
         for label, key in (

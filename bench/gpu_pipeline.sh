@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Issue 36's measurements on the GPU machine in one call (kit from bench/gpu_pipeline_kit.sh, carried with the
 # device tool's carry=[KIT]):
-#   1. bench/gpu_pipeline.py: the stages, the kernel times and each target's ratio (parts 1 and 2);
+#   1. bench/gpu_pipeline.py: the stages, the kernel times and each target's ratio (parts 1 and 2), on edgedeploy's
+#      CUDA backend; then its frame graphs' A/B alone on the apache-tvm wheel's backend (--graphs-only);
 #   2. bench/multi_source.py: one agent with 1, 4 and 16 video sources against as many one-source agents, on the
 #      kit's MobileNetV1-0.25 INT8 bundles (part 3): aggregate fps and p99 frame latency per source.
 #   bash KIT/src/bench/gpu_pipeline.sh KIT OUT        (OUT outside the source tree: bench/results_dir.py)
@@ -16,6 +17,9 @@ nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$out/gpu
 rc=0
 timeout "${PIPELINE_S:-240}" python3 "$kit/src/bench/gpu_pipeline.py" "$kit" --json "$out/gpu_pipeline.json" 2>&1 |
   tee "$out/gpu_pipeline.txt" || rc=$?
+# the frame graphs with the apache-tvm wheel's CUDA backend (the run above: edgedeploy's, beside it in the kit)
+CUDA_BACKEND=tvm timeout "${WHEEL_S:-120}" python3 "$kit/src/bench/gpu_pipeline.py" "$kit" --graphs-only 2>&1 |
+  tee "$out/graphs_wheel_backend.txt" || rc=$?
 timeout "${MULTI_S:-300}" python3 "$kit/src/bench/multi_source.py" --profile h200 --bundles "$kit/multi" \
   --video "$kit/video/bikes.mp4" --sources "${SOURCES:-1,4,16}" --frames 250 --max-batch 16 --wait-ms 10 \
   --repeat "${REPEAT:-3}" --work /tmp/multi --json "$out/multi_source.json" 2>&1 | tee "$out/multi_source.txt" ||

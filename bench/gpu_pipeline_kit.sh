@@ -8,7 +8,8 @@
 # (compile/preprocess_kernel.py add_to_bundle: the preprocessing kernel and the postprocess function, the stage
 # `edgedeploy build` now runs for GPU profiles), so the model libraries are the ones measured before. KIT/multi
 # holds MobileNetV1-0.25 INT8 at batch 1 (the same bundle), 4 and 16 for bench/multi_source.py, built here by
-# `edgedeploy build` (the h200 profile has no tuning records for batch 4 and 16: default schedules). KIT also holds
+# `edgedeploy build` (the h200 profile has no tuning records for batch 4 and 16: default schedules). KIT/lib has
+# edgedeploy's CUDA backend (libedgedeploy_cuda.so, built here) beside the GPU kit's libraries. KIT also holds
 # both videos and this tree's agent/ and bench/ (src/): the device tool copies the session's checkout, which need
 # not be this one. KIT ignores itself. A bundle older than the kernel modules is rebuilt.
 set -euo pipefail
@@ -26,6 +27,9 @@ mkdir -p "$kit"/{wheels,lib,bundles,multi,video,src}
 echo '*' >"$kit/.gitignore"
 cp "$src"/wheels/*.whl "$kit/wheels/"
 cp "$src"/lib/* "$kit/lib/"
+# edgedeploy's CUDA backend beside libtvm_runtime.so: the agent's `auto` takes it, as on a device it installed;
+# gpu_pipeline.sh also runs the frame graphs' A/B on the wheel's (CUDA_BACKEND=tvm)
+cp "$($py -c 'from edgedeploy.cuda_backend import build_backend; print(build_backend("x86_64"))')" "$kit/lib/"
 cp "$data/video/bikes.mp4" "$data/video/bigbuckbunny.mp4" "$kit/video/"
 rm -rf "$kit/src/agent" "$kit/src/bench"
 cp -r agent bench "$kit/src/"

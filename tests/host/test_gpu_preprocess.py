@@ -348,11 +348,11 @@ def test_the_device_buffer_of_a_resolution_goes_with_its_last_lent_batch() -> No
         3: _Lent(vga, "h3", "d-vga", vga_box, None),
     }
     device_frames = {hd_box: "d-hd", vga_box: "d-vga"}
-    _given_back(lent, device_frames, 1)
+    _given_back(lent, device_frames, None, 1)
     assert set(lent) == {2, 3} and set(device_frames) == {hd_box, vga_box}
-    _given_back(lent, device_frames, 2)
+    _given_back(lent, device_frames, None, 2)
     assert set(lent) == {3} and set(device_frames) == {vga_box}
-    _given_back(lent, device_frames, 2)  # twice (or never lent): nothing more happens
+    _given_back(lent, device_frames, None, 2)  # twice (or never lent): nothing more happens
     assert set(lent) == {3} and set(device_frames) == {vga_box}
 
 

@@ -141,6 +141,7 @@ constexpr int CU_EVENT_DISABLE_TIMING = 2;
   X(cuLaunchKernel, (CUfunction, unsigned int, unsigned int, unsigned int, unsigned int, unsigned int, \
                      unsigned int, unsigned int, CUstream, void**, void**))                            \
   X(cuStreamBeginCapture_v2, (CUstream, int))                                                          \
+  X(cuStreamIsCapturing, (CUstream, int*))                                                             \
   X(cuStreamEndCapture, (CUstream, CUgraph*))                                                          \
   X(cuGraphInstantiateWithFlags, (CUgraphExec*, CUgraph, unsigned long long))                          \
   X(cuGraphLaunch, (CUgraphExec, CUstream))                                                            \
@@ -754,7 +755,9 @@ tvm::ffi::Module LoadModule(const tvm::ffi::Bytes& bytes) {
 
 /*! \brief A captured graph per (capture function, symbolic shape), and the allocations it runs in. The VM
  * calls run_or_capture with a function whose kernels it may replay as one graph: the first call runs it
- * plainly (modules load, attributes are set), the second records it on a capture stream. */
+ * plainly (modules load, attributes are set), the second records it on a capture stream. Called while the
+ * current stream is being captured (a frame graph of the agent's, recording the model among other work), it
+ * runs the function plainly there, so its kernels become part of that graph. */
 class GraphCache : public tvm::runtime::vm::VMExtensionNode {
  public:
   ~GraphCache() {
@@ -769,6 +772,18 @@ class GraphCache : public tvm::runtime::vm::VMExtensionNode {
       for (int64_t v : shape.value()) key.push_back(v);
     }
     int device_id = Contexts::Current();
+    if (CurrentStream(device_id) != nullptr) {  // (the legacy stream, the default one, never captures)
+      int capturing = 0;  // CU_STREAM_CAPTURE_STATUS_NONE
+      CU(cuStreamIsCapturing(CurrentStream(device_id), &capturing));
+      if (capturing != 0) {  // the caller records a graph of its own (the agent's frame graphs, runtime/
+        // frame_graph.py): a graph cannot be launched into a capture, so the kernels go into the caller's
+        auto tuple = args.cast<tvm::ffi::Array<Any>>();
+        std::vector<AnyView> packed(tuple.begin(), tuple.end());
+        Any rv;
+        vm->InvokeClosurePacked(func, PackedArgs(packed.data(), static_cast<int>(packed.size())), &rv);
+        return rv.cast<tvm::ffi::ObjectRef>();
+      }
+    }
     if (auto it = graphs_.find(key); it != graphs_.end()) {
       CU(cuGraphLaunch(it->second.exec, CurrentStream(device_id)));
       return it->second.outputs;

@@ -92,15 +92,16 @@ class BoxCopy:
         self._set_current = cuda.cuCtxSetCurrent
         self._set_current.argtypes = [ctypes.c_void_p]
 
-    def __call__(self, params: Memcpy3D, device_id: int = 0) -> bool:
-        """Queue the copy; False (and `failure` set) when the driver refused it."""
+    def __call__(self, params: Memcpy3D, device_id: int = 0, stream: int = 0) -> bool:
+        """Queue the copy on `stream` (0: the legacy default stream); False (and `failure` set) when the driver
+        refused it."""
         if self.failure is not None:
             return False
-        rc = self._copy(ctypes.byref(params), None)
+        rc = self._copy(ctypes.byref(params), stream or None)
         if rc == ERROR_INVALID_CONTEXT:  # this thread's first CUDA call: the primary context, as cudart does
             context = ctypes.c_void_p()
             if self._retain(ctypes.byref(context), device_id) == 0 and self._set_current(context) == 0:
-                rc = self._copy(ctypes.byref(params), None)
+                rc = self._copy(ctypes.byref(params), stream or None)
         if rc != 0:
             self.failure = f"cuMemcpy3DAsync failed with CUresult {rc}"
             return False
@@ -175,6 +176,11 @@ class ModelClock:
         """Queue the second event (after the model's kernels), if this frame started the clock."""
         if self._marked == 1 and self._ok("cuEventRecord", self._record(self._events[1], None)):
             self._marked = 2
+
+    @property
+    def started(self) -> bool:
+        """This frame's first event is queued and its second is not yet."""
+        return self._marked == 1
 
     def cancel(self) -> None:
         """Forget this frame's events: what runs next was not preprocessed after `start`."""

@@ -28,6 +28,7 @@ from ..gpu import probe_cuda, version_tuple
 from ..preprocess import crop_box, resize_taps
 from .cuda_copy import Memcpy3D, ModelClock, box_params, device_pointer, load_box_copy
 from .dlpack_view import DeviceView
+from .frame_graph import FrameGraphs
 
 _DEVICE_TYPE = {"cpu": 1, "cuda": 2, "cuda_host": 3}  # DLPack device types (cuda_host: page-locked memory)
 _POOLED_ALLOCATOR = 2
@@ -145,10 +146,13 @@ class TvmRuntime:
         cuda_backend: str = "auto",
         cuda_backend_lib: Optional[str] = None,
         frames_in_place: Optional[bool] = None,
+        frame_graphs: bool = True,
     ) -> None:
         """`frames_in_place`: the preprocessing kernel reads a lent frame batch where it is, through the GPU's
         address for that page-locked memory, instead of a copy of its crop box; by default where the GPU shares
-        the host's memory (a Jetson: there it is the same memory, so the copy is pure waste)."""
+        the host's memory (a Jetson: there it is the same memory, so the copy is pure waste). `frame_graphs`: a
+        lent frame batch's copy and preprocessing, and the model with its top k, each replayed as one CUDA graph
+        (runtime/frame_graph.py) where the GPU path allows it; False queues them call by call (benches, A/Bs)."""
         target = manifest.target
         gpu, reason = probe_cuda() if target.device == "cuda" else (None, "")
         check_compatible(manifest, gpu=gpu, gpu_reason=reason)
@@ -213,6 +217,12 @@ class TvmRuntime:
             if address is not None:
                 self._top_view = DeviceView(self._top.array, address, _DEVICE_TYPE["cuda"], 0)
                 self._top = _Staged(self._top.host, self._top.array, tvm_ffi.from_dlpack(self._top_view))
+        # a lent batch's copy and preprocessing (keyed by the batch), and the model with the postprocess function
+        # writing the top k into mapped host memory, each as one CUDA graph; a refusal: call by call, as before
+        graphs = frame_graphs and target.device == "cuda" and self._preprocess is not None
+        self._frame_graphs = _frame_graphs() if graphs else None
+        self._model_graph = _frame_graphs() if graphs and self._top_view is not None else None
+        self._graph_outputs: Any = None  # the model's outputs the model graph writes: kept from the VM's pool
         if target.device == "cuda":
             # tvm_ffi releases the GIL around every call by default; these return once the work is queued (the
             # stream sync: once a frame's kernels are done, tens of microseconds): released, the loop's thread
@@ -293,7 +303,7 @@ class TvmRuntime:
                 device = self._device_frames[region] = self._alloc(region, "uint8", self._device, None)
             params = box_params(host.data_ptr(), device.data_ptr(), shape, box)
         self._lent[array.ctypes.data] = _Lent(shape, host, device, region, params)
-        weakref.finalize(array, _given_back, self._lent, self._device_frames, array.ctypes.data)
+        weakref.finalize(array, _given_back, self._lent, self._device_frames, self._frame_graphs, array.ctypes.data)
         return array
 
     def load_frames(self, frames: np.ndarray) -> None:
@@ -304,19 +314,40 @@ class TvmRuntime:
         frame the GPU's copy and preprocessing plus the model's launch, one after the other (H100: 0.025 ms of
         wait, then 0.028 ms to queue the model). The frames' memory must stay as it is until then: the agent's
         loop and batcher refill a frame buffer only after the call that read it. One copy to the device; tap
-        tables are made and copied once per resolution."""
-        staged, box = self.upload_frames(frames)
-        xtaps, ytaps = self._tap_tables(box)
-        self._preprocess(staged.device, xtaps, ytaps, self._inputs[0].device)
+        tables are made and copied once per resolution. A lent batch's copy and kernel are one CUDA graph from its
+        second call on (frame_graphs)."""
+        if not self._replay_frames(frames):
+            self._queue_frames(frames)
         if self._clock is not None:
             self._clock.start()
 
-    def upload_frames(self, frames: np.ndarray) -> tuple["_Staged", tuple[int, int, int, int]]:
+    def _queue_frames(self, frames: np.ndarray, stream: int = 0) -> None:
+        """The frames' copy and the preprocessing kernel, queued on `stream` (0: the legacy default stream)."""
+        staged, box = self.upload_frames(frames, stream)
+        xtaps, ytaps = self._tap_tables(box)
+        self._preprocess(staged.device, xtaps, ytaps, self._inputs[0].device)
+
+    def _replay_frames(self, frames: np.ndarray) -> bool:
+        """A lent batch's copy and preprocessing as its CUDA graph; False where the caller queues them itself (not
+        a lent batch, its first call, no graphs)."""
+        graphs, lent = self._frame_graphs, self._lent.get(frames.ctypes.data)
+        if graphs is None or lent is None or lent.shape != (frames[None] if frames.ndim == 3 else frames).shape:
+            return False
+        if lent.params is not None and (self._box_copy is None or self._box_copy.failure is not None):
+            return False  # staged through the host: a copy per call, nothing a graph could hold
+
+        def record(stream: int) -> None:
+            with self._ffi.use_raw_stream(self._device, stream):
+                self._queue_frames(frames, stream)
+
+        return graphs.run(frames.ctypes.data, record)
+
+    def upload_frames(self, frames: np.ndarray, stream: int = 0) -> tuple["_Staged", tuple[int, int, int, int]]:
         """The frames' part that preprocessing reads, copied to the device (asynchronously); returns its buffers
         and the crop box in them. A batch from frame_batch (or one frame of a batch-1 one) has its crop box copied
         from where it is, by the driver (no host copy; on a CPU nothing is copied); any other array has its crop
         box copied into a page-locked buffer first, which then goes whole (a 720p frame centre-cropped to 87.5 %:
-        43 % of its bytes)."""
+        43 % of its bytes). `stream`: where a lent batch's copy is queued (a frame graph's recording)."""
         if frames.ndim == 3:
             frames = frames[None]
         batch = self._manifest.inputs[0].shape[0]
@@ -327,8 +358,10 @@ class TvmRuntime:
         if lent is not None and lent.shape == frames.shape:
             if lent.params is None:  # read where it is: a CPU's preprocessing, or a GPU's in place (frame_batch)
                 return _Staged(lent.host, frames, lent.device), box
-            if self._box_copy is not None and self._box_copy(lent.params):  # else (a failure): staged below
+            if self._box_copy is not None and self._box_copy(lent.params, stream=stream):  # else: staged below
                 return _Staged(lent.host, frames, lent.device), (0, 0, height, width)
+            if stream:  # recording a graph: the staging's copy and wait cannot be part of it
+                raise RuntimeError(f"the box copy was refused: {self._box_copy and self._box_copy.failure}")
         region = frames[:, top : top + height, left : left + width]
         if region.shape not in self._staging:
             self._staging[region.shape] = self._staged(region.shape, "uint8")
@@ -384,6 +417,12 @@ class TvmRuntime:
         memory the next call reuses (read it before); with `outputs`, the model's outputs in host memory too (the
         health check reads them)."""
         assert self._top is not None, "the bundle has no postprocess function"
+        graph = self._model_graph
+        sampled = self._clock is not None and self._clock.started  # the clock's second event goes between the two
+        if graph is not None and not outputs and not sampled and graph.run("model", self._record_model):
+            self.synchronize()
+            self.model_gpu_ms = None
+            return self._top.array, []
         out = self._main(*[s.device for s in self._inputs])
         if self._clock is not None:
             self._clock.stop()
@@ -394,6 +433,14 @@ class TvmRuntime:
         self.synchronize()  # (on a CPU, a no-op: the function has run)
         self.model_gpu_ms = self._clock.read() if self._clock is not None else None
         return self._top.array, full
+
+    def _record_model(self, stream: int) -> None:
+        """The model and the postprocess function, queued on `stream` for the model graph."""
+        assert self._top is not None
+        with self._ffi.use_raw_stream(self._device, stream):
+            out = self._main(*[s.device for s in self._inputs])
+            self._postprocess(self._output_list(out)[0], self._top.device)
+        self._graph_outputs = out
 
     def run_kernel(self) -> None:
         """The model alone on the device input tensors, waited for: no copy either way (the bench's peer)."""
@@ -437,6 +484,8 @@ class TvmRuntime:
             "top_k_output": None if self._top is None else "mapped host memory" if self._top_view else "copied back",
             # the reports' model_gpu_ms: CUDA events on every MODEL_CLOCK_EVERY-th frame, or why there are none
             "model_clock": self._clock_state(),
+            # the frame's work as CUDA graphs (runtime/frame_graph.py): how many, or why none
+            "frame_graphs": self._graph_state(),
             "gpu": dataclasses.asdict(self._gpu) if self._gpu else None,
             "loaded_tvm_libraries": loaded_tvm_libraries(),
         }
@@ -450,6 +499,20 @@ class TvmRuntime:
             return f"none: {self._clock.failure}"
         return f"CUDA events, every {self._clock.every} frames"
 
+    def _graph_state(self) -> Optional[str]:
+        if self._manifest_device != "cuda" or not self.frames_on_device:
+            return None
+        if self._frame_graphs is None:
+            return "off"
+
+        def state(graphs: Optional[FrameGraphs], why_none: str) -> str:
+            if graphs is None:
+                return why_none
+            return f"none: {graphs.failure}" if graphs.failure else f"{len(graphs)} recorded"
+
+        model = state(self._model_graph, "none: no postprocess function writing into mapped host memory")
+        return f"copy and preprocessing: {state(self._frame_graphs, '')}; model and top k: {model}"
+
     def _frame_box_copy(self) -> Optional[str]:
         if self._manifest_device != "cuda":
             return None
@@ -458,13 +521,23 @@ class TvmRuntime:
         return self._no_box_copy or (self._box_copy.failure if self._box_copy else None) or "cuMemcpy3DAsync"
 
     def close(self) -> None:
-        """Destroy the model clock's CUDA events. The loaded libraries stay for the process (one CUDA backend per
-        process); the buffers are TVM tensors, freed with this object."""
+        """Destroy the model clock's CUDA events and the frame graphs. The loaded libraries stay for the process
+        (one CUDA backend per process); the buffers are TVM tensors, freed with this object."""
         if self._clock is not None:
             self._clock.close()
+        for graphs in (self._frame_graphs, self._model_graph):
+            if graphs is not None:
+                graphs.close()
 
 
 MODEL_CLOCK_EVERY = 32  # the clock's events cost a frame 4.6-8.2 us (H100): by arithmetic 0.15-0.26 us on average
+
+
+def _frame_graphs() -> Optional[FrameGraphs]:
+    try:
+        return FrameGraphs()
+    except (OSError, AttributeError):  # no libcuda.so.1, or one without the graph calls
+        return None
 
 
 def _model_clock() -> Optional[ModelClock]:
@@ -501,9 +574,13 @@ class _Lent:
     params: Optional[Memcpy3D]
 
 
-def _given_back(lent: dict[int, _Lent], device_frames: dict[tuple[int, ...], Any], address: int) -> None:
-    """The borrower dropped a frame batch: forget it and, with the last batch of its shape, that shape's device
-    buffer (run by weakref.finalize, so it holds the dictionaries, not the runtime)."""
+def _given_back(
+    lent: dict[int, _Lent], device_frames: dict[tuple[int, ...], Any], graphs: Optional[FrameGraphs], address: int
+) -> None:
+    """The borrower dropped a frame batch: forget it, its frame graph and, with the last batch of its shape, that
+    shape's device buffer (run by weakref.finalize, so it holds the dictionaries, not the runtime)."""
+    if graphs is not None:
+        graphs.retire(address)
     gone = lent.pop(address, None)
     if gone is not None and all(x.device_shape != gone.device_shape for x in list(lent.values())):
         device_frames.pop(gone.device_shape, None)

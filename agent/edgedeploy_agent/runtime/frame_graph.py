@@ -1,0 +1,169 @@
+"""CUDA graphs of a frame's work on the GPU: what the runtime queues for a lent frame (the crop box's copy and the
+preprocessing kernel; the model and the postprocess function) recorded once and replayed with one launch.
+
+Queued call by call, a MobileNetV1-0.25 frame costs the host about as much as its kernels cost the GPU: on an
+H100 the box copy 0.020 ms, the preprocessing call 0.009, the model's VM call 0.028 (its quantize kernel, its own
+CUDA graph, its softmax), the postprocess call 0.015, against a 0.066 ms model (docs/agent-service.md, the frame
+pipeline). A graph launch replaces each group of calls.
+
+How a graph is made (`FrameGraphs.capture`): the work is queued as usual, but on a stream of the runtime's own
+that the driver is recording (`cuStreamBeginCapture`, thread-local mode: another thread's CUDA calls are not
+affected), with TVM's current stream switched to it (`tvm_ffi.use_raw_stream`), so TVM's kernels are recorded
+too. The stream is non-blocking: work on the legacy default stream, where the runtime queues everything else,
+never depends on the recording. A graph is launched on the legacy default stream, so it is in order with all the
+rest. A graph holds the addresses its work used: the caller keys each graph by what it was recorded with (a lent
+frame batch, its device buffer) and retires it when that goes.
+
+A VM function with a CUDA graph of its own (bundles are built with them) cannot launch that graph into a
+recording: edgedeploy's CUDA backend runs the function's kernels plainly while the current stream is being
+recorded (cuda_backend.cc, RunOrCapture). Anything the driver refuses while recording (the wheel's backend
+launching its graph, an allocation) ends the recording with an error: `capture` then returns False and says why
+(`failure`), nothing of the recording stays, the caller queues the frame call by call, and no graph is tried again.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+from collections.abc import Callable, Hashable
+from typing import Any
+
+STREAM_NON_BLOCKING = 1
+CAPTURE_MODE_THREAD_LOCAL = 1
+
+
+@functools.cache
+def _driver(library: str) -> ctypes.PyDLL:
+    """libcuda (PyDLL: its calls keep the GIL, as the runtime's do; runtime/cuda_copy.py says why)."""
+    return ctypes.PyDLL(library)
+
+
+def _bind(cuda: ctypes.PyDLL, name: str, *argtypes: Any) -> Any:
+    func = getattr(cuda, name)
+    func.argtypes = list(argtypes)
+    func.restype = ctypes.c_int
+    return func
+
+
+class FrameGraphs:
+    """Graphs keyed by the caller: `run(key, queue)` launches `key`'s graph, recording it first from `queue` on the
+    second call for `key` (the first is the caller's, call by call: kernels load, pools fill, tables are made,
+    none of which may happen while recording). `retire(key)` forgets a key whose addresses go away, its graph
+    destroyed at the next call on the owning thread (a finaliser may run on any thread, where no CUDA context is
+    current); `close()` destroys them all."""
+
+    def __init__(self, library: str = "libcuda.so.1") -> None:
+        self.failure: str | None = None
+        cuda = _driver(library)
+        p = ctypes.c_void_p
+        self._stream_create = _bind(cuda, "cuStreamCreate", ctypes.POINTER(p), ctypes.c_uint)
+        self._stream_destroy = _bind(cuda, "cuStreamDestroy_v2", p)
+        self._begin = _bind(cuda, "cuStreamBeginCapture_v2", p, ctypes.c_int)
+        self._end = _bind(cuda, "cuStreamEndCapture", p, ctypes.POINTER(p))
+        self._instantiate = _bind(cuda, "cuGraphInstantiateWithFlags", ctypes.POINTER(p), p, ctypes.c_ulonglong)
+        self._launch = _bind(cuda, "cuGraphLaunch", p, p)
+        self._exec_destroy = _bind(cuda, "cuGraphExecDestroy", p)
+        self._graph_destroy = _bind(cuda, "cuGraphDestroy", p)
+        self._stream: ctypes.c_void_p | None = None
+        self._graphs: dict[Hashable, ctypes.c_void_p] = {}
+        self._seen: set[Hashable] = set()  # keys whose first call the caller made itself
+        self._retired: list[Hashable] = []
+
+    def __contains__(self, key: Hashable) -> bool:
+        return key in self._graphs
+
+    def __len__(self) -> int:
+        return len(self._graphs)
+
+    def run(self, key: Hashable, queue: Callable[[int], None]) -> bool:
+        """Launch `key`'s graph (recorded from `queue` first, on the key's second call); False when the caller
+        queues this call's work itself: the key's first call, or no graph (`failure` says why)."""
+        if self.failure is not None:
+            return False
+        if self.launch(key):
+            return True
+        if key not in self._seen:
+            self._seen.add(key)
+            return False
+        return self.capture(key, queue) and self.launch(key)
+
+    def _refuse(self, what: str, rc: int) -> bool:
+        if self.failure is None:
+            self.failure = f"{what} failed with CUresult {rc}"
+        return False
+
+    def capture(self, key: Hashable, queue: Callable[[int], None]) -> bool:
+        """Record what `queue(stream)` queues on `stream` (a handle, for calls that take one; TVM's current stream
+        is the caller's to switch) as the graph for `key`. Nothing runs: the caller launches it. False (and
+        `failure` set) when the driver refused the recording or `queue` raised: the recording is thrown away and
+        the caller queues the work itself (where `queue` failed for a reason of its own, it fails again there)."""
+        if self.failure is not None:
+            return False
+        self._destroy_retired()
+        if self._stream is None:
+            stream = ctypes.c_void_p()
+            rc = self._stream_create(ctypes.byref(stream), STREAM_NON_BLOCKING)
+            if rc != 0:
+                return self._refuse("cuStreamCreate", rc)
+            self._stream = stream
+        rc = self._begin(self._stream, CAPTURE_MODE_THREAD_LOCAL)
+        if rc != 0:
+            return self._refuse("cuStreamBeginCapture", rc)
+        graph = ctypes.c_void_p()
+        try:
+            queue(self._stream.value or 0)
+        except Exception as e:  # TVM raises when the driver refused one of its calls while recording
+            self._end(self._stream, ctypes.byref(graph))
+            if graph.value:
+                self._graph_destroy(graph)
+            self.failure = f"recording a frame graph: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+            return False
+        rc = self._end(self._stream, ctypes.byref(graph))  # a call refused while recording invalidated it
+        if rc != 0 or not graph.value:
+            if graph.value:
+                self._graph_destroy(graph)
+            return self._refuse("recording a frame graph (cuStreamEndCapture)", rc)
+        executable = ctypes.c_void_p()
+        rc = self._instantiate(ctypes.byref(executable), graph, 0)
+        self._graph_destroy(graph)
+        if rc != 0:
+            return self._refuse("cuGraphInstantiateWithFlags", rc)
+        old = self._graphs.pop(key, None)
+        if old is not None:
+            self._exec_destroy(old)
+        self._graphs[key] = executable
+        return True
+
+    def launch(self, key: Hashable) -> bool:
+        """Queue `key`'s graph on the legacy default stream; False when there is none (or the driver refused:
+        `failure` says why, and the caller queues the work itself)."""
+        if self._retired:
+            self._destroy_retired()
+        executable = self._graphs.get(key)
+        if executable is None or self.failure is not None:
+            return False
+        rc = self._launch(executable, None)
+        return rc == 0 or self._refuse("cuGraphLaunch", rc)
+
+    def retire(self, key: Hashable) -> None:
+        """`key`'s graph recorded addresses that are going away: destroyed at the next capture, launch or close
+        (a new batch at the same address starts again with a call of the caller's own)."""
+        self._seen.discard(key)
+        if key in self._graphs:
+            self._retired.append(key)
+
+    def _destroy_retired(self) -> None:
+        retired, self._retired = self._retired, []
+        for key in retired:
+            executable = self._graphs.pop(key, None)
+            if executable is not None:
+                self._exec_destroy(executable)
+
+    def close(self) -> None:
+        """Destroy every graph and the recording stream (the runtime's close)."""
+        graphs, self._graphs, self._retired, self._seen = self._graphs, {}, [], set()
+        for executable in graphs.values():
+            self._exec_destroy(executable)
+        if self._stream is not None:
+            self._stream_destroy(self._stream)
+            self._stream = None
