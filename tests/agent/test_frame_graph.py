@@ -6,6 +6,7 @@ bench/gpu_pipeline.py checks the agent's top k with graphs against the CPU path'
 from __future__ import annotations
 
 import ctypes
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -108,11 +109,17 @@ def test_a_retired_key_loses_its_graph_and_starts_over(driver: Driver) -> None:
     graphs.run("b", driver.queue)
     graphs.run("b", driver.queue)
     assert driver.count("fake_execs_alive") == 2
-    graphs.retire("a")
-    assert driver.count("fake_execs_alive") == 2  # not on the finaliser's thread
+    retire = threading.Thread(target=graphs.retire, args=("a",))  # as weakref.finalize may: another thread
+    retire.start()
+    retire.join()
+    assert "a" not in graphs  # never launched again, at once
+    assert driver.count("fake_execs_alive") == 2  # destroyed on the owning thread, not the finaliser's
     assert graphs.run("b", pytest.fail) and driver.count("fake_execs_alive") == 1
-    assert "a" not in graphs and not graphs.run("a", pytest.fail)
+    assert not graphs.run("a", pytest.fail)  # a new batch at the same address: the caller's own call first
     graphs.retire("never recorded")  # nothing happens
+    graphs.retire("b")
+    graphs.close()  # a retired graph not yet destroyed goes with the rest
+    assert driver.count("fake_execs_alive") == 0
 
 
 def test_closing_destroys_the_graphs_and_the_stream(driver: Driver) -> None:

@@ -67,7 +67,7 @@ class FrameGraphs:
         self._stream: ctypes.c_void_p | None = None
         self._graphs: dict[Hashable, ctypes.c_void_p] = {}
         self._seen: set[Hashable] = set()  # keys whose first call the caller made itself
-        self._retired: list[Hashable] = []
+        self._retired: list[ctypes.c_void_p] = []  # graphs of retired keys, destroyed on the owning thread
 
     def __contains__(self, key: Hashable) -> bool:
         return key in self._graphs
@@ -146,22 +146,22 @@ class FrameGraphs:
         return rc == 0 or self._refuse("cuGraphLaunch", rc)
 
     def retire(self, key: Hashable) -> None:
-        """`key`'s graph recorded addresses that are going away: destroyed at the next capture, launch or close
-        (a new batch at the same address starts again with a call of the caller's own)."""
+        """`key`'s graph recorded addresses that are going away: never launched again, destroyed at the next
+        capture, launch or close (a new batch at the same address starts again with a call of the caller's own).
+        Each step is one dict or list operation, atomic under the GIL, as a finaliser on another thread needs."""
         self._seen.discard(key)
-        if key in self._graphs:
-            self._retired.append(key)
+        executable = self._graphs.pop(key, None)
+        if executable is not None:
+            self._retired.append(executable)
 
     def _destroy_retired(self) -> None:
-        retired, self._retired = self._retired, []
-        for key in retired:
-            executable = self._graphs.pop(key, None)
-            if executable is not None:
-                self._exec_destroy(executable)
+        while self._retired:
+            self._exec_destroy(self._retired.pop())
 
     def close(self) -> None:
         """Destroy every graph and the recording stream (the runtime's close)."""
-        graphs, self._graphs, self._retired, self._seen = self._graphs, {}, [], set()
+        self._destroy_retired()
+        graphs, self._graphs, self._seen = self._graphs, {}, set()
         for executable in graphs.values():
             self._exec_destroy(executable)
         if self._stream is not None:
