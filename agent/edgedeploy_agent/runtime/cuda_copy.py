@@ -70,10 +70,10 @@ def box_params(host: int, device: int, shape: tuple[int, ...], box: tuple[int, i
 
 
 @functools.cache
-def _driver(library: str) -> ctypes.PyDLL:
-    """libcuda, loaded once per process and path. PyDLL: its calls keep the GIL, as the runtime's TVM calls do
-    (runtime/tvm.py): they only queue work, and a CDLL call's release let the capture thread take the GIL in the
-    middle of the loop's stage."""
+def libcuda(library: str) -> ctypes.PyDLL:
+    """libcuda, loaded once per process and path (this module's calls and runtime/frame_graph.py's). PyDLL: its
+    calls keep the GIL, as the runtime's TVM calls do (runtime/tvm.py): they only queue work, and a CDLL call's
+    release let the capture thread take the GIL in the middle of the loop's stage."""
     return ctypes.PyDLL(library)
 
 
@@ -83,7 +83,7 @@ class BoxCopy:
 
     def __init__(self, library: str = "libcuda.so.1") -> None:
         self.failure: str | None = None
-        cuda = _driver(library)
+        cuda = libcuda(library)
         self._copy = cuda.cuMemcpy3DAsync_v2
         self._copy.argtypes = [ctypes.POINTER(Memcpy3D), ctypes.c_void_p]
         self._copy.restype = ctypes.c_int
@@ -113,7 +113,7 @@ def device_pointer(host: int, library: str = "libcuda.so.1") -> int | None:
     unified addressing, which every 64-bit CUDA platform has, Jetson's shared memory too), or None when the driver
     gives none: the caller then copies. Needs the context TVM made current on this thread (its allocation did)."""
     try:
-        get = _driver(library).cuMemHostGetDevicePointer_v2
+        get = libcuda(library).cuMemHostGetDevicePointer_v2
     except (OSError, AttributeError):
         return None
     get.argtypes = [ctypes.POINTER(ctypes.c_uint64), ctypes.c_void_p, ctypes.c_uint]
@@ -136,7 +136,7 @@ class ModelClock:
         self.failure: str | None = None
         self.every = every
         self._frames = 0  # start() calls so far: the sampled ones are 0, every, 2 * every, ...
-        cuda = _driver(library)
+        cuda = libcuda(library)
         self._create = cuda.cuEventCreate
         self._create.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_uint]
         self._create.restype = ctypes.c_int

@@ -24,18 +24,13 @@ launching its graph, an allocation) ends the recording with an error: `capture` 
 from __future__ import annotations
 
 import ctypes
-import functools
 from collections.abc import Callable, Hashable
 from typing import Any
 
+from .cuda_copy import libcuda
+
 STREAM_NON_BLOCKING = 1
 CAPTURE_MODE_THREAD_LOCAL = 1
-
-
-@functools.cache
-def _driver(library: str) -> ctypes.PyDLL:
-    """libcuda (PyDLL: its calls keep the GIL, as the runtime's do; runtime/cuda_copy.py says why)."""
-    return ctypes.PyDLL(library)
 
 
 def _bind(cuda: ctypes.PyDLL, name: str, *argtypes: Any) -> Any:
@@ -54,7 +49,7 @@ class FrameGraphs:
 
     def __init__(self, library: str = "libcuda.so.1") -> None:
         self.failure: str | None = None
-        cuda = _driver(library)
+        cuda = libcuda(library)
         p = ctypes.c_void_p
         self._stream_create = _bind(cuda, "cuStreamCreate", ctypes.POINTER(p), ctypes.c_uint)
         self._stream_destroy = _bind(cuda, "cuStreamDestroy_v2", p)
