@@ -49,6 +49,7 @@ import os
 import tempfile
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -252,26 +253,47 @@ def alone(
     }
 
 
+Way = tuple[Callable[[int], None], Callable[[int], np.ndarray]]  # (fill frame i, untimed; serve it: its top k)
+
+
+def alternating_ms(ways: tuple[Way, Way], n: int = 600) -> Any:
+    """Two ways of serving a lent frame, frame by frame, the order swapped every other frame: (p50 ms of the
+    first's serving, p50 ms of the second's, frames whose top k differed)."""
+    times: tuple[list[float], list[float]] = ([], [])
+    differ = 0
+    for i in range(n):
+        tops: list[np.ndarray] = [np.empty(0), np.empty(0)]
+        for j in (0, 1) if i % 2 else (1, 0):
+            fill, serve = ways[j]
+            fill(i)
+            t = time.perf_counter()
+            tops[j] = serve(i).copy()
+            times[j].append((time.perf_counter() - t) * 1e3)
+        differ += int(not np.array_equal(tops[0], tops[1]))
+    return float(np.median(times[0])), float(np.median(times[1])), differ
+
+
 def graph_cost(gpu: TvmRuntime, calls: TvmRuntime, frame: np.ndarray) -> dict[str, Any]:
     """A lent frame's load_frames + run_loaded_top with the frame graphs (`gpu`) and call by call (`calls`: another
-    runtime, its own lent batch), alternating frame by frame (600 frames; p50 ms of each), the top k of both
-    compared on every frame; and what the graphs' state is afterwards (recorded, or why not)."""
-    lent = {id(rt): rt.frame_batch(*frame.shape[:2]) for rt in (gpu, calls)}
-    times: dict[int, list[float]] = {id(gpu): [], id(calls): []}
-    differ = 0
-    for i in range(600):
-        tops = []
-        for rt in (gpu, calls) if i % 2 else (calls, gpu):
-            lent[id(rt)][0] = frame if i % 3 else frame[::-1]  # two contents: a stale graph input would show
-            t = time.perf_counter()
-            rt.load_frames(lent[id(rt)])
-            top, _ = rt.run_loaded_top()
-            times[id(rt)].append((time.perf_counter() - t) * 1e3)
-            tops.append(top.copy())
-        differ += int(not np.array_equal(tops[0], tops[1]))
+    runtime, its own lent batch), alternating (alternating_ms), the top k of both compared on every frame; and
+    what the graphs' state is afterwards (recorded, or why not)."""
+
+    def way(rt: TvmRuntime) -> Way:
+        lent = rt.frame_batch(*frame.shape[:2])
+
+        def fill(i: int) -> None:
+            lent[0] = frame if i % 3 else frame[::-1]  # two contents: a stale graph input would show
+
+        def serve(_: int) -> np.ndarray:
+            rt.load_frames(lent)
+            return rt.run_loaded_top()[0]
+
+        return fill, serve
+
+    graphs_ms, calls_ms, differ = alternating_ms((way(gpu), way(calls)))
     return {
-        "lent_frame_graphs": float(np.median(times[id(gpu)])),
-        "lent_frame_calls": float(np.median(times[id(calls)])),
+        "lent_frame_graphs": graphs_ms,
+        "lent_frame_calls": calls_ms,
         "lent_frame_top_k_differ": differ,
         "frame_graphs": gpu.describe()["frame_graphs"],
     }
@@ -279,23 +301,27 @@ def graph_cost(gpu: TvmRuntime, calls: TvmRuntime, frame: np.ndarray) -> dict[st
 
 def clock_cost(gpu: TvmRuntime, lent: np.ndarray) -> dict[str, float]:
     """A lent frame's load_frames + run_loaded_top with the model clock's two CUDA events and without, alternating
-    frame by frame (600 frames; p50 ms of each): what a sampled frame costs (the agent samples 1 in
-    MODEL_CLOCK_EVERY)."""
+    (alternating_ms): what a sampled frame costs (the agent samples 1 in MODEL_CLOCK_EVERY)."""
     clock = gpu._clock
     every = clock.every if clock is not None else 1
     if clock is not None:
         clock.every = 1  # every frame the clock runs on is a sampled one
-    times: dict[bool, list[float]] = {True: [], False: []}
-    for i in range(600):
-        gpu._clock = clock if i % 2 else None
-        t = time.perf_counter()
-        gpu.load_frames(lent)
-        gpu.run_loaded_top()
-        times[bool(i % 2)].append((time.perf_counter() - t) * 1e3)
+
+    def serve(with_clock: bool) -> Way:
+        def fill(_: int) -> None:
+            gpu._clock = clock if with_clock else None
+
+        def call(_: int) -> np.ndarray:
+            gpu.load_frames(lent)
+            return gpu.run_loaded_top()[0]
+
+        return fill, call
+
+    with_ms, without_ms, _ = alternating_ms((serve(True), serve(False)))
     gpu._clock = clock
     if clock is not None:
         clock.every = every
-    return {"lent_frame_clock": float(np.median(times[True])), "lent_frame_no_clock": float(np.median(times[False]))}
+    return {"lent_frame_clock": with_ms, "lent_frame_no_clock": without_ms}
 
 
 def steps(gpu: TvmRuntime, frame: np.ndarray, manifest: Any) -> dict[str, float]:
