@@ -6,19 +6,18 @@ For each batch-1 bundle and video, one process, one GPU:
   gpu path       the agent's loop (InferenceLoop, an unpaced file source, its own report, p50 per stage) on the
                  bundle, as run_agent sets it up: the capture decodes into the runtime's page-locked frame buffers,
                  whose crop box goes to the GPU (one driver copy: runtime/cuda_copy.py) and through the
-                 preprocessing kernel (load_frames, queued: the model is queued behind it), then the
-                 model and the library's postprocess function, and only the top k comes back (run_loaded_top);
-                 the copy and the kernel, and the model with the top k, each replayed as one CUDA graph
-                 (runtime/frame_graph.py; `gpu, calls`: the same, queued call by call, as before them).
-                 Part 2's target on 720p: (preprocess + infer + postprocess) / kernel <= 2. Its infer stage (the
-                 host's clock) also waits for the preprocessing still running; the report's model_gpu_ms is the
-                 model's own GPU time (CUDA events on every 32nd frame: runtime/cuda_copy.py ModelClock)
-  gpu, host top  the same with the top k on the host (run_loaded: the outputs come back) and load_frames waited
-                 for: part 1's target, infer / kernel <= 1.15 (the infer stage is then the model and its output
-                 copy alone; no graphs: the model graph holds the device's top k)
-  gpu, waited    the gpu path with load_frames waited for: its infer stage is the model and the device's top k
-                 alone, part 1's measure on the agent's own output path (the top k in mapped host memory, no copy);
-                 with graphs, and call by call (`gpu, waited, calls`)
+                 preprocessing kernel (load_frames, queued), then the model and the library's postprocess
+                 function queued behind it, and only the top k comes back (run_loaded_top); the copy and the
+                 kernel, and the model with the top k, each replayed as one CUDA graph (runtime/frame_graph.py;
+                 `gpu, calls`: the same, queued call by call, as before them). The preprocess stage ends when the
+                 GPU's preprocessing did (a CUDA event after it, waited for once the model is queued: the loop's
+                 run_preprocessed), so the infer stage is the model and the top k: part 1's target, infer /
+                 kernel <= 1.15; part 2's on 720p, (preprocess + infer + postprocess) / kernel <= 2. The report's
+                 model_gpu_ms is the model's own GPU time (CUDA events on every 32nd frame: ModelClock)
+  gpu, no mark   the gpu path without that event: the preprocess stage ends when the preprocessing is queued and
+                 the infer stage's wait carries what of it still runs (the stages before the mark; its cost)
+  gpu, host top  the same with the top k on the host (run_loaded: the outputs come back, one copy; no model graph:
+                 it holds the device's top k)
   gpu, in place  the gpu path with the preprocessing kernel reading each lent frame where it is (frames_in_place:
                  the default where the GPU shares the host's memory, a Jetson; here it reads over PCIe), no copy
   gpu, decoded   the gpu path (call by call: each frame has a lent buffer of its own, and a frame graph would be
@@ -73,10 +72,9 @@ CAMERA_FPS, CAMERA_FRAMES = 30.0, 90  # the paced run: 3 s a video
 # the GPU loops, in the table's order, with how the agreement line names each (the CPU path is their reference)
 GPU_LOOPS = {
     "gpu_host_top": "top k on the host",
-    "gpu_waited": "preprocessing waited for",
-    "gpu_waited_calls": "preprocessing waited for, no graphs",
     "gpu": "GPU path",
     "gpu_calls": "GPU path, no graphs",
+    "gpu_unmarked": "GPU path, no mark",
     "gpu_in_place": "frames read in place",
     "gpu_decoded": "decoded beforehand",
     "gpu_camera": "as a camera",
@@ -102,24 +100,20 @@ def without_module(manifest: Any) -> Any:
     return manifest.model_copy(update={"artifacts": [a for a in manifest.artifacts if a.role != "tvm-preprocess"]})
 
 
-def preprocessing_waited(rt: TvmRuntime) -> TvmRuntime:
-    """`rt` with load_frames waited for (the agent queues the model behind it instead): the loop's infer stage is
-    then the model and its output alone, part 1's measure."""
-    queue = rt.load_frames
-
-    def load_frames(frames: np.ndarray) -> None:
-        queue(frames)
-        rt.synchronize()
-
-    rt.load_frames = load_frames  # type: ignore[method-assign]
+def host_top_k(rt: TvmRuntime) -> TvmRuntime:
+    """`rt` with the top k left to the host, as for a library without the postprocess function (the outputs come
+    back: one copy)."""
+    rt._postprocess = None
     return rt
 
 
-def host_top_k(rt: TvmRuntime) -> TvmRuntime:
-    """`rt` with the top k left to the host, as for a library without the postprocess function (the outputs come
-    back: one copy), and load_frames waited for."""
-    rt._postprocess = None
-    return preprocessing_waited(rt)
+def unmarked(rt: TvmRuntime) -> TvmRuntime:
+    """`rt` without the event that ends the preprocess stage where the GPU's preprocessing did, as a driver
+    without events leaves it: the stage ends when the preprocessing is queued."""
+    if rt._queue_mark is not None:
+        rt._queue_mark.close()
+    rt._queue_mark = None
+    return rt
 
 
 class Replay:
@@ -247,6 +241,7 @@ def alone(
         "load_frames_run_loaded": p50_ms(lambda: (gpu.load_frames(frame), gpu.run_loaded()), 300),
         "load_frames_run_loaded_top": p50_ms(lambda: (gpu.load_frames(frame), gpu.run_loaded_top()), 300),
         **clock_cost(calls, calls.frame_batch(*frame.shape[:2])),
+        **mark_cost(gpu, gpu.frame_batch(*frame.shape[:2]), frame),
         **graph_cost(gpu, calls, frame),
         "kernel_paced": p50_ms(lambda: (time.sleep(gap_s), gpu.run_kernel()), 300)
         - p50_ms(lambda: time.sleep(gap_s), 300),
@@ -324,6 +319,22 @@ def clock_cost(gpu: TvmRuntime, lent: np.ndarray) -> dict[str, float]:
     return {"lent_frame_clock": with_ms, "lent_frame_no_clock": without_ms}
 
 
+def mark_cost(gpu: TvmRuntime, lent: np.ndarray, frame: np.ndarray) -> dict[str, float]:
+    """A lent frame's load_frames + run_loaded_top (graphs) with the loop's `preprocessed` (the event after the
+    preprocessing, waited for) and without, alternating (alternating_ms): what the stages' split costs a frame."""
+    lent[0] = frame
+
+    def serve(with_mark: bool) -> Way:
+        def call(_: int) -> np.ndarray:
+            gpu.load_frames(lent)
+            return gpu.run_loaded_top(preprocessed=(lambda: None) if with_mark else None)[0]
+
+        return (lambda _: None), call
+
+    with_ms, without_ms, _ = alternating_ms((serve(True), serve(False)))
+    return {"lent_frame_mark": with_ms, "lent_frame_no_mark": without_ms}
+
+
 def steps(gpu: TvmRuntime, frame: np.ndarray, manifest: Any) -> dict[str, float]:
     """Where a lent frame's time goes on the GPU path: the calls the loop makes for one frame, each timed on its
     own (perf_counter around it, 300 frames, p50 in ms), in the loop's order, nothing else between them."""
@@ -376,9 +387,8 @@ def batch1(bundle: Path, videos: list[Path], work: Path) -> list[dict[str, Any]]
     # the GPU path as before the frame graphs
     calls = TvmRuntime(rdir, manifest, LIB, cuda_backend=BACKEND, frame_graphs=False)
     gpu_host_top = host_top_k(TvmRuntime(rdir, manifest, LIB, cuda_backend=BACKEND))
-    # the agent's top k, preprocessing waited for
-    gpu_waited = preprocessing_waited(TvmRuntime(rdir, manifest, LIB, cuda_backend=BACKEND))
-    gpu_waited_calls = preprocessing_waited(TvmRuntime(rdir, manifest, LIB, cuda_backend=BACKEND, frame_graphs=False))
+    # the stages as before the mark: the infer stage's wait carries the queued preprocessing
+    gpu_unmarked = unmarked(TvmRuntime(rdir, manifest, LIB, cuda_backend=BACKEND))
     # the kernel reading each lent frame in place (what a Jetson does by default): here over PCIe
     in_place = TvmRuntime(rdir, manifest, LIB, cuda_backend=BACKEND, frames_in_place=True)
     cpu = TvmRuntime(rdir, without_module(manifest), LIB, cuda_backend=BACKEND)
@@ -396,8 +406,7 @@ def batch1(bundle: Path, videos: list[Path], work: Path) -> list[dict[str, Any]]
             ("gpu", gpu),
             ("gpu_calls", calls),
             ("gpu_host_top", gpu_host_top),
-            ("gpu_waited", gpu_waited),
-            ("gpu_waited_calls", gpu_waited_calls),
+            ("gpu_unmarked", gpu_unmarked),
         )
         for name, rt in (*paths, ("gpu_in_place", in_place)):
             rt.run([np.zeros(manifest.inputs[0].shape, np.float32)])  # warm
@@ -422,15 +431,15 @@ def batch1(bundle: Path, videos: list[Path], work: Path) -> list[dict[str, Any]]
         row["frame_graphs"] = {name: rt.describe()["frame_graphs"] for name, rt in paths[1:]}
         row["steps"] = steps(gpu, first, manifest)
         row["ratio_infer"] = row["gpu_host_top"]["infer"] / kernel
-        row["ratio_infer_waited"] = row["gpu_waited"]["infer"] / kernel
-        row["ratio_infer_waited_calls"] = row["gpu_waited_calls"]["infer"] / kernel
         row["ratio_infer_top"] = row["gpu"]["infer"] / kernel
         row["ratio_infer_top_calls"] = row["gpu_calls"]["infer"] / kernel
+        row["ratio_infer_top_unmarked"] = row["gpu_unmarked"]["infer"] / kernel
         gpu_ms = row["gpu"]["model_gpu_ms"]
         row["ratio_model_gpu"] = gpu_ms / kernel if gpu_ms is not None else None
         row["ratio_infer_cpu_path"] = row["cpu"]["infer"] / kernel
         row["ratio_frame"] = sum(row["gpu"][s] for s in STAGES) / kernel
         row["ratio_frame_calls"] = sum(row["gpu_calls"][s] for s in STAGES) / kernel
+        row["ratio_frame_unmarked"] = sum(row["gpu_unmarked"][s] for s in STAGES) / kernel
         row["ratio_frame_host_top"] = sum(row["gpu_host_top"][s] for s in STAGES) / kernel
         row["ratio_frame_decoded"] = sum(row["gpu_decoded"][s] for s in STAGES) / kernel
         row["ratio_frame_camera"] = sum(row["gpu_camera"][s] for s in STAGES) / kernel
@@ -523,16 +532,18 @@ def main() -> None:
             )
     print(
         "\n| bundle | video | run() alone | upload alone | upload lent | load_frames alone | load_frames+run_loaded "
-        "| load_frames+run_loaded_top | lent frame, events / none | lent frame, graphs / calls (top k differ) "
+        "| load_frames+run_loaded_top | lent frame, events / none | lent frame, mark / none "
+        "| lent frame, graphs / calls (top k differ) "
         "| kernel paced | lent box copy | device top k |"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in result["bs1"]:
         a = r["alone"]
         print(
             f"| {r['bundle']} | {r['video']} | {a['run']:.3f} | {a['upload']:.3f} | {a['upload_lent']:.3f} "
             f"| {a['load_frames']:.3f} | {a['load_frames_run_loaded']:.3f} | {a['load_frames_run_loaded_top']:.3f} "
             f"| {a['lent_frame_clock']:.4f} / {a['lent_frame_no_clock']:.4f} "
+            f"| {a['lent_frame_mark']:.4f} / {a['lent_frame_no_mark']:.4f} "
             f"| {a['lent_frame_graphs']:.4f} / {a['lent_frame_calls']:.4f} ({a['lent_frame_top_k_differ']}) "
             f"| {a['kernel_paced']:.3f} | {a['frame_box_copy']} | {a['top_k_output']} |"
         )
@@ -564,12 +575,12 @@ def main() -> None:
         print(f"| {name} | {bundle} | {video} | {ratio:.3f} | {limit} | {'OK' if ratio <= limit else 'OVER'} |")
 
     for r in result["bs1"]:
-        line("infer_bs1 (top k on the host)", r["bundle"], r["video"], r["ratio_infer"])
-        line("infer_bs1 (device top k, preprocessing waited for)", r["bundle"], r["video"], r["ratio_infer_waited"])
-        line("infer_bs1 (the same, no graphs)", r["bundle"], r["video"], r["ratio_infer_waited_calls"])
-        # the agent's own path: its infer stage also waits for the preprocessing queued ahead of the model
         line("infer_bs1 (device top k, as the agent runs)", r["bundle"], r["video"], r["ratio_infer_top"])
         line("infer_bs1 (the same, no graphs)", r["bundle"], r["video"], r["ratio_infer_top_calls"])
+        line("infer_bs1 (top k on the host)", r["bundle"], r["video"], r["ratio_infer"])
+        # without the mark the infer stage's wait also carries the preprocessing queued ahead of the model
+        print(f"| infer / kernel, no mark (the stage carries queued preprocessing) | {r['bundle']} | {r['video']} "
+              f"| {r['ratio_infer_top_unmarked']:.3f} | | |")  # fmt: skip
         if r["ratio_model_gpu"] is not None:  # GPU-side time against the host's kernel figure: no verdict
             print(f"| model_gpu_ms (events; not the target's measure) | {r['bundle']} | {r['video']} "
                   f"| {r['ratio_model_gpu']:.3f} | | |")  # fmt: skip
@@ -577,6 +588,7 @@ def main() -> None:
         if r["video"] == "1280x720":
             line("frame_bs1_720p", r["bundle"], r["video"], r["ratio_frame"])
             line("frame_bs1_720p (no graphs)", r["bundle"], r["video"], r["ratio_frame_calls"])
+            line("frame_bs1_720p (no mark)", r["bundle"], r["video"], r["ratio_frame_unmarked"])
             line("frame_bs1_720p (top k on the host)", r["bundle"], r["video"], r["ratio_frame_host_top"])
         # the same loop without a decoder on the host meanwhile, and paced as a camera: not the issue's setup
         for label, key in (

@@ -25,7 +25,7 @@ import numpy as np
 
 from .aligned import aligned_empty
 from .errors import AgentError, FrameFailed
-from .loop import READ_TIMEOUT_S, InferenceLoop, ReportWindow, labelled, output_problem, top_k
+from .loop import READ_TIMEOUT_S, InferenceLoop, ReportWindow, labelled, output_problem, run_preprocessed, top_k
 from .preprocess import preprocess
 from .report import BATCH_STAGES, BatchReport, Prediction
 from .sources.capture import CapturedSource, Frame
@@ -174,10 +174,13 @@ class MultiSourceLoop(InferenceLoop):
             ages = [t.frame.age_ms for t in taken]
             checked = self._count < self.health_frames
             tops = None  # the top k of each row, computed on the device: (N, 2, k) scores and classes
-            if on_device and getattr(self.runtime, "top_k_on_device", False):
-                tops, outs = self.runtime.run_loaded_top(outputs=checked)  # type: ignore[attr-defined]
+            if on_device:  # the preprocess stage ends when the GPU's preprocessing did (run_preprocessed)
+                tops, outs, preprocessed = run_preprocessed(self.runtime, outputs=checked)
+                if preprocessed is not None:
+                    pre_ms = [ms + (preprocessed - t_infer) * 1e3 for ms in pre_ms]
+                    t_infer = preprocessed
             else:
-                outs = self.runtime.run_loaded() if on_device else self.runtime.run([x])  # type: ignore[attr-defined]
+                outs = self.runtime.run([x])
             infer_ms = (time.perf_counter() - t_infer) * 1e3
             gpu_ms = getattr(self.runtime, "model_gpu_ms", None) if on_device else None  # the batch's, if sampled
             problem = output_problem(outs, self.manifest) if checked else None

@@ -72,6 +72,24 @@ def output_problem(outs: Sequence[np.ndarray], manifest: Manifest) -> Optional[s
     return None
 
 
+def run_preprocessed(runtime: Runtime, outputs: bool) -> tuple[Optional[np.ndarray], list[np.ndarray], Optional[float]]:
+    """The model on the input load_frames left on the device, with the top k where the bundle computes it there:
+    (that (N, 2, k) top k or None; the outputs: always without a device top k, with it only when `outputs`; the
+    host's time when the GPU had finished the preprocessing, the model already queued behind it, or None where the
+    runtime cannot tell). That time ends the preprocess stage: load_frames only queues, so the stage would
+    otherwise end before the GPU's preprocessing did, and the infer stage's wait would carry the rest of it."""
+    ended: list[float] = []
+
+    def preprocessed() -> None:
+        ended.append(time.perf_counter())
+
+    if getattr(runtime, "top_k_on_device", False):
+        tops, outs = runtime.run_loaded_top(outputs=outputs, preprocessed=preprocessed)  # type: ignore[attr-defined]
+    else:
+        tops, outs = None, runtime.run_loaded(preprocessed=preprocessed)  # type: ignore[attr-defined]
+    return tops, outs, ended[0] if ended else None
+
+
 def warm_up(runtime: Runtime, manifest: Manifest) -> float:
     """One inference on zeros; checks output shapes and finiteness. Returns milliseconds."""
     inputs = [np.zeros(s.shape, dtype=np.dtype(s.dtype)) for s in manifest.inputs]
@@ -204,8 +222,9 @@ class InferenceLoop:
         self, image: np.ndarray, index: int, uri: str
     ) -> tuple[list[list[Any]], tuple[float, float, float], Optional[float]]:
         """preprocess -> infer -> postprocess one frame; any failure is a FrameFailed naming the stage. Returns the
-        top k, the host's times at the ends of the first three stages, and the model's own GPU time where the runtime
-        measured it for this frame (`model_gpu_ms`: CUDA events on a sample of the frames preprocessed on the GPU)."""
+        top k, the host's times at the ends of the first three stages (on the GPU path the preprocess stage ends when
+        the GPU's preprocessing did: run_preprocessed), and the model's own GPU time where the runtime measured it for
+        this frame (`model_gpu_ms`: CUDA events on a sample of the frames preprocessed on the GPU)."""
         stage = "preprocessing"
         try:
             on_device = getattr(self.runtime, "frames_on_device", False)  # the bundle preprocesses on the GPU
@@ -218,11 +237,12 @@ class InferenceLoop:
             stage = "inference"
             checked = self._count < self.health_frames
             best = None  # the top k the device computed: (2, k) scores and classes
-            if on_device and getattr(self.runtime, "top_k_on_device", False):  # only the top k comes back
-                tops, outs = self.runtime.run_loaded_top(outputs=checked)  # type: ignore[attr-defined]
-                best = tops[0]
+            if on_device:  # with the device's top k, only that comes back
+                tops, outs, preprocessed = run_preprocessed(self.runtime, outputs=checked)
+                best = tops[0] if tops is not None else None
+                t1 = preprocessed if preprocessed is not None else t1
             else:
-                outs = self.runtime.run_loaded() if on_device else self.runtime.run([x])  # type: ignore[attr-defined]
+                outs = self.runtime.run([x])
             t2 = time.perf_counter()
             gpu_ms = getattr(self.runtime, "model_gpu_ms", None) if on_device else None
             problem = output_problem(outs, self.manifest) if checked else None

@@ -14,7 +14,7 @@ import pytest
 
 from edgedeploy_agent.bundle import Preprocess
 from edgedeploy_agent.preprocess import crop_box
-from edgedeploy_agent.runtime.cuda_copy import BoxCopy, Memcpy3D, ModelClock, box_params, load_box_copy
+from edgedeploy_agent.runtime.cuda_copy import BoxCopy, Memcpy3D, ModelClock, QueueMark, box_params, load_box_copy
 from tests.agent.doubles import fake_libcuda
 
 
@@ -114,3 +114,30 @@ def test_a_refused_event_leaves_the_host_clock_and_says_why(tmp_path: Path) -> N
     clock.stop()
     assert clock.read() is None
     assert clock.failure == "cuEventRecord failed with CUresult 700"
+
+
+def test_the_queue_mark_records_an_untimed_event_and_waits_for_it(tmp_path: Path) -> None:
+    """QueueMark (where a frame's preprocessing ends) against the fake driver: one event, created on the first
+    mark, waited for on each `wait`, destroyed on close; a wait before any mark waits for nothing."""
+    lib = fake_libcuda(tmp_path, 13000, 90, "NVIDIA H200")
+    driver = ctypes.PyDLL(lib)
+    alive, syncs = (ctypes.c_int.in_dll(driver, n) for n in ("fake_events_alive", "fake_event_syncs"))
+    mark = QueueMark(lib)
+    mark.wait()
+    assert alive.value == 0 and syncs.value == 0
+    for _ in range(3):
+        assert mark.mark()
+        mark.wait()
+    assert alive.value == 1 and syncs.value == 3 and mark.failure is None
+    mark.close()
+    assert alive.value == 0 and mark.failure is None
+
+
+def test_a_refused_mark_says_why_and_marks_nothing_more(tmp_path: Path) -> None:
+    lib = fake_libcuda(tmp_path, 13000, 90, "NVIDIA H200")
+    mark = QueueMark(lib)
+    ctypes.c_int.in_dll(ctypes.PyDLL(lib), "fake_event_record_result").value = 700
+    assert not mark.mark()
+    assert mark.failure == "cuEventRecord failed with CUresult 700"
+    ctypes.c_int.in_dll(ctypes.PyDLL(lib), "fake_event_record_result").value = 0
+    assert not mark.mark()  # not tried again: the runtime's stages end where the preprocessing is queued

@@ -1,16 +1,19 @@
-"""The model's own GPU time in the reports of frames preprocessed on the GPU (`model_gpu_ms`).
+"""The stages of frames preprocessed on the GPU, and the model's own GPU time in their reports (`model_gpu_ms`).
 
-load_frames only queues the frame's copy and preprocessing; the model's call then waits for them and for the model,
-so the infer stage (the host's clock) covers both. The runtime's model clock (CUDA events on a sample of the
-frames: runtime/cuda_copy.py ModelClock) says how much of that wait was the model; both loops report it beside
-the stages. No GPU here, so the runtime is a small class behind the same interface whose model call waits as a
-GPU's would (the preprocessing still queued, then the model) and whose clock reads the model's share on every
-other frame; the frames are real, decoded from video files by the agent's capture.
+load_frames only queues the frame's copy and preprocessing; the model's call then waits for them and for the model.
+The runtime tells the loops when the GPU finished the preprocessing (`preprocessed`, a CUDA event after it:
+runtime/cuda_copy.py QueueMark), so the preprocess stage ends there and the infer stage is the model's; without
+that event both are the host's queueing and waiting, as before. The runtime's model clock (CUDA events on a sample
+of the frames: ModelClock) says what of it the model took; both loops report it beside the stages. No GPU here, so
+the runtime is a small class behind the same interface whose model call waits as a GPU's would (the preprocessing
+still queued, then the model), says where the preprocessing ended where it `marks`, and whose clock reads the
+model's share on every other frame; the frames are real, decoded from video files by the agent's capture.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -32,16 +35,16 @@ PREPROCESS_S, MODEL_S = 0.030, 0.005  # what the GPU still has to do when the mo
 
 
 class QueuedGpu:
-    """A GPU runtime's frame path: load_frames returns at once, run_loaded waits PREPROCESS_S + MODEL_S, and
-    `model_gpu_ms` is MODEL_S on every other call (the sampled frames), None on the others and always with
-    `clock=False` (as without CUDA events)."""
+    """A GPU runtime's frame path: load_frames returns at once, run_loaded waits PREPROCESS_S, calls `preprocessed`
+    (with `mark=False`, as without the driver's events: at once), then waits MODEL_S; `model_gpu_ms` is MODEL_S on
+    every other call (the sampled frames), None on the others and always with `clock=False`."""
 
     name = "queued-gpu"
     frames_on_device = True
     top_k_on_device = False
 
-    def __init__(self, batch: int, clock: bool) -> None:
-        self.batch, self.clock = batch, clock
+    def __init__(self, batch: int, clock: bool, mark: bool) -> None:
+        self.batch, self.clock, self.mark = batch, clock, mark
         self.model_gpu_ms: float | None = None
         self.loaded = self.calls = 0
 
@@ -55,8 +58,13 @@ class QueuedGpu:
         self.model_gpu_ms = None
         return [np.zeros((self.batch, 10), np.float32)]
 
-    def run_loaded(self) -> list[np.ndarray]:
-        time.sleep(PREPROCESS_S + MODEL_S)
+    def run_loaded(self, preprocessed: Callable[[], None] | None = None) -> list[np.ndarray]:
+        if preprocessed is not None and not self.mark:
+            preprocessed()
+        time.sleep(PREPROCESS_S)
+        if preprocessed is not None and self.mark:
+            preprocessed()
+        time.sleep(MODEL_S)
         self.model_gpu_ms = MODEL_S * 1e3 if self.clock and self.calls % 2 == 0 else None
         self.calls += 1
         return [np.zeros((self.batch, 10), np.float32)]
@@ -70,14 +78,14 @@ def manifest_of(tmp_path: Path, batch: int) -> Manifest:
     return read_manifest(make_bundle(tmp_path / "b", inputs=inputs, outputs=[TensorSpec(name="y", shape=[batch, 10])]))
 
 
-def reports(tmp_path: Path, clock: bool, sources: int) -> list[dict[str, Any]]:
+def reports(tmp_path: Path, clock: bool, sources: int, mark: bool = True) -> list[dict[str, Any]]:
     """Serve `sources` clips of 4 frames (one: InferenceLoop; more: MultiSourceLoop with a batch of them); each
     source's report."""
     store = DeviceStore(tmp_path / "device")
     uris = [f"file:{write_clip(tmp_path / f'c{i}.avi', 4, 60 + 40 * i)}" for i in range(sources)]
     cfg = AgentConfig(device_name="t", report_interval_s=60, sources=uris, max_batch_wait_ms=2000)
     store.init(cfg)
-    runtime = QueuedGpu(sources, clock)
+    runtime = QueuedGpu(sources, clock, mark)
     opened = [open_source(u) for u in uris]
     kind = InferenceLoop if sources == 1 else MultiSourceLoop
     loop = kind(runtime, manifest_of(tmp_path, sources), [], cfg, Spool(store), NoPowerSensor(), "id")
@@ -96,11 +104,27 @@ def reports(tmp_path: Path, clock: bool, sources: int) -> list[dict[str, Any]]:
 def test_the_reports_carry_the_models_gpu_time_beside_the_stages(tmp_path: Path, sources: int) -> None:
     for r in reports(tmp_path, clock=True, sources=sources):
         assert r["model_gpu_ms"]["p50"] == r["model_gpu_ms"]["max"] == MODEL_S * 1e3  # the sampled frames only
-        assert r["latency_ms"]["infer"]["p50"] >= (PREPROCESS_S + MODEL_S) * 1e3  # the host's wait, as before
 
 
 @pytest.mark.parametrize("sources", [1, 2], ids=["one source", "two sources batched"])
 def test_without_the_clock_there_is_no_model_gpu_time(tmp_path: Path, sources: int) -> None:
     for r in reports(tmp_path, clock=False, sources=sources):
         assert r.get("model_gpu_ms") is None
-        assert r["latency_ms"]["infer"]["p50"] >= (PREPROCESS_S + MODEL_S) * 1e3
+
+
+@pytest.mark.parametrize("sources", [1, 2], ids=["one source", "two sources batched"])
+def test_the_preprocess_stage_ends_where_the_gpus_preprocessing_did(tmp_path: Path, sources: int) -> None:
+    """With the runtime's mark the GPU's preprocessing is the preprocess stage's and the infer stage is the model's
+    (the sleeps are lower bounds; the upper one on infer is the preprocessing it no longer carries)."""
+    for r in reports(tmp_path, clock=False, sources=sources, mark=True):
+        stages = r["latency_ms"]
+        assert stages["preprocess"]["p50"] >= PREPROCESS_S * 1e3
+        assert MODEL_S * 1e3 <= stages["infer"]["p50"] < PREPROCESS_S * 1e3
+
+
+@pytest.mark.parametrize("sources", [1, 2], ids=["one source", "two sources batched"])
+def test_without_the_mark_the_infer_stage_carries_the_queued_preprocessing(tmp_path: Path, sources: int) -> None:
+    for r in reports(tmp_path, clock=False, sources=sources, mark=False):
+        stages = r["latency_ms"]
+        assert stages["preprocess"]["p50"] < PREPROCESS_S * 1e3
+        assert stages["infer"]["p50"] >= (PREPROCESS_S + MODEL_S) * 1e3

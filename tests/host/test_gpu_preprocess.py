@@ -9,6 +9,7 @@ CUDA's __fmul_rn/__fadd_rn; the bench prints the max |difference| and the fracti
 
 from __future__ import annotations
 
+import functools
 import shutil
 import sys
 from pathlib import Path
@@ -200,8 +201,9 @@ def test_runtime_frame_path_matches_run_and_reuses_its_buffers(data_dir: Path, f
         want = plain.run([x])[0]
         assert np.array_equal(rt.run_loaded()[0], want)
         # the top k computed by the library's postprocess function: the agent's top_k (tests/host/test_gpu_postprocess)
-        top, outs = rt.run_loaded_top(outputs=True)
-        assert np.array_equal(outs[0], want) and top.shape == (1, 2, 3)
+        called: list[int] = []  # on a CPU the preprocessing has run when load_frames returns: told at once
+        top, outs = rt.run_loaded_top(outputs=True, preprocessed=functools.partial(called.append, 1))
+        assert np.array_equal(outs[0], want) and top.shape == (1, 2, 3) and called == [1]
         assert [[c, s] for c, _, s in top_k(want, manifest, [])] == [[int(c), round(s, 6)] for s, c in top[0].T]
     # one staging buffer per resolution and one per input, allocated once: the same objects after every frame
     staged = list(rt._staging.values())

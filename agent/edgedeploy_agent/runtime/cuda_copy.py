@@ -1,7 +1,8 @@
 """The driver calls the runtime makes itself (libcuda.so.1 through ctypes): the crop box of a page-locked frame
 batch to the GPU in one copy, only the bytes preprocessing reads; the GPU's address of page-locked host
-memory, where a kernel writes its result without a copy back (`device_pointer`, runtime/dlpack_view.py); and two
-CUDA events that time the model alone in a frame preprocessed on the GPU (`ModelClock`).
+memory, where a kernel writes its result without a copy back (`device_pointer`, runtime/dlpack_view.py); two
+CUDA events that time the model alone in a frame preprocessed on the GPU (`ModelClock`); and one untimed event
+that tells the host when the preprocessing queued before the model has finished (`QueueMark`).
 
 TVM's copy (`runtime.TVMTensorCopyFromTo`) takes contiguous tensors only, so a lent frame batch went whole: a
 1280x720 frame is 2.76 MB, its centre crop (87.5 % of the short side, 630x630) 1.19 MB. `cuMemcpy3DAsync` from
@@ -19,6 +20,7 @@ import ctypes
 import functools
 
 MEMORYTYPE_HOST, MEMORYTYPE_DEVICE = 1, 2
+EVENT_DISABLE_TIMING = 2  # CU_EVENT_DISABLE_TIMING: the cheapest event to record and wait for
 ERROR_INVALID_CONTEXT = 201
 
 
@@ -201,9 +203,71 @@ class ModelClock:
             self._ok("cuEventDestroy", self._destroy(event))
 
 
+class QueueMark:
+    """Where the GPU has got to in the legacy default stream's queue: `mark` queues an untimed event (after what is
+    queued so far: a frame's preprocessing), `wait` returns once the GPU has passed it. The runtime marks the end
+    of a frame's preprocessing, queues the model behind it, then waits for the mark: the host's clock then splits
+    the frame where the GPU did (the preprocess stage ends when the GPU's preprocessing does), and the GPU never
+    waits for the host to queue the model. After a failure it says why (`failure`) and marks nothing more."""
+
+    def __init__(self, library: str = "libcuda.so.1") -> None:
+        self.failure: str | None = None
+        cuda = libcuda(library)
+        self._create = cuda.cuEventCreate
+        self._create.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_uint]
+        self._create.restype = ctypes.c_int
+        self._record = cuda.cuEventRecord
+        self._record.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
+        self._record.restype = ctypes.c_int
+        self._sync = cuda.cuEventSynchronize
+        self._sync.argtypes = [ctypes.c_void_p]
+        self._sync.restype = ctypes.c_int
+        self._destroy = cuda.cuEventDestroy_v2
+        self._destroy.argtypes = [ctypes.c_void_p]
+        self._destroy.restype = ctypes.c_int
+        self._event: ctypes.c_void_p | None = None
+
+    def _ok(self, what: str, rc: int) -> bool:
+        if rc != 0 and self.failure is None:
+            self.failure = f"{what} failed with CUresult {rc}"
+        return rc == 0
+
+    def mark(self) -> bool:
+        """Queue the event (on the thread that queued the work before it: its context is current); False when the
+        driver refused (then `wait` must not be called for it)."""
+        if self.failure is not None:
+            return False
+        if self._event is None:
+            event = ctypes.c_void_p()
+            if not self._ok("cuEventCreate", self._create(ctypes.byref(event), EVENT_DISABLE_TIMING)):
+                return False
+            self._event = event
+        return self._ok("cuEventRecord", self._record(self._event, None))
+
+    def wait(self) -> None:
+        """Return once the GPU has done what was queued before the last `mark`."""
+        if self._event is not None:
+            self._ok("cuEventSynchronize", self._sync(self._event))
+
+    def close(self) -> None:
+        """Destroy the event (the runtime's close)."""
+        event, self._event = self._event, None
+        if event is not None:
+            self._ok("cuEventDestroy", self._destroy(event))
+
+
 def load_box_copy() -> tuple[BoxCopy | None, str | None]:
     """(the driver's box copy, None), or (None, why not)."""
     try:
         return BoxCopy(), None
     except (OSError, AttributeError) as e:
         return None, f"no cuMemcpy3DAsync from libcuda.so.1: {e}"
+
+
+def load_queue_mark() -> QueueMark | None:
+    """The stages' mark (QueueMark), or None without the driver's event calls (the stage then ends when the
+    preprocessing is queued, as before)."""
+    try:
+        return QueueMark()
+    except (OSError, AttributeError):
+        return None

@@ -16,6 +16,7 @@ import dataclasses
 import importlib.util
 import os
 import weakref
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Optional
 
@@ -26,7 +27,7 @@ from ..bundle import Manifest, check_compatible
 from ..errors import RuntimeLoadError
 from ..gpu import probe_cuda, version_tuple
 from ..preprocess import crop_box, resize_taps
-from .cuda_copy import Memcpy3D, ModelClock, box_params, device_pointer, load_box_copy
+from .cuda_copy import Memcpy3D, ModelClock, QueueMark, box_params, device_pointer, load_box_copy, load_queue_mark
 from .dlpack_view import DeviceView
 from .frame_graph import FrameGraphs
 
@@ -204,6 +205,8 @@ class TvmRuntime:
         # the model's own GPU time in a frame preprocessed there (cuda_copy.ModelClock), every MODEL_CLOCK_EVERY-th
         self._clock = _model_clock() if target.device == "cuda" and self._preprocess is not None else None
         self.model_gpu_ms: Optional[float] = None  # the last run_loaded(_top), when its load_frames was sampled
+        # where the GPU's preprocessing ends, for a caller's `preprocessed` (run_loaded, run_loaded_top)
+        self._queue_mark = load_queue_mark() if target.device == "cuda" and self._preprocess is not None else None
         self._in_place = bool(gpu and gpu.integrated) if frames_in_place is None else frames_in_place
         self._device_frames: dict[tuple[int, ...], Any] = {}  # frame batch shape -> the device buffer they go to
         self._staging: dict[tuple[int, ...], _Staged] = {}  # crop shape -> where other arrays' crop is copied
@@ -402,24 +405,51 @@ class TvmRuntime:
         self.synchronize()  # `x` may go once this returns
         return dev
 
-    def run_loaded(self) -> list[np.ndarray]:
-        """The model on the device input tensors as they stand (filled by run or load_frames)."""
+    def _mark_preprocessed(self, preprocessed: Optional[Callable[[], None]]) -> Optional[QueueMark]:
+        """Before the model is queued: mark the end of what is queued (load_frames' preprocessing) for
+        `preprocessed`, or, where nothing is left running (a CPU) or nothing can mark it, call it now."""
+        if preprocessed is None:
+            return None
+        mark = self._queue_mark
+        if mark is not None and mark.mark():
+            return mark
+        preprocessed()
+        return None
+
+    @staticmethod
+    def _preprocessed(mark: Optional[QueueMark], preprocessed: Optional[Callable[[], None]]) -> None:
+        """After the model is queued: wait for the mark, then tell the caller."""
+        if mark is not None and preprocessed is not None:
+            mark.wait()
+            preprocessed()
+
+    def run_loaded(self, preprocessed: Optional[Callable[[], None]] = None) -> list[np.ndarray]:
+        """The model on the device input tensors as they stand (filled by run or load_frames). `preprocessed`:
+        called once the GPU has finished what was queued before the model (load_frames' preprocessing), the model
+        already queued behind it: where the agent's preprocess stage ends (on a CPU, and without the driver's
+        events, at once)."""
+        mark = self._mark_preprocessed(preprocessed)
         out = self._main(*[s.device for s in self._inputs])
         if self._clock is not None:
             self._clock.stop()
+        self._preprocessed(mark, preprocessed)
         outs = self._outputs(out)
         self.model_gpu_ms = self._clock.read() if self._clock is not None else None
         return outs
 
-    def run_loaded_top(self, outputs: bool = False) -> tuple[np.ndarray, list[np.ndarray]]:
+    def run_loaded_top(
+        self, outputs: bool = False, preprocessed: Optional[Callable[[], None]] = None
+    ) -> tuple[np.ndarray, list[np.ndarray]]:
         """The model on the device input tensors as they stand, then the bundle's postprocess function on its first
         output: (N, 2, k) float64, per row the k best scores, then their classes, best first (top_shape), in host
         memory the next call reuses (read it before); with `outputs`, the model's outputs in host memory too (the
-        health check reads them)."""
+        health check reads them). `preprocessed`: as for run_loaded."""
         assert self._top is not None, "the bundle has no postprocess function"
         graph = self._model_graph
         sampled = self._clock is not None and self._clock.started  # the clock's second event goes between the two
+        mark = self._mark_preprocessed(preprocessed)
         if graph is not None and not outputs and not sampled and graph.run("model", self._record_model):
+            self._preprocessed(mark, preprocessed)
             self.synchronize()
             self.model_gpu_ms = None
             return self._top.array, []
@@ -427,9 +457,10 @@ class TvmRuntime:
         if self._clock is not None:
             self._clock.stop()
         self._postprocess(self._output_list(out)[0], self._top.device)
-        full = self._outputs(out) if outputs else []
         if self._top.device is not self._top.host and self._top_view is None:
             self._copy(self._top.device, self._top.host)
+        self._preprocessed(mark, preprocessed)
+        full = self._outputs(out) if outputs else []  # (waits for them)
         self.synchronize()  # (on a CPU, a no-op: the function has run)
         self.model_gpu_ms = self._clock.read() if self._clock is not None else None
         return self._top.array, full
@@ -486,6 +517,8 @@ class TvmRuntime:
             "model_clock": self._clock_state(),
             # the frame's work as CUDA graphs (runtime/frame_graph.py): how many, or why none
             "frame_graphs": self._graph_state(),
+            # where the preprocess stage ends for a caller's `preprocessed`: the GPU's end of it, or why not
+            "preprocessed_mark": self._mark_state(),
             "gpu": dataclasses.asdict(self._gpu) if self._gpu else None,
             "loaded_tvm_libraries": loaded_tvm_libraries(),
         }
@@ -498,6 +531,15 @@ class TvmRuntime:
         if self._clock.failure:
             return f"none: {self._clock.failure}"
         return f"CUDA events, every {self._clock.every} frames"
+
+    def _mark_state(self) -> Optional[str]:
+        if self._manifest_device != "cuda" or not self.frames_on_device:
+            return None
+        if self._queue_mark is None:
+            return "none: no CUDA events from libcuda.so.1 (the stage ends when the preprocessing is queued)"
+        if self._queue_mark.failure:
+            return f"none: {self._queue_mark.failure} (the stage ends when the preprocessing is queued)"
+        return "a CUDA event after the preprocessing"
 
     def _graph_state(self) -> Optional[str]:
         if self._manifest_device != "cuda" or not self.frames_on_device:
@@ -521,10 +563,12 @@ class TvmRuntime:
         return self._no_box_copy or (self._box_copy.failure if self._box_copy else None) or "cuMemcpy3DAsync"
 
     def close(self) -> None:
-        """Destroy the model clock's CUDA events and the frame graphs. The loaded libraries stay for the process
-        (one CUDA backend per process); the buffers are TVM tensors, freed with this object."""
-        if self._clock is not None:
-            self._clock.close()
+        """Destroy the CUDA events (the model clock's, the preprocessing's mark) and the frame graphs. The loaded
+        libraries stay for the process (one CUDA backend per process); the buffers are TVM tensors, freed with this
+        object."""
+        for events in (self._clock, self._queue_mark):
+            if events is not None:
+                events.close()
         for graphs in (self._frame_graphs, self._model_graph):
             if graphs is not None:
                 graphs.close()
