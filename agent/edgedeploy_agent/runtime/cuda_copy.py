@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+from typing import Any
 
 MEMORYTYPE_HOST, MEMORYTYPE_DEVICE = 1, 2
 EVENT_DISABLE_TIMING = 2  # CU_EVENT_DISABLE_TIMING: the cheapest event to record and wait for
@@ -124,7 +125,33 @@ def device_pointer(host: int, library: str = "libcuda.so.1") -> int | None:
     return int(address.value) if get(ctypes.byref(address), host, 0) == 0 and address.value else None
 
 
-class ModelClock:
+def bind(cuda: ctypes.PyDLL, name: str, *argtypes: Any) -> Any:
+    """The driver's `name`, its argument types set, returning a CUresult."""
+    func = getattr(cuda, name)
+    func.argtypes = list(argtypes)
+    func.restype = ctypes.c_int
+    return func
+
+
+class _Events:
+    """What the model clock and the queue mark share: the driver's event calls, and the first failure (`failure`:
+    what failed with which CUresult; callers then measure nothing more)."""
+
+    def __init__(self, library: str) -> None:
+        self.failure: str | None = None
+        cuda, p = libcuda(library), ctypes.c_void_p
+        self._cuda = cuda
+        self._create = bind(cuda, "cuEventCreate", ctypes.POINTER(p), ctypes.c_uint)
+        self._record = bind(cuda, "cuEventRecord", p, p)
+        self._destroy = bind(cuda, "cuEventDestroy_v2", p)  # cuda.h's cuEventDestroy
+
+    def _ok(self, what: str, rc: int) -> bool:
+        if rc != 0 and self.failure is None:
+            self.failure = f"{what} failed with CUresult {rc}"
+        return rc == 0
+
+
+class ModelClock(_Events):
     """The GPU's time for the model alone, in a frame whose preprocessing was queued before it: a CUDA event queued
     on the legacy default stream (the runtime's) after the preprocessing kernel (`start`), one after the model's
     kernels (`stop`), read once the frame was waited for (`read`: their distance in ms, or None when this frame did
@@ -135,29 +162,13 @@ class ModelClock:
     (`model_gpu_ms`). After a failure it says why (`failure`) and reads None."""
 
     def __init__(self, library: str = "libcuda.so.1", every: int = 1) -> None:
-        self.failure: str | None = None
+        super().__init__(library)
         self.every = every
         self._frames = 0  # start() calls so far: the sampled ones are 0, every, 2 * every, ...
-        cuda = libcuda(library)
-        self._create = cuda.cuEventCreate
-        self._create.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_uint]
-        self._create.restype = ctypes.c_int
-        self._record = cuda.cuEventRecord
-        self._record.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
-        self._record.restype = ctypes.c_int
-        self._elapsed = cuda.cuEventElapsedTime
-        self._elapsed.argtypes = [ctypes.POINTER(ctypes.c_float), ctypes.c_void_p, ctypes.c_void_p]
-        self._elapsed.restype = ctypes.c_int
-        self._destroy = cuda.cuEventDestroy_v2  # cuda.h's cuEventDestroy
-        self._destroy.argtypes = [ctypes.c_void_p]
-        self._destroy.restype = ctypes.c_int
+        p = ctypes.c_void_p
+        self._elapsed = bind(self._cuda, "cuEventElapsedTime", ctypes.POINTER(ctypes.c_float), p, p)
         self._events: list[ctypes.c_void_p] = []
         self._marked = 0  # events recorded for this frame: 0, 1 (start) or 2 (start and stop)
-
-    def _ok(self, what: str, rc: int) -> bool:
-        if rc != 0 and self.failure is None:
-            self.failure = f"{what} failed with CUresult {rc}"
-        return rc == 0
 
     def start(self) -> None:
         """A frame's preprocessing is queued: on a sampled frame, queue the first event (on the thread that queued
@@ -203,7 +214,7 @@ class ModelClock:
             self._ok("cuEventDestroy", self._destroy(event))
 
 
-class QueueMark:
+class QueueMark(_Events):
     """Where the GPU has got to in the legacy default stream's queue: `mark` queues an untimed event (after what is
     queued so far: a frame's preprocessing), `wait` returns once the GPU has passed it. The runtime marks the end
     of a frame's preprocessing, queues the model behind it, then waits for the mark: the host's clock then splits
@@ -211,26 +222,9 @@ class QueueMark:
     waits for the host to queue the model. After a failure it says why (`failure`) and marks nothing more."""
 
     def __init__(self, library: str = "libcuda.so.1") -> None:
-        self.failure: str | None = None
-        cuda = libcuda(library)
-        self._create = cuda.cuEventCreate
-        self._create.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_uint]
-        self._create.restype = ctypes.c_int
-        self._record = cuda.cuEventRecord
-        self._record.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
-        self._record.restype = ctypes.c_int
-        self._sync = cuda.cuEventSynchronize
-        self._sync.argtypes = [ctypes.c_void_p]
-        self._sync.restype = ctypes.c_int
-        self._destroy = cuda.cuEventDestroy_v2
-        self._destroy.argtypes = [ctypes.c_void_p]
-        self._destroy.restype = ctypes.c_int
+        super().__init__(library)
+        self._sync = bind(self._cuda, "cuEventSynchronize", ctypes.c_void_p)
         self._event: ctypes.c_void_p | None = None
-
-    def _ok(self, what: str, rc: int) -> bool:
-        if rc != 0 and self.failure is None:
-            self.failure = f"{what} failed with CUresult {rc}"
-        return rc == 0
 
     def mark(self) -> bool:
         """Queue the event (on the thread that queued the work before it: its context is current); False when the

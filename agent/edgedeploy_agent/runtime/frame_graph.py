@@ -25,19 +25,11 @@ from __future__ import annotations
 
 import ctypes
 from collections.abc import Callable, Hashable
-from typing import Any
 
-from .cuda_copy import libcuda
+from .cuda_copy import bind, libcuda
 
 STREAM_NON_BLOCKING = 1
 CAPTURE_MODE_THREAD_LOCAL = 1
-
-
-def _bind(cuda: ctypes.PyDLL, name: str, *argtypes: Any) -> Any:
-    func = getattr(cuda, name)
-    func.argtypes = list(argtypes)
-    func.restype = ctypes.c_int
-    return func
 
 
 class FrameGraphs:
@@ -51,14 +43,14 @@ class FrameGraphs:
         self.failure: str | None = None
         cuda = libcuda(library)
         p = ctypes.c_void_p
-        self._stream_create = _bind(cuda, "cuStreamCreate", ctypes.POINTER(p), ctypes.c_uint)
-        self._stream_destroy = _bind(cuda, "cuStreamDestroy_v2", p)
-        self._begin = _bind(cuda, "cuStreamBeginCapture_v2", p, ctypes.c_int)
-        self._end = _bind(cuda, "cuStreamEndCapture", p, ctypes.POINTER(p))
-        self._instantiate = _bind(cuda, "cuGraphInstantiateWithFlags", ctypes.POINTER(p), p, ctypes.c_ulonglong)
-        self._launch = _bind(cuda, "cuGraphLaunch", p, p)
-        self._exec_destroy = _bind(cuda, "cuGraphExecDestroy", p)
-        self._graph_destroy = _bind(cuda, "cuGraphDestroy", p)
+        self._stream_create = bind(cuda, "cuStreamCreate", ctypes.POINTER(p), ctypes.c_uint)
+        self._stream_destroy = bind(cuda, "cuStreamDestroy_v2", p)
+        self._begin = bind(cuda, "cuStreamBeginCapture_v2", p, ctypes.c_int)
+        self._end = bind(cuda, "cuStreamEndCapture", p, ctypes.POINTER(p))
+        self._instantiate = bind(cuda, "cuGraphInstantiateWithFlags", ctypes.POINTER(p), p, ctypes.c_ulonglong)
+        self._launch = bind(cuda, "cuGraphLaunch", p, p)
+        self._exec_destroy = bind(cuda, "cuGraphExecDestroy", p)
+        self._graph_destroy = bind(cuda, "cuGraphDestroy", p)
         self._stream: ctypes.c_void_p | None = None
         self._graphs: dict[Hashable, ctypes.c_void_p] = {}
         self._seen: set[Hashable] = set()  # keys whose first call the caller made itself

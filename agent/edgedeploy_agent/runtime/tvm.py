@@ -18,7 +18,7 @@ import os
 import weakref
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Optional, Union
 
 import numpy as np
 
@@ -514,32 +514,30 @@ class TvmRuntime:
             # where the device's top k lands: written by the kernel into host memory, or copied back after it
             "top_k_output": None if self._top is None else "mapped host memory" if self._top_view else "copied back",
             # the reports' model_gpu_ms: CUDA events on every MODEL_CLOCK_EVERY-th frame, or why there are none
-            "model_clock": self._clock_state(),
+            "model_clock": self._events_state(
+                self._clock, f"CUDA events, every {self._clock.every if self._clock else 0} frames"
+            ),
             # the frame's work as CUDA graphs (runtime/frame_graph.py): how many, or why none
             "frame_graphs": self._graph_state(),
             # where the preprocess stage ends for a caller's `preprocessed`: the GPU's end of it, or why not
-            "preprocessed_mark": self._mark_state(),
+            "preprocessed_mark": self._events_state(
+                self._queue_mark,
+                "a CUDA event after the preprocessing",
+                " (the stage ends when the preprocessing is queued)",
+            ),
             "gpu": dataclasses.asdict(self._gpu) if self._gpu else None,
             "loaded_tvm_libraries": loaded_tvm_libraries(),
         }
 
-    def _clock_state(self) -> Optional[str]:
+    def _events_state(
+        self, events: Optional[Union[ModelClock, QueueMark]], working: str, otherwise: str = ""
+    ) -> Optional[str]:
+        """What the model clock or the queue mark does: `working`, or why nothing (then `otherwise`)."""
         if self._manifest_device != "cuda" or not self.frames_on_device:
             return None
-        if self._clock is None:
-            return "none: no CUDA events from libcuda.so.1"
-        if self._clock.failure:
-            return f"none: {self._clock.failure}"
-        return f"CUDA events, every {self._clock.every} frames"
-
-    def _mark_state(self) -> Optional[str]:
-        if self._manifest_device != "cuda" or not self.frames_on_device:
-            return None
-        if self._queue_mark is None:
-            return "none: no CUDA events from libcuda.so.1 (the stage ends when the preprocessing is queued)"
-        if self._queue_mark.failure:
-            return f"none: {self._queue_mark.failure} (the stage ends when the preprocessing is queued)"
-        return "a CUDA event after the preprocessing"
+        if events is None or events.failure:
+            return f"none: {events.failure if events else 'no CUDA events from libcuda.so.1'}{otherwise}"
+        return working
 
     def _graph_state(self) -> Optional[str]:
         if self._manifest_device != "cuda" or not self.frames_on_device:
