@@ -251,6 +251,12 @@ def alone(
 Way = tuple[Callable[[int], None], Callable[[int], np.ndarray]]  # (fill frame i, untimed; serve it: its top k)
 
 
+def lent_frame_top(rt: TvmRuntime, lent: np.ndarray, **run: Any) -> np.ndarray:
+    """A lent frame's load_frames + run_loaded_top(**run): the top k (the A/Bs' serving)."""
+    rt.load_frames(lent)
+    return rt.run_loaded_top(**run)[0]
+
+
 def alternating_ms(ways: tuple[Way, Way], n: int = 600) -> Any:
     """Two ways of serving a lent frame, frame by frame, the order swapped every other frame: (p50 ms of the
     first's serving, p50 ms of the second's, frames whose top k differed)."""
@@ -279,11 +285,7 @@ def graph_cost(gpu: TvmRuntime, calls: TvmRuntime, frame: np.ndarray) -> dict[st
         def fill(i: int) -> None:
             lent[0] = frame if i % 3 else frame[::-1]  # two contents: a stale graph input would show
 
-        def serve(_: int) -> np.ndarray:
-            rt.load_frames(lent)
-            return rt.run_loaded_top()[0]
-
-        return fill, serve
+        return fill, lambda _: lent_frame_top(rt, lent)
 
     graphs_ms, calls_ms, differ = alternating_ms((way(gpu), way(calls)))
     return {
@@ -306,11 +308,7 @@ def clock_cost(gpu: TvmRuntime, lent: np.ndarray) -> dict[str, float]:
         def fill(_: int) -> None:
             gpu._clock = clock if with_clock else None
 
-        def call(_: int) -> np.ndarray:
-            gpu.load_frames(lent)
-            return gpu.run_loaded_top()[0]
-
-        return fill, call
+        return fill, lambda _: lent_frame_top(gpu, lent)
 
     with_ms, without_ms, _ = alternating_ms((serve(True), serve(False)))
     gpu._clock = clock
@@ -324,14 +322,15 @@ def mark_cost(gpu: TvmRuntime, lent: np.ndarray, frame: np.ndarray) -> dict[str,
     preprocessing, waited for) and without, alternating (alternating_ms): what the stages' split costs a frame."""
     lent[0] = frame
 
-    def serve(with_mark: bool) -> Way:
-        def call(_: int) -> np.ndarray:
-            gpu.load_frames(lent)
-            return gpu.run_loaded_top(preprocessed=(lambda: None) if with_mark else None)[0]
+    def told() -> None:
+        pass
 
-        return (lambda _: None), call
-
-    with_ms, without_ms, _ = alternating_ms((serve(True), serve(False)))
+    with_ms, without_ms, _ = alternating_ms(
+        (
+            (lambda _: None, lambda _: lent_frame_top(gpu, lent, preprocessed=told)),
+            (lambda _: None, lambda _: lent_frame_top(gpu, lent)),
+        )
+    )
     return {"lent_frame_mark": with_ms, "lent_frame_no_mark": without_ms}
 
 

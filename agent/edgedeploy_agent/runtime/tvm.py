@@ -514,9 +514,7 @@ class TvmRuntime:
             # where the device's top k lands: written by the kernel into host memory, or copied back after it
             "top_k_output": None if self._top is None else "mapped host memory" if self._top_view else "copied back",
             # the reports' model_gpu_ms: CUDA events on every MODEL_CLOCK_EVERY-th frame, or why there are none
-            "model_clock": self._events_state(
-                self._clock, f"CUDA events, every {self._clock.every if self._clock else 0} frames"
-            ),
+            "model_clock": self._events_state(self._clock, f"CUDA events, every {MODEL_CLOCK_EVERY} frames"),
             # the frame's work as CUDA graphs (runtime/frame_graph.py): how many, or why none
             "frame_graphs": self._graph_state(),
             # where the preprocess stage ends for a caller's `preprocessed`: the GPU's end of it, or why not
