@@ -61,6 +61,7 @@ def test_the_first_call_is_the_callers_then_a_graph_replays_the_copy(driver: Dri
         assert graphs.run("batch", lambda _: pytest.fail("recorded again"))
         assert (driver.device == value).all()
     assert driver.count("fake_graph_launches") == 3 and graphs.failure is None
+    assert (graphs.recorded, graphs.launches) == (1, 3)  # what the runtime's describe() says
 
 
 def test_recording_queues_nothing_until_the_launch(driver: Driver) -> None:
@@ -120,6 +121,7 @@ def test_a_retired_key_loses_its_graph_and_starts_over(driver: Driver) -> None:
     graphs.retire("b")
     graphs.close()  # a retired graph not yet destroyed goes with the rest
     assert driver.count("fake_execs_alive") == 0
+    assert graphs.recorded == 2 and len(graphs) == 0  # the count keeps the retired ones
 
 
 def test_closing_destroys_the_graphs_and_the_stream(driver: Driver) -> None:

@@ -55,6 +55,8 @@ class FrameGraphs:
         self._graphs: dict[Hashable, ctypes.c_void_p] = {}
         self._seen: set[Hashable] = set()  # keys whose first call the caller made itself
         self._retired: list[ctypes.c_void_p] = []  # graphs of retired keys, destroyed on the owning thread
+        self.recorded = 0  # graphs recorded so far (retired ones included)
+        self.launches = 0  # graph launches so far
 
     def __contains__(self, key: Hashable) -> bool:
         return key in self._graphs
@@ -119,6 +121,7 @@ class FrameGraphs:
         if old is not None:
             self._exec_destroy(old)
         self._graphs[key] = executable
+        self.recorded += 1
         return True
 
     def launch(self, key: Hashable) -> bool:
@@ -130,7 +133,10 @@ class FrameGraphs:
         if executable is None or self.failure is not None:
             return False
         rc = self._launch(executable, None)
-        return rc == 0 or self._refuse("cuGraphLaunch", rc)
+        if rc != 0:
+            return self._refuse("cuGraphLaunch", rc)
+        self.launches += 1
+        return True
 
     def retire(self, key: Hashable) -> None:
         """`key`'s graph recorded addresses that are going away: never launched again, destroyed at the next

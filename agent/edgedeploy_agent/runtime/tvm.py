@@ -546,7 +546,9 @@ class TvmRuntime:
         def state(graphs: Optional[FrameGraphs], why_none: str) -> str:
             if graphs is None:
                 return why_none
-            return f"none: {graphs.failure}" if graphs.failure else f"{len(graphs)} recorded"
+            if graphs.failure:
+                return f"none: {graphs.failure}"
+            return f"{graphs.recorded} recorded, {graphs.launches} launches"
 
         model = state(self._model_graph, "none: no postprocess function writing into mapped host memory")
         return f"copy and preprocessing: {state(self._frame_graphs, '')}; model and top k: {model}"
