@@ -16,8 +16,6 @@ For each batch-1 bundle and video, one process, one GPU:
                  model_gpu_ms is the model's own GPU time (CUDA events on every 32nd frame: ModelClock)
   gpu, no mark   the gpu path without that event: the preprocess stage ends when the preprocessing is queued and
                  the infer stage's wait carries what of it still runs (the stages before the mark; its cost)
-  gpu, 2 threads the gpu path with the file's FFmpeg decoder on DECODER_THREADS threads instead of OpenCV's default
-                 of one per CPU: how much of the frame the decoder beside the loop takes
   gpu, host top  the same with the top k on the host (run_loaded: the outputs come back, one copy; no model graph:
                  it holds the device's top k)
   gpu, in place  the gpu path with the preprocessing kernel reading each lent frame where it is (frames_in_place:
@@ -64,7 +62,7 @@ from edgedeploy_agent.loop import InferenceLoop, class_scores, frame_buffers, la
 from edgedeploy_agent.preprocess import preprocess
 from edgedeploy_agent.runtime.tvm import TvmRuntime
 from edgedeploy_agent.sources.capture import CapturedSource, open_source
-from edgedeploy_agent.sources.frames import CvCapture, parse_source
+from edgedeploy_agent.sources.frames import parse_source
 from edgedeploy_agent.sources.power import NoPowerSensor
 from edgedeploy_agent.spool import Spool, pending_reports
 from edgedeploy_agent.store import DeviceStore
@@ -73,14 +71,12 @@ TARGETS = {"infer_bs1": 1.15, "infer_bs1_cpu_path": 1.15, "frame_bs1_720p": 2.0,
 STAGES = ("preprocess", "infer", "postprocess")
 CAMERA_FPS, CAMERA_FRAMES = 30.0, 90  # the paced run: 3 s a video
 LOOP_PASSES = 3  # passes of each unpaced loop over its video (132 or 250 frames), the median of their p50s
-DECODER_THREADS = 2  # the `gpu, 2 threads` loop's FFmpeg decoder threads (OpenCV's default: one per CPU, to 16)
 # the GPU loops, in the table's order, with how the agreement line names each (the CPU path is their reference)
 GPU_LOOPS = {
     "gpu_host_top": "top k on the host",
     "gpu": "GPU path",
     "gpu_calls": "GPU path, no graphs",
     "gpu_unmarked": "GPU path, no mark",
-    "gpu_few_threads": f"GPU path, decoder on {DECODER_THREADS} threads",
     "gpu_in_place": "frames read in place",
     "gpu_decoded": "decoded beforehand",
     "gpu_camera": "as a camera",
@@ -175,12 +171,11 @@ def loop_p50(
     root: Path,
     frames: list[np.ndarray] | None = None,
     fps: float | None = None,
-    decoder_threads: int | None = None,
     passes: int = LOOP_PASSES,
 ) -> dict[str, Any]:
     """`one_pass` `passes` times: per stage (and fps, model_gpu_ms) the median of the passes' p50s; `classes`: each
     pass's."""
-    runs = [one_pass(rt, manifest, rdir, video, root / f"pass{i}", frames, fps, decoder_threads) for i in range(passes)]
+    runs = [one_pass(rt, manifest, rdir, video, root / f"pass{i}", frames, fps) for i in range(passes)]
     out: dict[str, Any] = {key: float(np.median([r[key] for r in runs])) for key in (*STAGES, "fps")}
     gpu_ms = [r["model_gpu_ms"] for r in runs if r["model_gpu_ms"] is not None]
     out["model_gpu_ms"] = float(np.median(gpu_ms)) if gpu_ms else None
@@ -197,24 +192,15 @@ def one_pass(
     root: Path,
     frames: list[np.ndarray] | None,
     fps: float | None,
-    decoder_threads: int | None,
 ) -> dict[str, Any]:
     """The agent's loop over one pass of the video, its capture lent the runtime's frame buffers where run_agent
-    lends them (frame_buffers), FFmpeg's decoder on `decoder_threads` threads if given (else OpenCV's default: one
-    per CPU); or over `frames` decoded beforehand (`replayed`, at `fps` if given)."""
+    lends them (frame_buffers); or over `frames` decoded beforehand (`replayed`, at `fps` if given)."""
     store = DeviceStore(root)
     cfg = AgentConfig(device_name="bench", source=f"file:{video}", report_interval_s=1e9, idle_baseline_s=0.0)
     store.init(cfg)
     loop = InferenceLoop(rt, manifest, load_labels(rdir, manifest), cfg, Spool(store), NoPowerSensor(), "bench")
     if frames is not None:  # started here, after the store: a camera's pace starts with its first frame
         source = replayed(frames, fps)
-    elif decoder_threads is not None:
-        params = (cv2.CAP_PROP_N_THREADS, decoder_threads)
-        source = CapturedSource(
-            parse_source(cfg.source or ""),
-            capture_factory=lambda spec: CvCapture(spec, open_params=params),
-            allocate_frame=frame_buffers(rt),
-        )
     else:
         source = open_source(cfg.source or "", allocate_frame=frame_buffers(rt))
     t = time.perf_counter()
@@ -447,10 +433,6 @@ def batch1(bundle: Path, videos: list[Path], work: Path) -> list[dict[str, Any]]
         for name, rt in (*paths, ("gpu_in_place", in_place)):
             rt.run([np.zeros(manifest.inputs[0].shape, np.float32)])  # warm
             row[name] = loop_p50(rt, manifest, rdir, video, work / f"store-{bundle.stem}-{video.stem}-{name}")
-        # the gpu path with the decoder beside it on fewer threads
-        row["gpu_few_threads"] = loop_p50(
-            gpu, manifest, rdir, video, work / f"store-{bundle.stem}-{video.stem}-few", decoder_threads=DECODER_THREADS
-        )
         # the gpu path without the decoder beside it, unpaced, then as a camera: call by call (each frame has a lent
         # batch of its own, so no frame graph would be replayed; compare with gpu_calls)
         frames = decoded(calls, video)
@@ -484,7 +466,6 @@ def batch1(bundle: Path, videos: list[Path], work: Path) -> list[dict[str, Any]]
         row["ratio_frame_unmarked"] = sum(row["gpu_unmarked"][s] for s in STAGES) / kernel
         row["ratio_frame_host_top"] = sum(row["gpu_host_top"][s] for s in STAGES) / kernel
         row["ratio_frame_decoded"] = sum(row["gpu_decoded"][s] for s in STAGES) / kernel
-        row["ratio_frame_few_threads"] = sum(row["gpu_few_threads"][s] for s in STAGES) / kernel
         row["ratio_frame_camera"] = sum(row["gpu_camera"][s] for s in STAGES) / kernel
         rows.append(row)
     return rows
@@ -633,11 +614,6 @@ def main() -> None:
             line("frame_bs1_720p (no graphs)", r["bundle"], r["video"], r["ratio_frame_calls"])
             line("frame_bs1_720p (no mark)", r["bundle"], r["video"], r["ratio_frame_unmarked"])
             line("frame_bs1_720p (top k on the host)", r["bundle"], r["video"], r["ratio_frame_host_top"])
-            line(f"frame_bs1_720p (decoder on {DECODER_THREADS} threads)", r["bundle"], r["video"],
-                 r["ratio_frame_few_threads"])  # fmt: skip
-        else:
-            print(f"| frame / kernel, decoder on {DECODER_THREADS} threads | {r['bundle']} | {r['video']} "
-                  f"| {r['ratio_frame_few_threads']:.3f} | | |")  # fmt: skip
         # the same loop without a decoder on the host meanwhile, and paced as a camera: not the issue's setup
         for label, key in (
             ("decoded beforehand", "ratio_frame_decoded"),

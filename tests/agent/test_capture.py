@@ -257,30 +257,6 @@ def test_a_decoder_that_writes_elsewhere_is_copied_into_the_lent_buffer(tmp_path
     assert all(np.array_equal(img, want) for (_, _, img), want in zip(frames, _decoded(clip), strict=True))
 
 
-def test_open_params_reach_the_decoder_and_change_no_frame(data_dir: Path) -> None:
-    """OpenCV's open-time properties (FFmpeg's decoder threads, which bench/gpu_pipeline.py limits beside the loop):
-    the capture opens with them and decodes the same frames as with OpenCV's defaults."""
-    import numpy as np
-
-    from edgedeploy_agent.sources.frames import CvCapture
-
-    spec = parse_source(f"file:{data_dir / 'video' / 'bikes.mp4'}")
-    threads = [cv2.CAP_PROP_N_THREADS, 1]
-
-    def frames(capture: CvCapture) -> list[object]:
-        assert capture.open()
-        try:
-            return [capture.read() for _ in range(40)]
-        finally:
-            capture.release()
-
-    one = CvCapture(spec, open_params=threads)
-    assert one.open() and one._cap is not None and one._cap.get(cv2.CAP_PROP_N_THREADS) == 1
-    one.release()
-    got, want = frames(CvCapture(spec, open_params=threads)), frames(CvCapture(spec))
-    assert all(a is not None and np.array_equal(a, b) for a, b in zip(got, want, strict=True))
-
-
 def test_a_consumer_that_cannot_lend_buffers_gets_opencvs_frames(tmp_path: Path) -> None:
     """Lending that fails (page-locked memory ran out) leaves the capture as it was without lending: every frame,
     in OpenCV's own arrays, the reason in last_error."""

@@ -10,7 +10,6 @@ Live sources (cameras, streams, live=1) lose and regain frames; see capture.py f
 keeps only the latest frame and reconnects with backoff.
 """
 
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional, Protocol
@@ -140,19 +139,15 @@ class Capture(Protocol):
 
 
 class CvCapture:
-    """One cv2.VideoCapture opened from a spec; open() may be called again after a loss. `open_params`: OpenCV's
-    open-time properties, (prop, value, prop, value, ...), e.g. (cv2.CAP_PROP_N_THREADS, 2) for FFmpeg's decoder
-    threads (OpenCV's default: one per CPU)."""
+    """One cv2.VideoCapture opened from a spec; open() may be called again after a loss."""
 
-    def __init__(self, spec: SourceSpec, open_params: Sequence[int] = ()) -> None:
+    def __init__(self, spec: SourceSpec) -> None:
         self.spec = spec
-        self.open_params = list(open_params)
         self._cap: Optional[cv2.VideoCapture] = None
 
     def open(self) -> bool:
         self.release()
-        params = (self.spec.backend, self.open_params) if self.open_params else (self.spec.backend,)
-        cap = cv2.VideoCapture(self.spec.target, *params)  # (the params' form: OpenCV 4.5.2 on)
+        cap = cv2.VideoCapture(self.spec.target, self.spec.backend)
         if not cap.isOpened():
             cap.release()
             return False
