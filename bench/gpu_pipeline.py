@@ -199,10 +199,10 @@ def one_pass(
     cfg = AgentConfig(device_name="bench", source=f"file:{video}", report_interval_s=1e9, idle_baseline_s=0.0)
     store.init(cfg)
     loop = InferenceLoop(rt, manifest, load_labels(rdir, manifest), cfg, Spool(store), NoPowerSensor(), "bench")
-    if frames is not None:  # started here, after the store: a camera's pace starts with its first frame
-        source = replayed(frames, fps)
-    else:
+    if frames is None:
         source = open_source(cfg.source or "", allocate_frame=frame_buffers(rt))
+    else:  # started here, after the store: a camera's pace starts with its first frame
+        source = replayed(frames, fps)
     t = time.perf_counter()
     loop.run(source)
     wall = time.perf_counter() - t
