@@ -16,6 +16,8 @@ For each batch-1 bundle and video, one process, one GPU:
                  model_gpu_ms is the model's own GPU time (CUDA events on every 32nd frame: ModelClock)
   gpu, no mark   the gpu path without that event: the preprocess stage ends when the preprocessing is queued and
                  the infer stage's wait carries what of it still runs (the stages before the mark; its cost)
+  gpu, polling   the gpu path with the loop polling its source for the next frame instead of sleeping on it
+                 (`polling`): its core never idles between frames (what the frame pays for waking up)
   gpu, host top  the same with the top k on the host (run_loaded: the outputs come back, one copy; no model graph:
                  it holds the device's top k)
   gpu, in place  the gpu path with the preprocessing kernel reading each lent frame where it is (frames_in_place:
@@ -77,6 +79,7 @@ GPU_LOOPS = {
     "gpu": "GPU path",
     "gpu_calls": "GPU path, no graphs",
     "gpu_unmarked": "GPU path, no mark",
+    "gpu_polling": "GPU path, polling",
     "gpu_in_place": "frames read in place",
     "gpu_decoded": "decoded beforehand",
     "gpu_camera": "as a camera",
@@ -149,6 +152,22 @@ def replayed(frames: list[np.ndarray], fps: float | None = None) -> CapturedSour
     return CapturedSource(parse_source("file:decoded"), capture_factory=lambda _: Replay(frames, fps))
 
 
+def polling(source: CapturedSource) -> None:
+    """`source` read by polling: the loop's thread tries for the next frame, and gives up the GIL (sleep(0)) between
+    tries instead of sleeping until the capture thread hands one over, so its core never idles between frames."""
+    blocking = source.read
+
+    def read(timeout: float | None = None) -> Any:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            frame = blocking(timeout=0)  # (never waits)
+            if frame is not None or source.ended or (deadline is not None and time.monotonic() > deadline):
+                return frame
+            time.sleep(0)
+
+    source.read = read  # type: ignore[method-assign]
+
+
 def decoded(rt: TvmRuntime, video: Path) -> list[np.ndarray]:
     """Every frame of `video`, each in a buffer the runtime lent (frame_batch), as the capture fills them."""
     cap, frames = cv2.VideoCapture(str(video)), []
@@ -172,10 +191,11 @@ def loop_p50(
     frames: list[np.ndarray] | None = None,
     fps: float | None = None,
     passes: int = LOOP_PASSES,
+    poll: bool = False,
 ) -> dict[str, Any]:
     """`one_pass` `passes` times: per stage (and fps, model_gpu_ms) the median of the passes' p50s; `classes`: each
     pass's."""
-    runs = [one_pass(rt, manifest, rdir, video, root / f"pass{i}", frames, fps) for i in range(passes)]
+    runs = [one_pass(rt, manifest, rdir, video, root / f"pass{i}", frames, fps, poll) for i in range(passes)]
     out: dict[str, Any] = {key: float(np.median([r[key] for r in runs])) for key in (*STAGES, "fps")}
     gpu_ms = [r["model_gpu_ms"] for r in runs if r["model_gpu_ms"] is not None]
     out["model_gpu_ms"] = float(np.median(gpu_ms)) if gpu_ms else None
@@ -192,9 +212,11 @@ def one_pass(
     root: Path,
     frames: list[np.ndarray] | None,
     fps: float | None,
+    poll: bool = False,
 ) -> dict[str, Any]:
     """The agent's loop over one pass of the video, its capture lent the runtime's frame buffers where run_agent
-    lends them (frame_buffers); or over `frames` decoded beforehand (`replayed`, at `fps` if given)."""
+    lends them (frame_buffers); or over `frames` decoded beforehand (`replayed`, at `fps` if given); `poll`: the
+    loop polls the source (`polling`)."""
     store = DeviceStore(root)
     cfg = AgentConfig(device_name="bench", source=f"file:{video}", report_interval_s=1e9, idle_baseline_s=0.0)
     store.init(cfg)
@@ -203,6 +225,8 @@ def one_pass(
         source = open_source(cfg.source or "", allocate_frame=frame_buffers(rt))
     else:  # started here, after the store: a camera's pace starts with its first frame
         source = replayed(frames, fps)
+    if poll:
+        polling(source)
     t = time.perf_counter()
     loop.run(source)
     wall = time.perf_counter() - t
@@ -433,6 +457,9 @@ def batch1(bundle: Path, videos: list[Path], work: Path) -> list[dict[str, Any]]
         for name, rt in (*paths, ("gpu_in_place", in_place)):
             rt.run([np.zeros(manifest.inputs[0].shape, np.float32)])  # warm
             row[name] = loop_p50(rt, manifest, rdir, video, work / f"store-{bundle.stem}-{video.stem}-{name}")
+        row["gpu_polling"] = loop_p50(
+            gpu, manifest, rdir, video, work / f"store-{bundle.stem}-{video.stem}-poll", poll=True
+        )
         # the gpu path without the decoder beside it, unpaced, then as a camera: call by call (each frame has a lent
         # batch of its own, so no frame graph would be replayed; compare with gpu_calls)
         frames = decoded(calls, video)
@@ -466,6 +493,7 @@ def batch1(bundle: Path, videos: list[Path], work: Path) -> list[dict[str, Any]]
         row["ratio_frame_unmarked"] = sum(row["gpu_unmarked"][s] for s in STAGES) / kernel
         row["ratio_frame_host_top"] = sum(row["gpu_host_top"][s] for s in STAGES) / kernel
         row["ratio_frame_decoded"] = sum(row["gpu_decoded"][s] for s in STAGES) / kernel
+        row["ratio_frame_polling"] = sum(row["gpu_polling"][s] for s in STAGES) / kernel
         row["ratio_frame_camera"] = sum(row["gpu_camera"][s] for s in STAGES) / kernel
         rows.append(row)
     return rows
@@ -614,6 +642,7 @@ def main() -> None:
             line("frame_bs1_720p (no graphs)", r["bundle"], r["video"], r["ratio_frame_calls"])
             line("frame_bs1_720p (no mark)", r["bundle"], r["video"], r["ratio_frame_unmarked"])
             line("frame_bs1_720p (top k on the host)", r["bundle"], r["video"], r["ratio_frame_host_top"])
+            line("frame_bs1_720p (the loop polling its source)", r["bundle"], r["video"], r["ratio_frame_polling"])
         # the same loop without a decoder on the host meanwhile, and paced as a camera: not the issue's setup
         for label, key in (
             ("decoded beforehand", "ratio_frame_decoded"),
