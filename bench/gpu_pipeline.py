@@ -212,7 +212,7 @@ def one_pass(
     root: Path,
     frames: list[np.ndarray] | None,
     fps: float | None,
-    poll: bool = False,
+    poll: bool,
 ) -> dict[str, Any]:
     """The agent's loop over one pass of the video, its capture lent the runtime's frame buffers where run_agent
     lends them (frame_buffers); or over `frames` decoded beforehand (`replayed`, at `fps` if given); `poll`: the
