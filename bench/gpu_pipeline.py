@@ -16,11 +16,9 @@ For each batch-1 bundle and video, one process, one GPU:
                  model_gpu_ms is the model's own GPU time (CUDA events on every 32nd frame: ModelClock)
   gpu, no mark   the gpu path without that event: the preprocess stage ends when the preprocessing is queued and
                  the infer stage's wait carries what of it still runs (the stages before the mark; its cost)
-  gpu, polling   the gpu path with the loop polling its source for the next frame instead of sleeping on it
-                 (`polling`): its core never idles between frames (what the frame pays for waking up)
-  gpu, pinned    the gpu path with the loop's thread alone on one core and the decoder's threads (and the capture
-                 thread) on the others (`cores`): what the decoder beside the loop takes from it; and gpu, pinned,
-                 polling: both
+  gpu, sleeping  the gpu path with the loop sleeping on its source as soon as it waits for a frame (frame_spin_ms
+                 0), where the agent polls for it frame_spin_ms (2) first: what the frame pays for a core that
+                 went idle between frames
   gpu, host top  the same with the top k on the host (run_loaded: the outputs come back, one copy; no model graph:
                  it holds the device's top k)
   gpu, in place  the gpu path with the preprocessing kernel reading each lent frame where it is (frames_in_place:
@@ -75,16 +73,14 @@ from edgedeploy_agent.store import DeviceStore
 TARGETS = {"infer_bs1": 1.15, "infer_bs1_cpu_path": 1.15, "frame_bs1_720p": 2.0, "run_bs64": 1.3}
 STAGES = ("preprocess", "infer", "postprocess")
 CAMERA_FPS, CAMERA_FRAMES = 30.0, 90  # the paced run: 3 s a video
-LOOP_PASSES = 3  # passes of each unpaced loop over its video (132 or 250 frames), the median of their p50s
+LOOP_PASSES = 5  # passes of each unpaced loop over its video (132 or 250 frames), the median of their p50s
 # the GPU loops, in the table's order, with how the agreement line names each (the CPU path is their reference)
 GPU_LOOPS = {
     "gpu_host_top": "top k on the host",
     "gpu": "GPU path",
     "gpu_calls": "GPU path, no graphs",
     "gpu_unmarked": "GPU path, no mark",
-    "gpu_polling": "GPU path, polling",
-    "gpu_pinned": "GPU path, pinned",
-    "gpu_pinned_polling": "GPU path, pinned, polling",
+    "gpu_sleeping": "GPU path, sleeping",
     "gpu_in_place": "frames read in place",
     "gpu_decoded": "decoded beforehand",
     "gpu_camera": "as a camera",
@@ -157,38 +153,6 @@ def replayed(frames: list[np.ndarray], fps: float | None = None) -> CapturedSour
     return CapturedSource(parse_source("file:decoded"), capture_factory=lambda _: Replay(frames, fps))
 
 
-def polling(source: CapturedSource) -> None:
-    """`source` read by polling: the loop's thread tries for the next frame, and gives up the GIL (sleep(0)) between
-    tries instead of sleeping until the capture thread hands one over, so its core never idles between frames."""
-    blocking = source.read
-
-    def read(timeout: float | None = None) -> Any:
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while True:
-            frame = blocking(timeout=0)  # (never waits)
-            if frame is not None or source.ended or (deadline is not None and time.monotonic() > deadline):
-                return frame
-            time.sleep(0)
-
-    source.read = read  # type: ignore[method-assign]
-
-
-def cores() -> tuple[set[int], set[int]] | None:
-    """(the loop's core, the others) of this process's CPUs: the last one alone, or None with fewer than three."""
-    cpus = sorted(os.sched_getaffinity(0))
-    return ({cpus[-1]}, set(cpus[:-1])) if len(cpus) >= 3 else None
-
-
-def on_core(core: int) -> int:
-    """How many of this process's threads may run on `core` (/proc/self/task/*/status)."""
-    n = 0
-    for status in Path("/proc/self/task").glob("*/status"):
-        allowed = next(x for x in status.read_text().splitlines() if x.startswith("Cpus_allowed_list:"))
-        spans = [[int(v) for v in part.split("-")] for part in allowed.split(":")[1].strip().split(",")]
-        n += any(span[0] <= core <= span[-1] for span in spans)
-    return n
-
-
 def decoded(rt: TvmRuntime, video: Path) -> list[np.ndarray]:
     """Every frame of `video`, each in a buffer the runtime lent (frame_batch), as the capture fills them."""
     cap, frames = cv2.VideoCapture(str(video)), []
@@ -212,18 +176,15 @@ def loop_p50(
     frames: list[np.ndarray] | None = None,
     fps: float | None = None,
     passes: int = LOOP_PASSES,
-    poll: bool = False,
-    pin: bool = False,
+    spin_ms: float | None = None,
 ) -> dict[str, Any]:
     """`one_pass` `passes` times: per stage (and fps, model_gpu_ms) the median of the passes' p50s; `classes`: each
     pass's."""
-    runs = [one_pass(rt, manifest, rdir, video, root / f"pass{i}", frames, fps, poll, pin) for i in range(passes)]
+    runs = [one_pass(rt, manifest, rdir, video, root / f"pass{i}", frames, fps, spin_ms) for i in range(passes)]
     out: dict[str, Any] = {key: float(np.median([r[key] for r in runs])) for key in (*STAGES, "fps")}
     gpu_ms = [r["model_gpu_ms"] for r in runs if r["model_gpu_ms"] is not None]
     out["model_gpu_ms"] = float(np.median(gpu_ms)) if gpu_ms else None
     out["frames_copied"] = sum(r["frames_copied"] for r in runs)
-    out["threads"] = max(r["threads"] for r in runs)
-    out["sharing_loop_core"] = runs[0]["sharing_loop_core"]
     out["classes"] = [r["classes"] for r in runs]
     return out
 
@@ -236,44 +197,29 @@ def one_pass(
     root: Path,
     frames: list[np.ndarray] | None,
     fps: float | None,
-    poll: bool,
-    pin: bool,
+    spin_ms: float | None,
 ) -> dict[str, Any]:
     """The agent's loop over one pass of the video, its capture lent the runtime's frame buffers where run_agent
-    lends them (frame_buffers); or over `frames` decoded beforehand (`replayed`, at `fps` if given); `poll`: the
-    loop polls the source (`polling`); `pin`: the loop's thread on a core of its own, the decoder's threads and the
-    capture thread (created when the source opens: they inherit the opening thread's CPUs) on the others."""
+    lends them (frame_buffers); or over `frames` decoded beforehand (`replayed`, at `fps` if given); `spin_ms`: the
+    agent's frame_spin_ms (None: its default)."""
     store = DeviceStore(root)
-    cfg = AgentConfig(device_name="bench", source=f"file:{video}", report_interval_s=1e9, idle_baseline_s=0.0)
+    spin = {} if spin_ms is None else {"frame_spin_ms": spin_ms}
+    cfg = AgentConfig(device_name="bench", source=f"file:{video}", report_interval_s=1e9, idle_baseline_s=0.0, **spin)
     store.init(cfg)
     loop = InferenceLoop(rt, manifest, load_labels(rdir, manifest), cfg, Spool(store), NoPowerSensor(), "bench")
-    split, everything = cores() if pin else None, os.sched_getaffinity(0)
-    if split is not None:
-        os.sched_setaffinity(0, split[1])  # (Linux: this thread's CPUs)
     if frames is None:
         source = open_source(cfg.source or "", allocate_frame=frame_buffers(rt))
     else:  # started here, after the store: a camera's pace starts with its first frame
         source = replayed(frames, fps)
-    if poll:
-        polling(source)
-    if split is not None:
-        os.sched_setaffinity(0, split[0])
-    try:
-        t = time.perf_counter()
-        loop.run(source)
-        wall = time.perf_counter() - t
-        # the threads that may share the loop's core, the loop's own included (the decoder's must not)
-        sharing = on_core(next(iter(split[0]))) if split is not None else None
-    finally:
-        os.sched_setaffinity(0, everything)
+    t = time.perf_counter()
+    loop.run(source)
+    wall = time.perf_counter() - t
     source.close()
     report = pending_reports(store)[-1][1]
     out: dict[str, Any] = {s: float(report["latency_ms"][s]["p50"]) for s in STAGES}
     out["fps"] = report["frames"] / wall
     out["model_gpu_ms"] = report["model_gpu_ms"]["p50"] if report.get("model_gpu_ms") else None
     out["frames_copied"] = source.copied  # decoded elsewhere, then copied into a lent buffer
-    out["threads"] = len(list(Path("/proc/self/task").iterdir()))
-    out["sharing_loop_core"] = sharing
     # each frame's top k classes, in order: the paths must agree frame by frame
     out["classes"] = [[c for c, _, _ in p["top"]] for _, r in pending_reports(store) for p in r["predictions"]]
     return out
@@ -495,14 +441,9 @@ def batch1(bundle: Path, videos: list[Path], work: Path) -> list[dict[str, Any]]
         for name, rt in (*paths, ("gpu_in_place", in_place)):
             rt.run([np.zeros(manifest.inputs[0].shape, np.float32)])  # warm
             row[name] = loop_p50(rt, manifest, rdir, video, work / f"store-{bundle.stem}-{video.stem}-{name}")
-        for name, poll, pin in (
-            ("gpu_polling", True, False),
-            ("gpu_pinned", False, True),
-            ("gpu_pinned_polling", True, True),
-        ):
-            row[name] = loop_p50(
-                gpu, manifest, rdir, video, work / f"store-{bundle.stem}-{video.stem}-{name}", poll=poll, pin=pin
-            )
+        row["gpu_sleeping"] = loop_p50(
+            gpu, manifest, rdir, video, work / f"store-{bundle.stem}-{video.stem}-sleeping", spin_ms=0.0
+        )
         # the gpu path without the decoder beside it, unpaced, then as a camera: call by call (each frame has a lent
         # batch of its own, so no frame graph would be replayed; compare with gpu_calls)
         frames = decoded(calls, video)
@@ -536,9 +477,7 @@ def batch1(bundle: Path, videos: list[Path], work: Path) -> list[dict[str, Any]]
         row["ratio_frame_unmarked"] = sum(row["gpu_unmarked"][s] for s in STAGES) / kernel
         row["ratio_frame_host_top"] = sum(row["gpu_host_top"][s] for s in STAGES) / kernel
         row["ratio_frame_decoded"] = sum(row["gpu_decoded"][s] for s in STAGES) / kernel
-        row["ratio_frame_polling"] = sum(row["gpu_polling"][s] for s in STAGES) / kernel
-        row["ratio_frame_pinned"] = sum(row["gpu_pinned"][s] for s in STAGES) / kernel
-        row["ratio_frame_pinned_polling"] = sum(row["gpu_pinned_polling"][s] for s in STAGES) / kernel
+        row["ratio_frame_sleeping"] = sum(row["gpu_sleeping"][s] for s in STAGES) / kernel
         row["ratio_frame_camera"] = sum(row["gpu_camera"][s] for s in STAGES) / kernel
         rows.append(row)
     return rows
@@ -618,18 +557,14 @@ def main() -> None:
                 print(f"{b.name}: FAILED", flush=True)
                 traceback.print_exc()
                 result.setdefault("failed", []).append(b.name)
-    print(
-        "| bundle | video | path | fps | preprocess | infer | postprocess | kernel | frames copied "
-        "| threads (on the loop's core) |"
-    )
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("| bundle | video | path | fps | preprocess | infer | postprocess | kernel | frames copied |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for r in result["bs1"]:
         for path in ("cpu", *GPU_LOOPS):
             m = r[path]
-            sharing = "" if m["sharing_loop_core"] is None else f" ({m['sharing_loop_core']})"
             print(
                 f"| {r['bundle']} | {r['video']} | {path} | {m['fps']:.0f} | {m['preprocess']:.3f} | {m['infer']:.3f} "
-                f"| {m['postprocess']:.3f} | {r['kernel']:.3f} | {m['frames_copied']} | {m['threads']}{sharing} |"
+                f"| {m['postprocess']:.3f} | {r['kernel']:.3f} | {m['frames_copied']} |"
             )
     print(
         "\n| bundle | video | run() alone | upload alone | upload lent | load_frames alone | load_frames+run_loaded "
@@ -691,9 +626,7 @@ def main() -> None:
             line("frame_bs1_720p (no graphs)", r["bundle"], r["video"], r["ratio_frame_calls"])
             line("frame_bs1_720p (no mark)", r["bundle"], r["video"], r["ratio_frame_unmarked"])
             line("frame_bs1_720p (top k on the host)", r["bundle"], r["video"], r["ratio_frame_host_top"])
-            line("frame_bs1_720p (the loop polling its source)", r["bundle"], r["video"], r["ratio_frame_polling"])
-            line("frame_bs1_720p (the loop on a core of its own)", r["bundle"], r["video"], r["ratio_frame_pinned"])
-            line("frame_bs1_720p (both)", r["bundle"], r["video"], r["ratio_frame_pinned_polling"])
+            line("frame_bs1_720p (the loop sleeping on its source)", r["bundle"], r["video"], r["ratio_frame_sleeping"])
         # the same loop without a decoder on the host meanwhile, and paced as a camera: not the issue's setup
         for label, key in (
             ("decoded beforehand", "ratio_frame_decoded"),

@@ -17,11 +17,14 @@ nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$out/gpu
 rc=0
 timeout "${PIPELINE_S:-240}" python3 "$kit/src/bench/gpu_pipeline.py" "$kit" --json "$out/gpu_pipeline.json" 2>&1 |
   tee "$out/gpu_pipeline.txt" || rc=$?
+echo "gpu_pipeline.py: ${SECONDS} s since the start" | tee -a "$out/gpu.txt"
 # the frame graphs with the apache-tvm wheel's CUDA backend (the run above: edgedeploy's, beside it in the kit)
 CUDA_BACKEND=tvm timeout "${WHEEL_S:-120}" python3 "$kit/src/bench/gpu_pipeline.py" "$kit" --graphs-only 2>&1 |
   tee "$out/graphs_wheel_backend.txt" || rc=$?
+echo "--graphs-only: ${SECONDS} s since the start" | tee -a "$out/gpu.txt"
 timeout "${MULTI_S:-300}" python3 "$kit/src/bench/multi_source.py" --profile h200 --bundles "$kit/multi" \
   --video "$kit/video/bikes.mp4" --sources "${SOURCES:-1,4,16}" --frames 250 --max-batch 16 --wait-ms 10 \
   --repeat "${REPEAT:-3}" --work /tmp/multi --json "$out/multi_source.json" 2>&1 | tee "$out/multi_source.txt" ||
   rc=$?
+echo "multi_source.py: ${SECONDS} s since the start" | tee -a "$out/gpu.txt"
 exit $rc

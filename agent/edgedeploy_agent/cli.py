@@ -119,6 +119,7 @@ def _init(store: DeviceStore, args: argparse.Namespace) -> dict[str, Any]:
             "profile": args.profile,
             "keep_releases": args.keep_releases,
             "health_frames": args.health_frames,
+            "frame_spin_ms": args.frame_spin_ms,
         }.items()
         if v is not None
     }
@@ -341,6 +342,11 @@ def _parser() -> argparse.ArgumentParser:
         "--max-batch-wait-ms",
         type=float,
         help="several sources: how long a batch waits for the other sources' frames (default 10)",
+    )
+    s.add_argument(
+        "--frame-spin-ms",
+        type=float,
+        help="one source: how long the loop polls for the next frame before it sleeps (default 2; 0: sleep at once)",
     )
     s.add_argument("--tvm-runtime-lib", help="path of libtvm_runtime.so")
     s.add_argument("--cuda-backend-lib", help="path of libedgedeploy_cuda.so, edgedeploy's CUDA backend")

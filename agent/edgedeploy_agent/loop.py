@@ -177,7 +177,7 @@ class InferenceLoop:
                     ended = True
                     break
                 t_wait = time.perf_counter()
-                frame = source.read(timeout=READ_TIMEOUT_S)
+                frame = source.read(timeout=READ_TIMEOUT_S, spin_s=self.cfg.frame_spin_ms / 1e3)
                 t0 = time.perf_counter()
                 if frame is None:
                     if source.ended:

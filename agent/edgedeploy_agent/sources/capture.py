@@ -25,6 +25,7 @@ BACKOFF_START_S = 1.0
 BACKOFF_MAX_S = 30.0
 STALE_AFTER_S = 5.0
 LENT_BUFFERS = 3
+SPIN_NAP_S = 1e-6  # a spinning read's nap between looks (read): a real sleep, which the timer slack stretches
 
 
 @dataclass
@@ -93,9 +94,15 @@ class CapturedSource:
         self._thread.start()
 
     # --- the consumer side -------------------------------------------------------------------
-    def read(self, timeout: Optional[float] = None) -> Optional[Frame]:
-        """The newest frame not yet taken; None on timeout or when the source has ended."""
-        deadline = None if timeout is None else time.monotonic() + timeout
+    def read(self, timeout: Optional[float] = None, spin_s: float = 0.0) -> Optional[Frame]:
+        """The newest frame not yet taken; None on timeout or when the source has ended. `spin_s`: poll for the
+        frame that long first, napping SPIN_NAP_S between looks (the capture thread may take the GIL then to hand
+        the frame over; the kernel's timer slack, 50 us by default, stretches each nap to 50-100 us), and only then
+        sleep until the capture thread wakes this one: a frame that comes within the spin starts on a core that
+        never went idle for long (the agent's loop: frame_spin_ms)."""
+        now = time.monotonic()
+        deadline = None if timeout is None else now + timeout
+        spin_until = now + spin_s if deadline is None else min(now + spin_s, deadline)
         with self._cond:
             while True:
                 if self._latest is not None and self._latest.index > self._taken:
@@ -107,7 +114,13 @@ class CapturedSource:
                     return frame
                 if self._ended or self._closing:
                     return None
-                remaining = None if deadline is None else deadline - time.monotonic()
+                now = time.monotonic()
+                if now < spin_until:
+                    self._cond.release()  # (the capture thread needs the lock to hand a frame over)
+                    time.sleep(SPIN_NAP_S)
+                    self._cond.acquire()
+                    continue
+                remaining = None if deadline is None else deadline - now
                 if remaining is not None and remaining <= 0:
                     return None
                 self._cond.wait(remaining)
