@@ -5,7 +5,10 @@ spins is tests/agent/test_capture.py's; here: the setting, and the loop honourin
 
 from __future__ import annotations
 
+import ctypes
 import json
+import threading
+import time
 from pathlib import Path
 
 from edgedeploy_agent.config import AgentConfig
@@ -16,7 +19,7 @@ from edgedeploy_agent.sources.power import NoPowerSensor
 from edgedeploy_agent.spool import Spool, pending_reports
 from edgedeploy_agent.store import DeviceStore
 from tests.agent.test_batcher import RowMeans, batched_manifest
-from tests.agent.test_capture import _Paced, naps
+from tests.agent.test_capture import _Paced
 from tests.helpers import agent, assert_one_line_error
 
 
@@ -35,26 +38,40 @@ def test_the_setting_defaults_to_2_ms_and_init_sets_it(tmp_path: Path) -> None:
     assert DeviceStore(root).config().frame_spin_ms == 0  # the refused value changed nothing
 
 
-def _loop_naps(tmp_path: Path, spin_ms: float) -> tuple[int, int]:
-    """The agent's loop over 5 frames that come 50 ms apart: (frames reported, times the loop's thread slept)."""
+def _loop_cpu(tmp_path: Path, spin_ms: float) -> tuple[int, float, int]:
+    """The agent's loop, on a thread of its own, over 5 frames that come 50 ms apart: (frames reported, the share of
+    the loop's wall time its thread spent on a CPU, its timer slack in ns after the loop)."""
     store = DeviceStore(tmp_path / f"spin{spin_ms:g}")
     cfg = AgentConfig(device_name="t", report_interval_s=60, source="file:paced", frame_spin_ms=spin_ms)
     store.init(cfg)
     loop = InferenceLoop(RowMeans(), batched_manifest(tmp_path, 1), [], cfg, Spool(store), NoPowerSensor(), "id")
     source = CapturedSource(parse_source("file:paced"), capture_factory=lambda _: _Paced(5, 0.05))
-    try:
-        before = naps()
+    seen: list[int] = []
+
+    def serve() -> None:
+        wall, cpu = time.perf_counter(), time.thread_time()
         loop.run(source)
-        slept = naps() - before
+        seen.extend(((time.thread_time() - cpu) / (time.perf_counter() - wall), timer_slack_ns()))
+
+    try:
+        thread = threading.Thread(target=serve)
+        thread.start()
+        thread.join(30)
     finally:
         source.close()
-    return sum(r["frames"] for _, r in pending_reports(store)), slept
+    return sum(r["frames"] for _, r in pending_reports(store)), seen[0], seen[1]
+
+
+def timer_slack_ns() -> int:
+    """The calling thread's timer slack (Linux prctl PR_GET_TIMERSLACK)."""
+    return int(ctypes.CDLL(None).prctl(30, 0, 0, 0, 0))
 
 
 def test_the_loop_polls_with_a_spin_and_sleeps_without(tmp_path: Path) -> None:
-    """Polling, the loop's thread naps between looks (thousands of times in 0.2 s of gaps); without, it sleeps
-    about once a frame until the capture thread wakes it."""
-    frames, slept = _loop_naps(tmp_path, 1000.0)  # a spin longer than the gaps: the loop never sleeps on the source
-    assert frames == 5 and slept > 100, slept
-    frames, slept = _loop_naps(tmp_path, 0.0)
-    assert frames == 5 and slept < 50, slept
+    """Polling, the loop's thread stays on its CPU through the gaps between frames, napping a few us between looks
+    (its timer slack cut to 1 us: fine_naps); without, it sleeps until the capture thread wakes it, its timer slack
+    left as it was."""
+    frames, busy, slack = _loop_cpu(tmp_path, 1000.0)  # a spin longer than the gaps: the loop never sleeps
+    assert frames == 5 and busy > 0.3 and slack == 1000, (busy, slack)
+    frames, busy, slack = _loop_cpu(tmp_path, 0.0)
+    assert frames == 5 and busy < 0.1 and slack == timer_slack_ns() != 1000, (busy, slack)
