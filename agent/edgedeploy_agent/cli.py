@@ -346,7 +346,7 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument(
         "--frame-spin-ms",
         type=float,
-        help="one source: how long the loop polls for the next frame before it sleeps (default 2; 0: sleep at once)",
+        help="one source: how long the loop polls for the next frame before it sleeps (default 0: at once; e.g. 2)",
     )
     s.add_argument("--tvm-runtime-lib", help="path of libtvm_runtime.so")
     s.add_argument("--cuda-backend-lib", help="path of libedgedeploy_cuda.so, edgedeploy's CUDA backend")

@@ -39,11 +39,12 @@ class AgentConfig(BaseModel):
         description="several sources: how long a batch waits for frames from the other sources once it holds one",
     )
     frame_spin_ms: float = Field(
-        default=2.0,
+        default=0.0,
         ge=0,
         le=1000,
         description="one source: how long the loop polls for the next frame before it sleeps until the capture "
-        "hands one over; a frame that comes sooner starts on a core that never went idle (0: sleep at once)",
+        "hands one over; a frame that comes sooner starts on a core that never went idle (lower latency a frame, "
+        "one core busy, fewer fps where the decoder needs every core); 0: sleep at once",
     )
     tvm_runtime_lib: Optional[str] = Field(default=None, description="path of libtvm_runtime.so")
     cuda_backend: Literal["auto", "edgedeploy", "tvm"] = Field(

@@ -23,19 +23,19 @@ from tests.agent.test_capture import _Paced
 from tests.helpers import agent, assert_one_line_error
 
 
-def test_the_setting_defaults_to_2_ms_and_init_sets_it(tmp_path: Path) -> None:
+def test_the_setting_defaults_to_sleeping_and_init_sets_it(tmp_path: Path) -> None:
     root = tmp_path / "root"
     # an agent.json written before the setting existed loads with the default
     DeviceStore(root).init(AgentConfig(device_name="cam-01", source="file:/data/a.mp4"))
     written = json.loads((root / "agent.json").read_text())
     del written["frame_spin_ms"]
     (root / "agent.json").write_text(json.dumps(written))
-    assert DeviceStore(root).config().frame_spin_ms == 2.0
-    r = agent("--root", str(root), "--json", "init", "--frame-spin-ms", "0")
-    assert r.code == 0 and json.loads(r.out)["config"]["frame_spin_ms"] == 0
+    assert DeviceStore(root).config().frame_spin_ms == 0
+    r = agent("--root", str(root), "--json", "init", "--frame-spin-ms", "2")
+    assert r.code == 0 and json.loads(r.out)["config"]["frame_spin_ms"] == 2
     bad = agent("--root", str(root), "init", "--frame-spin-ms", "-1")
     assert_one_line_error(bad, 9, "frame_spin_ms")
-    assert DeviceStore(root).config().frame_spin_ms == 0  # the refused value changed nothing
+    assert DeviceStore(root).config().frame_spin_ms == 2  # the refused value changed nothing
 
 
 def _loop_cpu(tmp_path: Path, spin_ms: float) -> tuple[int, float, int]:
