@@ -60,6 +60,7 @@ from edgedeploy_agent.store import DeviceStore
 REPO = Path(__file__).resolve().parents[1]
 MODEL = "mobilenet_v1_0.25_224.onnx"
 CARD = REPO / "examples" / "cards" / "mobilenet_v1_0.25_224.toml"
+PEER_SPIN_MS = 2.0  # the peer agents' frame_spin_ms in their second setting (the default, 0, is the first)
 
 
 def bundle_for(args: argparse.Namespace, work: Path, batch: int) -> Path:
@@ -164,7 +165,7 @@ def bench_n(args: argparse.Namespace, work: Path, n: int) -> dict[str, Any]:
         one = base / f"run{k}" / "one-agent"
         prepare(one, batched, videos, args.wait_ms, args.runtime_lib)
         sides = [("one_agent", [one], [args.frames * n])]
-        for side, spin in (("peer", None), ("peer_spinning", 2.0)):
+        for side, spin in (("peer", None), ("peer_spinning", PEER_SPIN_MS)):
             peers = [base / f"run{k}" / side / f"agent{i:02d}" for i in range(n)]
             for root, uri in zip(peers, videos, strict=True):
                 prepare(root, single, [uri], args.wait_ms, args.runtime_lib, spin)
@@ -176,7 +177,8 @@ def bench_n(args: argparse.Namespace, work: Path, n: int) -> dict[str, Any]:
     for side, measured in runs.items():  # the run of median aggregate fps stands for the side
         out[side] = sorted(measured, key=lambda m: m["aggregate_fps"])[len(measured) // 2]
     # the peer as its experts would set it up: the faster of the two frame_spin_ms settings
-    out["peer_spin"] = "2" if out["peer_spinning"]["aggregate_fps"] > out["peer"]["aggregate_fps"] else "0 (default)"
+    spun = out["peer_spinning"]["aggregate_fps"] > out["peer"]["aggregate_fps"]
+    out["peer_spin"] = f"{PEER_SPIN_MS:g}" if spun else "0 (default)"
     out["peer"] = max(out["peer"], out.pop("peer_spinning"), key=lambda m: m["aggregate_fps"])
     a, p = out["one_agent"], out["peer"]
     out["ratio"] = {
@@ -190,7 +192,11 @@ def bench_n(args: argparse.Namespace, work: Path, n: int) -> dict[str, Any]:
 def show(r: dict[str, Any]) -> None:
     n, a, p, q = r["sources"], r["one_agent"], r["peer"], r["ratio"]
     print(f"\n{n} source(s): one agent, batch {r['batch']} bundle  vs  {n} single-source agent(s), batch 1 bundle")
-    sides = (("one_agent", "one agent"), ("peer", f"{n} agent(s)"), ("peer_spinning", f"{n} agent(s), frame_spin_ms 2"))
+    sides = (
+        ("one_agent", "one agent"),
+        ("peer", f"{n} agent(s)"),
+        ("peer_spinning", f"{n} agent(s), frame_spin_ms {PEER_SPIN_MS:g}"),
+    )
     for side, name in sides:
         print(f"  {name} aggregate fps, each run: {', '.join(str(m['aggregate_fps']) for m in r['runs'][side])}")
     print(f"  the peer below: the {n} agent(s) with frame_spin_ms {r['peer_spin']} (the faster)")

@@ -168,7 +168,8 @@ class InferenceLoop:
         """Process frames until the source ends, a stop is requested or max_frames; returns reports written."""
         frame_index, reports = 0, 0
         self._count = 0
-        if self.cfg.frame_spin_ms > 0:
+        spin_s = self.cfg.frame_spin_ms / 1e3
+        if spin_s > 0:
             fine_naps()  # this thread's naps while it spins for a frame: ~15 us, not 70
         while not self.stop_requested:
             window = ReportWindow()
@@ -179,7 +180,7 @@ class InferenceLoop:
                     ended = True
                     break
                 t_wait = time.perf_counter()
-                frame = source.read(timeout=READ_TIMEOUT_S, spin_s=self.cfg.frame_spin_ms / 1e3)
+                frame = source.read(timeout=READ_TIMEOUT_S, spin_s=spin_s)
                 t0 = time.perf_counter()
                 if frame is None:
                     if source.ended:

@@ -5,10 +5,16 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import time
 from pathlib import Path
+from typing import Any
 
+import numpy as np
+
+from edgedeploy_agent.bundle import Manifest, TensorSpec, read_manifest
 from edgedeploy_agent.service import write_health
 from edgedeploy_agent.store import LEGACY_RUN_FILES, DeviceStore
+from tests.agent.bundles import make_bundle
 from tests.helpers import require
 
 FAKE_LIBCUDA = Path(__file__).resolve().parents[1] / "fixtures" / "fake_libcuda.c"
@@ -60,3 +66,49 @@ def fake_libcuda(tmp: Path, driver: int, sm: int, name: str, integrated: bool = 
     defines.append(f"-DINTEGRATED={int(integrated)}")
     subprocess.run(["gcc", "-shared", "-fPIC", *defines, "-o", str(lib), str(FAKE_LIBCUDA)], check=True)
     return str(lib)
+
+
+class RowMeans:
+    """Output row i: class 0 scores the mean pixel of input row i; it keeps every call's row means."""
+
+    name = "row-means"
+
+    def __init__(self) -> None:
+        self.calls: list[list[float]] = []
+
+    def run(self, inputs: list[np.ndarray]) -> list[np.ndarray]:
+        x = inputs[0]
+        means = [float(x[i].mean()) for i in range(x.shape[0])]
+        self.calls.append(means)
+        out = np.zeros((x.shape[0], 10), dtype=np.float32)
+        out[:, 0] = means
+        return [out]
+
+    def describe(self) -> dict[str, Any]:
+        return {"runtime": self.name}
+
+
+def batched_manifest(tmp_path: Path, batch: int) -> Manifest:
+    """A bundle's manifest with a gray 8x8 input and 10 outputs, both of this batch."""
+    inputs = [TensorSpec(name="x", shape=[batch, 1, 8, 8], layout="NCHW")]
+    return read_manifest(make_bundle(tmp_path / "b", inputs=inputs, outputs=[TensorSpec(name="y", shape=[batch, 10])]))
+
+
+class PacedCapture:
+    """A Capture whose frames come `delay_s` apart (a decoder or camera slower than the consumer), then end."""
+
+    def __init__(self, frames: int, delay_s: float) -> None:
+        self.left, self.delay_s, self.image = frames, delay_s, np.zeros((8, 8, 3), np.uint8)
+
+    def open(self) -> bool:
+        return True
+
+    def read(self, out: object = None) -> object:
+        if self.left == 0:
+            return None
+        time.sleep(self.delay_s)
+        self.left -= 1
+        return self.image.copy()
+
+    def release(self) -> None:
+        pass

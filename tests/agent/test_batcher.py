@@ -14,10 +14,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from edgedeploy_agent.batcher import MultiSourceLoop
-from edgedeploy_agent.bundle import Manifest, TensorSpec, read_manifest
 from edgedeploy_agent.config import AgentConfig
 from edgedeploy_agent.notify import Notifier
 from edgedeploy_agent.report import BATCH_STAGES, REPORT_SCHEMA_VERSION
@@ -26,35 +23,9 @@ from edgedeploy_agent.sources.capture import open_source
 from edgedeploy_agent.sources.power import NoPowerSensor
 from edgedeploy_agent.spool import Spool, pending_reports
 from edgedeploy_agent.store import DeviceStore
-from tests.agent.bundles import make_bundle
 from tests.agent.clips import write_clip
+from tests.agent.doubles import RowMeans, batched_manifest
 from tests.helpers import agent, assert_one_line_error
-
-
-class RowMeans:
-    """Output row i: class 0 scores the mean pixel of input row i; it keeps every call's row means."""
-
-    name = "row-means"
-
-    def __init__(self) -> None:
-        self.calls: list[list[float]] = []
-
-    def run(self, inputs: list[np.ndarray]) -> list[np.ndarray]:
-        x = inputs[0]
-        means = [float(x[i].mean()) for i in range(x.shape[0])]
-        self.calls.append(means)
-        out = np.zeros((x.shape[0], 10), dtype=np.float32)
-        out[:, 0] = means
-        return [out]
-
-    def describe(self) -> dict[str, Any]:
-        return {"runtime": self.name}
-
-
-def batched_manifest(tmp_path: Path, batch: int) -> Manifest:
-    """A bundle's manifest with a gray 8x8 input and 10 outputs, both of this batch."""
-    inputs = [TensorSpec(name="x", shape=[batch, 1, 8, 8], layout="NCHW")]
-    return read_manifest(make_bundle(tmp_path / "b", inputs=inputs, outputs=[TensorSpec(name="y", shape=[batch, 10])]))
 
 
 def serve(

@@ -15,6 +15,7 @@ from edgedeploy_agent.errors import SourceError
 from edgedeploy_agent.sources.capture import CapturedSource, open_source
 from edgedeploy_agent.sources.frames import check_openable, has_gstreamer, parse_source
 from tests.agent.clips import write_clip
+from tests.agent.doubles import PacedCapture
 from tests.helpers import require, require_gstreamer_python
 
 REPO = Path(__file__).resolve().parents[2]
@@ -273,28 +274,6 @@ def test_a_consumer_that_cannot_lend_buffers_gets_opencvs_frames(tmp_path: Path)
     assert src.last_error == "no frame buffers from the runtime: MemoryError: cannot pin 48x64x3"
 
 
-class _Paced:
-    """A Capture whose frames come `delay_s` apart (a decoder or camera slower than the consumer), then end."""
-
-    def __init__(self, frames: int, delay_s: float) -> None:
-        import numpy as np
-
-        self.left, self.delay_s, self.image = frames, delay_s, np.zeros((8, 8, 3), np.uint8)
-
-    def open(self) -> bool:
-        return True
-
-    def read(self, out: object = None) -> object:
-        if self.left == 0:
-            return None
-        time.sleep(self.delay_s)
-        self.left -= 1
-        return self.image.copy()
-
-    def release(self) -> None:
-        pass
-
-
 def naps() -> int:
     """How many times the calling thread has given up its CPU so far (Linux: voluntary context switches)."""
     status = Path("/proc/thread-self/status").read_text()
@@ -304,7 +283,7 @@ def naps() -> int:
 def _reads(delay_s: float, spin_s: float, frames: int = 4) -> tuple[list[int], float, int]:
     """A file-like source whose frames come delay_s apart, read with `spin_s`: (the frames' indices, the wall seconds
     and the reading thread's naps over the reads after the first)."""
-    src = CapturedSource(parse_source("file:paced"), capture_factory=lambda _: _Paced(frames, delay_s))
+    src = CapturedSource(parse_source("file:paced"), capture_factory=lambda _: PacedCapture(frames, delay_s))
     try:
         got = [src.read(timeout=5, spin_s=spin_s).index]  # type: ignore[union-attr]
         wall, before = time.perf_counter(), naps()
@@ -316,8 +295,9 @@ def _reads(delay_s: float, spin_s: float, frames: int = 4) -> tuple[list[int], f
 
 
 def test_a_spinning_read_polls_for_the_frame_and_a_plain_one_sleeps() -> None:
-    """frame_spin_ms: a read that spins looks for the frame again and again, napping between looks (sleep(0): the
-    kernel's timer slack, tens of us, in which the capture thread may take the GIL to hand the frame over), so its
+    """frame_spin_ms: a read that spins looks for the frame again and again, napping between looks (a sleep the
+    thread's timer slack stretches to tens of us, in which the capture thread may take the GIL to hand the frame
+    over), so its
     core never idles for long; one that does not sleeps once until the capture thread wakes it. Both get every
     frame, in order."""
     got, _, slept = _reads(delay_s=0.05, spin_s=1.0)
@@ -338,14 +318,14 @@ def test_a_spin_shorter_than_the_gap_sleeps_for_the_rest() -> None:
 def test_a_spinning_read_keeps_its_timeout_and_sees_the_end() -> None:
     """The timeout bounds the spin (None after it, not after the spin), and a source that ends mid-spin returns
     None at once."""
-    src = CapturedSource(parse_source("file:paced"), capture_factory=lambda _: _Paced(1, 0.5))
+    src = CapturedSource(parse_source("file:paced"), capture_factory=lambda _: PacedCapture(1, 0.5))
     try:
         t = time.perf_counter()
         assert src.read(timeout=0.05, spin_s=10.0) is None
         assert time.perf_counter() - t < 1.0
     finally:
         src.close()
-    src = CapturedSource(parse_source("file:paced"), capture_factory=lambda _: _Paced(0, 0.0))
+    src = CapturedSource(parse_source("file:paced"), capture_factory=lambda _: PacedCapture(0, 0.0))
     try:
         t = time.perf_counter()
         assert src.read(timeout=5, spin_s=10.0) is None and src.ended

@@ -1,7 +1,8 @@
 """frame_spin_ms: the agent's loop polls for its next frame that long before it sleeps on the capture's hand-over,
-so that a frame that comes soon starts on a core that never went idle (on the H100, MobileNetV1-0.25's 720p frame
-cost 2.25x its kernel behind a sleeping loop and 1.90x behind a polling one: docs/agent-service.md). How the read
-spins is tests/agent/test_capture.py's; here: the setting, and the loop honouring it."""
+so that a frame that comes soon starts on a core that never went idle (on two H100 hosts of three, MobileNetV1-0.25's
+720p frame cost 2.25x and 2.20x its kernel behind a sleeping loop, 1.90x and 1.98x behind a polling one:
+docs/agent-service.md "Ninth session"). How the read spins is tests/agent/test_capture.py's; here: the setting, and
+the loop honouring it."""
 
 from __future__ import annotations
 
@@ -18,8 +19,7 @@ from edgedeploy_agent.sources.frames import parse_source
 from edgedeploy_agent.sources.power import NoPowerSensor
 from edgedeploy_agent.spool import Spool, pending_reports
 from edgedeploy_agent.store import DeviceStore
-from tests.agent.test_batcher import RowMeans, batched_manifest
-from tests.agent.test_capture import _Paced
+from tests.agent.doubles import PacedCapture, RowMeans, batched_manifest
 from tests.helpers import agent, assert_one_line_error
 
 
@@ -45,7 +45,7 @@ def _loop_cpu(tmp_path: Path, spin_ms: float) -> tuple[int, float, int]:
     cfg = AgentConfig(device_name="t", report_interval_s=60, source="file:paced", frame_spin_ms=spin_ms)
     store.init(cfg)
     loop = InferenceLoop(RowMeans(), batched_manifest(tmp_path, 1), [], cfg, Spool(store), NoPowerSensor(), "id")
-    source = CapturedSource(parse_source("file:paced"), capture_factory=lambda _: _Paced(5, 0.05))
+    source = CapturedSource(parse_source("file:paced"), capture_factory=lambda _: PacedCapture(5, 0.05))
     seen: list[int] = []
 
     def serve() -> None:
@@ -62,9 +62,12 @@ def _loop_cpu(tmp_path: Path, spin_ms: float) -> tuple[int, float, int]:
     return sum(r["frames"] for _, r in pending_reports(store)), seen[0], seen[1]
 
 
+PR_GET_TIMERSLACK = 30  # linux/prctl.h
+
+
 def timer_slack_ns() -> int:
     """The calling thread's timer slack (Linux prctl PR_GET_TIMERSLACK)."""
-    return int(ctypes.CDLL(None).prctl(30, 0, 0, 0, 0))
+    return int(ctypes.CDLL(None).prctl(PR_GET_TIMERSLACK, 0, 0, 0, 0))
 
 
 def test_the_loop_polls_with_a_spin_and_sleeps_without(tmp_path: Path) -> None:

@@ -33,10 +33,11 @@ FINE_SLACK_NS = 1000
 
 def fine_naps() -> bool:
     """Set the calling thread's timer slack to 1 us (Linux: prctl PR_SET_TIMERSLACK; the default, 50 us, lets the
-    kernel end a short sleep up to that much late): a spinning read's naps then last about 15 us, not 70, so a frame
-    handed over mid-nap waits that much less (70 us naps cost a one-source agent 7-12 % of its fps at 2400-4200 fps
-    on an H100; the spin still costs fps where the decoder needs the polling core: docs/agent-service.md). For the
-    thread that reads with a spin (the agent's loop). False where the call is not there."""
+    kernel end a short sleep up to that much late): a spinning read's naps then last about 15 us, not 70 (the
+    development machine), so a frame handed over mid-nap waits that much less (70 us naps cost a one-source agent
+    7-13 % of its fps at 2400-4200 fps on an H100; the spin still costs fps where the decoder needs the polling
+    core: docs/agent-service.md). For the thread that reads with a spin (the agent's loop). False where the call is
+    not there."""
     try:
         return int(ctypes.CDLL(None).prctl(PR_SET_TIMERSLACK, FINE_SLACK_NS, 0, 0, 0)) == 0
     except (OSError, AttributeError):
