@@ -14,6 +14,8 @@ For each batch-1 bundle and video, one process, one GPU:
                  run_preprocessed), so the infer stage is the model and the top k: part 1's target, infer /
                  kernel <= 1.15; part 2's on 720p, (preprocess + infer + postprocess) / kernel <= 2. The report's
                  model_gpu_ms is the model's own GPU time (CUDA events on every 32nd frame: ModelClock)
+  gpu, copy in loop  the gpu path as before the capture sent each frame's box ahead (send_frames): the lent
+                 buffers share one device buffer and the loop's preprocess stage queues the box copy itself
   gpu, no mark   the gpu path without that event: the preprocess stage ends when the preprocessing is queued and
                  the infer stage's wait carries what of it still runs (the stages before the mark; its cost)
   gpu, spinning  the gpu path with the loop polling its source for up to 2 ms before it sleeps on it
@@ -50,6 +52,7 @@ import argparse
 import json
 import os
 import tempfile
+import threading
 import time
 import traceback
 from collections.abc import Callable
@@ -79,6 +82,7 @@ LOOP_PASSES = 5  # passes of each unpaced loop over its video (132 or 250 frames
 GPU_LOOPS = {
     "gpu_host_top": "top k on the host",
     "gpu": "GPU path",
+    "gpu_copy_in_loop": "GPU path, box copied in the loop",
     "gpu_calls": "GPU path, no graphs",
     "gpu_unmarked": "GPU path, no mark",
     "gpu_spinning": "GPU path, spinning",
@@ -178,14 +182,16 @@ def loop_p50(
     fps: float | None = None,
     passes: int = LOOP_PASSES,
     spin_ms: float | None = None,
+    ahead: bool = True,
 ) -> dict[str, Any]:
-    """`one_pass` `passes` times: per stage (and fps, model_gpu_ms) the median of the passes' p50s; `classes`: each
-    pass's."""
-    runs = [one_pass(rt, manifest, rdir, video, root / f"pass{i}", frames, fps, spin_ms) for i in range(passes)]
-    out: dict[str, Any] = {key: float(np.median([r[key] for r in runs])) for key in (*STAGES, "fps")}
+    """`one_pass` `passes` times: per stage (and fps, capture -> result latency, model_gpu_ms) the median of the
+    passes' p50s; `classes`: each pass's."""
+    runs = [one_pass(rt, manifest, rdir, video, root / f"pass{i}", frames, fps, spin_ms, ahead) for i in range(passes)]
+    out: dict[str, Any] = {key: float(np.median([r[key] for r in runs])) for key in (*STAGES, "fps", "latency")}
     gpu_ms = [r["model_gpu_ms"] for r in runs if r["model_gpu_ms"] is not None]
     out["model_gpu_ms"] = float(np.median(gpu_ms)) if gpu_ms else None
     out["frames_copied"] = sum(r["frames_copied"] for r in runs)
+    out["frames_sent"] = sum(r["frames_sent"] for r in runs)
     out["classes"] = [r["classes"] for r in runs]
     return out
 
@@ -199,17 +205,21 @@ def one_pass(
     frames: list[np.ndarray] | None,
     fps: float | None,
     spin_ms: float | None,
+    ahead: bool = True,
 ) -> dict[str, Any]:
     """The agent's loop over one pass of the video, its capture lent the runtime's frame buffers where run_agent
-    lends them (frame_buffers); or over `frames` decoded beforehand (`replayed`, at `fps` if given); `spin_ms`: the
-    agent's frame_spin_ms (None: its default)."""
+    lends them (frame_buffers: each frame's box sent to the GPU by the capture thread; without `ahead`, as before:
+    the buffers share a device buffer and the loop copies each box); or over `frames` decoded beforehand
+    (`replayed`, at `fps` if given); `spin_ms`: the agent's frame_spin_ms (None: its default)."""
     store = DeviceStore(root)
     spin = {} if spin_ms is None else {"frame_spin_ms": spin_ms}
     cfg = AgentConfig(device_name="bench", source=f"file:{video}", report_interval_s=1e9, idle_baseline_s=0.0, **spin)
     store.init(cfg)
     loop = InferenceLoop(rt, manifest, load_labels(rdir, manifest), cfg, Spool(store), NoPowerSensor(), "bench")
-    if frames is None:
-        source = open_source(cfg.source or "", allocate_frame=frame_buffers(rt))
+    if frames is None and ahead:
+        source = open_source(cfg.source or "", **frame_buffers(rt))
+    elif frames is None:
+        source = open_source(cfg.source or "", allocate_frame=lambda height, width: rt.frame_batch(height, width)[0])
     else:  # started here, after the store: a camera's pace starts with its first frame
         source = replayed(frames, fps)
     t = time.perf_counter()
@@ -221,6 +231,8 @@ def one_pass(
     out["fps"] = report["frames"] / wall
     out["model_gpu_ms"] = report["model_gpu_ms"]["p50"] if report.get("model_gpu_ms") else None
     out["frames_copied"] = source.copied  # decoded elsewhere, then copied into a lent buffer
+    out["frames_sent"] = source.sent  # sent to the GPU by the capture thread (send_frames)
+    out["latency"] = float(report["frame_latency_ms"]["p50"])  # captured -> its prediction
     # each frame's top k classes, in order: the paths must agree frame by frame
     out["classes"] = [[c for c, _, _ in p["top"]] for _, r in pending_reports(store) for p in r["predictions"]]
     return out
@@ -253,6 +265,35 @@ def agreement(cpu: TvmRuntime, gpu: TvmRuntime, manifest: Any, video: Path) -> d
         "top_k_classes_differ": top_differs,
         "max_abs_top_k_score_diff": score_diff,
     }
+
+
+def sent_ahead_check(gpu: TvmRuntime, manifest: Any, video: Path, frames: int = 24) -> dict[str, Any]:
+    """The first `frames` frames, each into one of three buffers lent `ahead` in turn, sent by another thread
+    (send_frames, as the capture's), then loaded (load_frames): the model's input against preprocess.py's (max
+    |difference|) and against the same frame loaded unlent (bit for bit: the same kernel), and how many were sent."""
+    cap = cv2.VideoCapture(str(video))
+    lent: list[np.ndarray] = []
+    worst, unequal, sent = 0.0, 0, 0
+    for i in range(frames):
+        ok, frame = cap.read()
+        if not ok:
+            break
+        if not lent:
+            lent = [gpu.frame_batch(*frame.shape[:2], ahead=True) for _ in range(3)]
+        batch = lent[i % 3]
+        batch[0] = frame
+        results: list[bool] = []
+        thread = threading.Thread(target=lambda b=batch, r=results: r.append(gpu.send_frames(b)))
+        thread.start()
+        thread.join()
+        sent += int(results[0])
+        gpu.load_frames(batch)
+        ahead = gpu.loaded_input()
+        gpu.load_frames(frame)
+        unequal += int(not np.array_equal(ahead, gpu.loaded_input()))
+        worst = max(worst, float(np.abs(ahead - preprocess(frame, manifest.preprocess, manifest.inputs[0])).max()))
+    cap.release()
+    return {"sent_ahead_frames": sent, "sent_ahead_max_abs_input_diff": worst, "sent_ahead_unlike_unlent": unequal}
 
 
 def alone(
@@ -442,6 +483,9 @@ def batch1(bundle: Path, videos: list[Path], work: Path) -> list[dict[str, Any]]
         for name, rt in (*paths, ("gpu_in_place", in_place)):
             rt.run([np.zeros(manifest.inputs[0].shape, np.float32)])  # warm
             row[name] = loop_p50(rt, manifest, rdir, video, work / f"store-{bundle.stem}-{video.stem}-{name}")
+        row["gpu_copy_in_loop"] = loop_p50(
+            gpu, manifest, rdir, video, work / f"store-{bundle.stem}-{video.stem}-in-loop", ahead=False
+        )
         row["gpu_spinning"] = loop_p50(
             gpu, manifest, rdir, video, work / f"store-{bundle.stem}-{video.stem}-spinning", spin_ms=SPIN_MS
         )
@@ -455,6 +499,7 @@ def batch1(bundle: Path, videos: list[Path], work: Path) -> list[dict[str, Any]]
             )  # fmt: skip
         del frames
         row["agreement"] = agreement(cpu, gpu, manifest, video)
+        row["agreement"].update(sent_ahead_check(gpu, manifest, video))
         theirs = row["cpu"]["classes"][0]
         for name in (*GPU_LOOPS, "cpu"):  # every pass's predictions, frame by frame, against the CPU's first pass's
             differ = 0
@@ -465,6 +510,7 @@ def batch1(bundle: Path, videos: list[Path], work: Path) -> list[dict[str, Any]]
         x = preprocess(first, manifest.preprocess, manifest.inputs[0])
         row["alone"] = alone(cpu, gpu, calls, first, x, row["cpu"]["preprocess"] / 1e3)
         row["frame_graphs"] = {name: rt.describe()["frame_graphs"] for name, rt in paths[1:]}
+        row["frames_sent_ahead"] = gpu.describe()["frames_sent_ahead"]
         row["steps"] = steps(gpu, first, manifest)
         row["ratio_infer"] = row["gpu_host_top"]["infer"] / kernel
         row["ratio_infer_top"] = row["gpu"]["infer"] / kernel
@@ -474,6 +520,7 @@ def batch1(bundle: Path, videos: list[Path], work: Path) -> list[dict[str, Any]]
         row["ratio_model_gpu"] = gpu_ms / kernel if gpu_ms is not None else None
         row["ratio_infer_cpu_path"] = row["cpu"]["infer"] / kernel
         row["ratio_frame"] = sum(row["gpu"][s] for s in STAGES) / kernel
+        row["ratio_frame_copy_in_loop"] = sum(row["gpu_copy_in_loop"][s] for s in STAGES) / kernel
         row["ratio_frame_calls"] = sum(row["gpu_calls"][s] for s in STAGES) / kernel
         row["ratio_frame_unmarked"] = sum(row["gpu_unmarked"][s] for s in STAGES) / kernel
         row["ratio_frame_host_top"] = sum(row["gpu_host_top"][s] for s in STAGES) / kernel
@@ -558,15 +605,19 @@ def main() -> None:
                 print(f"{b.name}: FAILED", flush=True)
                 traceback.print_exc()
                 result.setdefault("failed", []).append(b.name)
-    print("| bundle | video | path | fps | preprocess | infer | postprocess | kernel | frames copied |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("| bundle | video | path | fps | preprocess | infer | postprocess | kernel | captured -> result "
+          "| frames copied | frames sent ahead |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for r in result["bs1"]:
         for path in ("cpu", *GPU_LOOPS):
             m = r[path]
             print(
                 f"| {r['bundle']} | {r['video']} | {path} | {m['fps']:.0f} | {m['preprocess']:.3f} | {m['infer']:.3f} "
-                f"| {m['postprocess']:.3f} | {r['kernel']:.3f} | {m['frames_copied']} |"
+                f"| {m['postprocess']:.3f} | {r['kernel']:.3f} | {m['latency']:.3f} | {m['frames_copied']} "
+                f"| {m['frames_sent']} |"
             )
+    print("\nthe GPU path's runtime after its loops, frames sent ahead (describe()): " + "; ".join(
+        f"{r['bundle']} {r['video']}: {r['frames_sent_ahead']}" for r in result["bs1"]))  # fmt: skip
     print(
         "\n| bundle | video | run() alone | upload alone | upload lent | load_frames alone | load_frames+run_loaded "
         "| load_frames+run_loaded_top | lent frame, events / none | lent frame, mark / none "
@@ -624,6 +675,8 @@ def main() -> None:
         line("infer_bs1_cpu_path", r["bundle"], r["video"], r["ratio_infer_cpu_path"])
         if r["video"] == "1280x720":
             line("frame_bs1_720p", r["bundle"], r["video"], r["ratio_frame"])
+            line("frame_bs1_720p (the box copied in the loop, as before)", r["bundle"], r["video"],
+                 r["ratio_frame_copy_in_loop"])  # fmt: skip
             line("frame_bs1_720p (no graphs)", r["bundle"], r["video"], r["ratio_frame_calls"])
             line("frame_bs1_720p (no mark)", r["bundle"], r["video"], r["ratio_frame_unmarked"])
             line("frame_bs1_720p (top k on the host)", r["bundle"], r["video"], r["ratio_frame_host_top"])
@@ -645,7 +698,9 @@ def main() -> None:
             f"frames, max |score diff| {a['max_abs_top_k_score_diff']:.3g} (tolerance 1e-12); the agent's loop, top k "
             "classes unlike the CPU path's on frames: "
             + ", ".join(f"{a[f'loop_{name}_frames_differ']} ({label})" for name, label in GPU_LOOPS.items())
-            + f" (each over its passes); the CPU path's passes unlike its first: {a['loop_cpu_frames_differ']}"
+            + f" (each over its passes); the CPU path's passes unlike its first: {a['loop_cpu_frames_differ']}; "
+            f"sent ahead by another thread: {a['sent_ahead_frames']} frames, max |input diff| "
+            f"{a['sent_ahead_max_abs_input_diff']:.3g}, unlike the same frame unlent on {a['sent_ahead_unlike_unlent']}"
         )
     if args.json:
         args.json.write_text(json.dumps(result, indent=1))

@@ -102,12 +102,17 @@ def warm_up(runtime: Runtime, manifest: Manifest) -> float:
     return ms
 
 
-def frame_buffers(runtime: Runtime) -> Optional[Callable[[int, int], np.ndarray]]:
-    """(height, width) -> a frame buffer the runtime uploads without a host copy, for a capture to decode into: a
-    batch-1 bundle that preprocesses on the GPU lends its page-locked ones; None for any other."""
+def frame_buffers(runtime: Runtime) -> dict[str, Any]:
+    """How a capture fills frames for this runtime (open_source's `allocate_frame` and `send_frame`): a batch-1
+    bundle that preprocesses on the GPU lends page-locked buffers it uploads without a host copy (frame_batch, each
+    with a device buffer of its own: `ahead`), and each frame decoded into one is sent to the GPU from the capture
+    thread at once (send_frames); {} for any other runtime."""
     if not getattr(runtime, "frames_on_device", False):
-        return None
-    return lambda height, width: runtime.frame_batch(height, width)[0]  # type: ignore[attr-defined]
+        return {}
+    return {
+        "allocate_frame": lambda height, width: runtime.frame_batch(height, width, ahead=True)[0],  # type: ignore
+        "send_frame": runtime.send_frames,  # type: ignore[attr-defined]
+    }
 
 
 class InferenceLoop:
@@ -388,15 +393,10 @@ def run_agent(
             power.measure_idle(cfg.idle_baseline_s, time.sleep)  # before capture starts: nothing else runs
         # several sources, or a bundle compiled for a batch: frames of the sources share its calls (batcher.py)
         batched = len(cfg.source_uris) > 1 or manifest.inputs[0].shape[0] > 1
-        allocate = frame_buffers(runtime) if not batched else None
+        lent = frame_buffers(runtime) if not batched else {}
         for uri in cfg.source_uris:
             sources.append(
-                open_source(
-                    uri,
-                    system_python=cfg.system_python,
-                    sidecar_timeout_s=cfg.sidecar_timeout_s,
-                    allocate_frame=allocate,
-                )
+                open_source(uri, system_python=cfg.system_python, sidecar_timeout_s=cfg.sidecar_timeout_s, **lent)
             )
     except AgentError as e:
         for opened in sources:

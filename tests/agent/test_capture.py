@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -256,6 +257,53 @@ def test_a_decoder_that_writes_elsewhere_is_copied_into_the_lent_buffer(tmp_path
     assert [i for i, _, _ in frames] == list(range(6)) and all(lent for _, lent, _ in frames[1:])
     assert src.copied == 5
     assert all(np.array_equal(img, want) for (_, _, img), want in zip(frames, _decoded(clip), strict=True))
+
+
+def test_each_frame_decoded_into_a_lent_buffer_is_sent_on_before_it_is_handed_over(tmp_path: Path) -> None:
+    """send_frame (a GPU runtime's send_frames) gets each lent buffer once the decoder filled it, on the capture
+    thread, before the consumer can take that frame: when the consumer reads frame i, the buffer was sent holding
+    frame i. The first frame (decoded before the buffers existed) is not lent, so not sent."""
+    import numpy as np
+
+    clip = write_clip(tmp_path / "c.avi", 8, 40)
+    want = _decoded(clip)
+    lender, sent = _Lender(), []
+
+    def send(image: object) -> bool:
+        assert threading.current_thread().name.startswith("capture") and lender.owns(image)
+        sent.append((id(image), image.copy()))  # type: ignore[attr-defined]
+        return True
+
+    src = open_source(f"file:{clip}", allocate_frame=lender, send_frame=send)
+    try:
+        got = []
+        while (f := src.read(timeout=5)) is not None:
+            if f.index > 0:
+                assert sent and sent[-1][0] == id(f.image), f"frame {f.index} was handed over before it was sent"
+                assert np.array_equal(sent[-1][1], want[f.index])
+            got.append(f.index)
+    finally:
+        src.close()
+    assert got == list(range(8)) and len(sent) == 7 and src.sent == 7
+
+
+def test_a_send_that_fails_is_not_called_again_and_loses_no_frame(tmp_path: Path) -> None:
+    """A send_frame that raises (a driver call failed) stops being called, says why in last_error, and every frame
+    still reaches the consumer (which then uploads each itself); one that returns False counts nothing."""
+    calls = []
+
+    def broken(image: object) -> bool:
+        calls.append(1)
+        raise OSError("cuStreamCreate failed")
+
+    for send, error in ((broken, "sending frames on failed: OSError: cuStreamCreate failed"), (lambda _: False, None)):
+        src = open_source(f"file:{write_clip(tmp_path / 'c.avi', 5, 40)}", allocate_frame=_Lender(), send_frame=send)
+        try:
+            got = [f.index for f in iter(lambda: src.read(timeout=5), None)]  # noqa: B023
+        finally:
+            src.close()
+        assert got == list(range(5)) and src.sent == 0 and src.last_error == error
+    assert len(calls) == 1
 
 
 def test_a_consumer_that_cannot_lend_buffers_gets_opencvs_frames(tmp_path: Path) -> None:

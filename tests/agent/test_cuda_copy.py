@@ -1,7 +1,7 @@
 """The crop box copy's parameters (runtime/cuda_copy.py): the CUDA_MEMCPY3D layout of cuda.h and, applied with the
 driver's documented semantics (below, in numpy), the box of every frame of a batch, densely in the device buffer.
 The copy itself needs a GPU: bench/gpu_pipeline.py checks every preprocessed frame against preprocess.py there.
-And the model clock's events, against a fake driver."""
+And the model clock's events, the queue mark and the frames sent ahead, against a fake driver."""
 
 from __future__ import annotations
 
@@ -14,7 +14,15 @@ import pytest
 
 from edgedeploy_agent.bundle import Preprocess
 from edgedeploy_agent.preprocess import crop_box
-from edgedeploy_agent.runtime.cuda_copy import BoxCopy, Memcpy3D, ModelClock, QueueMark, box_params, load_box_copy
+from edgedeploy_agent.runtime.cuda_copy import (
+    AheadCopy,
+    BoxCopy,
+    Memcpy3D,
+    ModelClock,
+    QueueMark,
+    box_params,
+    load_box_copy,
+)
 from tests.agent.doubles import fake_libcuda
 
 
@@ -141,3 +149,46 @@ def test_a_refused_mark_says_why_and_marks_nothing_more(tmp_path: Path) -> None:
     assert mark.failure == "cuEventRecord failed with CUresult 700"
     ctypes.c_int.in_dll(ctypes.PyDLL(lib), "fake_event_record_result").value = 0
     assert not mark.mark()  # not tried again: the runtime's stages end where the preprocessing is queued
+
+
+def test_a_frame_sent_ahead_is_copied_on_a_stream_of_its_own_and_waited_for(tmp_path: Path) -> None:
+    """AheadCopy against the fake driver (a copy runs when queued there): each batch's box lands in its own device
+    buffer; one stream for all, one event per batch; the runtime's stream waits for a batch's event only once that
+    batch sent; a retired batch's event is destroyed at the next send, the rest and the stream at close."""
+    lib = fake_libcuda(tmp_path, 11040, 72, "Xavier")
+    driver = ctypes.PyDLL(lib)
+    alive, streams, waits = (
+        ctypes.c_int.in_dll(driver, n) for n in ("fake_events_alive", "fake_streams_alive", "fake_stream_waits")
+    )
+    shape = (1, 72, 128, 3)
+    box = top, left, height, width = crop_box(72, 128, Preprocess(resize="center_crop", crop_fraction=0.875))
+    rng = np.random.default_rng(1)
+    frames = {key: rng.integers(0, 256, shape, dtype=np.uint8) for key in "ab"}
+    devices = {key: np.zeros((1, height, width, 3), np.uint8) for key in "ab"}
+    ahead = AheadCopy(BoxCopy(lib), lib)
+    assert not ahead.wait("a") and waits.value == 0  # nothing sent: nothing to wait for
+    for key in "ab":
+        assert ahead.send(key, box_params(frames[key].ctypes.data, devices[key].ctypes.data, shape, box))
+    for key in "ab":
+        assert np.array_equal(devices[key], frames[key][:, top : top + height, left : left + width])
+    assert streams.value == 1 and alive.value == 2
+    assert ahead.wait("a") and waits.value == 1
+    ahead.retire("a")
+    assert alive.value == 2 and not ahead.wait("a")  # destroyed on the sending thread, not the finaliser's
+    assert ahead.send("b", box_params(frames["b"].ctypes.data, devices["b"].ctypes.data, shape, box))
+    assert alive.value == 1
+    ahead.close()
+    assert alive.value == 0 and streams.value == 0 and ahead.failure is None
+
+
+def test_a_refused_send_says_why_and_sends_nothing_more(tmp_path: Path) -> None:
+    lib = fake_libcuda(tmp_path, 11040, 72, "Xavier")
+    frame, device = np.zeros((1, 8, 8, 3), np.uint8), np.zeros((1, 8, 8, 3), np.uint8)
+    params = box_params(frame.ctypes.data, device.ctypes.data, frame.shape, (0, 0, 8, 8))
+    ahead = AheadCopy(BoxCopy(lib), lib)
+    ctypes.c_int.in_dll(ctypes.PyDLL(lib), "fake_event_record_result").value = 700
+    assert not ahead.send("a", params)
+    assert ahead.failure == "cuEventRecord failed with CUresult 700"
+    ctypes.c_int.in_dll(ctypes.PyDLL(lib), "fake_event_record_result").value = 0
+    assert not ahead.send("a", params)  # not tried again: the loop copies each box itself from now on
+    ahead.close()

@@ -258,7 +258,7 @@ def _loop_predictions(runtime: object, manifest: object, video: Path, root: Path
     cfg = AgentConfig(device_name="t", source=f"file:{video}", report_interval_s=1e9, idle_baseline_s=0.0)
     store.init(cfg)
     loop = InferenceLoop(runtime, manifest, [], cfg, Spool(store), NoPowerSensor(), "t", health_frames=3)  # type: ignore[arg-type]
-    source = open_source(cfg.source or "", allocate_frame=frame_buffers(runtime) if lend else None)  # type: ignore[arg-type]
+    source = open_source(cfg.source or "", **(frame_buffers(runtime) if lend else {}))  # type: ignore[arg-type]
     try:
         loop.run(source)
     finally:

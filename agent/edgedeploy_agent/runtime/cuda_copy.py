@@ -2,7 +2,8 @@
 batch to the GPU in one copy, only the bytes preprocessing reads; the GPU's address of page-locked host
 memory, where a kernel writes its result without a copy back (`device_pointer`, runtime/dlpack_view.py); two
 CUDA events that time the model alone in a frame preprocessed on the GPU (`ModelClock`); and one untimed event
-that tells the host when the preprocessing queued before the model has finished (`QueueMark`).
+that tells the host when the preprocessing queued before the model has finished (`QueueMark`); and a frame's
+box copy queued by the capture's thread on a stream of its own, which the runtime's stream waits for (`AheadCopy`).
 
 TVM's copy (`runtime.TVMTensorCopyFromTo`) takes contiguous tensors only, so a lent frame batch went whole: a
 1280x720 frame is 2.76 MB, its centre crop (87.5 % of the short side, 630x630) 1.19 MB. `cuMemcpy3DAsync` from
@@ -18,10 +19,12 @@ from __future__ import annotations
 
 import ctypes
 import functools
+from collections.abc import Hashable
 from typing import Any
 
 MEMORYTYPE_HOST, MEMORYTYPE_DEVICE = 1, 2
 EVENT_DISABLE_TIMING = 2  # CU_EVENT_DISABLE_TIMING: the cheapest event to record and wait for
+STREAM_NON_BLOCKING = 1  # CU_STREAM_NON_BLOCKING: no implicit order with the legacy default stream
 ERROR_INVALID_CONTEXT = 201
 
 
@@ -101,14 +104,17 @@ class BoxCopy:
         if self.failure is not None:
             return False
         rc = self._copy(ctypes.byref(params), stream or None)
-        if rc == ERROR_INVALID_CONTEXT:  # this thread's first CUDA call: the primary context, as cudart does
-            context = ctypes.c_void_p()
-            if self._retain(ctypes.byref(context), device_id) == 0 and self._set_current(context) == 0:
-                rc = self._copy(ctypes.byref(params), stream or None)
+        if rc == ERROR_INVALID_CONTEXT and self.make_current(device_id):  # this thread's first CUDA call
+            rc = self._copy(ctypes.byref(params), stream or None)
         if rc != 0:
             self.failure = f"cuMemcpy3DAsync failed with CUresult {rc}"
             return False
         return True
+
+    def make_current(self, device_id: int = 0) -> bool:
+        """Make the device's primary context current on this thread, as cudart does on a thread's first call."""
+        context = ctypes.c_void_p()
+        return bool(self._retain(ctypes.byref(context), device_id) == 0 and self._set_current(context) == 0)
 
 
 def device_pointer(host: int, library: str = "libcuda.so.1") -> int | None:
@@ -248,6 +254,90 @@ class QueueMark(_Events):
         event, self._event = self._event, None
         if event is not None:
             self._ok("cuEventDestroy", self._destroy(event))
+
+
+class AheadCopy(_Events):
+    """A lent frame's crop box sent to the GPU as soon as it is decoded: on the capture's thread (`send`, keyed by
+    the lent batch), the box copy queued on a non-blocking stream of its own with an untimed event after it; on the
+    loop's, the legacy default stream (the runtime's) made to wait for that event on the GPU (`wait`) before the
+    preprocessing is queued. The copy (a 720p frame's box: 1.19 MB, about 0.02 ms over PCIe) then runs while the
+    loop is still being woken for the frame, or finishing the one before, instead of inside its preprocess stage.
+    Each batch has a device buffer of its own (TvmRuntime.frame_batch with `ahead`): the copy of one never waits
+    for, nor overwrites, what the loop's kernels read from another. After a failure it says why (`failure`) and
+    sends nothing more: the loop copies the box itself, as for any batch."""
+
+    def __init__(self, copy: BoxCopy, library: str = "libcuda.so.1") -> None:
+        super().__init__(library)
+        p = ctypes.c_void_p
+        self._box_copy = copy
+        self._stream_create = bind(self._cuda, "cuStreamCreate", ctypes.POINTER(p), ctypes.c_uint)
+        self._stream_destroy = bind(self._cuda, "cuStreamDestroy_v2", p)
+        self._wait = bind(self._cuda, "cuStreamWaitEvent", p, p, ctypes.c_uint)
+        self._stream: ctypes.c_void_p | None = None
+        self._events: dict[Hashable, ctypes.c_void_p] = {}  # key -> the event after its last copy
+        self._retired: list[ctypes.c_void_p] = []  # events of retired keys, destroyed on a thread that sends
+
+    def send(self, key: Hashable, params: Memcpy3D) -> bool:
+        """Queue the copy `params` describes on the stream, then `key`'s event; False (and `failure` set) when the
+        driver refused a step (the copy may then be queued or not: the caller copies again)."""
+        if self.failure is not None:
+            return False
+        self._destroy_retired()
+        if self._stream is None:
+            stream = ctypes.c_void_p()
+            rc = self._stream_create(ctypes.byref(stream), STREAM_NON_BLOCKING)
+            if rc == ERROR_INVALID_CONTEXT and self._box_copy.make_current():  # this thread's first CUDA call
+                rc = self._stream_create(ctypes.byref(stream), STREAM_NON_BLOCKING)
+            if not self._ok("cuStreamCreate", rc):
+                return False
+            self._stream = stream
+        event = self._events.get(key)
+        if event is None:
+            event = ctypes.c_void_p()
+            if not self._ok("cuEventCreate", self._create(ctypes.byref(event), EVENT_DISABLE_TIMING)):
+                return False
+            self._events[key] = event
+        if not self._box_copy(params, stream=self._stream.value or 0):
+            self.failure = f"sending a frame ahead: {self._box_copy.failure}"
+            return False
+        return self._ok("cuEventRecord", self._record(event, self._stream))
+
+    def wait(self, key: Hashable) -> bool:
+        """Make the legacy default stream wait for `key`'s last copy (the host goes on at once); False when `key` sent
+        nothing yet or the driver refused."""
+        event = self._events.get(key)
+        return event is not None and self._ok("cuStreamWaitEvent", self._wait(None, event, 0))
+
+    def retire(self, key: Hashable) -> None:
+        """`key`'s batch went: its event is destroyed at the next send or close (a finaliser may run on any thread).
+        One dict and one list operation, atomic under the GIL."""
+        event = self._events.pop(key, None)
+        if event is not None:
+            self._retired.append(event)
+
+    def _destroy_retired(self) -> None:
+        while self._retired:
+            self._ok("cuEventDestroy", self._destroy(self._retired.pop()))
+
+    def close(self) -> None:
+        """Destroy the events and the stream (the runtime's close, after the capture threads stopped)."""
+        self._destroy_retired()
+        events, self._events = self._events, {}
+        for event in events.values():
+            self._ok("cuEventDestroy", self._destroy(event))
+        if self._stream is not None:
+            self._ok("cuStreamDestroy", self._stream_destroy(self._stream))
+            self._stream = None
+
+
+def load_ahead_copy(copy: BoxCopy | None) -> AheadCopy | None:
+    """Frames sent ahead over `copy` (AheadCopy), or None without it or the driver's stream and event calls."""
+    if copy is None:
+        return None
+    try:
+        return AheadCopy(copy)
+    except (OSError, AttributeError):
+        return None
 
 
 def load_box_copy() -> tuple[BoxCopy | None, str | None]:

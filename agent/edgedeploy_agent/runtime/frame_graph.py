@@ -26,9 +26,8 @@ from __future__ import annotations
 import ctypes
 from collections.abc import Callable, Hashable
 
-from .cuda_copy import bind, libcuda
+from .cuda_copy import STREAM_NON_BLOCKING, bind, libcuda
 
-STREAM_NON_BLOCKING = 1
 CAPTURE_MODE_THREAD_LOCAL = 1
 
 

@@ -27,7 +27,17 @@ from ..bundle import Manifest, check_compatible
 from ..errors import RuntimeLoadError
 from ..gpu import probe_cuda, version_tuple
 from ..preprocess import crop_box, resize_taps
-from .cuda_copy import Memcpy3D, ModelClock, QueueMark, box_params, device_pointer, load_box_copy, load_queue_mark
+from .cuda_copy import (
+    AheadCopy,
+    Memcpy3D,
+    ModelClock,
+    QueueMark,
+    box_params,
+    device_pointer,
+    load_ahead_copy,
+    load_box_copy,
+    load_queue_mark,
+)
 from .dlpack_view import DeviceView
 from .frame_graph import FrameGraphs
 
@@ -202,6 +212,10 @@ class TvmRuntime:
         self._lent: dict[int, _Lent] = {}  # data address -> a frame batch lent (frame_batch) and not yet dropped
         # a lent batch's crop box goes to the GPU alone (cuda_copy.py); without the driver's copy, through staging
         self._box_copy, self._no_box_copy = load_box_copy() if target.device == "cuda" else (None, None)
+        # a batch lent `ahead` has its box sent by the capture's thread as soon as it is decoded (send_frames)
+        self._ahead = load_ahead_copy(self._box_copy) if self._preprocess is not None else None
+        self._sent: set[int] = set()  # addresses of lent batches whose box was sent since their last load_frames
+        self.frames_sent = self.frames_ahead = 0  # of the loads of batches lent `ahead`: sent, and all
         # the model's own GPU time in a frame preprocessed there (cuda_copy.ModelClock), every MODEL_CLOCK_EVERY-th
         self._clock = _model_clock() if target.device == "cuda" and self._preprocess is not None else None
         self.model_gpu_ms: Optional[float] = None  # the last run_loaded(_top), when its load_frames was sampled
@@ -279,13 +293,15 @@ class TvmRuntime:
             self._copy(staged.host, staged.device)  # asynchronous, in order on the stream the model runs on
         return self.run_loaded()
 
-    def frame_batch(self, height: int, width: int) -> np.ndarray:
+    def frame_batch(self, height: int, width: int, ahead: bool = False) -> np.ndarray:
         """A new page-locked uint8 batch (N, height, width, 3), N the model's batch: a caller that fills it (a
         decoder, a batcher) and hands it to load_frames saves the host copy, and on a GPU only its crop box is
         copied to the device (or, in place, not at all: __init__'s frames_in_place). Each call lends another; all
         of one resolution share one device buffer (the copies and the kernels reading it are in order on one
-        stream). A batch the caller drops is given back: its memory, and its resolution's device buffer with the
-        last of them, are freed (a camera that changes resolution does not keep the old one's buffers)."""
+        stream), except those lent `ahead`: each has its own, and the caller may send the box as soon as the batch
+        is filled (send_frames: a capture thread), before it hands it to load_frames. A batch the caller drops is
+        given back: its memory, and its resolution's device buffer with the last of them, are freed (a camera that
+        changes resolution does not keep the old one's buffers)."""
         shape = (self._manifest.inputs[0].shape[0], height, width, 3)
         if self._manifest_device == "cuda":
             host = self._alloc(shape, "uint8", self._pinned, None)
@@ -301,13 +317,36 @@ class TvmRuntime:
         elif self._manifest_device == "cuda":
             box = crop_box(height, width, self._manifest.preprocess)
             region = (shape[0], box[2], box[3], 3)
-            device = self._device_frames.get(region)
+            ahead = ahead and self._ahead is not None
+            device = None if ahead else self._device_frames.get(region)
             if device is None:
-                device = self._device_frames[region] = self._alloc(region, "uint8", self._device, None)
+                device = self._alloc(region, "uint8", self._device, None)
+                if not ahead:
+                    self._device_frames[region] = device
             params = box_params(host.data_ptr(), device.data_ptr(), shape, box)
-        self._lent[array.ctypes.data] = _Lent(shape, host, device, region, params)
-        weakref.finalize(array, _given_back, self._lent, self._device_frames, self._frame_graphs, array.ctypes.data)
+        ahead = ahead and params is not None
+        self._lent[array.ctypes.data] = _Lent(shape, host, device, region, params, ahead)
+        weakref.finalize(
+            array, _given_back, self._lent, self._device_frames, self._frame_graphs, self._ahead, array.ctypes.data
+        )
         return array
+
+    def send_frames(self, frames: np.ndarray) -> bool:
+        """For the thread that filled a batch lent `ahead` (a capture's, as soon as the decoder has written a frame):
+        queue its crop box's copy to the GPU now, on a stream of its own (cuda_copy.AheadCopy), so it runs while
+        the loop is still being handed the frame; load_frames then has the GPU wait for it and queues only the
+        preprocessing. False where nothing was sent (not such a batch, a CPU, frames read in place, the driver
+        refused): load_frames copies the box itself. Call it again after every refill."""
+        address = frames.ctypes.data
+        self._sent.discard(address)  # (a refill that is not sent must not pass for the last one that was)
+        lent, ahead = self._lent.get(address), self._ahead
+        if lent is None or not lent.ahead or ahead is None or lent.shape != _batch_shape(frames):
+            return False
+        assert lent.params is not None  # (lent ahead: a box copy)
+        if not ahead.send(address, lent.params):
+            return False
+        self._sent.add(address)
+        return True
 
     def load_frames(self, frames: np.ndarray) -> None:
         """uint8 BGR frames (N, H, W, 3), N the model's batch (or one frame (H, W, 3) for a batch of one), to the
@@ -319,7 +358,7 @@ class TvmRuntime:
         loop and batcher refill a frame buffer only after the call that read it. One copy to the device; tap
         tables are made and copied once per resolution. A lent batch's copy and kernel are one CUDA graph from its
         second call on (frame_graphs)."""
-        if not self._replay_frames(frames):
+        if not (self._load_sent(frames) or self._replay_frames(frames)):
             self._queue_frames(frames)
         if self._clock is not None:
             self._clock.start()
@@ -329,6 +368,34 @@ class TvmRuntime:
         staged, box = self.upload_frames(frames, stream)
         xtaps, ytaps = self._tap_tables(box)
         self._preprocess(staged.device, xtaps, ytaps, self._inputs[0].device)
+
+    def _load_sent(self, frames: np.ndarray) -> bool:
+        """A batch lent `ahead`: the GPU waits for the copy its filler sent (send_frames), or the box is copied here
+        where none was; then the preprocessing alone, as a frame graph from the batch's second call on. False
+        where the caller queues the frames the usual way (not such a batch; the box copy refused)."""
+        address = frames.ctypes.data
+        lent, ahead = self._lent.get(address), self._ahead
+        if lent is None or not lent.ahead or ahead is None or lent.shape != _batch_shape(frames):
+            return False
+        assert lent.params is not None and self._box_copy is not None
+        sent = address in self._sent
+        self._sent.discard(address)
+        # waited for even when this fill was not sent: a copy sent for a fill never loaded may still be running
+        waited = ahead.wait(address)
+        if not (sent and waited) and not self._box_copy(lent.params):
+            return False
+        self.frames_ahead += 1
+        self.frames_sent += sent and waited
+        _, _, height, width = crop_box(lent.shape[1], lent.shape[2], self._manifest.preprocess)
+        xtaps, ytaps = self._tap_tables((0, 0, height, width))
+
+        def record(stream: int) -> None:
+            with self._ffi.use_raw_stream(self._device, stream):
+                self._preprocess(lent.device, xtaps, ytaps, self._inputs[0].device)
+
+        if self._frame_graphs is None or not self._frame_graphs.run(address, record):
+            self._preprocess(lent.device, xtaps, ytaps, self._inputs[0].device)
+        return True
 
     def _replay_frames(self, frames: np.ndarray) -> bool:
         """A lent batch's copy and preprocessing as its CUDA graph; False where the caller queues them itself (not
@@ -511,6 +578,8 @@ class TvmRuntime:
             "top_k_on_device": self.top_k_on_device,  # postprocessing by its postprocess function
             # how a lent frame batch's crop box reaches the GPU: the driver's copy, or why it is staged instead
             "frame_box_copy": self._frame_box_copy(),
+            # batches lent `ahead` (a capture's): how many of their loads found the box sent by the capture's thread
+            "frames_sent_ahead": self._sent_state(),
             # where the device's top k lands: written by the kernel into host memory, or copied back after it
             "top_k_output": None if self._top is None else "mapped host memory" if self._top_view else "copied back",
             # the reports' model_gpu_ms: CUDA events on every MODEL_CLOCK_EVERY-th frame, or why there are none
@@ -553,6 +622,13 @@ class TvmRuntime:
         model = state(self._model_graph, "none: no postprocess function writing into mapped host memory")
         return f"copy and preprocessing: {state(self._frame_graphs, '')}; model and top k: {model}"
 
+    def _sent_state(self) -> Optional[str]:
+        if self._manifest_device != "cuda" or not self.frames_on_device:
+            return None
+        if self._ahead is None or self._ahead.failure:
+            return f"none: {self._ahead.failure if self._ahead else 'no box copy and events from libcuda.so.1'}"
+        return f"{self.frames_sent} of {self.frames_ahead} loads"
+
     def _frame_box_copy(self) -> Optional[str]:
         if self._manifest_device != "cuda":
             return None
@@ -564,7 +640,7 @@ class TvmRuntime:
         """Destroy the CUDA events (the model clock's, the preprocessing's mark) and the frame graphs. The loaded
         libraries stay for the process (one CUDA backend per process); the buffers are TVM tensors, freed with this
         object."""
-        for events in (self._clock, self._queue_mark):
+        for events in (self._clock, self._queue_mark, self._ahead):
             if events is not None:
                 events.close()
         for graphs in (self._frame_graphs, self._model_graph):
@@ -614,18 +690,33 @@ class _Lent:
     device: Any
     device_shape: tuple[int, ...]
     params: Optional[Memcpy3D]
+    ahead: bool = False  # the device buffer is the batch's own, and its filler may send the box (send_frames)
 
 
 def _given_back(
-    lent: dict[int, _Lent], device_frames: dict[tuple[int, ...], Any], graphs: Optional[FrameGraphs], address: int
+    lent: dict[int, _Lent],
+    device_frames: dict[tuple[int, ...], Any],
+    graphs: Optional[FrameGraphs],
+    ahead: Optional[AheadCopy],
+    address: int,
 ) -> None:
-    """The borrower dropped a frame batch: forget it, its frame graph and, with the last batch of its shape, that
-    shape's device buffer (run by weakref.finalize, so it holds the dictionaries, not the runtime)."""
+    """The borrower dropped a frame batch: forget it, its frame graph and its copy's event, and, with the last batch
+    of its shape, that shape's shared device buffer (run by weakref.finalize, so it holds the dictionaries, not the
+    runtime)."""
     if graphs is not None:
         graphs.retire(address)
+    if ahead is not None:
+        ahead.retire(address)
     gone = lent.pop(address, None)
-    if gone is not None and all(x.device_shape != gone.device_shape for x in list(lent.values())):
+    if gone is None or gone.ahead:
+        return
+    if all(x.device_shape != gone.device_shape or x.ahead for x in list(lent.values())):
         device_frames.pop(gone.device_shape, None)
+
+
+def _batch_shape(frames: np.ndarray) -> tuple[int, ...]:
+    """A frame batch's shape; one frame (H, W, 3) is a batch of one."""
+    return (1, *frames.shape) if frames.ndim == 3 else tuple(frames.shape)
 
 
 def _check_wheel_driver(driver_api: str) -> None:

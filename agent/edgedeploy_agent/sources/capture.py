@@ -7,7 +7,9 @@ frame the consumer did not take in time is replaced by the next one and counted 
 A consumer may lend the frame buffers (`allocate_frame`: a GPU runtime's page-locked ones, `frame_batch`): the
 decoder then writes into them (cv2.VideoCapture.read(image=...)), so no host copy stands between decoding and the
 upload. Three per resolution: one being decoded into, the newest frame waiting, and the one the consumer took last
-(it holds that one until it reads the next).
+(it holds that one until it reads the next). With `send_frame` (a GPU runtime's `send_frames`), each frame decoded
+into a lent buffer is sent on from the capture thread at once, before it is handed over: its upload runs while the
+consumer is still being woken for it.
 """
 
 import ctypes
@@ -76,6 +78,7 @@ class CapturedSource:
         capture_factory: Callable[[SourceSpec], Capture] = CvCapture,
         where: Optional[dict[str, Any]] = None,
         allocate_frame: Optional[Callable[[int, int], np.ndarray]] = None,
+        send_frame: Optional[Callable[[np.ndarray], bool]] = None,
     ) -> None:
         self.spec, self.uri = spec, spec.uri
         # the Python and OpenCV that capture: this process's, or a sidecar's (open_source says which)
@@ -90,6 +93,8 @@ class CapturedSource:
         self._allocate = allocate_frame  # (height, width) -> a uint8 (height, width, 3) buffer, or None
         self._buffers: list[np.ndarray] = []  # the lent buffers of the current resolution
         self.copied = 0  # frames copied into a lent buffer because the decoder wrote elsewhere
+        self._send = send_frame  # a lent buffer just filled -> True when its upload was queued
+        self.sent = 0  # frames whose upload send_frame queued
         self._ended = False
         self._closing = False
         self._up = False
@@ -234,6 +239,15 @@ class CapturedSource:
                 self.last_error = f"no frame buffers from the runtime: {type(e).__name__}: {e}"
         return image
 
+    def _send_on(self, image: np.ndarray) -> None:
+        """Hand a lent buffer just filled to `send_frame`; one that raises is not called again (the consumer then
+        uploads each frame itself, as without it)."""
+        try:
+            self.sent += bool(self._send(image))  # type: ignore[misc]
+        except Exception as e:  # a runtime's driver call fails with any error type
+            self._send = None
+            self.last_error = f"sending frames on failed: {type(e).__name__}: {e}"
+
     def _pump(self) -> None:
         """Read frames until the capture fails or the source closes."""
         while not self._closing:
@@ -242,6 +256,8 @@ class CapturedSource:
             if image is None:
                 return
             image = self._into_lent(image, out)
+            if self._send is not None and out is not None and image is out:
+                self._send_on(image)
             with self._cond:
                 if not self.spec.live:
                     # a file: wait until the consumer took the previous frame (no frame is skipped)
@@ -263,9 +279,11 @@ def open_source(
     system_python: Optional[str] = None,
     sidecar_timeout_s: float = 10.0,
     allocate_frame: Optional[Callable[[int, int], np.ndarray]] = None,
+    send_frame: Optional[Callable[[np.ndarray], bool]] = None,
     **kwargs: float,
 ) -> CapturedSource:
-    """Parse, check and start capturing a source URI (into buffers from `allocate_frame`, CapturedSource says how).
+    """Parse, check and start capturing a source URI (into buffers from `allocate_frame`, each sent on to
+    `send_frame` once filled: CapturedSource says how).
 
     A gst: or csi: source that this OpenCV cannot open (no GStreamer) is captured by a sidecar worker under
     `system_python` (JetPack's Python and OpenCV) when one is configured."""
@@ -279,7 +297,8 @@ def open_source(
             capture_factory=lambda s: capture,
             where={**facts, "sidecar": True},
             allocate_frame=allocate_frame,
+            send_frame=send_frame,
             **kwargs,
         )
     check_openable(spec)
-    return CapturedSource(spec, allocate_frame=allocate_frame, **kwargs)  # type: ignore[arg-type]
+    return CapturedSource(spec, allocate_frame=allocate_frame, send_frame=send_frame, **kwargs)  # type: ignore[arg-type]
