@@ -263,7 +263,7 @@ def _loop_predictions(runtime: object, manifest: object, video: Path, root: Path
         loop.run(source)
     finally:
         source.close()
-    assert source.copied == 0
+    assert source.copied == 0 and source.sent == 0  # (a CPU runtime sends nothing ahead: its kernel reads the batch)
     return [p["top"] for _, r in pending_reports(store) for p in r["predictions"]]
 
 
@@ -339,7 +339,7 @@ def test_a_batch_of_sources_preprocessed_on_the_device_predicts_as_the_cpu_path(
 
 def test_the_device_buffer_of_a_resolution_goes_with_its_last_lent_batch() -> None:
     """On a GPU every lent batch of one resolution shares one device buffer (of its crop box): it is freed with
-    the last of them."""
+    the last of them. A batch lent `ahead` has its own (freed with it): it neither keeps nor frees the shared one."""
     from edgedeploy_agent.runtime.tvm import _given_back, _Lent
 
     hd, vga = (1, 720, 1280, 3), (1, 480, 640, 3)
@@ -348,14 +348,18 @@ def test_the_device_buffer_of_a_resolution_goes_with_its_last_lent_batch() -> No
         1: _Lent(hd, "h1", "d-hd", hd_box, None),
         2: _Lent(hd, "h2", "d-hd", hd_box, None),
         3: _Lent(vga, "h3", "d-vga", vga_box, None),
+        4: _Lent(hd, "h4", "d-own", hd_box, None, ahead=True),
     }
     device_frames = {hd_box: "d-hd", vga_box: "d-vga"}
-    _given_back(lent, device_frames, None, 1)
-    assert set(lent) == {2, 3} and set(device_frames) == {hd_box, vga_box}
-    _given_back(lent, device_frames, None, 2)
-    assert set(lent) == {3} and set(device_frames) == {vga_box}
-    _given_back(lent, device_frames, None, 2)  # twice (or never lent): nothing more happens
-    assert set(lent) == {3} and set(device_frames) == {vga_box}
+    _given_back(lent, device_frames, None, None, 1)
+    assert set(lent) == {2, 3, 4} and set(device_frames) == {hd_box, vga_box}
+    _given_back(lent, device_frames, None, None, 2)  # the last shared hd batch: batch 4's own buffer does not count
+    assert set(lent) == {3, 4} and set(device_frames) == {vga_box}
+    _given_back(lent, device_frames, None, None, 2)  # twice (or never lent): nothing more happens
+    assert set(lent) == {3, 4} and set(device_frames) == {vga_box}
+    device_frames[hd_box] = "d-hd again"
+    _given_back(lent, device_frames, None, None, 4)
+    assert set(lent) == {3} and set(device_frames) == {hd_box, vga_box}
 
 
 @pytest.mark.compile
