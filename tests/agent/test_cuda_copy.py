@@ -6,6 +6,7 @@ And the model clock's events, the queue mark and the frames sent ahead, against 
 from __future__ import annotations
 
 import ctypes
+import threading
 import time
 from pathlib import Path
 
@@ -191,4 +192,22 @@ def test_a_refused_send_says_why_and_sends_nothing_more(tmp_path: Path) -> None:
     assert ahead.failure == "cuEventRecord failed with CUresult 700"
     ctypes.c_int.in_dll(ctypes.PyDLL(lib), "fake_event_record_result").value = 0
     assert not ahead.send("a", params)  # not tried again: the loop copies each box itself from now on
+    ahead.close()
+
+
+def test_a_thread_without_a_context_sends_after_making_the_primary_one_current(tmp_path: Path) -> None:
+    """A thread whose first CUDA call is a send (the driver answers 201, no current context) makes the device's
+    primary context current and sends, as cudart would: the capture thread of a bench, or of a sidecar."""
+    lib = fake_libcuda(tmp_path, 11040, 72, "Xavier")
+    ctypes.c_int.in_dll(ctypes.PyDLL(lib), "fake_threads_need_context").value = 1
+    frame = np.arange(8 * 8 * 3, dtype=np.uint8).reshape(1, 8, 8, 3)
+    ahead = AheadCopy(BoxCopy(lib), lib)
+    for key in range(2):  # the stream is made by the first thread; the second makes only its event
+        device = np.zeros_like(frame)
+        params = box_params(frame.ctypes.data, device.ctypes.data, frame.shape, (0, 0, 8, 8))
+        results: list[bool] = []
+        thread = threading.Thread(target=lambda r=results, p=params, k=key: r.append(ahead.send(k, p)))
+        thread.start()
+        thread.join()
+        assert results == [True] and ahead.failure is None and np.array_equal(device, frame)
     ahead.close()

@@ -285,22 +285,28 @@ class AheadCopy(_Events):
         self._destroy_retired()
         if self._stream is None:
             stream = ctypes.c_void_p()
-            rc = self._stream_create(ctypes.byref(stream), STREAM_NON_BLOCKING)
-            if rc == ERROR_INVALID_CONTEXT and self._box_copy.make_current():  # this thread's first CUDA call
-                rc = self._stream_create(ctypes.byref(stream), STREAM_NON_BLOCKING)
-            if not self._ok("cuStreamCreate", rc):
+            if not self._call("cuStreamCreate", self._stream_create, ctypes.byref(stream), STREAM_NON_BLOCKING):
                 return False
             self._stream = stream
         event = self._events.get(key)
         if event is None:
             event = ctypes.c_void_p()
-            if not self._ok("cuEventCreate", self._create(ctypes.byref(event), EVENT_DISABLE_TIMING)):
+            if not self._call("cuEventCreate", self._create, ctypes.byref(event), EVENT_DISABLE_TIMING):
                 return False
             self._events[key] = event
         if not self._box_copy(params, stream=self._stream.value or 0):
             self.failure = f"sending a frame ahead: {self._box_copy.failure}"
             return False
-        return self._ok("cuEventRecord", self._record(event, self._stream))
+        return self._call("cuEventRecord", self._record, event, self._stream)
+
+    def _call(self, what: str, func: Any, *args: Any) -> bool:
+        """`func(*args)`, made again after the primary context was made current where the calling thread had none
+        (a thread's first CUDA call: the capture thread's may be this one's); False (and `failure` set) on a
+        refusal."""
+        rc = func(*args)
+        if rc == ERROR_INVALID_CONTEXT and self._box_copy.make_current():
+            rc = func(*args)
+        return self._ok(what, rc)
 
     def wait(self, key: Hashable) -> bool:
         """Make the legacy default stream wait for `key`'s last copy (the host goes on at once); False when `key` sent
