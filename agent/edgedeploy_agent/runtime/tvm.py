@@ -386,7 +386,7 @@ class TvmRuntime:
             return False
         self.frames_ahead += 1
         self.frames_sent += sent and waited
-        _, _, height, width = crop_box(lent.shape[1], lent.shape[2], self._manifest.preprocess)
+        _, height, width, _ = lent.device_shape  # (the crop box's)
         xtaps, ytaps = self._tap_tables((0, 0, height, width))
 
         def record(stream: int) -> None:
