@@ -256,8 +256,8 @@ def main() -> None:
     json_out = output_file(args.json, "multi-source", "multi_source.json") if args.json else None
     what = f"bundles {args.bundles}" if args.bundles else f"{'INT8' if args.int8 else 'FP32'} {args.model.name}"
     gpu, why = probe_cuda()  # the card it runs on: the profile names the one the bundles were built for
-    print(f"profile {args.profile}, GPU {gpu.name if gpu else f'none ({why})'}, {what}, video {args.video.name}, "
-          f"{os.cpu_count()} CPUs seen, max_batch_wait_ms {args.wait_ms}")  # fmt: skip
+    print(f"bundles for profile {args.profile}, on GPU {gpu.name if gpu else f'none ({why})'}, {what}, "
+          f"video {args.video.name}, {os.cpu_count()} CPUs seen, max_batch_wait_ms {args.wait_ms}")  # fmt: skip
     results = []
     with tempfile.TemporaryDirectory() as tmp:
         try:
