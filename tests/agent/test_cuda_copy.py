@@ -167,15 +167,15 @@ def test_a_frame_sent_ahead_is_copied_on_a_stream_of_its_own_and_waited_for(tmp_
     frames = {key: rng.integers(0, 256, shape, dtype=np.uint8) for key in "ab"}
     devices = {key: np.zeros((1, height, width, 3), np.uint8) for key in "ab"}
     ahead = AheadCopy(BoxCopy(lib), lib)
-    assert not ahead.wait("a") and waits.value == 0  # nothing sent: nothing to wait for
+    assert not ahead.take("a") and waits.value == 0  # nothing sent: nothing to wait for
     for key in "ab":
         assert ahead.send(key, box_params(frames[key].ctypes.data, devices[key].ctypes.data, shape, box))
     for key in "ab":
         assert np.array_equal(devices[key], frames[key][:, top : top + height, left : left + width])
     assert streams.value == 1 and alive.value == 2
-    assert ahead.wait("a") and waits.value == 1
+    assert ahead.take("a") and waits.value == 1
     ahead.retire("a")
-    assert alive.value == 2 and not ahead.wait("a")  # destroyed on the sending thread, not the finaliser's
+    assert alive.value == 2 and not ahead.take("a")  # destroyed on the sending thread, not the finaliser's
     assert ahead.send("b", box_params(frames["b"].ctypes.data, devices["b"].ctypes.data, shape, box))
     assert alive.value == 1
     ahead.close()
@@ -210,4 +210,26 @@ def test_a_thread_without_a_context_sends_after_making_the_primary_one_current(t
         thread.start()
         thread.join()
         assert results == [True] and ahead.failure is None and np.array_equal(device, frame)
+    ahead.close()
+
+
+def test_take_says_whether_the_batchs_current_fill_was_sent(tmp_path: Path) -> None:
+    """What the loop's load_frames asks (AheadCopy.take): True once per send; a fill loaded again without a send
+    is the loop's to copy, though its stream still waits for the last copy into the buffer; a batch given back (its
+    address may be lent again) or a failure since the send leaves nothing to take."""
+    lib = fake_libcuda(tmp_path, 11040, 72, "Xavier")
+    driver = ctypes.PyDLL(lib)
+    waits = ctypes.c_int.in_dll(driver, "fake_stream_waits")
+    frame, device = np.zeros((1, 8, 8, 3), np.uint8), np.zeros((1, 8, 8, 3), np.uint8)
+    params = box_params(frame.ctypes.data, device.ctypes.data, frame.shape, (0, 0, 8, 8))
+    ahead = AheadCopy(BoxCopy(lib), lib)
+    assert ahead.send("a", params) and ahead.take("a") and waits.value == 1
+    assert not ahead.take("a") and waits.value == 2  # loaded again, not sent again: copied by the loop, after a wait
+    assert ahead.send("a", params)
+    ahead.retire("a")
+    assert not ahead.take("a")
+    assert ahead.send("b", params)
+    ctypes.c_int.in_dll(driver, "fake_event_record_result").value = 700
+    assert not ahead.send("c", params) and ahead.failure is not None
+    assert not ahead.take("b")  # sent before the failure: the loop copies from now on, every fill alike
     ahead.close()

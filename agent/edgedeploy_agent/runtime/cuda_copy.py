@@ -131,6 +131,25 @@ def device_pointer(host: int, library: str = "libcuda.so.1") -> int | None:
     return int(address.value) if get(ctypes.byref(address), host, 0) == 0 and address.value else None
 
 
+class Retired:
+    """Driver handles whose owner went away, destroyed later: `add` may run in a finaliser on any thread (where no
+    CUDA context is current; one list append, atomic under the GIL), `destroy` runs on the thread that owns them."""
+
+    def __init__(self, destroy: Any) -> None:
+        self._destroy = destroy
+        self._handles: list[ctypes.c_void_p] = []
+
+    def __bool__(self) -> bool:
+        return bool(self._handles)
+
+    def add(self, handle: ctypes.c_void_p) -> None:
+        self._handles.append(handle)
+
+    def destroy(self) -> None:
+        while self._handles:
+            self._destroy(self._handles.pop())
+
+
 def bind(cuda: ctypes.PyDLL, name: str, *argtypes: Any) -> Any:
     """The driver's `name`, its argument types set, returning a CUresult."""
     func = getattr(cuda, name)
@@ -259,12 +278,13 @@ class QueueMark(_Events):
 class AheadCopy(_Events):
     """A lent frame's crop box sent to the GPU as soon as it is decoded: on the capture's thread (`send`, keyed by
     the lent batch), the box copy queued on a non-blocking stream of its own with an untimed event after it; on the
-    loop's, the legacy default stream (the runtime's) made to wait for that event on the GPU (`wait`) before the
-    preprocessing is queued. The copy (a 720p frame's box: 1.19 MB, about 0.02 ms over PCIe) then runs while the
-    loop is still being woken for the frame, or finishing the one before, instead of inside its preprocess stage.
-    Each batch has a device buffer of its own (TvmRuntime.frame_batch with `ahead`): the copy of one never waits
-    for, nor overwrites, what the loop's kernels read from another. After a failure it says why (`failure`) and
-    sends nothing more: the loop copies the box itself, as for any batch."""
+    loop's, the legacy default stream (the runtime's) made to wait for that event on the GPU (`take`) before the
+    preprocessing is queued, and told whether the batch's current fill was sent (else the loop copies it). The
+    copy (a 720p frame's box: 1.19 MB, about 0.02 ms over PCIe by the measured 62 GB/s) then runs while the loop is
+    still being woken for the frame, or finishing the one before, instead of inside its preprocess stage. Each
+    batch has a device buffer of its own (TvmRuntime.frame_batch with `ahead`): the copy of one never waits for,
+    nor overwrites, what the loop's kernels read from another. After a failure it says why (`failure`) and sends
+    nothing more: the loop copies the box itself, as for any batch."""
 
     def __init__(self, copy: BoxCopy, library: str = "libcuda.so.1") -> None:
         super().__init__(library)
@@ -275,14 +295,16 @@ class AheadCopy(_Events):
         self._wait = bind(self._cuda, "cuStreamWaitEvent", p, p, ctypes.c_uint)
         self._stream: ctypes.c_void_p | None = None
         self._events: dict[Hashable, ctypes.c_void_p] = {}  # key -> the event after its last copy
-        self._retired: list[ctypes.c_void_p] = []  # events of retired keys, destroyed on a thread that sends
+        self._sent: set[Hashable] = set()  # keys sent since their last `take`
+        self._retired = Retired(self._destroy)  # events of retired keys, destroyed on a thread that sends
 
     def send(self, key: Hashable, params: Memcpy3D) -> bool:
         """Queue the copy `params` describes on the stream, then `key`'s event; False (and `failure` set) when the
         driver refused a step (the copy may then be queued or not: the caller copies again)."""
+        self._sent.discard(key)  # (a refill that is not sent must not pass for the last one that was)
         if self.failure is not None:
             return False
-        self._destroy_retired()
+        self._retired.destroy()
         if self._stream is None:
             stream = ctypes.c_void_p()
             if not self._call("cuStreamCreate", self._stream_create, ctypes.byref(stream), STREAM_NON_BLOCKING):
@@ -297,7 +319,10 @@ class AheadCopy(_Events):
         if not self._box_copy(params, stream=self._stream.value or 0):
             self.failure = f"sending a frame ahead: {self._box_copy.failure}"
             return False
-        return self._call("cuEventRecord", self._record, event, self._stream)
+        if not self._call("cuEventRecord", self._record, event, self._stream):
+            return False
+        self._sent.add(key)
+        return True
 
     def _call(self, what: str, func: Any, *args: Any) -> bool:
         """`func(*args)`, made again after the primary context was made current where the calling thread had none
@@ -308,26 +333,28 @@ class AheadCopy(_Events):
             rc = func(*args)
         return self._ok(what, rc)
 
-    def wait(self, key: Hashable) -> bool:
-        """Make the legacy default stream wait for `key`'s last copy (the host goes on at once); False when `key` sent
-        nothing yet or the driver refused."""
+    def take(self, key: Hashable) -> bool:
+        """For the loop, about to preprocess `key`'s batch: make the legacy default stream wait for `key`'s last copy
+        (the host goes on at once; waited for even when this fill was not sent: a copy sent for a fill never loaded
+        may still be running); True when this fill was sent and waited for, False when the caller must copy it
+        (not sent, the driver refused, or sending failed since)."""
+        sent = key in self._sent
+        self._sent.discard(key)
         event = self._events.get(key)
-        return event is not None and self._ok("cuStreamWaitEvent", self._wait(None, event, 0))
+        waited = event is not None and self._ok("cuStreamWaitEvent", self._wait(None, event, 0))
+        return sent and waited and self.failure is None
 
     def retire(self, key: Hashable) -> None:
-        """`key`'s batch went: its event is destroyed at the next send or close (a finaliser may run on any thread).
-        One dict and one list operation, atomic under the GIL."""
+        """`key`'s batch went: forget whether it was sent; its event is destroyed at the next send or close (a
+        finaliser may run on any thread). Single set, dict and list operations, atomic under the GIL."""
+        self._sent.discard(key)
         event = self._events.pop(key, None)
         if event is not None:
-            self._retired.append(event)
-
-    def _destroy_retired(self) -> None:
-        while self._retired:
-            self._ok("cuEventDestroy", self._destroy(self._retired.pop()))
+            self._retired.add(event)
 
     def close(self) -> None:
         """Destroy the events and the stream (the runtime's close, after the capture threads stopped)."""
-        self._destroy_retired()
+        self._retired.destroy()
         events, self._events = self._events, {}
         for event in events.values():
             self._ok("cuEventDestroy", self._destroy(event))

@@ -26,7 +26,7 @@ from __future__ import annotations
 import ctypes
 from collections.abc import Callable, Hashable
 
-from .cuda_copy import STREAM_NON_BLOCKING, bind, libcuda
+from .cuda_copy import STREAM_NON_BLOCKING, Retired, bind, libcuda
 
 CAPTURE_MODE_THREAD_LOCAL = 1
 
@@ -53,7 +53,7 @@ class FrameGraphs:
         self._stream: ctypes.c_void_p | None = None
         self._graphs: dict[Hashable, ctypes.c_void_p] = {}
         self._seen: set[Hashable] = set()  # keys whose first call the caller made itself
-        self._retired: list[ctypes.c_void_p] = []  # graphs of retired keys, destroyed on the owning thread
+        self._retired = Retired(self._exec_destroy)  # graphs of retired keys, destroyed on the owning thread
         self.recorded = 0  # graphs recorded so far (retired ones included)
         self.launches = 0  # graph launches so far
 
@@ -87,7 +87,7 @@ class FrameGraphs:
         the caller queues the work itself (where `queue` failed for a reason of its own, it fails again there)."""
         if self.failure is not None:
             return False
-        self._destroy_retired()
+        self._retired.destroy()
         if self._stream is None:
             stream = ctypes.c_void_p()
             rc = self._stream_create(ctypes.byref(stream), STREAM_NON_BLOCKING)
@@ -127,7 +127,7 @@ class FrameGraphs:
         """Queue `key`'s graph on the legacy default stream; False when there is none (or the driver refused:
         `failure` says why, and the caller queues the work itself)."""
         if self._retired:
-            self._destroy_retired()
+            self._retired.destroy()
         executable = self._graphs.get(key)
         if executable is None or self.failure is not None:
             return False
@@ -144,15 +144,11 @@ class FrameGraphs:
         self._seen.discard(key)
         executable = self._graphs.pop(key, None)
         if executable is not None:
-            self._retired.append(executable)
-
-    def _destroy_retired(self) -> None:
-        while self._retired:
-            self._exec_destroy(self._retired.pop())
+            self._retired.add(executable)
 
     def close(self) -> None:
         """Destroy every graph and the recording stream (the runtime's close)."""
-        self._destroy_retired()
+        self._retired.destroy()
         graphs, self._graphs, self._seen = self._graphs, {}, set()
         for executable in graphs.values():
             self._exec_destroy(executable)

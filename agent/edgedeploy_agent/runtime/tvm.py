@@ -214,7 +214,6 @@ class TvmRuntime:
         self._box_copy, self._no_box_copy = load_box_copy() if target.device == "cuda" else (None, None)
         # a batch lent `ahead` has its box sent by the capture's thread as soon as it is decoded (send_frames)
         self._ahead = load_ahead_copy(self._box_copy) if self._preprocess is not None else None
-        self._sent: set[int] = set()  # addresses of lent batches whose box was sent since their last load_frames
         self.frames_sent = self.frames_ahead = 0  # of the loads of batches lent `ahead`: sent, and all
         # the model's own GPU time in a frame preprocessed there (cuda_copy.ModelClock), every MODEL_CLOCK_EVERY-th
         self._clock = _model_clock() if target.device == "cuda" and self._preprocess is not None else None
@@ -337,16 +336,11 @@ class TvmRuntime:
         the loop is still being handed the frame; load_frames then has the GPU wait for it and queues only the
         preprocessing. False where nothing was sent (not such a batch, a CPU, frames read in place, the driver
         refused): load_frames copies the box itself. Call it again after every refill."""
-        address = frames.ctypes.data
-        self._sent.discard(address)  # (a refill that is not sent must not pass for the last one that was)
-        lent, ahead = self._lent.get(address), self._ahead
-        if lent is None or not lent.ahead or ahead is None or lent.shape != _batch_shape(frames):
+        lent = self._lent_ahead(frames)
+        if lent is None or self._ahead is None:
             return False
         assert lent.params is not None  # (lent ahead: a box copy)
-        if not ahead.send(address, lent.params):
-            return False
-        self._sent.add(address)
-        return True
+        return self._ahead.send(frames.ctypes.data, lent.params)
 
     def load_frames(self, frames: np.ndarray) -> None:
         """uint8 BGR frames (N, H, W, 3), N the model's batch (or one frame (H, W, 3) for a batch of one), to the
@@ -373,19 +367,16 @@ class TvmRuntime:
         """A batch lent `ahead`: the GPU waits for the copy its filler sent (send_frames), or the box is copied here
         where none was; then the preprocessing alone, as a frame graph from the batch's second call on. False
         where the caller queues the frames the usual way (not such a batch; the box copy refused)."""
-        address = frames.ctypes.data
-        lent, ahead = self._lent.get(address), self._ahead
-        if lent is None or not lent.ahead or ahead is None or lent.shape != _batch_shape(frames):
+        lent = self._lent_ahead(frames)
+        if lent is None or self._ahead is None or self._box_copy is None:
             return False
-        assert lent.params is not None and self._box_copy is not None
-        sent = address in self._sent
-        self._sent.discard(address)
-        # waited for even when this fill was not sent: a copy sent for a fill never loaded may still be running
-        waited = ahead.wait(address)
-        if not (sent and waited) and not self._box_copy(lent.params):
+        assert lent.params is not None  # (lent ahead: a box copy)
+        address = frames.ctypes.data
+        sent = self._ahead.take(address)
+        if not sent and not self._box_copy(lent.params):
             return False
         self.frames_ahead += 1
-        self.frames_sent += sent and waited
+        self.frames_sent += sent
         _, height, width, _ = lent.device_shape  # (the crop box's)
         xtaps, ytaps = self._tap_tables((0, 0, height, width))
 
@@ -397,11 +388,16 @@ class TvmRuntime:
             self._preprocess(lent.device, xtaps, ytaps, self._inputs[0].device)
         return True
 
+    def _lent_ahead(self, frames: np.ndarray) -> Optional["_Lent"]:
+        """The batch lent `ahead` these frames are (a box copy of its own), or None."""
+        lent = self._lent.get(frames.ctypes.data)
+        return lent if lent is not None and lent.ahead and lent.shape == _batch_shape(frames) else None
+
     def _replay_frames(self, frames: np.ndarray) -> bool:
         """A lent batch's copy and preprocessing as its CUDA graph; False where the caller queues them itself (not
         a lent batch, its first call, no graphs)."""
         graphs, lent = self._frame_graphs, self._lent.get(frames.ctypes.data)
-        if graphs is None or lent is None or lent.shape != (frames[None] if frames.ndim == 3 else frames).shape:
+        if graphs is None or lent is None or lent.shape != _batch_shape(frames):
             return False
         if lent.params is not None and (self._box_copy is None or self._box_copy.failure is not None):
             return False  # staged through the host: a copy per call, nothing a graph could hold

@@ -256,7 +256,7 @@ class CapturedSource:
             if image is None:
                 return
             image = self._into_lent(image, out)
-            if self._send is not None and out is not None and image is out:
+            if self._send is not None and image is out:  # a lent buffer, just filled
                 self._send_on(image)
             with self._cond:
                 if not self.spec.live:
