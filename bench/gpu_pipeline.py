@@ -111,6 +111,25 @@ def without_module(manifest: Any) -> Any:
     return manifest.model_copy(update={"artifacts": [a for a in manifest.artifacts if a.role != "tvm-preprocess"]})
 
 
+class RunFromHost(TvmRuntime):
+    """The CPU path as before load_inputs: the loop calls run() (the input's copy, the model, its outputs back, all
+    in the infer stage; built with frame_graphs=False: the model call by call, as it was)."""
+
+    loads_inputs = False  # type: ignore[assignment]
+
+
+def run_agreement(graphs: TvmRuntime, calls: TvmRuntime, x: np.ndarray, n: int = 16) -> int:
+    """run() through the model graph against run() call by call, on `x` and n - 1 random inputs: how many of the
+    n differ in any output bit."""
+    rng = np.random.default_rng(1)
+    differ = 0
+    for i in range(n):
+        xi = x if i == 0 else rng.standard_normal(x.shape).astype(x.dtype)
+        ours, theirs = graphs.run([xi]), calls.run([xi])
+        differ += any(not np.array_equal(a, b) for a, b in zip(ours, theirs, strict=True))
+    return differ
+
+
 def host_top_k(rt: TvmRuntime) -> TvmRuntime:
     """`rt` with the top k left to the host, as for a library without the postprocess function (the outputs come
     back: one copy)."""
@@ -312,7 +331,13 @@ def sent_ahead_check(gpu: TvmRuntime, manifest: Any, video: Path, frames: int = 
 
 
 def alone(
-    cpu: TvmRuntime, gpu: TvmRuntime, calls: TvmRuntime, frame: np.ndarray, x: np.ndarray, gap_s: float
+    cpu: TvmRuntime,
+    cpu_run: TvmRuntime,
+    gpu: TvmRuntime,
+    calls: TvmRuntime,
+    frame: np.ndarray,
+    x: np.ndarray,
+    gap_s: float,
 ) -> dict[str, Any]:
     """The loop's calls outside it (no capture thread, no other stage between calls): what the runtime costs,
     against what the loop around it adds; and the kernel with the CPU path's preprocessing time between calls
@@ -321,6 +346,7 @@ def alone(
     lent[0] = frame
     return {
         "run": p50_ms(lambda: cpu.run([x]), 300),
+        "run_calls": p50_ms(lambda: cpu_run.run([x]), 300),
         "upload": p50_ms(lambda: gpu.upload_frames(frame), 300, gpu.synchronize),
         "upload_lent": p50_ms(lambda: gpu.upload_frames(lent), 300, gpu.synchronize),
         "frame_box_copy": gpu.describe()["frame_box_copy"],
@@ -496,6 +522,7 @@ def batch1(bundle: Path, videos: list[Path], work: Path) -> list[dict[str, Any]]
     # the kernel reading each lent frame in place (what a Jetson does by default): here over PCIe
     in_place = TvmRuntime(rdir, manifest, LIB, cuda_backend=BACKEND, frames_in_place=True)
     cpu = TvmRuntime(rdir, without_module(manifest), LIB, cuda_backend=BACKEND)
+    cpu_run = RunFromHost(rdir, without_module(manifest), LIB, cuda_backend=BACKEND, frame_graphs=False)
     assert gpu.frames_on_device and not cpu.frames_on_device, "the bundle has no preprocessing module"
     assert gpu.top_k_on_device, "the bundle's library has no postprocess function"
     kernel = p50_ms(gpu.run_kernel, 500)
@@ -507,6 +534,7 @@ def batch1(bundle: Path, videos: list[Path], work: Path) -> list[dict[str, Any]]
         row: dict[str, Any] = {"bundle": bundle.stem, "video": f"{first.shape[1]}x{first.shape[0]}", "kernel": kernel}
         paths = (
             ("cpu", cpu),
+            ("cpu_run", cpu_run),
             ("gpu", gpu),
             ("gpu_calls", calls),
             ("gpu_host_top", gpu_host_top),
@@ -536,15 +564,16 @@ def batch1(bundle: Path, videos: list[Path], work: Path) -> list[dict[str, Any]]
         row["agreement"] = agreement(cpu, gpu, manifest, video)
         row["agreement"].update(sent_ahead_check(gpu, manifest, video))
         theirs = row["cpu"]["classes"][0]
-        for name in (*GPU_LOOPS, "cpu"):  # every pass's predictions, frame by frame, against the CPU's first pass's
+        for name in (*GPU_LOOPS, "cpu", "cpu_run"):  # each pass's predictions, frame by frame, against cpu's first
             differ = 0
             for ours in row[name].pop("classes"):
                 want = theirs[: len(ours)] if name == "gpu_camera" else theirs  # (the camera: the first frames)
                 differ += sum(a != b for a, b in zip(ours, want, strict=False)) + abs(len(ours) - len(want))
             row["agreement"][f"loop_{name}_frames_differ"] = differ
         x = preprocess(first, manifest.preprocess, manifest.inputs[0])
-        row["alone"] = alone(cpu, gpu, calls, first, x, row["cpu"]["preprocess"] / 1e3)
-        row["frame_graphs"] = {name: rt.describe()["frame_graphs"] for name, rt in paths[1:]}
+        row["alone"] = alone(cpu, cpu_run, gpu, calls, first, x, row["cpu"]["preprocess"] / 1e3)
+        row["agreement"]["run_graph_unlike_calls"] = run_agreement(cpu, cpu_run, x)
+        row["frame_graphs"] = {name: rt.describe()["frame_graphs"] for name, rt in paths if name != "cpu_run"}
         row["frames_sent_ahead"] = gpu.describe()["frames_sent_ahead"]
         row["steps"] = steps(gpu, first, manifest)
         row["sent_steps"] = sent_steps(gpu, first)
@@ -555,6 +584,9 @@ def batch1(bundle: Path, videos: list[Path], work: Path) -> list[dict[str, Any]]
         gpu_ms = row["gpu"]["model_gpu_ms"]
         row["ratio_model_gpu"] = gpu_ms / kernel if gpu_ms is not None else None
         row["ratio_infer_cpu_path"] = row["cpu"]["infer"] / kernel
+        row["ratio_infer_cpu_run"] = row["cpu_run"]["infer"] / kernel
+        row["ratio_frame_cpu_path"] = sum(row["cpu"][s] for s in STAGES) / kernel
+        row["ratio_frame_cpu_run"] = sum(row["cpu_run"][s] for s in STAGES) / kernel
         row["ratio_frame"] = sum(row["gpu"][s] for s in STAGES) / kernel
         row["ratio_frame_copy_in_loop"] = sum(row["gpu_copy_in_loop"][s] for s in STAGES) / kernel
         row["ratio_frame_calls"] = sum(row["gpu_calls"][s] for s in STAGES) / kernel
@@ -645,7 +677,7 @@ def main() -> None:
           "| frames copied | frames sent ahead |")  # fmt: skip
     print("|---|---|---|---|---|---|---|---|---|---|---|")
     for r in result["bs1"]:
-        for path in ("cpu", *GPU_LOOPS):
+        for path in ("cpu", "cpu_run", *GPU_LOOPS):
             m = r[path]
             print(
                 f"| {r['bundle']} | {r['video']} | {path} | {m['fps']:.0f} | {m['preprocess']:.3f} | {m['infer']:.3f} "
@@ -655,8 +687,8 @@ def main() -> None:
     print("\nthe GPU path's runtime after its loops, frames sent ahead (describe()): " + "; ".join(
         f"{r['bundle']} {r['video']}: {r['frames_sent_ahead']}" for r in result["bs1"]))  # fmt: skip
     print(
-        "\n| bundle | video | run() alone | upload alone | upload lent | load_frames alone | load_frames+run_loaded "
-        "| load_frames+run_loaded_top | lent frame, events / none | lent frame, mark / none "
+        "\n| bundle | video | run() alone (graph / calls) | upload alone | upload lent | load_frames alone "
+        "| load_frames+run_loaded | load_frames+run_loaded_top | lent frame, events / none | lent frame, mark / none "
         "| lent frame, graphs / calls (top k differ) "
         "| kernel paced | lent box copy | device top k |"
     )
@@ -664,7 +696,8 @@ def main() -> None:
     for r in result["bs1"]:
         a = r["alone"]
         print(
-            f"| {r['bundle']} | {r['video']} | {a['run']:.3f} | {a['upload']:.3f} | {a['upload_lent']:.3f} "
+            f"| {r['bundle']} | {r['video']} | {a['run']:.3f} / {a['run_calls']:.3f} | {a['upload']:.3f} "
+            f"| {a['upload_lent']:.3f} "
             f"| {a['load_frames']:.3f} | {a['load_frames_run_loaded']:.3f} | {a['load_frames_run_loaded_top']:.3f} "
             f"| {a['lent_frame_clock']:.4f} / {a['lent_frame_no_clock']:.4f} "
             f"| {a['lent_frame_mark']:.4f} / {a['lent_frame_no_mark']:.4f} "
@@ -713,6 +746,10 @@ def main() -> None:
             print(f"| model_gpu_ms (events; not the target's measure) | {r['bundle']} | {r['video']} "
                   f"| {r['ratio_model_gpu']:.3f} | | |")  # fmt: skip
         line("infer_bs1_cpu_path", r["bundle"], r["video"], r["ratio_infer_cpu_path"])
+        line("infer_bs1_cpu_path (run() in the infer stage, call by call, as before)", r["bundle"], r["video"],
+             r["ratio_infer_cpu_run"])  # fmt: skip
+        print(f"| frame / kernel, CPU path (as before: {r['ratio_frame_cpu_run']:.3f}) | {r['bundle']} "
+              f"| {r['video']} | {r['ratio_frame_cpu_path']:.3f} | | |")  # fmt: skip
         if r["video"] == "1280x720":
             line("frame_bs1_720p", r["bundle"], r["video"], r["ratio_frame"])
             line("frame_bs1_720p (the box copied in the loop, as before)", r["bundle"], r["video"],
@@ -742,7 +779,9 @@ def main() -> None:
             f"frames, max |score diff| {a['max_abs_top_k_score_diff']:.3g} (tolerance 1e-12); the agent's loop, top k "
             "classes unlike the CPU path's on frames: "
             + ", ".join(f"{a[f'loop_{name}_frames_differ']} ({label})" for name, label in GPU_LOOPS.items())
-            + f" (each over its passes); the CPU path's passes unlike its first: {a['loop_cpu_frames_differ']}; "
+            + f" (each over its passes); the CPU path's passes unlike its first: {a['loop_cpu_frames_differ']}, "
+            f"the CPU path as before: {a['loop_cpu_run_frames_differ']}; run() through the model graph unlike "
+            f"run() call by call on {a['run_graph_unlike_calls']} of 16 inputs; "
             f"sent ahead by another thread: {a['sent_ahead_frames']} frames, max |input diff| "
             f"{a['sent_ahead_max_abs_input_diff']:.3g}, unlike the same frame unlent on {a['sent_ahead_unlike_unlent']}"
         )

@@ -72,12 +72,23 @@ def output_problem(outs: Sequence[np.ndarray], manifest: Manifest) -> Optional[s
     return None
 
 
+def load_inputs(runtime: Runtime, x: np.ndarray) -> bool:
+    """The CPU path's preprocessed input to the device, queued, where the runtime loads inputs apart from the model
+    (a GPU's: TvmRuntime.load_inputs): the preprocess stage then ends with the input on the device, as the GPU path's
+    does, and run_preprocessed runs the model. False where the caller runs `runtime.run([x])` (a CPU)."""
+    if not getattr(runtime, "loads_inputs", False):
+        return False
+    runtime.load_inputs([x])  # type: ignore[attr-defined]
+    return True
+
+
 def run_preprocessed(runtime: Runtime, outputs: bool) -> tuple[Optional[np.ndarray], list[np.ndarray], Optional[float]]:
-    """The model on the input load_frames left on the device, with the top k where the bundle computes it there:
-    (that (N, 2, k) top k or None; the outputs: always without a device top k, with it only when `outputs`; the
-    host's time when the GPU had finished the preprocessing, the model already queued behind it, or None where the
-    runtime cannot tell). That time ends the preprocess stage: load_frames only queues, so the stage would
-    otherwise end before the GPU's preprocessing did, and the infer stage's wait would carry the rest of it."""
+    """The model on the input load_frames or load_inputs left on the device, with the top k where the bundle
+    computes it there: (that (N, 2, k) top k or None; the outputs: always without a device top k, with it only when
+    `outputs`; the host's time when the GPU had finished the input's copy and preprocessing, the model already
+    queued behind it, or None where the runtime cannot tell). That time ends the preprocess stage: the loads only
+    queue, so the stage would otherwise end before the GPU's copy did, and the infer stage's wait would carry the
+    rest of it."""
     ended: list[float] = []
 
     def preprocessed() -> None:
@@ -235,24 +246,25 @@ class InferenceLoop:
         this frame (`model_gpu_ms`: CUDA events on a sample of the frames preprocessed on the GPU)."""
         stage = "preprocessing"
         try:
-            on_device = getattr(self.runtime, "frames_on_device", False)  # the bundle preprocesses on the GPU
-            if on_device:
+            loaded = getattr(self.runtime, "frames_on_device", False)  # the bundle preprocesses on the GPU
+            if loaded:
                 self.runtime.load_frames(image)  # type: ignore[attr-defined]
             else:  # into a GPU runtime's page-locked input where it has one: no host copy before the upload
                 out = getattr(self.runtime, "input_array", None)
                 x = preprocess(image, self.manifest.preprocess, self.manifest.inputs[0], out=out)
+                loaded = load_inputs(self.runtime, x)
             t1 = time.perf_counter()
             stage = "inference"
             checked = self._count < self.health_frames
             best = None  # the top k the device computed: (2, k) scores and classes
-            if on_device:  # with the device's top k, only that comes back
+            if loaded:  # with the device's top k, only that comes back
                 tops, outs, preprocessed = run_preprocessed(self.runtime, outputs=checked)
                 best = tops[0] if tops is not None else None
                 t1 = preprocessed if preprocessed is not None else t1
             else:
                 outs = self.runtime.run([x])
             t2 = time.perf_counter()
-            gpu_ms = getattr(self.runtime, "model_gpu_ms", None) if on_device else None
+            gpu_ms = getattr(self.runtime, "model_gpu_ms", None) if loaded else None
             problem = output_problem(outs, self.manifest) if checked else None
             if problem:
                 raise FrameFailed(f"frame {index} from {uri}: {problem}")

@@ -192,6 +192,10 @@ def test_runtime_frame_path_matches_run_and_reuses_its_buffers(data_dir: Path, f
         rdir, manifest.model_copy(update={"artifacts": [a for a in manifest.artifacts if a.role != "tvm-preprocess"]})
     )
     assert not plain.frames_on_device
+    # a CPU runtime reads the host's inputs where they are: run() takes them, nothing loads them apart
+    assert not plain.loads_inputs and plain.describe()["frame_graphs"] is None
+    with pytest.raises(RuntimeError, match="run\\(\\) takes them"):
+        plain.load_inputs([np.zeros(manifest.inputs[0].shape, np.float32)])
     frames = video_frames(data_dir, "bigbuckbunny.mp4", 30)
     device_input = rt._inputs[0]
     for frame in frames:

@@ -215,11 +215,12 @@ class TvmRuntime:
         # a batch lent `ahead` has its box sent by the capture's thread as soon as it is decoded (send_frames)
         self._ahead = load_ahead_copy(self._box_copy) if self._preprocess is not None else None
         self.frames_sent = self.frames_ahead = 0  # of the loads of batches lent `ahead`: sent, and all
-        # the model's own GPU time in a frame preprocessed there (cuda_copy.ModelClock), every MODEL_CLOCK_EVERY-th
-        self._clock = _model_clock() if target.device == "cuda" and self._preprocess is not None else None
-        self.model_gpu_ms: Optional[float] = None  # the last run_loaded(_top), when its load_frames was sampled
-        # where the GPU's preprocessing ends, for a caller's `preprocessed` (run_loaded, run_loaded_top)
-        self._queue_mark = load_queue_mark() if target.device == "cuda" and self._preprocess is not None else None
+        # the model's own GPU time in a frame whose input was loaded before it (cuda_copy.ModelClock), every
+        # MODEL_CLOCK_EVERY-th
+        self._clock = _model_clock() if target.device == "cuda" else None
+        self.model_gpu_ms: Optional[float] = None  # the last run_loaded(_top), when its load was sampled
+        # where the GPU's copy and preprocessing end, for a caller's `preprocessed` (run_loaded, run_loaded_top)
+        self._queue_mark = load_queue_mark() if target.device == "cuda" else None
         self._in_place = bool(gpu and gpu.integrated) if frames_in_place is None else frames_in_place
         self._device_frames: dict[tuple[int, ...], Any] = {}  # frame batch shape -> the device buffer they go to
         self._staging: dict[tuple[int, ...], _Staged] = {}  # crop shape -> where other arrays' crop is copied
@@ -233,12 +234,13 @@ class TvmRuntime:
             if address is not None:
                 self._top_view = DeviceView(self._top.array, address, _DEVICE_TYPE["cuda"], 0)
                 self._top = _Staged(self._top.host, self._top.array, tvm_ffi.from_dlpack(self._top_view))
-        # a lent batch's copy and preprocessing (keyed by the batch), and the model with the postprocess function
-        # writing the top k into mapped host memory, each as one CUDA graph; a refusal: call by call, as before
-        graphs = frame_graphs and target.device == "cuda" and self._preprocess is not None
-        self._frame_graphs = _frame_graphs() if graphs else None
-        self._model_graph = _frame_graphs() if graphs and self._top_view is not None else None
-        self._graph_outputs: Any = None  # the model's outputs the model graph writes: kept from the VM's pool
+        # a lent batch's copy and preprocessing (keyed by the batch), and the model (MODEL: alone, for run_loaded;
+        # TOP: with the postprocess function writing the top k into mapped host memory, for run_loaded_top), each
+        # as one CUDA graph; a refusal: call by call, as before (each kind on its own: one refused leaves the other)
+        graphs = frame_graphs and target.device == "cuda"
+        self._frame_graphs = _frame_graphs() if graphs and self._preprocess is not None else None
+        self._model_graphs = {MODEL: _frame_graphs(), TOP: _frame_graphs()} if graphs else {}
+        self._graph_outputs: dict[str, Any] = {}  # each model graph's outputs: kept from the VM's pool
         if target.device == "cuda":
             # tvm_ffi releases the GIL around every call by default; these return once the work is queued (the
             # stream sync: once a frame's kernels are done, tens of microseconds): released, the loop's thread
@@ -280,17 +282,31 @@ class TvmRuntime:
     def run(self, inputs: list[np.ndarray]) -> list[np.ndarray]:
         if self._manifest_device == "cpu":
             return self._outputs(self._main(*[self._ffi.from_dlpack(aligned(np.ascontiguousarray(x))) for x in inputs]))
+        self.load_inputs(inputs)
+        return self.run_loaded()
+
+    @property
+    def loads_inputs(self) -> bool:
+        """Host inputs go to the device apart from the model (load_inputs, then run_loaded or run_loaded_top)."""
+        return self._manifest_device == "cuda"
+
+    def load_inputs(self, inputs: list[np.ndarray]) -> None:
+        """The model's inputs (preprocessed on the host) to the GPU: into its page-locked buffers (no copy where
+        preprocess.py wrote into input_array), then one copy each to the device, queued, not waited for. The
+        agent's CPU path ends its preprocess stage with this, as load_frames ends the GPU path's: the model queued
+        next (run_loaded, run_loaded_top) runs after the copy on the same stream."""
+        if self._manifest_device != "cuda":
+            raise RuntimeError("a CPU runtime reads its inputs where they are: run() takes them")
         if len(inputs) != len(self._inputs):
             raise ValueError(f"{len(inputs)} inputs given, the model takes {len(self._inputs)}")
-        if self._clock is not None:
-            self._clock.cancel()  # inputs from the host: a load_frames before this one is not what runs
         for x, staged in zip(inputs, self._inputs):
             if x.shape != staged.array.shape:
                 raise ValueError(f"input of shape {list(x.shape)}, the model takes {list(staged.array.shape)}")
             if x.ctypes.data != staged.array.ctypes.data:  # not preprocessed into input_array
                 np.copyto(staged.array, x, casting="same_kind")
             self._copy(staged.host, staged.device)  # asynchronous, in order on the stream the model runs on
-        return self.run_loaded()
+        if self._clock is not None:
+            self._clock.start()
 
     def frame_batch(self, height: int, width: int, ahead: bool = False) -> np.ndarray:
         """A new page-locked uint8 batch (N, height, width, 3), N the model's batch: a caller that fills it (a
@@ -491,10 +507,15 @@ class TvmRuntime:
         called once the GPU has finished what was queued before the model (load_frames' preprocessing), the model
         already queued behind it: where the agent's preprocess stage ends (on a CPU, and without the driver's
         events, at once)."""
+        graphs = self._model_graphs.get(MODEL)
+        sampled = self._clock is not None and self._clock.started  # the clock's second event goes after the model
         mark = self._mark_preprocessed(preprocessed)
-        out = self._main(*[s.device for s in self._inputs])
-        if self._clock is not None:
-            self._clock.stop()
+        if graphs is not None and not sampled and graphs.run(MODEL, self._record_model):
+            out = self._graph_outputs[MODEL]
+        else:
+            out = self._main(*[s.device for s in self._inputs])
+            if self._clock is not None:
+                self._clock.stop()
         self._preprocessed(mark, preprocessed)
         outs = self._outputs(out)
         self.model_gpu_ms = self._clock.read() if self._clock is not None else None
@@ -508,10 +529,10 @@ class TvmRuntime:
         memory the next call reuses (read it before); with `outputs`, the model's outputs in host memory too (the
         health check reads them). `preprocessed`: as for run_loaded."""
         assert self._top is not None, "the bundle has no postprocess function"
-        graph = self._model_graph
+        graphs = self._model_graphs.get(TOP) if self._top_view is not None else None  # (else it is copied back)
         sampled = self._clock is not None and self._clock.started  # the clock's second event goes between the two
         mark = self._mark_preprocessed(preprocessed)
-        if graph is not None and not outputs and not sampled and graph.run("model", self._record_model):
+        if graphs is not None and not outputs and not sampled and graphs.run(TOP, self._record_top):
             self._preprocessed(mark, preprocessed)
             self.synchronize()
             self.model_gpu_ms = None
@@ -529,12 +550,17 @@ class TvmRuntime:
         return self._top.array, full
 
     def _record_model(self, stream: int) -> None:
-        """The model and the postprocess function, queued on `stream` for the model graph."""
+        """The model, queued on `stream` for its graph (MODEL)."""
+        with self._ffi.use_raw_stream(self._device, stream):
+            self._graph_outputs[MODEL] = self._main(*[s.device for s in self._inputs])
+
+    def _record_top(self, stream: int) -> None:
+        """The model and the postprocess function, queued on `stream` for their graph (TOP)."""
         assert self._top is not None
         with self._ffi.use_raw_stream(self._device, stream):
             out = self._main(*[s.device for s in self._inputs])
             self._postprocess(self._output_list(out)[0], self._top.device)
-        self._graph_outputs = out
+        self._graph_outputs[TOP] = out
 
     def run_kernel(self) -> None:
         """The model alone on the device input tensors, waited for: no copy either way (the bench's peer)."""
@@ -582,11 +608,12 @@ class TvmRuntime:
             "model_clock": self._events_state(self._clock, f"CUDA events, every {MODEL_CLOCK_EVERY} frames"),
             # the frame's work as CUDA graphs (runtime/frame_graph.py): how many, or why none
             "frame_graphs": self._graph_state(),
-            # where the preprocess stage ends for a caller's `preprocessed`: the GPU's end of it, or why not
+            # where the preprocess stage ends for a caller's `preprocessed`: the GPU's end of the input's copy (and
+            # preprocessing), or why not
             "preprocessed_mark": self._events_state(
                 self._queue_mark,
-                "a CUDA event after the preprocessing",
-                " (the stage ends when the preprocessing is queued)",
+                "a CUDA event after the input's load",
+                " (the stage ends when the load is queued)",
             ),
             "gpu": dataclasses.asdict(self._gpu) if self._gpu else None,
             "loaded_tvm_libraries": loaded_tvm_libraries(),
@@ -596,16 +623,16 @@ class TvmRuntime:
         self, events: Optional[Union[ModelClock, QueueMark]], working: str, otherwise: str = ""
     ) -> Optional[str]:
         """What the model clock or the queue mark does: `working`, or why nothing (then `otherwise`)."""
-        if self._manifest_device != "cuda" or not self.frames_on_device:
+        if self._manifest_device != "cuda":
             return None
         if events is None or events.failure:
             return f"none: {events.failure if events else 'no CUDA events from libcuda.so.1'}{otherwise}"
         return working
 
     def _graph_state(self) -> Optional[str]:
-        if self._manifest_device != "cuda" or not self.frames_on_device:
+        if self._manifest_device != "cuda":
             return None
-        if self._frame_graphs is None:
+        if not self._model_graphs:
             return "off"
 
         def state(graphs: Optional[FrameGraphs], why_none: str) -> str:
@@ -615,8 +642,11 @@ class TvmRuntime:
                 return f"none: {graphs.failure}"
             return f"{graphs.recorded} recorded, {graphs.launches} launches"
 
-        model = state(self._model_graph, "none: no postprocess function writing into mapped host memory")
-        return f"copy and preprocessing: {state(self._frame_graphs, '')}; model and top k: {model}"
+        model = f"model: {state(self._model_graphs[MODEL], '')}"
+        if self._top is not None:
+            top = "none: the top k is copied back" if self._top_view is None else state(self._model_graphs[TOP], "")
+            model += f"; model and top k: {top}"
+        return f"copy and preprocessing: {state(self._frame_graphs, '')}; {model}" if self.frames_on_device else model
 
     def _sent_state(self) -> Optional[str]:
         if self._manifest_device != "cuda" or not self.frames_on_device:
@@ -639,11 +669,12 @@ class TvmRuntime:
         for events in (self._clock, self._queue_mark, self._ahead):
             if events is not None:
                 events.close()
-        for graphs in (self._frame_graphs, self._model_graph):
+        for graphs in (self._frame_graphs, *self._model_graphs.values()):
             if graphs is not None:
                 graphs.close()
 
 
+MODEL, TOP = "model", "model and top k"  # the model graphs' keys (run_loaded, run_loaded_top)
 MODEL_CLOCK_EVERY = 32  # the clock's events cost a frame 4.6-8.2 us (H100): by arithmetic 0.15-0.26 us on average
 
 
