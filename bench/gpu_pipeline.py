@@ -21,8 +21,8 @@ For each batch-1 bundle and video, one process, one GPU:
   gpu, spinning  the gpu path with the loop polling its source for up to 2 ms before it sleeps on it
                  (frame_spin_ms 2; the agent's default, 0, sleeps at once): what the frame pays for a core that went
                  idle between frames, and what polling costs the fps
-  gpu, host top  the same with the top k on the host (run_loaded: the outputs come back, one copy; no model graph:
-                 it holds the device's top k)
+  gpu, host top  the same with the top k on the host (run_loaded: the model's graph without the top k; the
+                 outputs come back, one copy)
   gpu, in place  the gpu path with the preprocessing kernel reading each lent frame where it is (frames_in_place:
                  the default where the GPU shares the host's memory, a Jetson; here it reads over PCIe), no copy
   gpu, decoded   the gpu path (call by call: each frame has a lent buffer of its own, and a frame graph would be
@@ -32,8 +32,12 @@ For each batch-1 bundle and video, one process, one GPU:
                  CAMERA_FRAMES of them at CAMERA_FPS, as a camera delivers them (the loop waits between frames). Not
                  the issue's setup (an unpaced file source): their frame / kernel ratios print without a verdict
   cpu path       the same loop with the bundle's preprocessing library left out: preprocess.py on the CPU into
-                 the runtime's page-locked input, then run() and top_k on the host
-  Each unpaced loop makes LOOP_PASSES passes over its video; a stage's figure is the median of their p50s.
+                 the runtime's page-locked input, whose copy to the device ends the preprocess stage (load_inputs,
+                 the mark), then the model (run_loaded: its CUDA graph) and top_k on the host; `cpu_run`: as before
+                 load_inputs, run() in the infer stage (the copy, the model call by call, the outputs back);
+                 `cpu_calls`: load_inputs, the model call by call (what the model's graph saves)
+  Each unpaced loop makes LOOP_PASSES passes over its video; a stage's figure is the median of their p50s, and
+  "loop's core busy" the loop thread's CPU time over the pass's wall time (what polling costs a core).
   agreement      every frame of the video through both paths: max |input difference| after normalisation, the
                  fraction of frames whose top-1 class differs, and the device's top k against the host's top_k
                  on the same outputs (classes equal; max |score difference|, tolerance 1e-12); and the loops'
@@ -79,6 +83,7 @@ CAMERA_FPS, CAMERA_FRAMES = 30.0, 90  # the paced run: 3 s a video
 SPIN_MS = 2.0  # the spinning loop's frame_spin_ms
 LOOP_PASSES = 5  # passes of each unpaced loop over its video (132 or 250 frames), the median of their p50s
 # the GPU loops, in the table's order, with how the agreement line names each (the CPU path is their reference)
+CPU_LOOPS = ("cpu", "cpu_run", "cpu_calls")  # the CPU path; as before load_inputs; its model call by call
 GPU_LOOPS = {
     "gpu_host_top": "top k on the host",
     "gpu": "GPU path",
@@ -221,7 +226,8 @@ def interleaved(
 def summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
     """Passes of one loop: per stage (and fps, capture -> result latency, model_gpu_ms) the median of their p50s;
     `classes`: each pass's."""
-    out: dict[str, Any] = {key: float(np.median([r[key] for r in runs])) for key in (*STAGES, "fps", "latency")}
+    keys = (*STAGES, "fps", "latency", "loop_cpu")
+    out: dict[str, Any] = {key: float(np.median([r[key] for r in runs])) for key in keys}
     gpu_ms = [r["model_gpu_ms"] for r in runs if r["model_gpu_ms"] is not None]
     out["model_gpu_ms"] = float(np.median(gpu_ms)) if gpu_ms else None
     out["frames_copied"] = sum(r["frames_copied"] for r in runs)
@@ -256,13 +262,14 @@ def one_pass(
         source = open_source(cfg.source or "", allocate_frame=lambda height, width: rt.frame_batch(height, width)[0])
     else:  # started here, after the store: a camera's pace starts with its first frame
         source = replayed(frames, fps)
-    t = time.perf_counter()
+    t, cpu = time.perf_counter(), time.thread_time()  # (the loop runs on this thread)
     loop.run(source)
-    wall = time.perf_counter() - t
+    wall, cpu = time.perf_counter() - t, time.thread_time() - cpu
     source.close()
     report = pending_reports(store)[-1][1]
     out: dict[str, Any] = {s: float(report["latency_ms"][s]["p50"]) for s in STAGES}
     out["fps"] = report["frames"] / wall
+    out["loop_cpu"] = cpu / wall  # the loop's thread: the share of a core it kept busy over the pass
     out["model_gpu_ms"] = report["model_gpu_ms"]["p50"] if report.get("model_gpu_ms") else None
     out["frames_copied"] = source.copied  # decoded elsewhere, then copied into a lent buffer
     out["frames_sent"] = source.sent  # sent to the GPU by the capture thread (send_frames)
@@ -523,6 +530,7 @@ def batch1(bundle: Path, videos: list[Path], work: Path) -> list[dict[str, Any]]
     in_place = TvmRuntime(rdir, manifest, LIB, cuda_backend=BACKEND, frames_in_place=True)
     cpu = TvmRuntime(rdir, without_module(manifest), LIB, cuda_backend=BACKEND)
     cpu_run = RunFromHost(rdir, without_module(manifest), LIB, cuda_backend=BACKEND, frame_graphs=False)
+    cpu_calls = TvmRuntime(rdir, without_module(manifest), LIB, cuda_backend=BACKEND, frame_graphs=False)
     assert gpu.frames_on_device and not cpu.frames_on_device, "the bundle has no preprocessing module"
     assert gpu.top_k_on_device, "the bundle's library has no postprocess function"
     kernel = p50_ms(gpu.run_kernel, 500)
@@ -535,6 +543,7 @@ def batch1(bundle: Path, videos: list[Path], work: Path) -> list[dict[str, Any]]
         paths = (
             ("cpu", cpu),
             ("cpu_run", cpu_run),
+            ("cpu_calls", cpu_calls),
             ("gpu", gpu),
             ("gpu_calls", calls),
             ("gpu_host_top", gpu_host_top),
@@ -564,7 +573,7 @@ def batch1(bundle: Path, videos: list[Path], work: Path) -> list[dict[str, Any]]
         row["agreement"] = agreement(cpu, gpu, manifest, video)
         row["agreement"].update(sent_ahead_check(gpu, manifest, video))
         theirs = row["cpu"]["classes"][0]
-        for name in (*GPU_LOOPS, "cpu", "cpu_run"):  # each pass's predictions, frame by frame, against cpu's first
+        for name in (*GPU_LOOPS, *CPU_LOOPS):  # each pass's predictions, frame by frame, against cpu's first
             differ = 0
             for ours in row[name].pop("classes"):
                 want = theirs[: len(ours)] if name == "gpu_camera" else theirs  # (the camera: the first frames)
@@ -573,7 +582,7 @@ def batch1(bundle: Path, videos: list[Path], work: Path) -> list[dict[str, Any]]
         x = preprocess(first, manifest.preprocess, manifest.inputs[0])
         row["alone"] = alone(cpu, cpu_run, gpu, calls, first, x, row["cpu"]["preprocess"] / 1e3)
         row["agreement"]["run_graph_unlike_calls"] = run_agreement(cpu, cpu_run, x)
-        row["frame_graphs"] = {name: rt.describe()["frame_graphs"] for name, rt in paths if name != "cpu_run"}
+        row["frame_graphs"] = {name: rt.describe()["frame_graphs"] for name, rt in paths if name[:4] != "cpu_"}
         row["frames_sent_ahead"] = gpu.describe()["frames_sent_ahead"]
         row["steps"] = steps(gpu, first, manifest)
         row["sent_steps"] = sent_steps(gpu, first)
@@ -585,6 +594,7 @@ def batch1(bundle: Path, videos: list[Path], work: Path) -> list[dict[str, Any]]
         row["ratio_model_gpu"] = gpu_ms / kernel if gpu_ms is not None else None
         row["ratio_infer_cpu_path"] = row["cpu"]["infer"] / kernel
         row["ratio_infer_cpu_run"] = row["cpu_run"]["infer"] / kernel
+        row["ratio_infer_cpu_calls"] = row["cpu_calls"]["infer"] / kernel
         row["ratio_frame_cpu_path"] = sum(row["cpu"][s] for s in STAGES) / kernel
         row["ratio_frame_cpu_run"] = sum(row["cpu_run"][s] for s in STAGES) / kernel
         row["ratio_frame"] = sum(row["gpu"][s] for s in STAGES) / kernel
@@ -674,15 +684,15 @@ def main() -> None:
                 traceback.print_exc()
                 result.setdefault("failed", []).append(b.name)
     print("| bundle | video | path | fps | preprocess | infer | postprocess | kernel | captured -> result "
-          "| frames copied | frames sent ahead |")  # fmt: skip
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+          "| frames copied | frames sent ahead | loop's core busy |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in result["bs1"]:
-        for path in ("cpu", "cpu_run", *GPU_LOOPS):
+        for path in (*CPU_LOOPS, *GPU_LOOPS):
             m = r[path]
             print(
                 f"| {r['bundle']} | {r['video']} | {path} | {m['fps']:.0f} | {m['preprocess']:.3f} | {m['infer']:.3f} "
                 f"| {m['postprocess']:.3f} | {r['kernel']:.3f} | {m['latency']:.3f} | {m['frames_copied']} "
-                f"| {m['frames_sent']} |"
+                f"| {m['frames_sent']} | {m['loop_cpu']:.0%} |"
             )
     print("\nthe GPU path's runtime after its loops, frames sent ahead (describe()): " + "; ".join(
         f"{r['bundle']} {r['video']}: {r['frames_sent_ahead']}" for r in result["bs1"]))  # fmt: skip
@@ -748,6 +758,7 @@ def main() -> None:
         line("infer_bs1_cpu_path", r["bundle"], r["video"], r["ratio_infer_cpu_path"])
         line("infer_bs1_cpu_path (run() in the infer stage, call by call, as before)", r["bundle"], r["video"],
              r["ratio_infer_cpu_run"])  # fmt: skip
+        line("infer_bs1_cpu_path (the model call by call)", r["bundle"], r["video"], r["ratio_infer_cpu_calls"])
         print(f"| frame / kernel, CPU path (as before: {r['ratio_frame_cpu_run']:.3f}) | {r['bundle']} "
               f"| {r['video']} | {r['ratio_frame_cpu_path']:.3f} | | |")  # fmt: skip
         if r["video"] == "1280x720":
@@ -780,7 +791,8 @@ def main() -> None:
             "classes unlike the CPU path's on frames: "
             + ", ".join(f"{a[f'loop_{name}_frames_differ']} ({label})" for name, label in GPU_LOOPS.items())
             + f" (each over its passes); the CPU path's passes unlike its first: {a['loop_cpu_frames_differ']}, "
-            f"the CPU path as before: {a['loop_cpu_run_frames_differ']}; run() through the model graph unlike "
+            f"the CPU path as before: {a['loop_cpu_run_frames_differ']}, its model call by call: "
+            f"{a['loop_cpu_calls_frames_differ']}; run() through the model graph unlike "
             f"run() call by call on {a['run_graph_unlike_calls']} of 16 inputs; "
             f"sent ahead by another thread: {a['sent_ahead_frames']} frames, max |input diff| "
             f"{a['sent_ahead_max_abs_input_diff']:.3g}, unlike the same frame unlent on {a['sent_ahead_unlike_unlent']}"
