@@ -241,9 +241,10 @@ class InferenceLoop:
         self, image: np.ndarray, index: int, uri: str
     ) -> tuple[list[list[Any]], tuple[float, float, float], Optional[float]]:
         """preprocess -> infer -> postprocess one frame; any failure is a FrameFailed naming the stage. Returns the
-        top k, the host's times at the ends of the first three stages (on the GPU path the preprocess stage ends when
-        the GPU's preprocessing did: run_preprocessed), and the model's own GPU time where the runtime measured it for
-        this frame (`model_gpu_ms`: CUDA events on a sample of the frames preprocessed on the GPU)."""
+        top k, the host's times at the ends of the first three stages (where a GPU runtime loads the input apart from
+        the model, the preprocess stage ends when the GPU's copy and preprocessing did: run_preprocessed), and the
+        model's own GPU time where the runtime measured it for this frame (`model_gpu_ms`: CUDA events on a sample of
+        the frames a GPU runtime loaded)."""
         stage = "preprocessing"
         try:
             loaded = getattr(self.runtime, "frames_on_device", False)  # the bundle preprocesses on the GPU

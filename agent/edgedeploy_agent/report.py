@@ -108,9 +108,9 @@ class Report(BaseModel):
     )
     model_gpu_ms: Optional[StageLatency] = Field(
         default=None,
-        description="frames preprocessed on the GPU: the model's own GPU time, from CUDA events on a sample of the "
-        "frames (the infer stage, on the host's clock, also has the top k and the wait; and the preprocessing still "
-        "running where the runtime has no preprocessed_mark; schema 3)",
+        description="GPU bundles: the model's own GPU time, from CUDA events on a sample of the frames (the infer "
+        "stage, on the host's clock, also has the top k and the wait; and the input's load still running where the "
+        "runtime has no preprocessed_mark; schema 3)",
     )
 
 

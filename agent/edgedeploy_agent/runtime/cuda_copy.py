@@ -1,8 +1,8 @@
 """The driver calls the runtime makes itself (libcuda.so.1 through ctypes): the crop box of a page-locked frame
 batch to the GPU in one copy, only the bytes preprocessing reads; the GPU's address of page-locked host
 memory, where a kernel writes its result without a copy back (`device_pointer`, runtime/dlpack_view.py); two
-CUDA events that time the model alone in a frame preprocessed on the GPU (`ModelClock`); and one untimed event
-that tells the host when the preprocessing queued before the model has finished (`QueueMark`); and a frame's
+CUDA events that time the model alone in a frame whose input was loaded before it (`ModelClock`); and one untimed
+event that tells the host when the copy and preprocessing queued before the model have finished (`QueueMark`); a frame's
 box copy queued by the capture's thread on a stream of its own, which the runtime's stream waits for (`AheadCopy`).
 
 TVM's copy (`runtime.TVMTensorCopyFromTo`) takes contiguous tensors only, so a lent frame batch went whole: a
