@@ -582,7 +582,7 @@ def batch1(bundle: Path, videos: list[Path], work: Path) -> list[dict[str, Any]]
         x = preprocess(first, manifest.preprocess, manifest.inputs[0])
         row["alone"] = alone(cpu, cpu_run, gpu, calls, first, x, row["cpu"]["preprocess"] / 1e3)
         row["agreement"]["run_graph_unlike_calls"] = run_agreement(cpu, cpu_run, x)
-        row["frame_graphs"] = {name: rt.describe()["frame_graphs"] for name, rt in paths if name[:4] != "cpu_"}
+        row["frame_graphs"] = {name: rt.describe()["frame_graphs"] for name, rt in paths}
         row["frames_sent_ahead"] = gpu.describe()["frames_sent_ahead"]
         row["steps"] = steps(gpu, first, manifest)
         row["sent_steps"] = sent_steps(gpu, first)

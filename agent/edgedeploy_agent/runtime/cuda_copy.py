@@ -296,7 +296,8 @@ class AheadCopy(_Events):
         self._stream: ctypes.c_void_p | None = None
         self._events: dict[Hashable, ctypes.c_void_p] = {}  # key -> the event after its last copy
         self._sent: set[Hashable] = set()  # keys sent since their last `take`
-        self._retired = Retired(self._destroy)  # events of retired keys, destroyed on a thread that sends
+        # events of retired keys, destroyed on a thread that sends (a refusal said, as close says one)
+        self._retired = Retired(lambda event: self._ok("cuEventDestroy", self._destroy(event)))
 
     def send(self, key: Hashable, params: Memcpy3D) -> bool:
         """Queue the copy `params` describes on the stream, then `key`'s event; False (and `failure` set) when the

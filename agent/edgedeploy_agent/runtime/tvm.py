@@ -235,11 +235,13 @@ class TvmRuntime:
                 self._top_view = DeviceView(self._top.array, address, _DEVICE_TYPE["cuda"], 0)
                 self._top = _Staged(self._top.host, self._top.array, tvm_ffi.from_dlpack(self._top_view))
         # a lent batch's copy and preprocessing (keyed by the batch), and the model (MODEL: alone, for run_loaded;
-        # TOP: with the postprocess function writing the top k into mapped host memory, for run_loaded_top), each
-        # as one CUDA graph; a refusal: call by call, as before (each kind on its own: one refused leaves the other)
+        # TOP: with the postprocess function writing the top k into mapped host memory, for run_loaded_top: only
+        # where it does), each as one CUDA graph; a refusal: call by call, as before (each kind on its own: one
+        # refused leaves the others)
         graphs = frame_graphs and target.device == "cuda"
         self._frame_graphs = _frame_graphs() if graphs and self._preprocess is not None else None
-        self._model_graphs = {MODEL: _frame_graphs(), TOP: _frame_graphs()} if graphs else {}
+        kinds = (MODEL, TOP) if self._top_view is not None else (MODEL,)
+        self._model_graphs = {kind: _frame_graphs() for kind in kinds} if graphs else {}
         self._graph_outputs: dict[str, Any] = {}  # each model graph's outputs: kept from the VM's pool
         if target.device == "cuda":
             # tvm_ffi releases the GIL around every call by default; these return once the work is queued (the
@@ -529,7 +531,7 @@ class TvmRuntime:
         memory the next call reuses (read it before); with `outputs`, the model's outputs in host memory too (the
         health check reads them). `preprocessed`: as for run_loaded."""
         assert self._top is not None, "the bundle has no postprocess function"
-        graphs = self._model_graphs.get(TOP) if self._top_view is not None else None  # (else it is copied back)
+        graphs = self._model_graphs.get(TOP)
         sampled = self._clock is not None and self._clock.started  # the clock's second event goes between the two
         mark = self._mark_preprocessed(preprocessed)
         if graphs is not None and not outputs and not sampled and graphs.run(TOP, self._record_top):
@@ -644,7 +646,7 @@ class TvmRuntime:
 
         model = f"model: {state(self._model_graphs[MODEL], '')}"
         if self._top is not None:
-            top = "none: the top k is copied back" if self._top_view is None else state(self._model_graphs[TOP], "")
+            top = state(self._model_graphs[TOP], "") if TOP in self._model_graphs else "none: the top k is copied back"
             model += f"; model and top k: {top}"
         return f"copy and preprocessing: {state(self._frame_graphs, '')}; {model}" if self.frames_on_device else model
 
