@@ -82,21 +82,30 @@ def load_inputs(runtime: Runtime, x: np.ndarray) -> bool:
     return True
 
 
-def run_preprocessed(runtime: Runtime, outputs: bool) -> tuple[Optional[np.ndarray], list[np.ndarray], Optional[float]]:
-    """The model on the input load_frames or load_inputs left on the device, with the top k where the bundle
-    computes it there: (that (N, 2, k) top k or None; the outputs: always without a device top k, with it only when
-    `outputs`; the host's time when the GPU had finished the input's copy and preprocessing, the model already
-    queued behind it, or None where the runtime cannot tell). That time ends the preprocess stage: the loads only
-    queue, so the stage would otherwise end before the GPU's copy did, and the infer stage's wait would carry the
-    rest of it."""
+def run_preprocessed(
+    runtime: Runtime, outputs: bool, frames: Optional[np.ndarray] = None
+) -> tuple[Optional[np.ndarray], list[np.ndarray], Optional[float]]:
+    """The model on the input load_inputs left on the device, or on `frames` (uint8, as captured) loaded and
+    preprocessed on the device first, with the top k where the bundle computes it there: (that (N, 2, k) top k or
+    None; the outputs: always without a device top k, with it only when `outputs`; the host's time when the GPU had
+    finished the input's copy and preprocessing, the model already queued behind it, or None where the runtime
+    cannot tell). That time ends the preprocess stage: the loads only queue, so the stage would otherwise end before
+    the GPU's copy did, and the infer stage's wait would carry the rest of it. With the device's top k, `frames`
+    go in one call (run_frames_top: one CUDA graph for the whole frame where the runtime can)."""
     ended: list[float] = []
 
     def preprocessed() -> None:
         ended.append(time.perf_counter())
 
     if getattr(runtime, "top_k_on_device", False):
-        tops, outs = runtime.run_loaded_top(outputs=outputs, preprocessed=preprocessed)  # type: ignore[attr-defined]
+        if frames is not None:
+            run: Any = runtime.run_frames_top  # type: ignore[attr-defined]
+            tops, outs = run(frames, outputs=outputs, preprocessed=preprocessed)
+        else:
+            tops, outs = runtime.run_loaded_top(outputs=outputs, preprocessed=preprocessed)  # type: ignore
     else:
+        if frames is not None:
+            runtime.load_frames(frames)  # type: ignore[attr-defined]
         tops, outs = None, runtime.run_loaded(preprocessed=preprocessed)  # type: ignore[attr-defined]
     return tops, outs, ended[0] if ended else None
 
@@ -247,19 +256,21 @@ class InferenceLoop:
         the frames a GPU runtime loaded)."""
         stage = "preprocessing"
         try:
-            loaded = getattr(self.runtime, "frames_on_device", False)  # the bundle preprocesses on the GPU
-            if loaded:
-                self.runtime.load_frames(image)  # type: ignore[attr-defined]
-            else:  # into a GPU runtime's page-locked input where it has one: no host copy before the upload
+            on_device = getattr(self.runtime, "frames_on_device", False)  # the bundle preprocesses on the GPU
+            loaded = on_device
+            if not on_device:  # into a GPU runtime's page-locked input where it has one: no host copy before the upload
                 out = getattr(self.runtime, "input_array", None)
                 x = preprocess(image, self.manifest.preprocess, self.manifest.inputs[0], out=out)
                 loaded = load_inputs(self.runtime, x)
             t1 = time.perf_counter()
-            stage = "inference"
+            # on the device the frame's load, preprocessing and model are one call (one graph): its failure is either
+            stage = "preprocessing and inference on the GPU" if on_device else "inference"
             checked = self._count < self.health_frames
             best = None  # the top k the device computed: (2, k) scores and classes
             if loaded:  # with the device's top k, only that comes back
-                tops, outs, preprocessed = run_preprocessed(self.runtime, outputs=checked)
+                tops, outs, preprocessed = run_preprocessed(
+                    self.runtime, outputs=checked, frames=image if on_device else None
+                )
                 best = tops[0] if tops is not None else None
                 t1 = preprocessed if preprocessed is not None else t1
             else:

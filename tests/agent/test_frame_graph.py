@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from edgedeploy_agent.runtime.cuda_copy import BoxCopy, box_params
+from edgedeploy_agent.runtime.cuda_copy import BoxCopy, QueueMark, box_params
 from edgedeploy_agent.runtime.frame_graph import FrameGraphs
 from tests.agent.doubles import fake_libcuda
 
@@ -122,6 +122,61 @@ def test_a_retired_key_loses_its_graph_and_starts_over(driver: Driver) -> None:
     graphs.close()  # a retired graph not yet destroyed goes with the rest
     assert driver.count("fake_execs_alive") == 0
     assert graphs.recorded == 2 and len(graphs) == 0  # the count keeps the retired ones
+
+
+def test_ready_tells_the_caller_beforehand_whether_run_launches_a_graph(driver: Driver) -> None:
+    """A whole frame's caller queues something before the graph (the wait for a box sent ahead): `ready` says
+    whether `run` replays or records now, counting the key's first call as the caller's own, as `run` does."""
+    graphs = FrameGraphs(driver.lib)
+    assert not graphs.ready("batch")  # its first call: the caller's
+    assert graphs.ready("batch") and graphs.run("batch", driver.queue)  # recorded and launched
+    assert graphs.ready("batch") and graphs.run("batch", pytest.fail)  # replayed
+    assert not graphs.ready("other") and graphs.ready("other")
+    driver.set("fake_refuse_recording", 1)
+    assert not graphs.run("other", driver.queue)  # ready, but the recording was refused: the caller's own
+    assert not graphs.ready("batch") and not graphs.ready("third")  # nothing after a failure
+
+
+def test_a_mark_recorded_into_a_graph_is_recorded_at_each_launch(driver: Driver) -> None:
+    """The whole frame's graph holds the queue mark as an event node (QueueMark.mark_in: CU_EVENT_RECORD_EXTERNAL
+    while recording): each launch records the event after the work before it, so `wait` waits for that. Outside
+    a recording the external record is refused, and the mark itself goes on working."""
+    graphs, mark = FrameGraphs(driver.lib), QueueMark(driver.lib)
+
+    def queue(stream: int) -> None:
+        driver.queue(stream)
+        mark.mark_in(stream)
+
+    graphs.ready("batch")
+    assert graphs.run("batch", queue) and graphs.run("batch", pytest.fail)
+    assert driver.count("fake_event_node_records") == 2 and driver.count("fake_graph_launches") == 2
+    assert np.array_equal(driver.device, driver.box())
+    mark.wait()
+    assert driver.count("fake_event_syncs") == 1 and mark.failure is None
+    with pytest.raises(RuntimeError, match="cuEventRecordWithFlags .* CUresult 1"):
+        mark.mark_in(0)  # the legacy stream, not recorded
+    assert mark.failure is None and mark.mark()
+    graphs.close()
+    mark.close()
+    assert (driver.count("fake_execs_alive"), driver.count("fake_events_alive")) == (0, 0)
+
+
+def test_a_driver_without_external_event_records_gives_up_whole_frame_graphs(driver: Driver) -> None:
+    """Before CUDA 11.1 (or a driver that refuses it) the mark cannot be part of a graph: the recording is thrown
+    away, the graphs say why and are not tried again; the caller queues the frame the usual way, mark included."""
+    graphs, mark = FrameGraphs(driver.lib), QueueMark(driver.lib)
+    driver.set("fake_external_records", 0)
+
+    def queue(stream: int) -> None:
+        driver.queue(stream)
+        mark.mark_in(stream)
+
+    graphs.ready("batch")
+    assert not graphs.run("batch", queue)
+    assert graphs.failure == "recording a frame graph: RuntimeError: cuEventRecordWithFlags (external, while " \
+        "recording) failed with CUresult 1"  # fmt: skip
+    assert not driver.device.any() and driver.count("fake_graphs_alive") == 0
+    assert not graphs.ready("batch") and mark.failure is None and mark.mark()
 
 
 def test_closing_destroys_the_graphs_and_the_stream(driver: Driver) -> None:

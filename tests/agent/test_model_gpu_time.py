@@ -45,11 +45,12 @@ class QueuedGpu:
     frames), None on the others and always with `clock=False`. run(), from the host, is counted."""
 
     name = "queued-gpu"
-    top_k_on_device = False
+    TOP = [[0.75, 0.25], [3, 7]]  # the device's top 2: scores, then classes
 
-    def __init__(self, batch: int, clock: bool, mark: bool, frames: bool = True) -> None:
+    def __init__(self, batch: int, clock: bool, mark: bool, frames: bool = True, top: bool = False) -> None:
         self.batch, self.clock, self.mark = batch, clock, mark
-        self.frames_on_device, self.loads_inputs = frames, not frames
+        self.frames_on_device, self.loads_inputs, self.top_k_on_device = frames, not frames, top
+        self.whole: list[tuple[np.ndarray, bool]] = []  # run_frames_top's frames and `outputs`
         self.model_gpu_ms: float | None = None
         self.loaded = self.calls = self.runs = 0
         self.inputs: list[np.ndarray] = []  # what load_inputs was given
@@ -81,6 +82,16 @@ class QueuedGpu:
         self.model_gpu_ms = MODEL_S * 1e3 if self.clock and self.calls % 2 == 0 else None
         self.calls += 1
         return [np.zeros((self.batch, 10), np.float32)]
+
+    def run_frames_top(
+        self, frames: np.ndarray, outputs: bool = False, preprocessed: Callable[[], None] | None = None
+    ) -> tuple[np.ndarray, list[np.ndarray]]:
+        """With the device's top k (`top`): the frame's load, preprocessing, model and top k in one call."""
+        assert self.frames_on_device and self.top_k_on_device
+        self.whole.append((frames.copy(), outputs))
+        self.loaded += 1
+        outs = self.run_loaded(preprocessed)
+        return np.array([self.TOP] * self.batch, np.float64), outs if outputs else []
 
     def describe(self) -> dict[str, Any]:
         return {"runtime": self.name}
@@ -163,3 +174,28 @@ def test_without_the_mark_the_infer_stage_carries_the_queued_preprocessing(tmp_p
         stages = r["latency_ms"]
         assert stages["preprocess"]["p50"] < PREPROCESS_S * 1e3
         assert stages["infer"]["p50"] >= (PREPROCESS_S + MODEL_S) * 1e3
+
+
+def test_a_frame_on_the_device_goes_in_one_call_with_its_top_k(tmp_path: Path) -> None:
+    """A bundle that preprocesses and ranks on the device: the one-source loop hands each decoded frame to one call
+    (run_frames_top: the runtime's whole-frame graph), asks for the outputs on the health check's frames only,
+    reports the device's top k, and its preprocess stage still ends where the runtime's mark said."""
+    store = DeviceStore(tmp_path / "device")
+    uri = f"file:{write_clip(tmp_path / 'c.avi', 4, 60)}"
+    cfg = AgentConfig(device_name="t", report_interval_s=60, source=uri, record_predictions=True)
+    store.init(cfg)
+    runtime = QueuedGpu(1, clock=False, mark=True, top=True)
+    source = open_source(uri)
+    manifest = manifest_of(tmp_path, 1)
+    loop = InferenceLoop(runtime, manifest, [], cfg, Spool(store), NoPowerSensor(), "id", health_frames=2)
+    try:
+        loop.serve([source])
+    finally:
+        source.close()
+    want = clip_frames([uri])
+    assert len(runtime.whole) == len(want) == 4 and runtime.calls == 4 and runtime.runs == 0
+    assert all(np.array_equal(got, frame) for (got, _), frame in zip(runtime.whole, want, strict=True))
+    assert [outputs for _, outputs in runtime.whole] == [True, True, False, False]
+    (report,) = [r for _, r in pending_reports(store)]
+    assert [p["top"] for p in report["predictions"]] == [[[3, "3", 0.75], [7, "7", 0.25]]] * 4
+    assert report["latency_ms"]["preprocess"]["p50"] >= PREPROCESS_S * 1e3 > report["latency_ms"]["infer"]["p50"]

@@ -355,14 +355,14 @@ def test_the_device_buffer_of_a_resolution_goes_with_its_last_lent_batch() -> No
         4: _Lent(hd, "h4", "d-own", hd_box, None, ahead=True),
     }
     device_frames = {hd_box: "d-hd", vga_box: "d-vga"}
-    _given_back(lent, device_frames, None, None, 1)
+    _given_back(lent, device_frames, (), None, 1)
     assert set(lent) == {2, 3, 4} and set(device_frames) == {hd_box, vga_box}
-    _given_back(lent, device_frames, None, None, 2)  # the last shared hd batch: batch 4's own buffer does not count
+    _given_back(lent, device_frames, (), None, 2)  # the last shared hd batch: batch 4's own buffer does not count
     assert set(lent) == {3, 4} and set(device_frames) == {vga_box}
-    _given_back(lent, device_frames, None, None, 2)  # twice (or never lent): nothing more happens
+    _given_back(lent, device_frames, (), None, 2)  # twice (or never lent): nothing more happens
     assert set(lent) == {3, 4} and set(device_frames) == {vga_box}
     device_frames[hd_box] = "d-hd again"
-    _given_back(lent, device_frames, None, None, 4)
+    _given_back(lent, device_frames, (), None, 4)
     assert set(lent) == {3} and set(device_frames) == {hd_box, vga_box}
 
 

@@ -25,6 +25,7 @@ from typing import Any
 MEMORYTYPE_HOST, MEMORYTYPE_DEVICE = 1, 2
 EVENT_DISABLE_TIMING = 2  # CU_EVENT_DISABLE_TIMING: the cheapest event to record and wait for
 STREAM_NON_BLOCKING = 1  # CU_STREAM_NON_BLOCKING: no implicit order with the legacy default stream
+EVENT_RECORD_EXTERNAL = 1  # CU_EVENT_RECORD_EXTERNAL: recorded while a stream is recorded, an event node of the graph
 ERROR_INVALID_CONTEXT = 201
 
 
@@ -220,6 +221,11 @@ class ModelClock(_Events):
         """This frame's first event is queued and its second is not yet."""
         return self._marked == 1
 
+    def due(self) -> bool:
+        """The next `start` samples its frame (a caller that cannot place the events, a whole frame's graph, then
+        queues that frame the usual way)."""
+        return self._frames % self.every == 0 and self.failure is None
+
     def cancel(self) -> None:
         """Forget this frame's events: what runs next was not preprocessed after `start`."""
         self._marked = 0
@@ -248,20 +254,42 @@ class QueueMark(_Events):
 
     def __init__(self, library: str = "libcuda.so.1") -> None:
         super().__init__(library)
-        self._sync = bind(self._cuda, "cuEventSynchronize", ctypes.c_void_p)
+        p = ctypes.c_void_p
+        self._sync = bind(self._cuda, "cuEventSynchronize", p)
+        try:  # CUDA 11.1+: JetPack 5's 11.4 has it
+            self._record_flags = bind(self._cuda, "cuEventRecordWithFlags", p, p, ctypes.c_uint)
+        except AttributeError:
+            self._record_flags = None
         self._event: ctypes.c_void_p | None = None
 
     def mark(self) -> bool:
         """Queue the event (on the thread that queued the work before it: its context is current); False when the
         driver refused (then `wait` must not be called for it)."""
-        if self.failure is not None:
+        if self.failure is not None or not self._created():
             return False
+        return self._ok("cuEventRecord", self._record(self._event, None))
+
+    def _created(self) -> bool:
+        """The event exists (created on the first call); False when the driver refused it."""
         if self._event is None:
             event = ctypes.c_void_p()
             if not self._ok("cuEventCreate", self._create(ctypes.byref(event), EVENT_DISABLE_TIMING)):
                 return False
             self._event = event
-        return self._ok("cuEventRecord", self._record(self._event, None))
+        return True
+
+    def mark_in(self, stream: int) -> None:
+        """Queue the event on `stream` while the driver records it: an event node of the graph, which records the
+        event at each of its launches after what the graph ran before it (a whole frame's graph: the preprocessing;
+        `wait` then waits for that). Raises where the driver refused (no cuEventRecordWithFlags before CUDA 11.1):
+        the recording is then given up (FrameGraphs.capture), and the frame queued the usual way."""
+        if self.failure is not None or not self._created():
+            raise RuntimeError(f"no mark: {self.failure}")
+        if self._record_flags is None:
+            raise RuntimeError("no cuEventRecordWithFlags in libcuda.so.1 (CUDA 11.1+)")
+        rc = self._record_flags(self._event, stream or None, EVENT_RECORD_EXTERNAL)
+        if rc != 0:  # not `failure`: the mark still works outside a graph
+            raise RuntimeError(f"cuEventRecordWithFlags (external, while recording) failed with CUresult {rc}")
 
     def wait(self) -> None:
         """Return once the GPU has done what was queued before the last `mark`."""

@@ -75,6 +75,17 @@ class FrameGraphs:
             return False
         return self.capture(key, queue) and self.launch(key)
 
+    def ready(self, key: Hashable) -> bool:
+        """Whether `run(key, ...)` now replays or records a graph, for a caller that must know before it queues
+        anything: False on the key's first call (counted as the caller's own, as `run` counts it) and after a
+        failure. (The recording may still be refused: `run` then returns False.)"""
+        if self.failure is not None:
+            return False
+        if key in self._graphs or key in self._seen:
+            return True
+        self._seen.add(key)
+        return False
+
     def _refuse(self, what: str, rc: int) -> bool:
         if self.failure is None:
             self.failure = f"{what} failed with CUresult {rc}"

@@ -242,7 +242,11 @@ class TvmRuntime:
         self._frame_graphs = _frame_graphs() if graphs and self._preprocess is not None else None
         kinds = (MODEL, TOP) if self._top_view is not None else (MODEL,)
         self._model_graphs = {kind: _frame_graphs() for kind in kinds} if graphs else {}
-        self._graph_outputs: dict[str, Any] = {}  # each model graph's outputs: kept from the VM's pool
+        # a lent batch's whole frame (copy, preprocessing, mark, model and top k) as one graph: run_frames_top
+        whole = graphs and self._preprocess is not None and self._top_view is not None
+        self._whole_graphs = _frame_graphs() if whole else None
+        # each model graph's outputs, kept from the VM's pool: by kind (MODEL, TOP), and by lent batch (whole frames)
+        self._graph_outputs: dict[Union[str, int], Any] = {}
         if target.device == "cuda":
             # tvm_ffi releases the GIL around every call by default; these return once the work is queued (the
             # stream sync: once a frame's kernels are done, tens of microseconds): released, the loop's thread
@@ -343,8 +347,9 @@ class TvmRuntime:
             params = box_params(host.data_ptr(), device.data_ptr(), shape, box)
         ahead = ahead and params is not None
         self._lent[array.ctypes.data] = _Lent(shape, host, device, region, params, ahead)
+        batch_graphs = (self._frame_graphs, self._whole_graphs)
         weakref.finalize(
-            array, _given_back, self._lent, self._device_frames, self._frame_graphs, self._ahead, array.ctypes.data
+            array, _given_back, self._lent, self._device_frames, batch_graphs, self._ahead, array.ctypes.data
         )
         return array
 
@@ -386,17 +391,34 @@ class TvmRuntime:
         where none was; then the preprocessing alone, as a frame graph from the batch's second call on. False
         where the caller queues the frames the usual way (not such a batch; the box copy refused)."""
         lent = self._lent_ahead(frames)
-        if lent is None or self._ahead is None or self._box_copy is None:
+        if lent is None or not self._take_sent(lent, frames.ctypes.data):
+            return False
+        self._preprocess_sent(lent, frames.ctypes.data)
+        return True
+
+    def _take_sent(self, lent: "_Lent", address: int) -> bool:
+        """A batch lent `ahead` about to be preprocessed: the GPU made to wait for the box its filler sent
+        (AheadCopy.take), or the box copied here where none was. False where the caller stages the frames instead
+        (no driver copy, or it was refused)."""
+        if self._ahead is None or self._box_copy is None:
             return False
         assert lent.params is not None  # (lent ahead: a box copy)
-        address = frames.ctypes.data
         sent = self._ahead.take(address)
         if not sent and not self._box_copy(lent.params):
             return False
         self.frames_ahead += 1
         self.frames_sent += sent
-        _, height, width, _ = lent.device_shape  # (the crop box's)
-        xtaps, ytaps = self._tap_tables((0, 0, height, width))
+        return True
+
+    def _sent_taps(self, lent: "_Lent") -> tuple[Any, Any]:
+        """The tap tables of a batch lent `ahead`: its device buffer holds the crop box alone."""
+        _, height, width, _ = lent.device_shape
+        return self._tap_tables((0, 0, height, width))
+
+    def _preprocess_sent(self, lent: "_Lent", address: int) -> None:
+        """A batch lent `ahead`, its box taken (_take_sent): the preprocessing, as a frame graph from the batch's
+        second call on."""
+        xtaps, ytaps = self._sent_taps(lent)
 
         def record(stream: int) -> None:
             with self._ffi.use_raw_stream(self._device, stream):
@@ -404,6 +426,79 @@ class TvmRuntime:
 
         if self._frame_graphs is None or not self._frame_graphs.run(address, record):
             self._preprocess(lent.device, xtaps, ytaps, self._inputs[0].device)
+
+    def run_frames_top(
+        self, frames: np.ndarray, outputs: bool = False, preprocessed: Optional[Callable[[], None]] = None
+    ) -> tuple[np.ndarray, list[np.ndarray]]:
+        """load_frames, then run_loaded_top (the same arguments and result), as one CUDA graph where it can be: a
+        batch this runtime lent, from its second call on (the first goes the usual way: kernels load, the VM's pool
+        fills, the tap tables are made), is one graph of its box copy (none for a batch sent ahead: the GPU waits
+        for the capture thread's copy first), its preprocessing, the mark (an event node: `preprocessed` still
+        learns when the GPU's preprocessing ended), the model and the top k, written into mapped host memory. One
+        launch a frame, where the usual way launches two with the host's calls between them while the GPU waits
+        for the second. The health check's frames (`outputs`), the model clock's sampled frames, frames the runtime
+        did not lend, and every frame once the driver refused such a graph go the usual way."""
+        lent = self._whole_ready(frames, outputs)
+        if lent is None:
+            self.load_frames(frames)
+        elif self._run_whole(frames, lent, preprocessed):
+            assert self._top is not None
+            return self._top.array, []
+        elif lent.ahead:  # the recording refused (no more are tried): nothing of it ran; the box is taken
+            self._preprocess_sent(lent, frames.ctypes.data)
+            if self._clock is not None:
+                self._clock.start()
+        else:
+            self.load_frames(frames)
+        return self.run_loaded_top(outputs=outputs, preprocessed=preprocessed)
+
+    def _whole_ready(self, frames: np.ndarray, outputs: bool) -> Optional["_Lent"]:
+        """The lent batch `frames` is, where its whole frame goes as one graph at this call (recorded or replayed;
+        a batch sent ahead has its box taken here), else None: the usual way."""
+        graphs, address = self._whole_graphs, frames.ctypes.data
+        lent = self._lent.get(address) if graphs is not None and not outputs else None
+        if graphs is None or lent is None or lent.shape != _batch_shape(frames):
+            return None
+        if self._clock is not None and self._clock.due():  # its events go between the steps
+            return None
+        if lent.params is not None and (self._box_copy is None or self._box_copy.failure is not None):
+            return None  # staged through the host: a copy per call, nothing a graph could hold
+        if not graphs.ready(address) or lent.ahead and not self._take_sent(lent, address):
+            return None
+        return lent
+
+    def _run_whole(self, frames: np.ndarray, lent: "_Lent", preprocessed: Optional[Callable[[], None]]) -> bool:
+        """The whole frame's graph for `lent` (recorded first where it has none), launched and waited for; False
+        where the driver refused the recording (nothing of it ran)."""
+        assert self._whole_graphs is not None and self._top is not None
+        address, top = frames.ctypes.data, self._top
+        mark = self._queue_mark if self._queue_mark is not None and not self._queue_mark.failure else None
+        xtaps, ytaps = self._sent_taps(lent) if lent.ahead else (None, None)
+
+        def record(stream: int) -> None:
+            with self._ffi.use_raw_stream(self._device, stream):
+                if lent.ahead:
+                    self._preprocess(lent.device, xtaps, ytaps, self._inputs[0].device)
+                else:
+                    self._queue_frames(frames, stream)
+                if mark is not None:
+                    mark.mark_in(stream)
+                out = self._main(*[s.device for s in self._inputs])
+                self._postprocess(self._output_list(out)[0], top.device)
+            for key in [k for k in self._graph_outputs if isinstance(k, int) and k not in self._lent]:
+                del self._graph_outputs[key]  # batches given back: their graphs are retired
+            self._graph_outputs[address] = out  # (kept from the VM's pool while the graph may run)
+
+        if not self._whole_graphs.run(address, record):
+            return False
+        if self._clock is not None:
+            self._clock.start()  # (not due: it counts the frame, and records nothing)
+        if preprocessed is not None:
+            if mark is not None:
+                mark.wait()
+            preprocessed()  # (without the mark: as queued, the only end the host can tell)
+        self.synchronize()
+        self.model_gpu_ms = None
         return True
 
     def _lent_ahead(self, frames: np.ndarray) -> Optional["_Lent"]:
@@ -648,7 +743,11 @@ class TvmRuntime:
         if self._top is not None:
             top = state(self._model_graphs[TOP], "") if TOP in self._model_graphs else "none: the top k is copied back"
             model += f"; model and top k: {top}"
-        return f"copy and preprocessing: {state(self._frame_graphs, '')}; {model}" if self.frames_on_device else model
+        if not self.frames_on_device:
+            return model
+        why_none = "none: no device top k" if self._top is None else "none: the top k is copied back"
+        whole = state(self._whole_graphs, why_none)
+        return f"copy and preprocessing: {state(self._frame_graphs, '')}; {model}; whole frames: {whole}"
 
     def _sent_state(self) -> Optional[str]:
         if self._manifest_device != "cuda" or not self.frames_on_device:
@@ -668,12 +767,12 @@ class TvmRuntime:
         """Destroy the CUDA events (the model clock's, the preprocessing's mark) and the frame graphs. The loaded
         libraries stay for the process (one CUDA backend per process); the buffers are TVM tensors, freed with this
         object."""
+        for graphs in (self._frame_graphs, self._whole_graphs, *self._model_graphs.values()):
+            if graphs is not None:
+                graphs.close()  # (before the mark's event, which whole frames' graphs record)
         for events in (self._clock, self._queue_mark, self._ahead):
             if events is not None:
                 events.close()
-        for graphs in (self._frame_graphs, *self._model_graphs.values()):
-            if graphs is not None:
-                graphs.close()
 
 
 MODEL, TOP = "model", "model and top k"  # the model graphs' keys (run_loaded, run_loaded_top)
@@ -725,15 +824,16 @@ class _Lent:
 def _given_back(
     lent: dict[int, _Lent],
     device_frames: dict[tuple[int, ...], Any],
-    graphs: Optional[FrameGraphs],
+    graphs: tuple[Optional[FrameGraphs], ...],
     ahead: Optional[AheadCopy],
     address: int,
 ) -> None:
-    """The borrower dropped a frame batch: forget it, its frame graph and its copy's event, and, with the last batch
+    """The borrower dropped a frame batch: forget it, its frame graphs and its copy's event, and, with the last batch
     of its shape, that shape's shared device buffer (run by weakref.finalize, so it holds the dictionaries, not the
     runtime)."""
-    if graphs is not None:
-        graphs.retire(address)
+    for kind in graphs:
+        if kind is not None:
+            kind.retire(address)
     if ahead is not None:
         ahead.retire(address)
     gone = lent.pop(address, None)
