@@ -208,7 +208,8 @@ def test_runtime_frame_path_matches_run_and_reuses_its_buffers(data_dir: Path, f
         called: list[int] = []  # on a CPU the preprocessing has run when load_frames returns: told at once
         top, outs = rt.run_loaded_top(outputs=True, preprocessed=functools.partial(called.append, 1))
         assert np.array_equal(outs[0], want) and top.shape == (1, 2, 3) and called == [1]
-        assert [[c, s] for c, _, s in top_k(want, manifest, [])] == [[int(c), round(s, 6)] for s, c in top[0].T]
+        device = [[int(c), round(s * 1e6) / 1e6] for s, c in top[0].T]  # (as labelled rounds)
+        assert [[c, s] for c, _, s in top_k(want, manifest, [])] == device
     # one staging buffer per resolution and one per input, allocated once: the same objects after every frame
     staged = list(rt._staging.values())
     assert len(staged) == 1 and rt._inputs[0] is device_input and len(rt._taps) == 1
