@@ -10,8 +10,9 @@ Sources are taken round-robin from the one after the last served, so with more s
 bundle: one source per call) every source gets its turn.
 
 A bundle that preprocesses on the GPU (runtime.frames_on_device) gets a call's frames, when they share a
-resolution, copied into the runtime's page-locked frame batch and preprocessed on the GPU in one go; where its
-library computes the top k, only that comes back. Otherwise each frame goes through preprocess.py, one after the
+resolution, copied into the runtime's page-locked frame batch, then loaded, preprocessed and run on the GPU in one
+call (run_frames_top: one CUDA graph where the runtime can); where its library computes the top k, only that comes
+back. Otherwise each frame goes through preprocess.py, one after the
 other.
 """
 
@@ -179,17 +180,18 @@ class MultiSourceLoop(InferenceLoop):
             on_device = len({t.frame.image.shape for t in taken}) == 1 and getattr(
                 self.runtime, "frames_on_device", False
             )
-            pre_ms = self._load_frames(taken) if on_device else self._preprocess(x, taken)
+            frames, pre_ms = self._fill_frames(taken) if on_device else (None, self._preprocess(x, taken))
             t_load = time.perf_counter()
             loaded = on_device or load_inputs(self.runtime, x)  # the CPU path's batch to the device, queued
-            stage = "inference"
+            # on the device the batch's load, preprocessing and model are one call (one graph): its failure is either
+            stage = "preprocessing and inference on the GPU" if on_device else "inference"
             t_infer = time.perf_counter()
             pre_ms = [ms + (t_infer - t_load) * 1e3 for ms in pre_ms]
             ages = [t.frame.age_ms for t in taken]
             checked = self._count < self.health_frames
             tops = None  # the top k of each row, computed on the device: (N, 2, k) scores and classes
             if loaded:  # the preprocess stage ends when the GPU's copy and preprocessing did (run_preprocessed)
-                tops, outs, preprocessed = run_preprocessed(self.runtime, outputs=checked)
+                tops, outs, preprocessed = run_preprocessed(self.runtime, outputs=checked, frames=frames)
                 if preprocessed is not None:
                     pre_ms = [ms + (preprocessed - t_infer) * 1e3 for ms in pre_ms]
                     t_infer = preprocessed
@@ -234,10 +236,10 @@ class MultiSourceLoop(InferenceLoop):
         x[len(taken) :] = 0  # padding: rows no source filled in this call
         return pre_ms
 
-    def _load_frames(self, taken: list[Taken]) -> list[float]:
+    def _fill_frames(self, taken: list[Taken]) -> tuple[np.ndarray, list[float]]:
         """Frames of one resolution into the runtime's page-locked frame batch, each into its row (the rows no
-        source filled zeroed), then to the GPU and through the bundle's preprocessing kernel in one go (load_frames);
-        each frame's ms: its copy and the batch's load."""
+        source filled zeroed), for run_preprocessed to load, preprocess and run in one go; the batch, and each
+        frame's copy in ms."""
         shape = taken[0].frame.image.shape
         frames = self._frame_batches.get(shape)
         if frames is None:
@@ -248,10 +250,7 @@ class MultiSourceLoop(InferenceLoop):
             frames[i] = t.frame.image
             copy_ms.append((time.perf_counter() - t0) * 1e3)
         frames[len(taken) :] = 0
-        t0 = time.perf_counter()
-        self.runtime.load_frames(frames)  # type: ignore[attr-defined]
-        load_ms = (time.perf_counter() - t0) * 1e3
-        return [ms + load_ms for ms in copy_ms]
+        return frames, copy_ms
 
     def _report_window(self, seconds: float, ended: bool) -> int:
         """One report per source that served frames or lost its camera; returns how many were written."""

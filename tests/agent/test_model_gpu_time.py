@@ -176,26 +176,32 @@ def test_without_the_mark_the_infer_stage_carries_the_queued_preprocessing(tmp_p
         assert stages["infer"]["p50"] >= (PREPROCESS_S + MODEL_S) * 1e3
 
 
-def test_a_frame_on_the_device_goes_in_one_call_with_its_top_k(tmp_path: Path) -> None:
-    """A bundle that preprocesses and ranks on the device: the one-source loop hands each decoded frame to one call
-    (run_frames_top: the runtime's whole-frame graph), asks for the outputs on the health check's frames only,
-    reports the device's top k, and its preprocess stage still ends where the runtime's mark said."""
+@pytest.mark.parametrize("sources", [1, 2], ids=["one source", "two sources batched"])
+def test_frames_on_the_device_go_in_one_call_with_their_top_k(tmp_path: Path, sources: int) -> None:
+    """A bundle that preprocesses and ranks on the device: both loops hand each decoded frame (the batcher: its batch
+    of them) to one call (run_frames_top: the runtime's whole-frame graph), ask for the outputs on the health check's
+    frames only, report the device's top k, and their preprocess stage still ends where the runtime's mark said."""
     store = DeviceStore(tmp_path / "device")
-    uri = f"file:{write_clip(tmp_path / 'c.avi', 4, 60)}"
-    cfg = AgentConfig(device_name="t", report_interval_s=60, source=uri, record_predictions=True)
+    uris = [f"file:{write_clip(tmp_path / f'c{i}.avi', 4, 60 + 40 * i)}" for i in range(sources)]
+    cfg = AgentConfig(device_name="t", report_interval_s=60, sources=uris, max_batch_wait_ms=2000)
     store.init(cfg)
-    runtime = QueuedGpu(1, clock=False, mark=True, top=True)
-    source = open_source(uri)
-    manifest = manifest_of(tmp_path, 1)
-    loop = InferenceLoop(runtime, manifest, [], cfg, Spool(store), NoPowerSensor(), "id", health_frames=2)
+    runtime = QueuedGpu(sources, clock=False, mark=True, top=True)
+    opened = [open_source(u) for u in uris]
+    kind = InferenceLoop if sources == 1 else MultiSourceLoop
+    loop = kind(runtime, manifest_of(tmp_path, sources), [], cfg, Spool(store), NoPowerSensor(), "id", health_frames=2)
     try:
-        loop.serve([source])
+        loop.serve(opened)
     finally:
-        source.close()
-    want = clip_frames([uri])
-    assert len(runtime.whole) == len(want) == 4 and runtime.calls == 4 and runtime.runs == 0
-    assert all(np.array_equal(got, frame) for (got, _), frame in zip(runtime.whole, want, strict=True))
-    assert [outputs for _, outputs in runtime.whole] == [True, True, False, False]
-    (report,) = [r for _, r in pending_reports(store)]
-    assert [p["top"] for p in report["predictions"]] == [[[3, "3", 0.75], [7, "7", 0.25]]] * 4
-    assert report["latency_ms"]["preprocess"]["p50"] >= PREPROCESS_S * 1e3 > report["latency_ms"]["infer"]["p50"]
+        for s in opened:
+            s.close()
+    got = [image for frames, _ in runtime.whole for image in (frames if frames.ndim == 4 else [frames])]
+    for frame in clip_frames(uris):  # (a batch's rows in the order its sources were taken)
+        assert any(np.array_equal(frame, g) for g in got)
+    assert len(runtime.whole) == runtime.calls >= 4 and runtime.runs == 0
+    asked = [outputs for _, outputs in runtime.whole]  # the health check's calls, then none (batched: a call holds 2)
+    assert asked == sorted(asked, reverse=True) and asked[0] and not asked[-1]
+    assert asked.count(True) == 2 if sources == 1 else 1 <= asked.count(True) <= 2
+    for _, report in pending_reports(store):
+        assert report["frames"] == 4
+        assert [p["top"] for p in report["predictions"]] == [[[3, "3", 0.75], [7, "7", 0.25]]] * 4
+        assert report["latency_ms"]["preprocess"]["p50"] >= PREPROCESS_S * 1e3 > report["latency_ms"]["infer"]["p50"]
