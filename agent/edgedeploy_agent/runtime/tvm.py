@@ -473,12 +473,11 @@ class TvmRuntime:
         assert self._whole_graphs is not None and self._top is not None
         address, top = frames.ctypes.data, self._top
         mark = self._queue_mark if self._queue_mark is not None and not self._queue_mark.failure else None
-        xtaps, ytaps = self._sent_taps(lent) if lent.ahead else (None, None)
 
         def record(stream: int) -> None:
             with self._ffi.use_raw_stream(self._device, stream):
                 if lent.ahead:
-                    self._preprocess(lent.device, xtaps, ytaps, self._inputs[0].device)
+                    self._preprocess(lent.device, *self._sent_taps(lent), self._inputs[0].device)
                 else:
                     self._queue_frames(frames, stream)
                 if mark is not None:
