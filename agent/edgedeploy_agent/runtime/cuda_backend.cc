@@ -283,6 +283,14 @@ inline CUstream CurrentStream(int device_id) {
   return static_cast<CUstream>(TVMFFIEnvGetStream(kDLCUDA, device_id));
 }
 
+/*! \brief This thread's current stream is being recorded (the agent's frame graphs, runtime/frame_graph.py). The
+    legacy stream, the default one, never is. */
+inline bool Recording(int device_id) {
+  CUstream s = CurrentStream(device_id);
+  int status = 0;  // CU_STREAM_CAPTURE_STATUS_NONE
+  return s != nullptr && Driver::Get().cuStreamIsCapturing(s, &status) == CUDA_SUCCESS && status != 0;
+}
+
 // ---- DeviceAPI ------------------------------------------------------------------------------------------
 
 class CudaDeviceAPI final : public tvm::runtime::DeviceAPI {
@@ -385,6 +393,12 @@ class CudaDeviceAPI final : public tvm::runtime::DeviceAPI {
       return;
     }
     Contexts::Use(dev.device_id);
+    // While a graph is recorded nothing is freed (the memory is left allocated): the VM's pooled allocator answers
+    // an allocation the driver refused there (CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED) by freeing every buffer it
+    // caches, and graphs recorded before hold those buffers' addresses (the model's scratch tensors, back in the
+    // pool after their recording). Seen once: a whole-frame graph's recording on the H200, 2026-12-07. The
+    // recording fails all the same (the allocation's retry is refused too); what it cost is the pool's cache.
+    if (Recording(dev.device_id)) return;
     CUresult r = Driver::Get().cuMemFree_v2(reinterpret_cast<CUdeviceptr>(ptr));
     // after a kernel fault the context is unusable and every free fails the same way: do not mask the
     // fault with a second exception while one is unwinding
@@ -772,17 +786,13 @@ class GraphCache : public tvm::runtime::vm::VMExtensionNode {
       for (int64_t v : shape.value()) key.push_back(v);
     }
     int device_id = Contexts::Current();
-    if (CurrentStream(device_id) != nullptr) {  // (the legacy stream, the default one, never captures)
-      int capturing = 0;  // CU_STREAM_CAPTURE_STATUS_NONE
-      CU(cuStreamIsCapturing(CurrentStream(device_id), &capturing));
-      if (capturing != 0) {  // the caller records a graph of its own (the agent's frame graphs, runtime/
-        // frame_graph.py): a graph cannot be launched into a capture, so the kernels go into the caller's
-        auto tuple = args.cast<tvm::ffi::Array<Any>>();
-        std::vector<AnyView> packed(tuple.begin(), tuple.end());
-        Any rv;
-        vm->InvokeClosurePacked(func, PackedArgs(packed.data(), static_cast<int>(packed.size())), &rv);
-        return rv.cast<tvm::ffi::ObjectRef>();
-      }
+    if (Recording(device_id)) {  // the caller records a graph of its own (the agent's frame graphs, runtime/
+      // frame_graph.py): a graph cannot be launched into a capture, so the kernels go into the caller's
+      auto tuple = args.cast<tvm::ffi::Array<Any>>();
+      std::vector<AnyView> packed(tuple.begin(), tuple.end());
+      Any rv;
+      vm->InvokeClosurePacked(func, PackedArgs(packed.data(), static_cast<int>(packed.size())), &rv);
+      return rv.cast<tvm::ffi::ObjectRef>();
     }
     if (auto it = graphs_.find(key); it != graphs_.end()) {
       CU(cuGraphLaunch(it->second.exec, CurrentStream(device_id)));
