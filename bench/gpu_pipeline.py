@@ -214,13 +214,16 @@ def loop_p50(
 def interleaved(
     rt: TvmRuntime, manifest: Any, rdir: Path, video: Path, root: Path, ways: dict[str, dict[str, Any]]
 ) -> dict[str, dict[str, Any]]:
-    """Several ways of running the agent's loop on one runtime (`ways`: name -> one_pass's spin_ms and ahead), a
-    pass of each in turn, LOOP_PASSES times: an A/B the host's drift between one loop's passes and the next's does
-    not decide. Each way's summary as loop_p50's."""
+    """Several ways of running the agent's loop on one runtime (`ways`: name -> one_pass's spin_ms, ahead and
+    whole), a pass of each in turn, LOOP_PASSES times, each round starting one way further along (a way's place in
+    the round moved a 720p frame by up to 0.13x of the kernel between two runs of the same code: H200, 2026-12-07):
+    an A/B the host's drift between one loop's passes and the next's does not decide. Each way's summary as
+    loop_p50's."""
     runs: dict[str, list[dict[str, Any]]] = {name: [] for name in ways}
+    names = list(ways)
     for i in range(LOOP_PASSES):
-        for name, way in ways.items():
-            runs[name].append(one_pass(rt, manifest, rdir, video, root / f"{name}-pass{i}", None, None, **way))
+        for name in names[i % len(names) :] + names[: i % len(names)]:
+            runs[name].append(one_pass(rt, manifest, rdir, video, root / f"{name}-pass{i}", None, None, **ways[name]))
     return {name: summary(r) for name, r in runs.items()}
 
 
