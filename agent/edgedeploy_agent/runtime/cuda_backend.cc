@@ -394,10 +394,11 @@ class CudaDeviceAPI final : public tvm::runtime::DeviceAPI {
     }
     Contexts::Use(dev.device_id);
     // While a graph is recorded nothing is freed (the memory is left allocated): the VM's pooled allocator answers
-    // an allocation the driver refused there (CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED) by freeing every buffer it
-    // caches, and graphs recorded before hold those buffers' addresses (the model's scratch tensors, back in the
-    // pool after their recording). Seen once: a whole-frame graph's recording on the H200, 2026-12-07. The
-    // recording fails all the same (the allocation's retry is refused too); what it cost is the pool's cache.
+    // an allocation the driver refused (CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, in a recording's thread-local
+    // mode; the agent's recordings are relaxed since 2026-12-07, runtime/frame_graph.py) by freeing every buffer
+    // it caches, and graphs recorded before hold those buffers' addresses (the model's scratch tensors, back in
+    // the pool after their recording). Seen on the H200, 2026-12-07, a whole-frame graph's recording. What a
+    // refusal then costs is the pool's cache, left allocated.
     if (Recording(dev.device_id)) return;
     CUresult r = Driver::Get().cuMemFree_v2(reinterpret_cast<CUdeviceptr>(ptr));
     // after a kernel fault the context is unusable and every free fails the same way: do not mask the

@@ -1,24 +1,31 @@
 """CUDA graphs of a frame's work on the GPU: what the runtime queues for a lent frame (the crop box's copy and the
 preprocessing kernel; the model and the postprocess function) recorded once and replayed with one launch.
 
-Queued call by call, a MobileNetV1-0.25 frame costs the host about as much as its kernels cost the GPU: on an
-H100 the box copy 0.020 ms, the preprocessing call 0.009, the model's VM call 0.028 (its quantize kernel, its own
-CUDA graph, its softmax), the postprocess call 0.015, against a 0.066 ms model (docs/agent-service.md, the frame
+Queued call by call, a MobileNetV1-0.25 frame costs the host about as much as its kernels cost the GPU: on an H100
+the box copy 0.020 ms, the preprocessing call 0.009, the model's VM call 0.028 (its quantize kernel, its own CUDA
+graph, its softmax), the postprocess call 0.015, against a 0.066 ms model (docs/agent-service.md, the frame
 pipeline). A graph launch replaces each group of calls.
 
-How a graph is made (`FrameGraphs.capture`): the work is queued as usual, but on a stream of the runtime's own
-that the driver is recording (`cuStreamBeginCapture`, thread-local mode: another thread's CUDA calls are not
-affected), with TVM's current stream switched to it (`tvm_ffi.use_raw_stream`), so TVM's kernels are recorded
-too. The stream is non-blocking: work on the legacy default stream, where the runtime queues everything else,
-never depends on the recording. A graph is launched on the legacy default stream, so it is in order with all the
-rest. A graph holds the addresses its work used: the caller keys each graph by what it was recorded with (a lent
-frame batch, its device buffer) and retires it when that goes.
+How a graph is made (`FrameGraphs.capture`): the work is queued as usual, but on a stream of the runtime's own that
+the driver is recording (`cuStreamBeginCapture`), with TVM's current stream switched to it
+(`tvm_ffi.use_raw_stream`), so TVM's kernels are recorded too. The recording is in relaxed mode: the VM's pooled
+allocator may allocate while it runs (the memory is allocated at once, not recorded; the graph holds its address,
+and the pool or the runtime's kept outputs keep it). In thread-local mode (until 2026-12-07) the driver refused such
+an allocation, and the pool answered by freeing every buffer it cached, scratch memory of graphs recorded before
+included: on the H200 MobileNetV1-0.25's whole-frame graph, then its model-and-top-k graph, could not be recorded
+(the pool had no spare buffer of their output's size; the VM's own CUDA graph, replayed by edgedeploy's backend
+outside recordings, allocates nothing from it). Other threads are not affected in either mode. The stream is
+non-blocking: work on the legacy default stream, where the runtime queues everything else, never depends on the
+recording. A graph is launched on the legacy default stream, so it is in order with all the rest. A graph holds the
+addresses its work used: the caller keys each graph by what it was recorded with (a lent frame batch, its device
+buffer) and retires it when that goes.
 
-A VM function with a CUDA graph of its own (bundles are built with them) cannot launch that graph into a
-recording: edgedeploy's CUDA backend runs the function's kernels plainly while the current stream is being
-recorded (cuda_backend.cc, RunOrCapture). Anything the driver refuses while recording (the wheel's backend
-launching its graph, an allocation) ends the recording with an error: `capture` then returns False and says why
-(`failure`), nothing of the recording stays, the caller queues the frame call by call, and no graph is tried again.
+A VM function with a CUDA graph of its own (bundles are built with them) cannot launch that graph into a recording:
+edgedeploy's CUDA backend runs the function's kernels plainly while the current stream is being recorded
+(cuda_backend.cc, RunOrCapture), and frees no memory while it is (FreeDataSpace). Anything the driver refuses while
+recording (the wheel's backend launching its graph) ends the recording with an error: `capture` then returns False
+and says why (`failure`), nothing of the recording stays, the caller queues the frame call by call, and no graph is
+tried again.
 """
 
 from __future__ import annotations
@@ -28,7 +35,7 @@ from collections.abc import Callable, Hashable
 
 from .cuda_copy import STREAM_NON_BLOCKING, Retired, bind, libcuda
 
-CAPTURE_MODE_THREAD_LOCAL = 1
+CAPTURE_MODE_RELAXED = 2  # CU_STREAM_CAPTURE_MODE_RELAXED: allocations allowed while recording
 
 
 class FrameGraphs:
@@ -105,7 +112,7 @@ class FrameGraphs:
             if rc != 0:
                 return self._refuse("cuStreamCreate", rc)
             self._stream = stream
-        rc = self._begin(self._stream, CAPTURE_MODE_THREAD_LOCAL)
+        rc = self._begin(self._stream, CAPTURE_MODE_RELAXED)
         if rc != 0:
             return self._refuse("cuStreamBeginCapture", rc)
         graph = ctypes.c_void_p()

@@ -438,13 +438,10 @@ class TvmRuntime:
         launch a frame, where the usual way launches two with the host's calls between them while the GPU waits
         for the second. The health check's frames (`outputs`), the model clock's sampled frames, frames the runtime
         did not lend, and every frame once the driver refused such a graph go the usual way."""
-        lent, first = self._whole_ready(frames, outputs)
-        if lent is None:  # (a batch's first frame: its model call by call, so that the VM's pool has a free output
-            # buffer for its whole-frame graph's recording at the next, which keeps one: that recording's own
-            # allocation was refused, CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED; H200, MobileNetV1-0.25, 2026-12-07)
+        lent = self._whole_ready(frames, outputs)
+        if lent is None:
             self.load_frames(frames)
-            return self.run_loaded_top(outputs=outputs, preprocessed=preprocessed, calls=first)
-        if self._run_whole(frames, lent, preprocessed):
+        elif self._run_whole(frames, lent, preprocessed):
             assert self._top is not None
             return self._top.array, []
         elif lent.ahead:  # the recording refused (no more are tried): nothing of it ran; the box is taken
@@ -455,23 +452,20 @@ class TvmRuntime:
             self.load_frames(frames)
         return self.run_loaded_top(outputs=outputs, preprocessed=preprocessed)
 
-    def _whole_ready(self, frames: np.ndarray, outputs: bool) -> tuple[Optional["_Lent"], bool]:
+    def _whole_ready(self, frames: np.ndarray, outputs: bool) -> Optional["_Lent"]:
         """The lent batch `frames` is, where its whole frame goes as one graph at this call (recorded or replayed;
-        a batch sent ahead has its box taken here), else None: the usual way; and whether this is the batch's first
-        call, which goes the usual way."""
+        a batch sent ahead has its box taken here), else None: the usual way."""
         graphs, address = self._whole_graphs, frames.ctypes.data
         lent = self._lent.get(address) if graphs is not None and not outputs else None
         if graphs is None or lent is None or lent.shape != _batch_shape(frames):
-            return None, False
+            return None
         if self._clock is not None and self._clock.due():  # its events go between the steps
-            return None, False
+            return None
         if lent.params is not None and (self._box_copy is None or self._box_copy.failure is not None):
-            return None, False  # staged through the host: a copy per call, nothing a graph could hold
-        if not graphs.ready(address):
-            return None, graphs.failure is None
-        if lent.ahead and not self._take_sent(lent, address):
-            return None, False
-        return lent, False
+            return None  # staged through the host: a copy per call, nothing a graph could hold
+        if not graphs.ready(address) or lent.ahead and not self._take_sent(lent, address):
+            return None
+        return lent
 
     def _run_whole(self, frames: np.ndarray, lent: "_Lent", preprocessed: Optional[Callable[[], None]]) -> bool:
         """The whole frame's graph for `lent` (recorded first where it has none), launched and waited for; False
@@ -624,18 +618,17 @@ class TvmRuntime:
         return outs
 
     def run_loaded_top(
-        self, outputs: bool = False, preprocessed: Optional[Callable[[], None]] = None, calls: bool = False
+        self, outputs: bool = False, preprocessed: Optional[Callable[[], None]] = None
     ) -> tuple[np.ndarray, list[np.ndarray]]:
         """The model on the device input tensors as they stand, then the bundle's postprocess function on its first
         output: (N, 2, k) float64, per row the k best scores, then their classes, best first (top_shape), in host
         memory the next call reuses (read it before); with `outputs`, the model's outputs in host memory too (the
-        health check reads them). `preprocessed`: as for run_loaded. `calls`: call by call even where their graph
-        exists (the VM allocates what the call needs outside any recording, and its pool keeps it)."""
+        health check reads them). `preprocessed`: as for run_loaded."""
         assert self._top is not None, "the bundle has no postprocess function"
         graphs = self._model_graphs.get(TOP)
         sampled = self._clock is not None and self._clock.started  # the clock's second event goes between the two
         mark = self._mark_preprocessed(preprocessed)
-        if graphs is not None and not (outputs or sampled or calls) and graphs.run(TOP, self._record_top):
+        if graphs is not None and not outputs and not sampled and graphs.run(TOP, self._record_top):
             self._preprocessed(mark, preprocessed)
             self.synchronize()
             self.model_gpu_ms = None
