@@ -200,8 +200,9 @@ class ModelClock(_Events):
         """A frame's preprocessing is queued: on a sampled frame, queue the first event (on the thread that queued
         the preprocessing: its context is current)."""
         self._marked = 0
-        sampled, self._frames = self._frames % self.every == 0, self._frames + 1
-        if not sampled or self.failure is not None:
+        sampled = self.due()
+        self._frames += 1
+        if not sampled:
             return
         if not self._events:  # CU_EVENT_DEFAULT: timed
             events = [ctypes.c_void_p(), ctypes.c_void_p()]

@@ -439,12 +439,10 @@ class TvmRuntime:
         for the second. The health check's frames (`outputs`), the model clock's sampled frames, frames the runtime
         did not lend, and every frame once the driver refused such a graph go the usual way."""
         lent = self._whole_ready(frames, outputs)
-        if lent is None:
-            self.load_frames(frames)
-        elif self._run_whole(frames, lent, preprocessed):
+        if lent is not None and self._run_whole(frames, lent, preprocessed):
             assert self._top is not None
             return self._top.array, []
-        elif lent.ahead:  # the recording refused (no more are tried): nothing of it ran; the box is taken
+        if lent is not None and lent.ahead:  # the recording refused (no more are tried); the box is already taken
             self._preprocess_sent(lent, frames.ctypes.data)
             if self._clock is not None:
                 self._clock.start()
