@@ -17,9 +17,11 @@ from pathlib import Path
 
 import pytest
 
+from edgedeploy_agent import tvm_without_torch
 from tests.helpers import COMPILE_GUARD, Cli, keep_user_files_out, require, require_host, sshd_missing
 from tests.leftovers import Leftovers
 
+tvm_without_torch.install()  # as the CLI and the agent do: TVM's import would bring PyTorch along
 LEFTOVERS = Leftovers()
 LEFTOVERS.mark()
 

@@ -15,7 +15,7 @@ from typing import Any, Callable, Optional, Union
 
 from pydantic import ValidationError
 
-from . import __version__
+from . import __version__, tvm_without_torch
 from .agentlog import DEFAULT_LINES, MAX_LINES, stamp_stderr
 from .blobs import BlobSource, BlobStore
 from .bundle import SCHEMA_VERSION, verify_bundle
@@ -475,6 +475,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Optional[list[str]] = None) -> int:
+    tvm_without_torch.install()  # on a development host: the runtime's tvm_ffi would import PyTorch
     args = _parser().parse_args(argv)
     try:
         store = DeviceStore(Path(args.root).expanduser().absolute(), args.model or DEFAULT_SLOT)

@@ -68,19 +68,22 @@ def _free_port() -> int:
 def rpc_device(tmp_path: Path) -> Iterator[tuple[str, Path]]:
     """A TVM RPC tracker and one RPC server registered with key "edgetest", as on a device."""
     port = _free_port()
-    log = tmp_path / "rpc-server.log"
+    log, tracker_log = tmp_path / "rpc-server.log", tmp_path / "rpc-tracker.log"
     py = sys.executable
-    tracker = subprocess.Popen(
-        [py, "-m", "tvm.exec.rpc_tracker", "--host", "127.0.0.1", "--port", str(port), "--port-end", str(port + 1)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+    with open(tracker_log, "w") as out:
+        tracker = subprocess.Popen(
+            [py, "-m", "tvm.exec.rpc_tracker", "--host", "127.0.0.1", "--port", str(port), "--port-end", str(port + 1)],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )  # fmt: skip
     server = None
     server_port = _free_port()
     try:
-        deadline = time.monotonic() + 60
+        # the tracker imports tvm, then serves from a popen_worker that imports it again: 12 s on the idle 2-core
+        # machine, past 60 s once with a second test run beside it
+        deadline = time.monotonic() + 240
         while not _listening(port):
-            assert time.monotonic() < deadline, "RPC tracker did not start"
+            assert time.monotonic() < deadline and tracker.poll() is None, f"RPC tracker: {tracker_log.read_text()}"
             time.sleep(0.2)
         with open(log, "w") as out:
             server = subprocess.Popen(

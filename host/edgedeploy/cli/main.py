@@ -10,6 +10,7 @@ from typing import Annotated, NoReturn
 import typer
 
 from edgedeploy_agent import __version__ as agent_version
+from edgedeploy_agent import tvm_without_torch
 
 from .. import __version__
 from ..errors import EXIT_INTERNAL, EXIT_INTERRUPTED, EdgeDeployError, InputError, hint_with_link, os_error_text
@@ -67,6 +68,7 @@ register_logs(app)
 
 
 def main() -> None:
+    tvm_without_torch.install()  # TVM imports PyTorch where installed: 4 s a build command, unused
     try:
         app()
     except EdgeDeployError as e:

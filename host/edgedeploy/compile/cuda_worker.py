@@ -114,4 +114,7 @@ def main(request_path: str) -> int:
 
 
 if __name__ == "__main__":
+    from edgedeploy_agent import tvm_without_torch
+
+    tvm_without_torch.install()
     sys.exit(main(sys.argv[1]))

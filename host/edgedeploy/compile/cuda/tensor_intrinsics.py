@@ -5,10 +5,12 @@ Importing `tvm.s_tir.tensor_intrin` parses about 250 TVMScript functions. TVM 0.
 with `inspect.getmodule`. Its file-to-module cache never learns a name that is no real file, so for every
 frame of `<frozen importlib._bootstrap>` (several per level of the import that got us here) and of `<ast>`
 (TVMScript's own evaluated code) it scans all of `sys.modules` again: 2,000 modules once tvm_ffi has
-imported torch. Measured on the project's 2-core build host: `import tvm.s_tir.tensor_intrin.cuda` took 72 s
-from a script and 107 s under a build's import chain; the CUDA build of the 26 KB MNIST model for `t4` took
-5.3 minutes, almost all of it here, in the host process and again in the CUDA worker, which is what pushed CI
-past its 90 minutes. With the cache seeded below: 9 s.
+imported torch (edgedeploy's entry points now keep torch out, agent/edgedeploy_agent/tvm_without_torch.py,
+but TVM's own worker processes still import it, and a user's script may have). Measured on the project's
+2-core build host: `import tvm.s_tir.tensor_intrin.cuda` took 72 s from a script and 107 s under a build's
+import chain; the CUDA build of the 26 KB MNIST model for `t4` took 5.3 minutes, almost all of it here, in the
+host process and again in the CUDA worker, which is what pushed CI past its 90 minutes. With the cache seeded
+below: 9 s.
 
 Every process that needs them goes through `import_all`: builds (cuda_tensorcore, cuda_mma), MetaSchedule
 databases, and MetaSchedule's builder processes (metaschedule.build_in_target: TVM's default_build imports
