@@ -72,6 +72,24 @@ def test_channel_refuses_oversized_and_non_object_messages() -> None:
     ch2.close()
 
 
+def test_closing_twice_leaves_files_opened_since_alone() -> None:
+    """A second close() must not close what now has the same numbers (the test process's own
+    multiprocessing resource tracker pipe was found dead mid-run; a double close does exactly that)."""
+    ch, shm = Channel(*os.pipe()), SharedMemory.create("test")
+    numbers = {ch.read_fd, ch.write_fd, shm.fd}
+    ch.close()
+    shm.close()
+    opened: list[int] = []
+    while not numbers <= set(opened):  # the lowest free numbers come first: the ones just closed
+        opened.append(os.open(os.devnull, os.O_RDONLY))
+        assert len(opened) < 64
+    ch.close()
+    shm.close()
+    for fd in opened:
+        os.fstat(fd)  # still open
+        os.close(fd)
+
+
 def test_shared_memory_grown_by_one_side_is_seen_by_the_other() -> None:
     a = SharedMemory.create("test")
     b = SharedMemory(os.dup(a.fd))

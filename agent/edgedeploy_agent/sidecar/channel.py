@@ -82,11 +82,15 @@ class Channel:
         return data
 
     def close(self) -> None:
+        """Once: a second call must not close whatever file now has the numbers (a double close in the agent,
+        or in the test process, closes someone else's pipe or socket)."""
         for fd in (self.read_fd, self.write_fd):
-            try:
-                os.close(fd)
-            except OSError:
-                pass
+            if fd >= 0:
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+        self.read_fd = self.write_fd = -1
 
 
 def _aligned(n: int) -> int:
@@ -157,10 +161,12 @@ class SharedMemory:
             except BufferError:  # a view is still alive: the map goes with it
                 pass
             self._map = None
-        try:
-            os.close(self.fd)
-        except OSError:
-            pass
+        if self.fd >= 0:  # once, as Channel.close
+            try:
+                os.close(self.fd)
+            except OSError:
+                pass
+            self.fd = -1
 
 
 def place(arrays: Sequence[Any], start: int = 0) -> list[dict[str, Any]]:
