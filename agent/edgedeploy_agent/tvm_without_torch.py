@@ -16,8 +16,9 @@ None, so each `import torch` in them raises ImportError, as where torch is not i
 imports normally (the PyTorch frontend, the bench's peer). What TVM then lacks: conversion of a `torch.dtype`
 argument, torch stream contexts and the faster torch DLPack path of `BasePyModule`, none of which edgedeploy
 uses. If torch was imported first, nothing is hidden. The entry points install it: the host CLI, the CUDA
-build worker, the agent, the tests. TVM's own worker processes (`python -m tvm.exec.popen_worker`:
-MetaSchedule's builders and runners, the RPC tracker's and server's) start without it and import torch as before.
+build worker, the GEMM search's spawned builders (their pool's initializer), the agent, the tests. TVM's own
+worker processes (`python -m tvm.exec.popen_worker`: MetaSchedule's builders and runners, the RPC tracker's
+and server's) start without it and import torch as before.
 """
 
 from __future__ import annotations

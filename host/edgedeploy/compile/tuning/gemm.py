@@ -44,6 +44,7 @@ from multiprocessing import get_context
 from pathlib import Path
 from typing import Any
 
+from edgedeploy_agent import tvm_without_torch
 from edgedeploy_agent.durable import write_json_atomic
 
 from ..cuda.tiles import GemmConfig, GemmShape, default_config, neighbours, refinements
@@ -330,7 +331,10 @@ class _Search:
     ) -> None:
         self.kernels, self.doc, self.db_file, self.target_spec = kernels, doc, db_file, target_spec
         self.measure, self.work = measure, work
-        self.pool = ProcessPoolExecutor(max_workers=workers, mp_context=get_context("spawn"))
+        # spawned builders import TVM afresh: without PyTorch, as the CLI does (4 s a builder where torch is installed)
+        self.pool = ProcessPoolExecutor(
+            max_workers=workers, mp_context=get_context("spawn"), initializer=tvm_without_torch.install
+        )
         self.pending: dict[Future[str], tuple[GemmKernel, GemmConfig]] = {}
         self.refs: dict[str, Any] = {}  # kernel key -> the default's output
         self.costs: dict[str, float] = {}  # kernel key -> default ms x calls
