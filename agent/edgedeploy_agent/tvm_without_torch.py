@@ -5,10 +5,11 @@ on Windows; its `_convert` and `stream` modules do the same), and apache-tvm 0.2
 which `import tvm` loads, imports `torch.utils.dlpack` for Relax modules with Python functions. edgedeploy hands
 TVM NumPy arrays and DLPack capsules, never torch tensors, and has no such modules: in a process that has not
 imported torch itself the import is pure cost. Measured on the project's 2-core development machine with the
-dev venv (torch 2.13), with a test run beside it: `import tvm` 5.7-6.5 s, 2.4 s with torch hidden; `edgedeploy
+dev venv (torch 2.13): `import tvm` 5.7-6.8 s, 2.4 s with torch hidden; with a test run beside it, `edgedeploy
 build` of the MNIST model for cpu-x86_64 10.9-11.7 s, 4.7-5.0 s (every `inspect` scan of `sys.modules` while
 TVMScript is parsed is also shorter: compile/cuda/tensor_intrinsics.py). A Jetson's agent has no torch; on a
-development host the agent's `import tvm_ffi` is 2.3 s shorter and leaves torch's memory out.
+development host torch was 2.3 s of `import tvm_ffi` (`python -X importtime`), which the agent now skips, with
+torch's memory.
 
 `install()` puts a finder first on `sys.meta_path` that changes only how the packages `tvm_ffi` and `tvm` are
 executed on their first import: while their `__init__` (and all it imports) runs, `sys.modules["torch"]` is
@@ -33,15 +34,14 @@ PACKAGES = ("tvm_ffi", "tvm")
 
 
 class _WithoutTorch(importlib.machinery.SourceFileLoader):
+    """Runs the package with `import torch` failing (_Finder gives it only where torch is not imported)."""
+
     def exec_module(self, module: ModuleType) -> None:
-        hide = "torch" not in sys.modules
-        if hide:
-            sys.modules["torch"] = None  # type: ignore[assignment]  # `import torch` raises ImportError
+        sys.modules["torch"] = None  # type: ignore[assignment]  # `import torch` raises ImportError
         try:
             super().exec_module(module)
         finally:
-            if hide and "torch" in sys.modules and sys.modules["torch"] is None:
-                del sys.modules["torch"]
+            del sys.modules["torch"]
 
 
 class _Finder(importlib.abc.MetaPathFinder):

@@ -73,8 +73,8 @@ def test_channel_refuses_oversized_and_non_object_messages() -> None:
 
 
 def test_closing_twice_leaves_files_opened_since_alone() -> None:
-    """A second close() must not close what now has the same numbers (the test process's own
-    multiprocessing resource tracker pipe was found dead mid-run; a double close does exactly that)."""
+    """A second close() must not close what now has the same numbers (a double close could be what left the
+    test process's multiprocessing resource tracker pipe dead mid-run, twice under load; not proven)."""
     ch, shm = Channel(*os.pipe()), SharedMemory.create("test")
     numbers = {ch.read_fd, ch.write_fd, shm.fd}
     ch.close()
