@@ -209,7 +209,7 @@ def arm64_root(tmp_path_factory: pytest.TempPathFactory) -> PreparedRoot:
 def looping(cli: Cli, sshd, tmp_path: Path, mnist_video: LabeledVideo) -> Iterator[Enrolled]:
     """A device whose source plays the clip in a loop: its agent serves until it is stopped or killed."""
     dev = add_device(
-        cli, sshd, tmp_path / "f" / "devices.toml", tmp_path / "root", source=f"file:{mnist_video.path}?loop=1"
+        cli, sshd, tmp_path / "f" / "devices.toml", tmp_path / "root", source=f"file:{mnist_video.path}?loop=1&fps=30"
     )
     assert cli("devices", "enroll", dev.name, "--yes", *dev.args()).code == 0
     yield dev

@@ -425,7 +425,7 @@ def test_a_push_cut_off_mid_activation_is_finished_by_the_device(
     finisher, in a unit of its own, which checks the release on real frames by itself and commits it. No host
     contact after the cut."""
     c = arm.container
-    arm.set_source(cli, f"file:{FRAMES}?loop=1")
+    arm.set_source(cli, f"file:{FRAMES}?loop=1&fps=30")
     new = with_version(bundles["mnist-xavier-cpu"], tmp_path / "new.edb", version)
     release = read_manifest(new).release_name
     argv = [str(BIN / "edgedeploy"), "push", arm.name, str(new), "--json", "--min-inferences", "100000000",

@@ -26,7 +26,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.sshd]
 def _serving(cli: Cli, sshd: LoopbackSshd, tmp_path: Path, video: Path, bundle: Path, name: str) -> Enrolled:
     """A device serving `bundle` on a looping video, so its agent keeps running."""
     dev = add_device(
-        cli, sshd, tmp_path / "fleet" / "devices.toml", tmp_path / f"{name}-root", name, f"file:{video}?loop=1"
+        cli, sshd, tmp_path / "fleet" / "devices.toml", tmp_path / f"{name}-root", name, f"file:{video}?loop=1&fps=30"
     )
     assert cli("devices", "enroll", name, "--yes", *dev.args()).code == 0
     r = cli("push", name, str(bundle), "--json", *dev.args())

@@ -68,7 +68,7 @@ def test_agent_on_python39_serves_tensorrt_from_python38_and_rolls_back_when_it_
         return subprocess.run(argv, env=env, capture_output=True, text=True, timeout=timeout)
 
     clip = data_dir / "video" / "bikes.mp4"
-    r = agent("init", "--device-name", "xavier-01", "--source", f"file:{clip}?loop=1",
+    r = agent("init", "--device-name", "xavier-01", "--source", f"file:{clip}?loop=1&fps=30",
               "--system-python", str(jetpack_python), "--health-frames", "5")  # fmt: skip
     assert r.returncode == 0, r.stderr
     try:

@@ -1,7 +1,8 @@
 """Capture in its own thread. Live sources keep only the latest frame and reconnect with backoff.
 
 A video file played normally is not a camera: every frame is handed over (the reader waits for the
-consumer), so a recorded clip gives the same predictions every run. A live source never queues: a
+consumer), so a recorded clip gives the same predictions every run; `fps=N` plays it no faster than N frames a
+second (with live=1 as well: a camera of that rate, whose frames the consumer may miss). A live source never queues: a
 frame the consumer did not take in time is replaced by the next one and counted as dropped.
 
 A consumer may lend the frame buffers (`allocate_frame`: a GPU runtime's page-locked ones, `frame_batch`): the
@@ -95,6 +96,7 @@ class CapturedSource:
         self.copied = 0  # frames copied into a lent buffer because the decoder wrote elsewhere
         self._send = send_frame  # a lent buffer just filled -> True when its upload was queued
         self.sent = 0  # frames whose upload send_frame queued
+        self._due = 0.0  # when the next frame of a paced file (spec.fps) may be handed over: time.monotonic()
         self._ended = False
         self._closing = False
         self._up = False
@@ -248,12 +250,23 @@ class CapturedSource:
             self._send = None
             self.last_error = f"sending frames on failed: {type(e).__name__}: {e}"
 
+    def _pace(self) -> bool:
+        """A file played at `fps=N`: wait until this frame is due (a frame late by more than a period moves the clock
+        on rather than letting the next ones come in a burst); False when closing."""
+        if not self.spec.fps:
+            return True
+        wait = self._due - time.monotonic()
+        if wait > 0 and not self._sleep(wait):
+            return False
+        self._due = max(self._due, time.monotonic()) + 1.0 / self.spec.fps
+        return True
+
     def _pump(self) -> None:
         """Read frames until the capture fails or the source closes."""
         while not self._closing:
             out = self._free_buffer()
             image = self._capture.read(out)
-            if image is None:
+            if image is None or not self._pace():
                 return
             image = self._into_lent(image, out)
             if self._send is not None and image is out:  # a lent buffer, just filled

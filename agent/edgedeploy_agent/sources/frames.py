@@ -1,6 +1,7 @@
 """Frame sources addressed by URI, opened through OpenCV.
 
-    file:PATH[?loop=1][&live=1]          a video file, once or looped; live=1 treats it like a camera
+    file:PATH[?loop=1][&live=1][&fps=N]  a video file, once or looped; live=1 treats it like a camera; fps=N plays it
+                                         at N frames a second (a recorded clip replayed at a camera's rate)
     v4l2:/dev/video0[?width=&height=&fps=]   a USB/V4L2 camera (OpenCV's V4L2 backend, 1-frame buffer)
     csi:0[?width=&height=&fps=]          a Jetson CSI camera (nvarguscamerasrc GStreamer pipeline)
     rtsp://...                           an RTSP stream (OpenCV's FFmpeg backend)
@@ -40,6 +41,7 @@ class SourceSpec:
     live: bool
     loop: bool = False
     props: dict[int, float] = field(default_factory=dict)
+    fps: Optional[int] = None  # a file: deliver no more than this many frames a second (None: as fast as taken)
 
     @property
     def needs_gstreamer(self) -> bool:
@@ -82,7 +84,8 @@ def parse_source(uri: str) -> SourceSpec:
         path, _, query = rest.partition("?")
         q = _query(query)
         target = path.removeprefix("//")
-        return SourceSpec(uri, "file", target, cv2.CAP_ANY, live=_flag(q, "live"), loop=_flag(q, "loop"))
+        fps = _int(q, "fps", 0, uri) if "fps" in q else None
+        return SourceSpec(uri, "file", target, cv2.CAP_ANY, live=_flag(q, "live"), loop=_flag(q, "loop"), fps=fps)
     if scheme == "v4l2":
         path, _, query = rest.partition("?")
         q = _query(query)
@@ -111,7 +114,8 @@ def parse_source(uri: str) -> SourceSpec:
         return SourceSpec(uri, "gst", pipeline, cv2.CAP_GSTREAMER, live=True)
     raise SourceError(
         f"unsupported frame source {uri!r}",
-        hint="use file:PATH[?loop=1], v4l2:/dev/video0[?width=&height=&fps=], csi:0, rtsp://HOST/PATH or gst:PIPELINE",
+        hint="use file:PATH[?loop=1][&fps=N], v4l2:/dev/video0[?width=&height=&fps=], csi:0, rtsp://HOST/PATH or "
+        "gst:PIPELINE",
     )
 
 
