@@ -301,7 +301,7 @@ def check_camera(
     fps = (len(got) - 1) / span if len(got) > 1 and span > 0 else None
     age = statistics.median(a for _, a, _ in got)
     rate = f"{fps:.1f} FPS" if fps else "rate unknown (one frame)"
-    how = "decoded at" if not spec.live else "at"
+    how = "decoded at" if not (spec.live or spec.fps) else "at"  # (a paced file delivers at its fps=, not faster)
     beside = " (read beside the running agent)" if serving else ""
     who = "the sidecar" if where.get("sidecar") else "the agent"
     by = f"{who}'s Python {where.get('python')}, OpenCV {where.get('opencv')}"

@@ -169,6 +169,9 @@ def test_camera_opens_reads_frames_or_names_the_fix(tmp_path: Path) -> None:
     video = _video(tmp_path / "clip.avi")
     ok = check_camera(f"file:{video}", serving=False, report=None)
     assert ok.status == OK and ok.data["width"] == 64 and ok.data["height"] == 48 and "5 frames" in ok.detail
+    assert " decoded at " in ok.detail
+    paced = check_camera(f"file:{video}?fps=20", serving=False, report=None)  # its rate, not its decoder's
+    assert paced.status == OK and " decoded at " not in paced.detail and 0 < paced.data["fps"] <= 20.5, paced.detail
     missing = check_camera(f"file:{tmp_path / 'gone.avi'}", serving=True, report=None)
     assert missing.status == FAILED and "does not exist" in missing.detail and "--source" in str(missing.fix)
     garbage = tmp_path / "garbage.avi"
