@@ -16,6 +16,14 @@ from typing import Any
 import pytest
 
 BIN = Path(sys.executable).parent
+# a test clip played in a loop comes at a camera's rate: unpaced, its agent takes a core of the two CI has while the
+# test's own commands wait (the two-model test: 178 s -> 61 s in a full run)
+CAMERA_FPS = 30
+
+
+def looped(path: Path | str) -> str:
+    """The source URI of a video file played in a loop at CAMERA_FPS."""
+    return f"file:{path}?loop=1&fps={CAMERA_FPS}"
 
 
 # --- what a test needs: one rule ------------------------------------------------------------------------

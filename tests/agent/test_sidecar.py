@@ -34,7 +34,7 @@ from edgedeploy_agent.spool import pending_reports
 from edgedeploy_agent.store import DeviceStore
 from tests.agent.bundles import copy, reference_runs, with_version
 from tests.agent.trt_double import OPTIONS_ENV
-from tests.helpers import require_gstreamer_python, wait_for
+from tests.helpers import looped, require_gstreamer_python, wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -212,7 +212,7 @@ def test_deploy_serves_through_python38_and_rolls_back_when_the_worker_is_killed
 
     monkeypatch.setattr(lifecycle, "probe_cuda", lambda: (T4.as_gpu(), ""))
     clip = data_dir / "video" / "bikes.mp4"
-    store = _store(tmp_path, jetpack_python, f"file:{clip}?loop=1&fps=30", health_frames=5, idle_baseline_s=0)
+    store = _store(tmp_path, jetpack_python, looped(clip), health_frames=5, idle_baseline_s=0)
     service = ProcessService(store)
     v1 = copy(mnist_trt_bundle, tmp_path / "v1")
     v2 = with_version(mnist_trt_bundle, tmp_path / "v2.edb", "2")

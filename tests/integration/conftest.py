@@ -23,7 +23,7 @@ from edgedeploy.compile.cards import ModelCard
 from edgedeploy.fleet_servers import servers_available
 from edgedeploy.localdevice import LoopbackSshd
 from edgedeploy_agent.bundle import Postprocess, Preprocess
-from tests.helpers import Cli, agent, require, require_sshd
+from tests.helpers import Cli, agent, looped, require, require_sshd
 from tests.integration.arm64root import PreparedRoot, prepare_root
 from tests.integration.pullfleet import PullFleet, start_pull_fleet
 
@@ -208,9 +208,7 @@ def arm64_root(tmp_path_factory: pytest.TempPathFactory) -> PreparedRoot:
 @pytest.fixture
 def looping(cli: Cli, sshd, tmp_path: Path, mnist_video: LabeledVideo) -> Iterator[Enrolled]:
     """A device whose source plays the clip in a loop: its agent serves until it is stopped or killed."""
-    dev = add_device(
-        cli, sshd, tmp_path / "f" / "devices.toml", tmp_path / "root", source=f"file:{mnist_video.path}?loop=1&fps=30"
-    )
+    dev = add_device(cli, sshd, tmp_path / "f" / "devices.toml", tmp_path / "root", source=looped(mnist_video.path))
     assert cli("devices", "enroll", dev.name, "--yes", *dev.args()).code == 0
     yield dev
     agent("--root", str(dev.root), "--json", "stop")

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import BIN, agent
+from tests.helpers import BIN, agent, looped
 
 pytestmark = pytest.mark.integration
 
@@ -99,7 +99,7 @@ def test_ready_after_load_then_watchdog_while_idle(tmp_path: Path, mnist_bundle:
 
 
 def test_ready_then_watchdog_while_serving_frames(tmp_path: Path, mnist_bundle: Path, mnist_video) -> None:
-    root = _deployed_root(tmp_path, mnist_bundle, source=f"file:{mnist_video.path}?loop=1&fps=30")
+    root = _deployed_root(tmp_path, mnist_bundle, source=looped(mnist_video.path))
     got, code = _run_under_fake_systemd(root, tmp_path, seconds=2.0)
     assert code == 0
     _check(got, at_ready="checking-frames")

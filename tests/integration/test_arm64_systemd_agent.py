@@ -38,7 +38,7 @@ from edgedeploy_agent.preprocess import preprocess
 from edgedeploy_agent.runtime import load_runtime
 from edgedeploy_agent.unit import FINISH_UNIT, RESTART_UNIT, WATCH_UNIT
 from tests.agent.bundles import with_version
-from tests.helpers import BIN, Cli, keep_user_files_out, require, wait_for
+from tests.helpers import BIN, Cli, keep_user_files_out, looped, require, wait_for
 from tests.integration.arm64root import (
     FRAMES,
     LOGIN,
@@ -425,7 +425,7 @@ def test_a_push_cut_off_mid_activation_is_finished_by_the_device(
     finisher, in a unit of its own, which checks the release on real frames by itself and commits it. No host
     contact after the cut."""
     c = arm.container
-    arm.set_source(cli, f"file:{FRAMES}?loop=1&fps=30")
+    arm.set_source(cli, looped(FRAMES))
     new = with_version(bundles["mnist-xavier-cpu"], tmp_path / "new.edb", version)
     release = read_manifest(new).release_name
     argv = [str(BIN / "edgedeploy"), "push", arm.name, str(new), "--json", "--min-inferences", "100000000",

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from edgedeploy.localdevice import LoopbackSshd, free_port
-from tests.helpers import BIN, Cli, agent, assert_one_line_error
+from tests.helpers import BIN, Cli, agent, assert_one_line_error, looped
 from tests.integration.conftest import Enrolled, LabeledVideo, add_device
 from tests.integration.netfleet import net_fleet
 
@@ -25,9 +25,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.sshd]
 
 def _serving(cli: Cli, sshd: LoopbackSshd, tmp_path: Path, video: Path, bundle: Path, name: str) -> Enrolled:
     """A device serving `bundle` on a looping video, so its agent keeps running."""
-    dev = add_device(
-        cli, sshd, tmp_path / "fleet" / "devices.toml", tmp_path / f"{name}-root", name, f"file:{video}?loop=1&fps=30"
-    )
+    dev = add_device(cli, sshd, tmp_path / "fleet" / "devices.toml", tmp_path / f"{name}-root", name, looped(video))
     assert cli("devices", "enroll", name, "--yes", *dev.args()).code == 0
     r = cli("push", name, str(bundle), "--json", *dev.args())
     assert r.code == 0 and json.loads(r.out)["outcome"] == "committed", r.err

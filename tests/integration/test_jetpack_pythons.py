@@ -22,7 +22,7 @@ from edgedeploy_agent.sidecar.worker import DOUBLE_ENV
 from tests.agent.bundles import reference_runs, with_version
 from tests.agent.doubles import fake_libcuda as build_fake_libcuda
 from tests.agent.trt_double import OPTIONS_ENV
-from tests.helpers import wait_for
+from tests.helpers import looped, wait_for
 
 pytestmark = [pytest.mark.integration]
 
@@ -68,7 +68,7 @@ def test_agent_on_python39_serves_tensorrt_from_python38_and_rolls_back_when_it_
         return subprocess.run(argv, env=env, capture_output=True, text=True, timeout=timeout)
 
     clip = data_dir / "video" / "bikes.mp4"
-    r = agent("init", "--device-name", "xavier-01", "--source", f"file:{clip}?loop=1&fps=30",
+    r = agent("init", "--device-name", "xavier-01", "--source", looped(clip),
               "--system-python", str(jetpack_python), "--health-frames", "5")  # fmt: skip
     assert r.returncode == 0, r.stderr
     try:
