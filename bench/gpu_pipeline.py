@@ -79,7 +79,7 @@ from edgedeploy_agent.store import DeviceStore
 
 TARGETS = {"infer_bs1": 1.15, "infer_bs1_cpu_path": 1.15, "frame_bs1_720p": 2.0, "run_bs64": 1.3}
 STAGES = ("preprocess", "infer", "postprocess")
-CAMERA_FPS, CAMERA_FRAMES = 30.0, 90  # the paced run: 3 s a video
+CAMERA_FPS, CAMERA_FRAMES = 30, 90  # the paced run: 3 s a video
 SPIN_MS = 2.0  # the spinning loop's frame_spin_ms
 LOOP_PASSES = 5  # passes of each unpaced loop over its video (132 or 250 frames), the median of their p50s
 # the GPU loops, in the table's order, with how the agreement line names each (the CPU path is their reference)
@@ -154,12 +154,10 @@ def unmarked(rt: TvmRuntime) -> TvmRuntime:
 
 class Replay:
     """A Capture (sources/frames.py) for the agent's capture thread that decodes nothing: the video's frames, decoded
-    before the loop into buffers the runtime lent (`decoded`: none is copied again), handed over as fast as the loop
-    takes them, or at `fps` as a camera delivers them (the loop then waits between frames; the pace starts at the
-    first frame)."""
+    before the loop into buffers the runtime lent (`decoded`: none is copied again), in order."""
 
-    def __init__(self, frames: list[np.ndarray], fps: float | None = None) -> None:
-        self.frames, self.fps, self._next, self._start = frames, fps, 0, 0.0
+    def __init__(self, frames: list[np.ndarray]) -> None:
+        self.frames, self._next = frames, 0
 
     def open(self) -> bool:
         return True
@@ -167,9 +165,6 @@ class Replay:
     def read(self, out: np.ndarray | None = None) -> np.ndarray | None:
         if self._next >= len(self.frames):
             return None
-        if self.fps:
-            self._start = self._start or time.monotonic()
-            time.sleep(max(0.0, self._start + self._next / self.fps - time.monotonic()))
         self._next += 1
         return self.frames[self._next - 1]
 
@@ -177,10 +172,12 @@ class Replay:
         pass
 
 
-def replayed(frames: list[np.ndarray], fps: float | None = None) -> CapturedSource:
+def replayed(frames: list[np.ndarray], fps: int | None = None) -> CapturedSource:
     """The agent's frame source (its capture thread and hand-over) over `Replay`: like the file source, less the
-    decoder."""
-    return CapturedSource(parse_source("file:decoded"), capture_factory=lambda _: Replay(frames, fps))
+    decoder; handed over as fast as the loop takes them, or at `fps` as a camera delivers them (the file source's
+    own pace, `file:...?fps=N`: the loop then waits between frames; the pace starts at the first frame)."""
+    uri = f"file:decoded?fps={fps}" if fps else "file:decoded"
+    return CapturedSource(parse_source(uri), capture_factory=lambda _: Replay(frames))
 
 
 def decoded(rt: TvmRuntime, video: Path) -> list[np.ndarray]:
@@ -204,7 +201,7 @@ def loop_p50(
     video: Path,
     root: Path,
     frames: list[np.ndarray] | None = None,
-    fps: float | None = None,
+    fps: int | None = None,
     passes: int = LOOP_PASSES,
 ) -> dict[str, Any]:
     """`one_pass` `passes` times (the agent's defaults), summed up by `summary`."""
@@ -247,7 +244,7 @@ def one_pass(
     video: Path,
     root: Path,
     frames: list[np.ndarray] | None,
-    fps: float | None,
+    fps: int | None,
     spin_ms: float | None = None,
     ahead: bool = True,
     whole: bool = True,
